@@ -1,0 +1,219 @@
+//! The circuit breaker of each connection (table `circuits`), kept in PostgreSQL so every
+//! worker process agrees. Closed → open after N consecutive failures that do not prove the
+//! target reachable; open for a cooldown that doubles on each reopening (capped); then
+//! half-open, where one run probes: a reachable answer closes it, a failure reopens it.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use crate::config::BreakerSettings;
+
+/// Where a circuit stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Calls flow.
+    Closed,
+    /// No calls until `open_until`.
+    Open,
+    /// One probing run may call.
+    HalfOpen,
+}
+
+impl State {
+    fn parse(s: &str) -> Self {
+        match s {
+            "open" => State::Open,
+            "half_open" => State::HalfOpen,
+            _ => State::Closed,
+        }
+    }
+
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// A circuit's state as the breaker reasons about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Circuit {
+    /// Closed, open or half-open.
+    pub state: State,
+    /// Unreachable failures since the last reachable answer.
+    pub consecutive_failures: i32,
+    /// Openings since the circuit last closed: the cooldown's exponent.
+    pub times_opened: i32,
+    /// End of the current open period.
+    pub open_until: Option<DateTime<Utc>>,
+}
+
+impl Circuit {
+    /// Takes one call's result into account; returns true when this call opened the
+    /// circuit. `reachable` is true for a success and for an error that proves the target
+    /// answered.
+    pub fn observe(
+        &mut self,
+        reachable: bool,
+        settings: &BreakerSettings,
+        now: DateTime<Utc>,
+    ) -> bool {
+        if reachable {
+            if self.state != State::Closed {
+                self.times_opened = 0;
+            }
+            self.state = State::Closed;
+            self.consecutive_failures = 0;
+            self.open_until = None;
+            return false;
+        }
+        self.consecutive_failures += 1;
+        let trips = match self.state {
+            State::Closed => self.consecutive_failures >= settings.failure_threshold as i32,
+            // A failed probe reopens at once; an open circuit stays open.
+            State::HalfOpen => true,
+            State::Open => false,
+        };
+        if trips {
+            self.open(settings, now);
+        }
+        trips
+    }
+
+    fn open(&mut self, settings: &BreakerSettings, now: DateTime<Utc>) {
+        let factor = 1u32 << self.times_opened.clamp(0, 20);
+        let cooldown = settings
+            .cooldown
+            .saturating_mul(factor)
+            .min(settings.max_cooldown);
+        self.state = State::Open;
+        self.consecutive_failures = 0;
+        self.times_opened += 1;
+        self.open_until = Some(now + chrono::Duration::from_std(cooldown).expect("cooldown fits"));
+    }
+
+    /// Whether calls may be made now.
+    pub fn allows_calls(&self, now: DateTime<Utc>) -> bool {
+        match self.state {
+            State::Closed | State::HalfOpen => true,
+            State::Open => self.open_until.is_none_or(|t| t <= now),
+        }
+    }
+}
+
+/// Reads a connection's circuit, locking its row until the transaction ends.
+pub async fn lock(tx: &mut PgConnection, connection_id: i64) -> Result<Circuit, sqlx::Error> {
+    let row = sqlx::query!(
+        "SELECT state, consecutive_failures, times_opened, open_until
+         FROM circuits WHERE connection_id = $1 FOR UPDATE",
+        connection_id
+    )
+    .fetch_one(tx)
+    .await?;
+    Ok(Circuit {
+        state: State::parse(&row.state),
+        consecutive_failures: row.consecutive_failures,
+        times_opened: row.times_opened,
+        open_until: row.open_until,
+    })
+}
+
+/// Replays one batch's call results (in completion order) onto the stored circuit inside
+/// the caller's transaction; returns the circuit as it now stands.
+pub async fn record(
+    tx: &mut PgConnection,
+    connection_id: i64,
+    results: &[bool],
+    last_error: Option<&str>,
+    settings: &BreakerSettings,
+    now: DateTime<Utc>,
+) -> Result<Circuit, sqlx::Error> {
+    let mut circuit = lock(&mut *tx, connection_id).await?;
+    if results.is_empty() {
+        return Ok(circuit);
+    }
+    let mut opened = false;
+    for &reachable in results {
+        opened |= circuit.observe(reachable, settings, now);
+    }
+    if opened {
+        tracing::warn!(connection_id, until = ?circuit.open_until, "circuit opened");
+    }
+    sqlx::query!(
+        "UPDATE circuits SET state = $2, consecutive_failures = $3, times_opened = $4,
+                open_until = $5, last_error = COALESCE($6, last_error), updated_at = $7,
+                probe_run_id = CASE WHEN $2 = 'half_open' THEN probe_run_id END
+         WHERE connection_id = $1",
+        connection_id,
+        circuit.state.as_str(),
+        circuit.consecutive_failures,
+        circuit.times_opened,
+        circuit.open_until,
+        last_error,
+        now
+    )
+    .execute(tx)
+    .await?;
+    Ok(circuit)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn closed() -> Circuit {
+        Circuit {
+            state: State::Closed,
+            consecutive_failures: 0,
+            times_opened: 0,
+            open_until: None,
+        }
+    }
+
+    #[test]
+    fn opens_after_threshold_and_cooldown_doubles_to_cap() {
+        let s = BreakerSettings {
+            failure_threshold: 3,
+            cooldown: Duration::from_secs(30),
+            max_cooldown: Duration::from_secs(100),
+        };
+        let now = Utc::now();
+        let mut c = closed();
+        assert!(!c.observe(false, &s, now));
+        assert!(!c.observe(false, &s, now));
+        assert!(c.observe(false, &s, now));
+        assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(30)));
+        assert!(!c.allows_calls(now));
+        assert!(c.allows_calls(now + chrono::Duration::seconds(30)));
+        c.state = State::HalfOpen;
+        assert!(c.observe(false, &s, now), "a failed probe reopens");
+        assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(60)));
+        c.state = State::HalfOpen;
+        c.observe(false, &s, now);
+        assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(100)));
+        c.state = State::HalfOpen;
+        assert!(!c.observe(true, &s, now));
+        assert_eq!(c, closed(), "a good probe closes and resets the cooldown");
+    }
+
+    #[test]
+    fn reachable_answers_reset_the_count() {
+        let s = BreakerSettings::default();
+        let now = Utc::now();
+        let mut c = closed();
+        for _ in 0..50 {
+            for _ in 0..4 {
+                assert!(!c.observe(false, &s, now));
+            }
+            assert!(!c.observe(true, &s, now));
+        }
+        assert_eq!(c.state, State::Closed);
+    }
+}

@@ -1,0 +1,269 @@
+//! Target connections and rules (tables `connections` and `rules`): creating and listing
+//! them. SQL users may insert into both tables directly; the check constraints there hold
+//! them to the same rules as this module.
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgExecutor;
+
+/// Which writer a connection uses.
+pub const WRITERS: &[&str] = &["http_json"];
+
+/// A new target connection.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct NewConnection {
+    /// Unique name, used by rules and the CLI.
+    pub name: String,
+    /// Writer kind: `http_json` or `usercom`.
+    pub writer: String,
+    /// Base URL of the target account, e.g. `https://shop.user.com/api/public/`.
+    pub base_url: String,
+    /// Name of the environment variable holding the API key (never the key itself).
+    pub api_key_env: Option<String>,
+    /// Extra request headers (not secrets: they are stored in plain text).
+    #[serde(default)]
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// Declared requests per minute; `None` takes the writer's own declaration.
+    pub requests_per_minute: Option<i32>,
+    /// Calls in flight at once against this connection.
+    pub max_in_flight: Option<i32>,
+    /// Per-request timeout in milliseconds.
+    pub timeout_ms: Option<i32>,
+}
+
+/// A stored connection.
+#[derive(Clone, Debug, Serialize)]
+pub struct Connection {
+    /// Primary key.
+    pub id: i64,
+    /// Unique name.
+    pub name: String,
+    /// Writer kind.
+    pub writer: String,
+    /// Base URL of the target account.
+    pub base_url: String,
+    /// Environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Extra request headers.
+    pub headers: serde_json::Value,
+    /// Declared requests per minute, if overridden.
+    pub requests_per_minute: Option<i32>,
+    /// Calls in flight at once.
+    pub max_in_flight: i32,
+    /// Per-request timeout in milliseconds.
+    pub timeout_ms: i32,
+}
+
+/// A new rule.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct NewRule {
+    /// Unique name, used by `courier enqueue --rule`.
+    pub name: String,
+    /// Name of the connection it delivers into.
+    pub connection: String,
+    /// Path appended to the connection's base URL (HTTP writer) or the operation (User.com).
+    #[serde(default)]
+    pub path: String,
+    /// Deliveries per chain job.
+    pub batch_size: Option<i32>,
+    /// Attempts before a transiently failing delivery is exhausted.
+    pub max_attempts: Option<i32>,
+    /// First retry delay in milliseconds; doubles per attempt, with jitter.
+    pub backoff_base_ms: Option<i32>,
+    /// Cap on the retry delay in milliseconds.
+    pub backoff_max_ms: Option<i32>,
+    /// Whether the dispatcher starts runs for it.
+    pub enabled: Option<bool>,
+}
+
+/// A stored rule.
+#[derive(Clone, Debug, Serialize)]
+pub struct Rule {
+    /// Primary key.
+    pub id: i64,
+    /// Unique name.
+    pub name: String,
+    /// The connection it delivers into.
+    pub connection_id: i64,
+    /// Path or operation.
+    pub path: String,
+    /// Whether runs are started for it.
+    pub enabled: bool,
+    /// Deliveries per chain job.
+    pub batch_size: i32,
+    /// Attempts before exhaustion.
+    pub max_attempts: i32,
+    /// First retry delay in milliseconds.
+    pub backoff_base_ms: i32,
+    /// Cap on the retry delay in milliseconds.
+    pub backoff_max_ms: i32,
+}
+
+/// Why a connection or rule could not be stored.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The input broke a rule of the schema.
+    #[error("{0}")]
+    Invalid(String),
+    /// No connection or rule has that name.
+    #[error("no {kind} named {name:?}")]
+    NotFound {
+        /// `connection` or `rule`.
+        kind: &'static str,
+        /// The name asked for.
+        name: String,
+    },
+    /// The database refused.
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+}
+
+/// Turns a constraint violation into a readable error naming what was wrong.
+fn explain(e: sqlx::Error, what: &str) -> CatalogError {
+    if let Some(db) = e.as_database_error() {
+        if let Some(constraint) = db.constraint() {
+            return CatalogError::Invalid(format!("{what}: violates {constraint}"));
+        }
+    }
+    CatalogError::Sql(e)
+}
+
+/// Creates a connection, or updates the one with the same name; returns its id.
+pub async fn upsert_connection(
+    db: impl PgExecutor<'_>,
+    c: &NewConnection,
+) -> Result<i64, CatalogError> {
+    if !WRITERS.contains(&c.writer.as_str()) {
+        return Err(CatalogError::Invalid(format!(
+            "connection {:?}: writer {:?} is not one of {}",
+            c.name,
+            c.writer,
+            WRITERS.join(", ")
+        )));
+    }
+    sqlx::query_scalar!(
+        r#"INSERT INTO connections
+             (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight, timeout_ms)
+           VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000))
+           ON CONFLICT (name) DO UPDATE SET
+             writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
+             api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
+             requests_per_minute = EXCLUDED.requests_per_minute,
+             max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
+             updated_at = now()
+           RETURNING id"#,
+        c.name,
+        c.writer,
+        c.base_url,
+        c.api_key_env,
+        serde_json::Value::Object(c.headers.clone()),
+        c.requests_per_minute,
+        c.max_in_flight,
+        c.timeout_ms,
+    )
+    .fetch_one(db)
+    .await
+    .map_err(|e| explain(e, &format!("connection {:?}", c.name)))
+}
+
+/// Creates a rule, or updates the one with the same name; returns its id.
+pub async fn upsert_rule(db: impl PgExecutor<'_>, r: &NewRule) -> Result<i64, CatalogError> {
+    sqlx::query_scalar!(
+        r#"INSERT INTO rules
+             (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms, enabled)
+           SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
+                  COALESCE($7, 3600000), COALESCE($8, true)
+           FROM connections c WHERE c.name = $2
+           ON CONFLICT (name) DO UPDATE SET
+             connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
+             batch_size = EXCLUDED.batch_size, max_attempts = EXCLUDED.max_attempts,
+             backoff_base_ms = EXCLUDED.backoff_base_ms, backoff_max_ms = EXCLUDED.backoff_max_ms,
+             enabled = EXCLUDED.enabled, updated_at = now()
+           RETURNING id"#,
+        r.name,
+        r.connection,
+        r.path,
+        r.batch_size,
+        r.max_attempts,
+        r.backoff_base_ms,
+        r.backoff_max_ms,
+        r.enabled,
+    )
+    .fetch_optional(db)
+    .await
+    .map_err(|e| explain(e, &format!("rule {:?}", r.name)))?
+    .ok_or_else(|| CatalogError::NotFound {
+        kind: "connection",
+        name: r.connection.clone(),
+    })
+}
+
+/// Turns a rule on or off.
+pub async fn set_rule_enabled(
+    db: impl PgExecutor<'_>,
+    name: &str,
+    enabled: bool,
+) -> Result<(), CatalogError> {
+    let n = sqlx::query!(
+        "UPDATE rules SET enabled = $2, updated_at = now() WHERE name = $1",
+        name,
+        enabled
+    )
+    .execute(db)
+    .await?
+    .rows_affected();
+    if n == 0 {
+        return Err(CatalogError::NotFound {
+            kind: "rule",
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// All connections, by name.
+pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>, sqlx::Error> {
+    sqlx::query_as!(
+        Connection,
+        "SELECT id, name, writer, base_url, api_key_env, headers, requests_per_minute,
+                max_in_flight, timeout_ms
+         FROM connections ORDER BY name"
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// All rules, by name.
+pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Error> {
+    sqlx::query_as!(
+        Rule,
+        "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
+                backoff_base_ms, backoff_max_ms
+         FROM rules ORDER BY name"
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The declarative form the CLI applies: `courier apply FILE`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct CatalogFile {
+    /// Connections to create or update.
+    #[serde(default)]
+    pub connections: Vec<NewConnection>,
+    /// Rules to create or update (after the connections).
+    #[serde(default)]
+    pub rules: Vec<NewRule>,
+}
+
+/// Applies a whole catalog file in one transaction: all of it or nothing.
+pub async fn apply(pool: &sqlx::PgPool, file: &CatalogFile) -> Result<(), CatalogError> {
+    let mut tx = pool.begin().await?;
+    for c in &file.connections {
+        upsert_connection(&mut *tx, c).await?;
+    }
+    for r in &file.rules {
+        upsert_rule(&mut *tx, r).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,478 @@
+//! One chain job: the unit of work of a run. It takes its rule's lease, claims a batch of
+//! due deliveries, decides the suppressed and held ones without calling the writer, calls
+//! the writer for the rest (up to the connection's max in flight), records every outcome in
+//! bulk, and then enqueues the next job or finishes the run. No transaction is open while
+//! the writer is called; the lease (owner + expiry on the rule) keeps two jobs of one rule
+//! from executing at once.
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Instant,
+};
+
+use chrono::{DateTime, Duration, Utc};
+use futures::{StreamExt, stream};
+use tracing::Instrument;
+
+use crate::{
+    breaker::{self, Circuit},
+    catalog::Connection,
+    ledger::{self, Entry, Outcome},
+    queue::{self, ChainJob},
+    runs::{self, Counters, RunStatus},
+    worker::Engine,
+    writer::{self, Outgoing, WriteError},
+};
+
+/// How long a job waits before trying again when another job holds its rule's lease.
+const LEASE_BUSY_RETRY: Duration = Duration::seconds(1);
+
+/// What a chain job did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// It handled a batch and enqueued the next job.
+    Continued,
+    /// It ended the run with this status.
+    Finished(RunStatus),
+    /// Its run was no longer active (finished or reaped): it did nothing.
+    Skipped,
+    /// Another job held the rule's lease; it put itself back in the queue for this time.
+    Rescheduled(DateTime<Utc>),
+}
+
+/// A chain job that could not complete; apalis retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    /// The database failed.
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// The rule, connection and circuit a job works with, read in one statement.
+struct JobContext {
+    run_status: String,
+    cursor_id: i64,
+    rule_enabled: bool,
+    path: String,
+    batch_size: i32,
+    max_attempts: i32,
+    backoff_base_ms: i32,
+    backoff_max_ms: i32,
+    connection: Connection,
+    circuit: Circuit,
+}
+
+/// A claimed delivery and what the database already knows about it.
+struct Claimed {
+    id: i64,
+    record_key: String,
+    payload: serde_json::Value,
+    attempts: i32,
+    hold_until: Option<DateTime<Utc>>,
+    superseded: bool,
+    unchanged: bool,
+    dependency_pending: bool,
+}
+
+/// Executes one chain job. `task_id` is the apalis job's id (used to re-schedule it);
+/// tests that drive a chain step by step pass `None`.
+pub async fn execute(
+    engine: &Engine,
+    job: ChainJob,
+    task_id: Option<&str>,
+) -> Result<JobOutcome, ChainError> {
+    let now = engine.clock.now();
+    let Some(ctx) = load(engine, job.run_id).await? else {
+        return Ok(JobOutcome::Skipped);
+    };
+    if !matches!(ctx.run_status.as_str(), "running" | "waiting") {
+        tracing::info!(run = job.run_id, status = %ctx.run_status, "late job of a finished run: nothing to do");
+        return Ok(JobOutcome::Skipped);
+    }
+    if !acquire_lease(engine, job.rule_id, now).await? {
+        let at = now + LEASE_BUSY_RETRY;
+        if let Some(id) = task_id {
+            queue::reschedule(&engine.pool, id, at).await?;
+        }
+        return Ok(JobOutcome::Rescheduled(at));
+    }
+    let span = tracing::info_span!("chain", run = job.run_id, rule = job.rule_id, connection = %ctx.connection.name);
+    let result = run_batch(engine, job, &ctx, now).instrument(span).await;
+    release_lease(engine, job.rule_id).await?;
+    result
+}
+
+async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"SELECT r.status AS run_status, r.cursor_id, ru.enabled, ru.path, ru.batch_size,
+                  ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
+                  c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
+                  c.requests_per_minute, c.max_in_flight, c.timeout_ms,
+                  ci.state, ci.consecutive_failures, ci.times_opened, ci.open_until
+           FROM runs r
+           JOIN rules ru ON ru.id = r.rule_id
+           JOIN connections c ON c.id = ru.connection_id
+           JOIN circuits ci ON ci.connection_id = c.id
+           WHERE r.id = $1"#,
+        run_id
+    )
+    .fetch_optional(&engine.pool)
+    .await?;
+    Ok(row.map(|r| JobContext {
+        run_status: r.run_status,
+        cursor_id: r.cursor_id,
+        rule_enabled: r.enabled,
+        path: r.path,
+        batch_size: r.batch_size,
+        max_attempts: r.max_attempts,
+        backoff_base_ms: r.backoff_base_ms,
+        backoff_max_ms: r.backoff_max_ms,
+        connection: Connection {
+            id: r.connection_id,
+            name: r.name,
+            writer: r.writer,
+            base_url: r.base_url,
+            api_key_env: r.api_key_env,
+            headers: r.headers,
+            requests_per_minute: r.requests_per_minute,
+            max_in_flight: r.max_in_flight,
+            timeout_ms: r.timeout_ms,
+        },
+        circuit: Circuit {
+            state: match r.state.as_str() {
+                "open" => breaker::State::Open,
+                "half_open" => breaker::State::HalfOpen,
+                _ => breaker::State::Closed,
+            },
+            consecutive_failures: r.consecutive_failures,
+            times_opened: r.times_opened,
+            open_until: r.open_until,
+        },
+    }))
+}
+
+async fn acquire_lease(engine: &Engine, rule_id: i64, now: DateTime<Utc>) -> Result<bool, sqlx::Error> {
+    let until = now + Duration::from_std(engine.settings.chain_stale_after).expect("fits");
+    let got = sqlx::query_scalar!(
+        "UPDATE rules SET lease_owner = $2, lease_until = $3
+         WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
+         RETURNING id",
+        rule_id,
+        engine.worker_name,
+        until,
+        now
+    )
+    .fetch_optional(&engine.pool)
+    .await?;
+    Ok(got.is_some())
+}
+
+async fn release_lease(engine: &Engine, rule_id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE rules SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2",
+        rule_id,
+        engine.worker_name
+    )
+    .execute(&engine.pool)
+    .await?;
+    Ok(())
+}
+
+/// Ends the run without a batch (circuit open, rule disabled, writer unusable).
+async fn finish(
+    engine: &Engine,
+    job: ChainJob,
+    status: RunStatus,
+    error: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<JobOutcome, ChainError> {
+    let mut tx = engine.pool.begin().await?;
+    runs::record_job(&mut *tx, job.run_id, &Counters::default(), 0, status, error, now).await?;
+    runs::wake(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(JobOutcome::Finished(status))
+}
+
+async fn claim(
+    engine: &Engine,
+    rule_id: i64,
+    connection_id: i64,
+    cursor_id: i64,
+    limit: i32,
+    now: DateTime<Utc>,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT d.id, d.record_key, d.payload, d.attempts, d.hold_until,
+                  EXISTS (SELECT 1 FROM deliveries n
+                          WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
+                            AND n.status = 'pending' AND n.id > d.id) AS "superseded!",
+                  COALESCE(dr.payload = d.payload, false) AS "unchanged!",
+                  (d.depends_on IS NOT NULL AND NOT EXISTS (
+                      SELECT 1 FROM delivered_records x
+                      WHERE x.connection_id = $2 AND x.record_key = d.depends_on)) AS "dependency_pending!"
+           FROM deliveries d
+           LEFT JOIN delivered_records dr ON dr.rule_id = d.rule_id AND dr.record_key = d.record_key
+           WHERE d.rule_id = $1 AND d.status = 'pending' AND d.id > $3 AND d.next_attempt_at <= $4
+           ORDER BY d.id
+           LIMIT $5
+           FOR UPDATE OF d SKIP LOCKED"#,
+        rule_id,
+        connection_id,
+        cursor_id,
+        now,
+        limit as i64
+    )
+    .fetch_all(&engine.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Claimed {
+            id: r.id,
+            record_key: r.record_key,
+            payload: r.payload,
+            attempts: r.attempts,
+            hold_until: r.hold_until,
+            superseded: r.superseded,
+            unchanged: r.unchanged,
+            dependency_pending: r.dependency_pending,
+        })
+        .collect())
+}
+
+/// The delay before retry number `attempt` (1-based): `base · 2^(attempt-1)`, capped at
+/// `max`, with "equal jitter" (half fixed, half random) so retries of a burst spread out.
+pub fn backoff(attempt: i32, base_ms: i32, max_ms: i32, unit: f64) -> Duration {
+    let exp = (attempt.max(1) - 1).min(30) as u32;
+    let full = (base_ms as i64).saturating_mul(1i64 << exp).min(max_ms as i64);
+    let half = full / 2;
+    Duration::milliseconds(half + ((full - half) as f64 * unit.clamp(0.0, 1.0)) as i64)
+}
+
+async fn run_batch(
+    engine: &Engine,
+    job: ChainJob,
+    ctx: &JobContext,
+    now: DateTime<Utc>,
+) -> Result<JobOutcome, ChainError> {
+    if !ctx.rule_enabled {
+        return finish(engine, job, RunStatus::Completed, Some("rule disabled"), now).await;
+    }
+    if !ctx.circuit.allows_calls(now) {
+        return finish(engine, job, RunStatus::CircuitOpen, None, now).await;
+    }
+    let writer = match writer::build(&ctx.connection, &engine.http) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the connection's writer");
+            return finish(engine, job, RunStatus::Failed, Some(&e.to_string()), now).await;
+        }
+    };
+
+    let claimed = claim(
+        engine,
+        job.rule_id,
+        ctx.connection.id,
+        ctx.cursor_id,
+        ctx.batch_size,
+        now,
+    )
+    .await?;
+    if claimed.is_empty() {
+        return finish(engine, job, RunStatus::Completed, None, now).await;
+    }
+
+    let mut entries = Vec::with_capacity(claimed.len());
+    let mut counters = Counters::default();
+    let mut to_send = Vec::new();
+    for (i, d) in claimed.iter().enumerate() {
+        if d.superseded || d.unchanged {
+            counters.suppressed += 1;
+            entries.push(Entry {
+                delivery_id: d.id,
+                outcome: Outcome::Suppressed,
+                attempt: d.attempts,
+                http_status: None,
+                error: Some(if d.superseded { "superseded by a newer delivery" } else { "unchanged since last delivered" }.into()),
+                duration_ms: None,
+                next_attempt_at: None,
+            });
+        } else if d.hold_until.is_some_and(|t| t > now) || d.dependency_pending {
+            counters.held += 1;
+            let next = match d.hold_until {
+                Some(t) if t > now => t,
+                _ => now + Duration::milliseconds(ctx.backoff_base_ms.into()),
+            };
+            entries.push(Entry {
+                delivery_id: d.id,
+                outcome: Outcome::Held,
+                attempt: d.attempts,
+                http_status: None,
+                error: Some(if d.dependency_pending { "waiting for depends_on" } else { "hold_until ahead" }.into()),
+                duration_ms: None,
+                next_attempt_at: Some(next),
+            });
+        } else {
+            to_send.push(i);
+        }
+    }
+
+    // Call the writer with no transaction open. A call that opens the circuit stops the
+    // rest of the batch; so does a shutdown (calls already in flight finish).
+    let stop = AtomicBool::new(false);
+    let max_in_flight = writer.max_in_flight().max(1);
+    let (writer, stop, claimed_ref) = (&writer, &stop, &claimed);
+    let mut calls = stream::iter(to_send)
+        .map(|i| {
+            let path = ctx.path.as_str();
+            async move {
+                let d = &claimed_ref[i];
+                if stop.load(Ordering::Relaxed) || engine.shutdown.is_cancelled() {
+                    return (d, None);
+                }
+                let started = Instant::now();
+                let result = writer
+                    .write(Outgoing {
+                        delivery_id: d.id,
+                        record_key: &d.record_key,
+                        path,
+                        payload: &d.payload,
+                    })
+                    .await;
+                (d, Some((result, started.elapsed())))
+            }
+        })
+        .buffer_unordered(max_in_flight);
+
+    let mut live_circuit = ctx.circuit.clone();
+    let mut reachability = Vec::new();
+    let mut not_attempted = Vec::new();
+    let mut rate_limited = None;
+    let mut circuit_opened = false;
+    let mut last_error = None;
+    while let Some((d, call)) = calls.next().await {
+        let Some((result, elapsed)) = call else {
+            not_attempted.push(d.id);
+            continue;
+        };
+        let reachable = result.as_ref().map_or_else(WriteError::proves_reachable, |_| true);
+        reachability.push(reachable);
+        if live_circuit.observe(reachable, &engine.settings.breaker, now) {
+            circuit_opened = true;
+            stop.store(true, Ordering::Relaxed);
+        }
+        let duration_ms = Some(elapsed.as_millis().min(i32::MAX as u128) as i32);
+        let attempt = d.attempts + 1;
+        let entry = match result {
+            Ok(receipt) => {
+                counters.delivered += 1;
+                Entry {
+                    delivery_id: d.id,
+                    outcome: Outcome::Delivered,
+                    attempt,
+                    http_status: receipt.http_status.map(|s| s as i16),
+                    error: None,
+                    duration_ms,
+                    next_attempt_at: None,
+                }
+            }
+            Err(WriteError::RateLimited { wait, raw }) => {
+                // Not a failure of the record: nothing is recorded against it.
+                tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
+                rate_limited = Some(wait);
+                stop.store(true, Ordering::Relaxed);
+                not_attempted.push(d.id);
+                continue;
+            }
+            Err(e) => {
+                let message = e.to_string();
+                last_error = Some(message.clone());
+                let (outcome, next) = match e {
+                    WriteError::Permanent { .. } => {
+                        counters.rejected += 1;
+                        (Outcome::Rejected, None)
+                    }
+                    _ if attempt >= ctx.max_attempts => {
+                        counters.exhausted += 1;
+                        (Outcome::Exhausted, None)
+                    }
+                    _ => {
+                        counters.failed += 1;
+                        let delay = backoff(attempt, ctx.backoff_base_ms, ctx.backoff_max_ms, rand::random());
+                        (Outcome::Failed, Some(now + delay))
+                    }
+                };
+                Entry {
+                    delivery_id: d.id,
+                    outcome,
+                    attempt,
+                    http_status: e.http_status().map(|s| s as i16),
+                    error: Some(message),
+                    duration_ms,
+                    next_attempt_at: next,
+                }
+            }
+        };
+        entries.push(entry);
+    }
+    drop(calls);
+
+    // Deliveries not attempted stay pending and untouched; the cursor stops below them so
+    // the run (or the next one) visits them again.
+    let cursor = match not_attempted.iter().min() {
+        Some(min) => min - 1,
+        None => claimed.last().map_or(ctx.cursor_id, |d| d.id),
+    };
+    let status = if circuit_opened {
+        RunStatus::CircuitOpen
+    } else if let Some(wait) = rate_limited {
+        // Until the throttle lands, a 429 ends the run; the dispatcher starts a new one.
+        let _ = wait;
+        RunStatus::Throttled
+    } else if not_attempted.is_empty() && (claimed.len() as i32) < ctx.batch_size {
+        RunStatus::Completed
+    } else {
+        RunStatus::Running
+    };
+
+    let mut tx = engine.pool.begin().await?;
+    ledger::record(&mut tx, job.run_id, job.rule_id, ctx.connection.id, &entries, now).await?;
+    let circuit = breaker::record(
+        &mut tx,
+        ctx.connection.id,
+        &reachability,
+        last_error.as_deref(),
+        &engine.settings.breaker,
+        now,
+    )
+    .await?;
+    let status = if status == RunStatus::Running && !circuit.allows_calls(now) {
+        RunStatus::CircuitOpen
+    } else {
+        status
+    };
+    let active = runs::record_job(&mut *tx, job.run_id, &counters, cursor, status, None, now).await?;
+    let outcome = if active && status == RunStatus::Running {
+        queue::push(&mut tx, &[job], None).await?;
+        JobOutcome::Continued
+    } else {
+        runs::wake(&mut *tx).await?;
+        if active { JobOutcome::Finished(status) } else { JobOutcome::Skipped }
+    };
+    tx.commit().await?;
+    tracing::debug!(run = job.run_id, ?counters, ?outcome, "chain job done");
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps() {
+        assert_eq!(backoff(1, 1000, 60_000, 0.0), Duration::milliseconds(500));
+        assert_eq!(backoff(1, 1000, 60_000, 1.0), Duration::milliseconds(1000));
+        assert_eq!(backoff(3, 1000, 60_000, 1.0), Duration::milliseconds(4000));
+        assert_eq!(backoff(30, 1000, 60_000, 1.0), Duration::milliseconds(60_000));
+        assert_eq!(backoff(99, i32::MAX, i32::MAX, 0.5).num_milliseconds() > 0, true);
+    }
+}

@@ -1,0 +1,310 @@
+//! The settings tree: `DATABASE_URL` and `COURIER_*` variables from the environment (and a
+//! `.env` file), each with a named default, validated once at start. An invalid value is an
+//! error that names the setting and says why.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// Where courier keeps its state when `DATABASE_URL` is not set.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/courier";
+/// Chain jobs one worker process executes at once.
+pub const DEFAULT_WORKER_CONCURRENCY: usize = 16;
+/// Chain jobs fetched from the queue in one statement.
+pub const DEFAULT_QUEUE_BATCH_SIZE: usize = 16;
+/// How often the queue is polled for jobs scheduled for later (new jobs arrive by NOTIFY).
+pub const DEFAULT_QUEUE_POLL_MS: u64 = 1_000;
+/// How often the dispatcher looks for due work without being woken.
+pub const DEFAULT_DISPATCH_INTERVAL_MS: u64 = 1_000;
+/// A run whose heartbeat is older than this is reaped as stale.
+pub const DEFAULT_CHAIN_STALE_AFTER_SECS: u64 = 600;
+/// How often the reaper looks for stale runs.
+pub const DEFAULT_REAPER_INTERVAL_SECS: u64 = 30;
+/// Consecutive unreachable failures that open a connection's circuit.
+pub const DEFAULT_BREAKER_FAILURE_THRESHOLD: u32 = 5;
+/// How long a circuit stays open the first time.
+pub const DEFAULT_BREAKER_COOLDOWN_SECS: u64 = 30;
+/// The longest a circuit stays open, however often it reopens.
+pub const DEFAULT_BREAKER_MAX_COOLDOWN_SECS: u64 = 600;
+/// How long a stopping worker waits for in-flight calls.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+/// The longest rate-limit wait a chain sits out instead of ending its run as throttled.
+pub const DEFAULT_THROTTLE_MAX_WAIT_SECS: u64 = 300;
+/// Connections in the worker's database pool.
+pub const DEFAULT_DB_MAX_CONNECTIONS: u32 = 10;
+
+/// A setting that could not be accepted.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("invalid setting {name}={value:?}: {reason}")]
+pub struct ConfigError {
+    /// The variable's name, e.g. `COURIER_WORKER_CONCURRENCY`.
+    pub name: String,
+    /// The value that was given.
+    pub value: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// Everything a courier process can be told from the environment.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `DATABASE_URL`: the PostgreSQL database holding courier's tables and apalis' queue.
+    pub database_url: String,
+    /// `COURIER_DB_MAX_CONNECTIONS`: size of the process's connection pool.
+    pub db_max_connections: u32,
+    /// `COURIER_WORKER_CONCURRENCY`: chain jobs (one per rule) executed at once.
+    pub worker_concurrency: usize,
+    /// `COURIER_QUEUE_BATCH_SIZE`: chain jobs fetched per queue poll.
+    pub queue_batch_size: usize,
+    /// `COURIER_QUEUE_POLL_MS`: poll interval for jobs scheduled for later.
+    pub queue_poll: Duration,
+    /// `COURIER_DISPATCH_INTERVAL_MS`: the dispatcher's tick when nothing wakes it.
+    pub dispatch_interval: Duration,
+    /// `COURIER_CHAIN_STALE_AFTER_SECONDS`: heartbeat age at which a run is reaped.
+    pub chain_stale_after: Duration,
+    /// `COURIER_REAPER_INTERVAL_SECONDS`: how often stale runs are looked for.
+    pub reaper_interval: Duration,
+    /// `COURIER_THROTTLE_MAX_WAIT_SECONDS`: longest rate-limit wait a chain sits out.
+    pub throttle_max_wait: Duration,
+    /// Circuit breaker settings.
+    pub breaker: BreakerSettings,
+    /// `COURIER_SHUTDOWN_TIMEOUT_SECONDS`: how long in-flight calls may finish on stop.
+    pub shutdown_timeout: Duration,
+}
+
+/// When a connection's circuit opens and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerSettings {
+    /// `COURIER_BREAKER_FAILURE_THRESHOLD`: consecutive unreachable failures that open it.
+    pub failure_threshold: u32,
+    /// `COURIER_BREAKER_COOLDOWN_SECONDS`: first open period; doubles on each reopening.
+    pub cooldown: Duration,
+    /// `COURIER_BREAKER_MAX_COOLDOWN_SECONDS`: cap on the open period.
+    pub max_cooldown: Duration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            failure_threshold: DEFAULT_BREAKER_FAILURE_THRESHOLD,
+            cooldown: Duration::from_secs(DEFAULT_BREAKER_COOLDOWN_SECS),
+            max_cooldown: Duration::from_secs(DEFAULT_BREAKER_MAX_COOLDOWN_SECS),
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            db_max_connections: DEFAULT_DB_MAX_CONNECTIONS,
+            worker_concurrency: DEFAULT_WORKER_CONCURRENCY,
+            queue_batch_size: DEFAULT_QUEUE_BATCH_SIZE,
+            queue_poll: Duration::from_millis(DEFAULT_QUEUE_POLL_MS),
+            dispatch_interval: Duration::from_millis(DEFAULT_DISPATCH_INTERVAL_MS),
+            chain_stale_after: Duration::from_secs(DEFAULT_CHAIN_STALE_AFTER_SECS),
+            reaper_interval: Duration::from_secs(DEFAULT_REAPER_INTERVAL_SECS),
+            throttle_max_wait: Duration::from_secs(DEFAULT_THROTTLE_MAX_WAIT_SECS),
+            breaker: BreakerSettings::default(),
+            shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+        }
+    }
+}
+
+impl Settings {
+    /// Reads `.env` (if present) and the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        // A missing .env is normal; a malformed one is reported by the variables it breaks.
+        let _ = dotenvy::dotenv();
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Builds the settings from any source of variables (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let secs = |name: &str, default: Duration, min: u64| {
+            number(&get, name, default.as_secs(), min).map(Duration::from_secs)
+        };
+        let millis = |name: &str, default: Duration, min: u64| {
+            number(&get, name, default.as_millis() as u64, min).map(Duration::from_millis)
+        };
+        let database_url = match get("DATABASE_URL") {
+            None => d.database_url,
+            Some(v) if v.starts_with("postgres://") || v.starts_with("postgresql://") => v,
+            Some(v) => {
+                return Err(ConfigError {
+                    name: "DATABASE_URL".into(),
+                    // Never echo a URL that may carry a password.
+                    value: redact_url(&v),
+                    reason: "must start with postgres:// or postgresql://".into(),
+                });
+            }
+        };
+        let settings = Self {
+            database_url,
+            db_max_connections: number(
+                &get,
+                "COURIER_DB_MAX_CONNECTIONS",
+                d.db_max_connections.into(),
+                2,
+            )? as u32,
+            worker_concurrency: number(
+                &get,
+                "COURIER_WORKER_CONCURRENCY",
+                d.worker_concurrency as u64,
+                1,
+            )? as usize,
+            queue_batch_size: number(
+                &get,
+                "COURIER_QUEUE_BATCH_SIZE",
+                d.queue_batch_size as u64,
+                1,
+            )? as usize,
+            queue_poll: millis("COURIER_QUEUE_POLL_MS", d.queue_poll, 10)?,
+            dispatch_interval: millis("COURIER_DISPATCH_INTERVAL_MS", d.dispatch_interval, 10)?,
+            chain_stale_after: secs("COURIER_CHAIN_STALE_AFTER_SECONDS", d.chain_stale_after, 1)?,
+            reaper_interval: secs("COURIER_REAPER_INTERVAL_SECONDS", d.reaper_interval, 1)?,
+            throttle_max_wait: secs("COURIER_THROTTLE_MAX_WAIT_SECONDS", d.throttle_max_wait, 0)?,
+            breaker: BreakerSettings {
+                failure_threshold: number(
+                    &get,
+                    "COURIER_BREAKER_FAILURE_THRESHOLD",
+                    d.breaker.failure_threshold.into(),
+                    1,
+                )? as u32,
+                cooldown: secs("COURIER_BREAKER_COOLDOWN_SECONDS", d.breaker.cooldown, 1)?,
+                max_cooldown: secs(
+                    "COURIER_BREAKER_MAX_COOLDOWN_SECONDS",
+                    d.breaker.max_cooldown,
+                    1,
+                )?,
+            },
+            shutdown_timeout: secs("COURIER_SHUTDOWN_TIMEOUT_SECONDS", d.shutdown_timeout, 0)?,
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks the rules that tie settings together.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.throttle_max_wait >= self.chain_stale_after {
+            return Err(ConfigError {
+                name: "COURIER_THROTTLE_MAX_WAIT_SECONDS".into(),
+                value: self.throttle_max_wait.as_secs().to_string(),
+                reason: format!(
+                    "must stay below COURIER_CHAIN_STALE_AFTER_SECONDS ({}), or a chain waiting out a \
+                     rate limit would be reaped as stale",
+                    self.chain_stale_after.as_secs()
+                ),
+            });
+        }
+        if self.breaker.max_cooldown < self.breaker.cooldown {
+            return Err(ConfigError {
+                name: "COURIER_BREAKER_MAX_COOLDOWN_SECONDS".into(),
+                value: self.breaker.max_cooldown.as_secs().to_string(),
+                reason: format!(
+                    "must be at least COURIER_BREAKER_COOLDOWN_SECONDS ({})",
+                    self.breaker.cooldown.as_secs()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn number(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    default: u64,
+    min: u64,
+) -> Result<u64, ConfigError> {
+    let Some(raw) = get(name) else {
+        return Ok(default);
+    };
+    let err = |reason: String| ConfigError {
+        name: name.to_owned(),
+        value: raw.clone(),
+        reason,
+    };
+    let n: u64 = raw
+        .trim()
+        .parse()
+        .map_err(|_| err("not a whole non-negative number".into()))?;
+    if n < min {
+        return Err(err(format!("must be at least {min}")));
+    }
+    Ok(n)
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_set() {
+        let s = load(&[]).unwrap();
+        assert_eq!(s.database_url, DEFAULT_DATABASE_URL);
+        assert_eq!(s.chain_stale_after, Duration::from_secs(600));
+        assert_eq!(s.breaker.failure_threshold, 5);
+    }
+
+    #[test]
+    fn a_bad_number_names_the_setting() {
+        let e = load(&[("COURIER_WORKER_CONCURRENCY", "lots")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_WORKER_CONCURRENCY");
+        assert!(e.to_string().contains("COURIER_WORKER_CONCURRENCY"));
+        let e = load(&[("COURIER_BREAKER_FAILURE_THRESHOLD", "0")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_BREAKER_FAILURE_THRESHOLD");
+        assert!(e.reason.contains("at least 1"));
+    }
+
+    #[test]
+    fn throttle_wait_must_stay_below_staleness_window() {
+        let e = load(&[
+            ("COURIER_THROTTLE_MAX_WAIT_SECONDS", "600"),
+            ("COURIER_CHAIN_STALE_AFTER_SECONDS", "600"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.name, "COURIER_THROTTLE_MAX_WAIT_SECONDS");
+        assert!(e.reason.contains("COURIER_CHAIN_STALE_AFTER_SECONDS"));
+    }
+
+    #[test]
+    fn database_url_password_is_not_echoed() {
+        let e = load(&[("DATABASE_URL", "mysql://u:hunter2@h/db")]).unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        assert_eq!(
+            redact_url("postgres://u:pw@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+    }
+}

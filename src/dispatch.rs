@@ -1,0 +1,185 @@
+//! The dispatcher: a loop in every worker process, woken by NOTIFY (deliveries inserted, a
+//! run finished) and by a short tick. Each pass starts a run, with its first chain job in
+//! the same transaction, for every enabled rule that has due deliveries and no active run,
+//! unless its connection's circuit is open. An open circuit whose cooldown has passed gets
+//! one probing run (half-open).
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    queue::{self, ChainJob},
+    runs::{self, WAKE_CHANNEL},
+    worker::Engine,
+};
+
+/// Starts runs for due rules.
+pub struct Dispatcher<'a> {
+    /// Shared process state.
+    engine: &'a Engine,
+}
+
+impl<'a> Dispatcher<'a> {
+    /// A dispatcher over `engine`.
+    pub fn new(engine: &'a Engine) -> Self {
+        Self { engine }
+    }
+
+    /// One pass; returns how many runs it started.
+    pub async fn run_once(&self) -> Result<usize, sqlx::Error> {
+        let now = self.engine.clock.now();
+        Ok(self.start_closed(now).await? + self.start_probes(now).await?)
+    }
+
+    /// Rules on connections whose circuit is closed: all due ones in one transaction.
+    async fn start_closed(&self, now: DateTime<Utc>) -> Result<usize, sqlx::Error> {
+        let mut tx = self.engine.pool.begin().await?;
+        let rule_ids = sqlx::query_scalar!(
+            "SELECT r.id FROM rules r
+             JOIN circuits c ON c.connection_id = r.connection_id
+             WHERE r.enabled AND c.state = 'closed'
+               AND NOT EXISTS (SELECT 1 FROM runs x
+                               WHERE x.rule_id = r.id AND x.status IN ('running', 'waiting'))
+               AND EXISTS (SELECT 1 FROM deliveries d
+                           WHERE d.rule_id = r.id AND d.status = 'pending' AND d.next_attempt_at <= $1)",
+            now
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if rule_ids.is_empty() {
+            return Ok(0);
+        }
+        let created = runs::create(&mut tx, &rule_ids, &self.engine.worker_name, now).await?;
+        let jobs: Vec<ChainJob> = created
+            .iter()
+            .map(|&(run_id, rule_id)| ChainJob { run_id, rule_id })
+            .collect();
+        queue::push(&mut tx, &jobs, None).await?;
+        tx.commit().await?;
+        for job in &jobs {
+            tracing::info!(run = job.run_id, rule = job.rule_id, "run started");
+        }
+        Ok(jobs.len())
+    }
+
+    /// Connections whose open circuit has cooled down (or whose probe ended without an
+    /// answer): one run of one due rule probes each.
+    async fn start_probes(&self, now: DateTime<Utc>) -> Result<usize, sqlx::Error> {
+        let candidates = sqlx::query!(
+            r#"SELECT c.connection_id,
+                      (SELECT r.id FROM rules r
+                       WHERE r.connection_id = c.connection_id AND r.enabled
+                         AND NOT EXISTS (SELECT 1 FROM runs x
+                                         WHERE x.rule_id = r.id AND x.status IN ('running', 'waiting'))
+                         AND EXISTS (SELECT 1 FROM deliveries d
+                                     WHERE d.rule_id = r.id AND d.status = 'pending'
+                                       AND d.next_attempt_at <= $1)
+                       ORDER BY r.id LIMIT 1) AS rule_id
+               FROM circuits c
+               WHERE (c.state = 'open' AND c.open_until <= $1)
+                  OR (c.state = 'half_open' AND NOT EXISTS (
+                        SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
+                          AND p.status IN ('running', 'waiting')))"#,
+            now
+        )
+        .fetch_all(&self.engine.pool)
+        .await?;
+        let mut started = 0;
+        for c in candidates {
+            let Some(rule_id) = c.rule_id else { continue };
+            let mut tx = self.engine.pool.begin().await?;
+            let created = runs::create(&mut tx, &[rule_id], &self.engine.worker_name, now).await?;
+            let Some(&(run_id, _)) = created.first() else {
+                continue;
+            };
+            let claimed = sqlx::query!(
+                "UPDATE circuits c SET state = 'half_open', probe_run_id = $2, updated_at = $3
+                 WHERE c.connection_id = $1
+                   AND ((c.state = 'open' AND c.open_until <= $3)
+                        OR (c.state = 'half_open' AND NOT EXISTS (
+                              SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
+                                AND p.id <> $2 AND p.status IN ('running', 'waiting'))))",
+                c.connection_id,
+                run_id,
+                now
+            )
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if claimed == 0 {
+                // Another process started the probe first.
+                tx.rollback().await?;
+                continue;
+            }
+            queue::push(&mut tx, &[ChainJob { run_id, rule_id }], None).await?;
+            tx.commit().await?;
+            tracing::info!(run = run_id, rule = rule_id, connection = c.connection_id, "probe run started (half-open)");
+            started += 1;
+        }
+        Ok(started)
+    }
+
+    /// Runs passes until `shutdown`: on every notification and every tick.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.engine.pool).await?;
+        listener.listen(WAKE_CHANNEL).await?;
+        let mut tick = tokio::time::interval(self.engine.settings.dispatch_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                n = listener.recv() => {
+                    if let Err(e) = n {
+                        tracing::warn!(error = %e, "dispatcher lost its LISTEN connection; reconnecting");
+                    }
+                }
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.run_once().await {
+                tracing::error!(error = %e, "dispatch pass failed");
+            }
+        }
+    }
+}
+
+/// The reaper: marks runs whose heartbeat is older than `chain_stale_after` as stale.
+pub struct Reaper<'a> {
+    /// Shared process state.
+    engine: &'a Engine,
+}
+
+impl<'a> Reaper<'a> {
+    /// A reaper over `engine`.
+    pub fn new(engine: &'a Engine) -> Self {
+        Self { engine }
+    }
+
+    /// One pass; returns the reaped run ids.
+    pub async fn run_once(&self) -> Result<Vec<i64>, sqlx::Error> {
+        let now = self.engine.clock.now();
+        let cutoff = now - chrono::Duration::from_std(self.engine.settings.chain_stale_after).expect("fits");
+        let reaped = runs::reap_stale(&self.engine.pool, cutoff, now).await?;
+        for id in &reaped {
+            tracing::warn!(run = id, "run reaped as stale");
+        }
+        if !reaped.is_empty() {
+            runs::wake(&self.engine.pool).await?;
+        }
+        Ok(reaped)
+    }
+
+    /// Runs passes every `reaper_interval` until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.engine.settings.reaper_interval);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.run_once().await {
+                tracing::error!(error = %e, "reaper pass failed");
+            }
+        }
+    }
+}

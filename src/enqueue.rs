@@ -1,0 +1,181 @@
+//! Adding deliveries. Three doors lead here: plain SQL (`INSERT INTO deliveries (rule_id,
+//! record_key, payload) ...`, which a statement trigger announces with NOTIFY), the
+//! functions below for Rust applications, and `courier enqueue` reading NDJSON.
+//! Every door inserts in bulk and all-or-nothing.
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use sqlx::{PgExecutor, PgPool};
+
+/// Rows per INSERT statement when enqueuing in bulk.
+pub const INSERT_CHUNK: usize = 5_000;
+
+/// One record to deliver.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NewDelivery {
+    /// The record's identity in the shop, e.g. `customer:123`.
+    pub record_key: String,
+    /// What the writer sends.
+    pub payload: serde_json::Value,
+    /// Do not deliver before this time.
+    #[serde(default)]
+    pub hold_until: Option<DateTime<Utc>>,
+    /// A record key of the same connection that must be delivered first.
+    #[serde(default)]
+    pub depends_on: Option<String>,
+}
+
+impl NewDelivery {
+    /// A delivery with no hold and no dependency.
+    pub fn new(record_key: impl Into<String>, payload: serde_json::Value) -> Self {
+        Self {
+            record_key: record_key.into(),
+            payload,
+            hold_until: None,
+            depends_on: None,
+        }
+    }
+}
+
+/// Why deliveries could not be enqueued. Nothing of the input was inserted.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// No rule has that name.
+    #[error("unknown rule {0:?}")]
+    UnknownRule(String),
+    /// Lines of NDJSON input that could not be accepted.
+    #[error("{} bad line(s) in input, nothing was enqueued:\n{}", .0.len(), render(.0))]
+    BadInput(Vec<LineError>),
+    /// The database refused.
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+}
+
+/// One refused line of NDJSON input.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LineError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn render(errors: &[LineError]) -> String {
+    errors
+        .iter()
+        .take(20)
+        .map(|e| format!("  line {}: {}", e.line, e.reason))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Looks up a rule's id by name.
+pub async fn rule_id(db: impl PgExecutor<'_>, rule: &str) -> Result<i64, EnqueueError> {
+    sqlx::query_scalar!("SELECT id FROM rules WHERE name = $1", rule)
+        .fetch_optional(db)
+        .await?
+        .ok_or_else(|| EnqueueError::UnknownRule(rule.to_owned()))
+}
+
+/// Enqueues one delivery for the rule named `rule`; returns its id.
+pub async fn enqueue(pool: &PgPool, rule: &str, delivery: NewDelivery) -> Result<i64, EnqueueError> {
+    Ok(enqueue_many(pool, rule, vec![delivery]).await?[0])
+}
+
+/// Enqueues many deliveries for the rule named `rule` in one transaction, a few thousand
+/// rows per statement; returns their ids in input order.
+pub async fn enqueue_many(
+    pool: &PgPool,
+    rule: &str,
+    deliveries: Vec<NewDelivery>,
+) -> Result<Vec<i64>, EnqueueError> {
+    let mut tx = pool.begin().await?;
+    let rule_id = rule_id(&mut *tx, rule).await?;
+    let mut ids = Vec::with_capacity(deliveries.len());
+    for chunk in deliveries.chunks(INSERT_CHUNK) {
+        ids.extend(insert_chunk(&mut *tx, rule_id, chunk).await?);
+    }
+    tx.commit().await?;
+    Ok(ids)
+}
+
+async fn insert_chunk(
+    db: impl PgExecutor<'_>,
+    rule_id: i64,
+    chunk: &[NewDelivery],
+) -> Result<Vec<i64>, sqlx::Error> {
+    let keys: Vec<&str> = chunk.iter().map(|d| d.record_key.as_str()).collect();
+    let payloads: Vec<serde_json::Value> = chunk.iter().map(|d| d.payload.clone()).collect();
+    let holds: Vec<Option<DateTime<Utc>>> = chunk.iter().map(|d| d.hold_until).collect();
+    let deps: Vec<Option<&str>> = chunk.iter().map(|d| d.depends_on.as_deref()).collect();
+    sqlx::query_scalar!(
+        r#"INSERT INTO deliveries (rule_id, record_key, payload, hold_until, depends_on)
+           SELECT $1, k, p, h, d
+           FROM unnest($2::text[], $3::jsonb[], $4::timestamptz[], $5::text[])
+                WITH ORDINALITY AS t(k, p, h, d, n)
+           ORDER BY n
+           RETURNING id"#,
+        rule_id,
+        &keys as &[&str],
+        &payloads,
+        &holds as &[Option<DateTime<Utc>>],
+        &deps as &[Option<&str>],
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Parses NDJSON: one JSON object per line with `record_key`, `payload` and optionally
+/// `hold_until` (RFC 3339) and `depends_on`. Blank lines are skipped. Every bad line is
+/// reported with its number; any bad line refuses the whole input.
+pub fn parse_ndjson(input: &str) -> Result<Vec<NewDelivery>, EnqueueError> {
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (i, line) in input.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<NewDelivery>(line) {
+            Ok(d) if d.record_key.is_empty() => errors.push(LineError {
+                line: i + 1,
+                reason: "record_key is empty".into(),
+            }),
+            Ok(d) => out.push(d),
+            Err(e) => errors.push(LineError {
+                line: i + 1,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(EnqueueError::BadInput(errors))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_line_is_named() {
+        let input = "{\"record_key\":\"a\",\"payload\":{}}\n\nnot json\n{\"payload\":1}\n{\"record_key\":\"\",\"payload\":1}\n";
+        let Err(EnqueueError::BadInput(errors)) = parse_ndjson(input) else {
+            panic!("expected bad input");
+        };
+        let lines: Vec<usize> = errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![3, 4, 5]);
+        assert!(errors[1].reason.contains("record_key"), "{:?}", errors[1]);
+    }
+
+    #[test]
+    fn good_lines_parse_with_optional_fields() {
+        let input = "{\"record_key\":\"a\",\"payload\":{\"x\":1},\"depends_on\":\"b\",\"hold_until\":\"2030-01-01T00:00:00Z\"}";
+        let d = parse_ndjson(input).unwrap();
+        assert_eq!(d[0].depends_on.as_deref(), Some("b"));
+        assert!(d[0].hold_until.is_some());
+    }
+}

@@ -1,0 +1,156 @@
+//! The ledger (table `ledger`): one append-only row per outcome of one delivery in one run,
+//! and the delivery state each outcome implies (status, attempts, next attempt), written
+//! for a whole batch in three bulk statements.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+/// What happened to one delivery in one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The target accepted it.
+    Delivered,
+    /// A transient failure; it will be retried at `next_attempt_at`.
+    Failed,
+    /// A transient failure on the last attempt; no more retries.
+    Exhausted,
+    /// A permanent failure; no retry.
+    Rejected,
+    /// Not sent: superseded by a newer delivery, or unchanged since the last delivery.
+    Suppressed,
+    /// Not sent yet: `hold_until` is ahead or `depends_on` is not delivered.
+    Held,
+}
+
+impl Outcome {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Failed => "failed",
+            Outcome::Exhausted => "exhausted",
+            Outcome::Rejected => "rejected",
+            Outcome::Suppressed => "suppressed",
+            Outcome::Held => "held",
+        }
+    }
+
+    /// The delivery status this outcome leaves behind.
+    pub fn delivery_status(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Failed | Outcome::Held => "pending",
+            Outcome::Exhausted => "exhausted",
+            Outcome::Rejected => "rejected",
+            Outcome::Suppressed => "suppressed",
+        }
+    }
+}
+
+/// One outcome to record.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The delivery.
+    pub delivery_id: i64,
+    /// What happened.
+    pub outcome: Outcome,
+    /// The delivery's attempt count after this outcome (unchanged for held/suppressed).
+    pub attempt: i32,
+    /// The target's HTTP status, when it answered.
+    pub http_status: Option<i16>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// How long the call took.
+    pub duration_ms: Option<i32>,
+    /// When the delivery is due again (failed, held); `None` leaves it unchanged.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+/// Writes a batch's outcomes: delivery rows, ledger rows, and the last delivered payload
+/// per record key (for suppression and `depends_on`).
+pub async fn record(
+    tx: &mut PgConnection,
+    run_id: i64,
+    rule_id: i64,
+    connection_id: i64,
+    entries: &[Entry],
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<i64> = entries.iter().map(|e| e.delivery_id).collect();
+    let outcomes: Vec<&str> = entries.iter().map(|e| e.outcome.as_str()).collect();
+    let statuses: Vec<&str> = entries
+        .iter()
+        .map(|e| e.outcome.delivery_status())
+        .collect();
+    let attempts: Vec<i32> = entries.iter().map(|e| e.attempt).collect();
+    let next_at: Vec<Option<DateTime<Utc>>> = entries.iter().map(|e| e.next_attempt_at).collect();
+    let errors: Vec<Option<&str>> = entries.iter().map(|e| e.error.as_deref()).collect();
+    let http: Vec<Option<i16>> = entries.iter().map(|e| e.http_status).collect();
+    let durations: Vec<Option<i32>> = entries.iter().map(|e| e.duration_ms).collect();
+
+    sqlx::query!(
+        "UPDATE deliveries d SET
+            status = u.status, attempts = u.attempt,
+            next_attempt_at = COALESCE(u.next_at, d.next_attempt_at),
+            last_error = COALESCE(u.error, d.last_error), updated_at = $6::timestamptz,
+            finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE $6::timestamptz END
+         FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::text[])
+              AS u(id, status, attempt, next_at, error)
+         WHERE d.id = u.id",
+        &ids,
+        &statuses as &[&str],
+        &attempts,
+        &next_at as &[Option<DateTime<Utc>>],
+        &errors as &[Option<&str>],
+        now
+    )
+    .execute(&mut *tx)
+    .await?;
+
+    sqlx::query!(
+        "INSERT INTO ledger (run_id, rule_id, delivery_id, outcome, attempt, http_status, error,
+                             duration_ms, created_at)
+         SELECT $1, $2, u.*, $9
+         FROM unnest($3::bigint[], $4::text[], $5::int[], $6::smallint[], $7::text[], $8::int[]) AS u",
+        run_id,
+        rule_id,
+        &ids,
+        &outcomes as &[&str],
+        &attempts,
+        &http as &[Option<i16>],
+        &errors as &[Option<&str>],
+        &durations as &[Option<i32>],
+        now
+    )
+    .execute(&mut *tx)
+    .await?;
+
+    let delivered: Vec<i64> = entries
+        .iter()
+        .filter(|e| e.outcome == Outcome::Delivered)
+        .map(|e| e.delivery_id)
+        .collect();
+    if !delivered.is_empty() {
+        sqlx::query!(
+            "INSERT INTO delivered_records (rule_id, record_key, connection_id, payload, delivery_id, delivered_at)
+             SELECT DISTINCT ON (d.record_key) d.rule_id, d.record_key, $2, d.payload, d.id, $3
+             FROM deliveries d WHERE d.id = ANY($1)
+             ORDER BY d.record_key, d.id DESC
+             ON CONFLICT (rule_id, record_key) DO UPDATE SET
+                payload = EXCLUDED.payload, delivery_id = EXCLUDED.delivery_id,
+                delivered_at = EXCLUDED.delivered_at
+             WHERE delivered_records.delivery_id < EXCLUDED.delivery_id",
+            &delivered,
+            connection_id,
+            now
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}

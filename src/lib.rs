@@ -1,0 +1,46 @@
+//! courier delivers records an online shop produces (customers, consents, products, price
+//! changes, orders, events) into marketing and CRM targets such as User.com, through a job
+//! queue in PostgreSQL.
+//!
+//! Records are enqueued as **deliveries** (plain SQL, [`enqueue`], or `courier enqueue`).
+//! A **rule** delivers one stream of records into one **connection** (one target account).
+//! The [`dispatch`] loop starts a **run** for every enabled rule with due deliveries; a run
+//! is a **chain** of apalis jobs ([`chain`]), each of which claims one batch, asks the
+//! rule's [`writer`] to deliver it, and records every outcome in the append-only
+//! **ledger** ([`ledger`]) before it enqueues the next job. A [`breaker`] per connection,
+//! kept in PostgreSQL, stops calling a target that does not answer.
+//!
+//! # Layout
+//! - [`config`]: the settings tree, read from the environment and validated once.
+//! - [`clock`]: the engine's notion of "now", injectable so tests control time.
+//! - [`db`]: connecting, creating the database, applying courier's and apalis' migrations.
+//! - [`catalog`]: connections and rules (tables `connections`, `rules`).
+//! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
+//! - [`writer`]: the `Writer` trait, its typed errors and the HTTP JSON writer.
+//! - [`breaker`]: the circuit breaker per connection (table `circuits`).
+//! - [`runs`]: runs and their lifecycle (table `runs`), the staleness reaper.
+//! - [`ledger`]: outcome rows (table `ledger`) and the delivery state they imply.
+//! - [`queue`]: apalis wiring: the chain queue, pushing and re-scheduling jobs.
+//! - [`chain`]: one chain job: claim, classify, write, record, continue.
+//! - [`dispatch`]: the dispatcher loop.
+//! - [`worker`]: the worker process: dispatcher, reaper, apalis workers, shutdown.
+//! - [`status`]: the `courier status` report.
+//! - [`target`]: a local HTTP target for the demo, tests and benchmarks.
+//! - [`demo`]: `courier demo`, the end-to-end showcase.
+
+pub mod breaker;
+pub mod catalog;
+pub mod chain;
+pub mod clock;
+pub mod config;
+pub mod db;
+pub mod demo;
+pub mod dispatch;
+pub mod enqueue;
+pub mod ledger;
+pub mod queue;
+pub mod runs;
+pub mod status;
+pub mod target;
+pub mod worker;
+pub mod writer;

@@ -1,0 +1,322 @@
+//! The `courier` command line: parses arguments, starts telemetry, loads and validates the
+//! settings, and hands over to the library.
+
+use std::{io::Read, path::PathBuf, sync::Arc};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use courier::{
+    catalog::{self, CatalogFile, NewConnection, NewRule},
+    config::Settings,
+    db, demo, enqueue, status,
+    worker::{self, Engine},
+};
+
+/// Delivers shop records into marketing and CRM targets through a PostgreSQL job queue.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply courier's and apalis' migrations (the worker does this at start too).
+    Migrate,
+    /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C.
+    Worker,
+    /// Enqueue deliveries for a rule from NDJSON (stdin or a file), all or nothing.
+    Enqueue {
+        /// The rule's name.
+        #[arg(long)]
+        rule: String,
+        /// NDJSON file; stdin when absent.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Create or update connections and rules from a JSON file, all or nothing.
+    Apply {
+        /// `{"connections": [...], "rules": [...]}`
+        file: PathBuf,
+    },
+    /// Manage target connections.
+    #[command(subcommand)]
+    Connection(ConnectionCmd),
+    /// Manage rules.
+    #[command(subcommand)]
+    Rule(RuleCmd),
+    /// Show connections, rules and recent runs.
+    Status {
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the end-to-end demo on a fresh `courier_demo` database with a local target.
+    Demo {
+        /// Deliveries to enqueue.
+        #[arg(long, default_value_t = 20_000)]
+        records: usize,
+    },
+    /// Run the local HTTP target until Ctrl-C.
+    Target {
+        /// Port on 127.0.0.1 (0 picks a free one).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConnectionCmd {
+    /// Create a connection, or update the one with that name.
+    Add {
+        #[arg(long)]
+        name: String,
+        /// Writer kind.
+        #[arg(long, default_value = "http_json")]
+        writer: String,
+        #[arg(long)]
+        base_url: String,
+        /// Environment variable holding the API key.
+        #[arg(long)]
+        api_key_env: Option<String>,
+        /// Extra header, `Name: value` (repeatable).
+        #[arg(long = "header")]
+        headers: Vec<String>,
+        #[arg(long)]
+        requests_per_minute: Option<i32>,
+        #[arg(long)]
+        max_in_flight: Option<i32>,
+        #[arg(long)]
+        timeout_ms: Option<i32>,
+    },
+    /// List connections.
+    List,
+}
+
+#[derive(Subcommand)]
+enum RuleCmd {
+    /// Create a rule, or update the one with that name.
+    Add {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        connection: String,
+        /// Path under the connection's base URL.
+        #[arg(long, default_value = "")]
+        path: String,
+        #[arg(long)]
+        batch_size: Option<i32>,
+        #[arg(long)]
+        max_attempts: Option<i32>,
+        #[arg(long)]
+        backoff_base_ms: Option<i32>,
+        #[arg(long)]
+        backoff_max_ms: Option<i32>,
+        /// Create it disabled.
+        #[arg(long)]
+        disabled: bool,
+    },
+    /// List rules.
+    List,
+    /// Let the dispatcher start runs for a rule.
+    Enable { name: String },
+    /// Stop starting runs for a rule.
+    Disable { name: String },
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("courier: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("COURIER_LOG")
+                .unwrap_or_else(|_| "info,sqlx=warn,apalis=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse(), settings).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("courier: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
+    let pool = || db::connect(&settings.database_url, settings.db_max_connections);
+    match cli.command {
+        Command::Migrate => {
+            db::migrate(&pool().await?).await?;
+            println!("migrations applied");
+        }
+        Command::Worker => {
+            let pool = pool().await?;
+            db::migrate(&pool).await?;
+            let engine = Arc::new(Engine::new(pool, settings));
+            worker::cancel_on_signal(engine.shutdown.clone());
+            worker::run(engine).await?;
+        }
+        Command::Enqueue { rule, file } => {
+            let mut input = String::new();
+            match file {
+                Some(path) => {
+                    input = std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?
+                }
+                None => {
+                    std::io::stdin().read_to_string(&mut input)?;
+                }
+            }
+            let deliveries = enqueue::parse_ndjson(&input)?;
+            let n = deliveries.len();
+            enqueue::enqueue_many(&pool().await?, &rule, deliveries).await?;
+            println!("enqueued {n} deliveries for rule {rule}");
+        }
+        Command::Apply { file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let catalog: CatalogFile = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a valid catalog file", file.display()))?;
+            catalog::apply(&pool().await?, &catalog).await?;
+            println!(
+                "applied {} connection(s) and {} rule(s)",
+                catalog.connections.len(),
+                catalog.rules.len()
+            );
+        }
+        Command::Connection(ConnectionCmd::Add {
+            name,
+            writer,
+            base_url,
+            api_key_env,
+            headers,
+            requests_per_minute,
+            max_in_flight,
+            timeout_ms,
+        }) => {
+            let mut map = serde_json::Map::new();
+            for h in headers {
+                let (k, v) = h
+                    .split_once(':')
+                    .with_context(|| format!("header {h:?} is not `Name: value`"))?;
+                map.insert(k.trim().to_owned(), v.trim().into());
+            }
+            let id = catalog::upsert_connection(
+                &pool().await?,
+                &NewConnection {
+                    name,
+                    writer,
+                    base_url,
+                    api_key_env,
+                    headers: map,
+                    requests_per_minute,
+                    max_in_flight,
+                    timeout_ms,
+                },
+            )
+            .await?;
+            println!("connection {id} saved");
+        }
+        Command::Connection(ConnectionCmd::List) => {
+            let rows = catalog::list_connections(&pool().await?).await?;
+            print!(
+                "{}",
+                status::table(
+                    &["id", "name", "writer", "base url", "key env", "rate/min", "in flight"],
+                    &rows
+                        .iter()
+                        .map(|c| vec![
+                            c.id.to_string(),
+                            c.name.clone(),
+                            c.writer.clone(),
+                            c.base_url.clone(),
+                            c.api_key_env.clone().unwrap_or_else(|| "-".into()),
+                            c.requests_per_minute.map_or("default".into(), |r| r.to_string()),
+                            c.max_in_flight.to_string(),
+                        ])
+                        .collect::<Vec<_>>()
+                )
+            );
+        }
+        Command::Rule(RuleCmd::Add {
+            name,
+            connection,
+            path,
+            batch_size,
+            max_attempts,
+            backoff_base_ms,
+            backoff_max_ms,
+            disabled,
+        }) => {
+            let id = catalog::upsert_rule(
+                &pool().await?,
+                &NewRule {
+                    name,
+                    connection,
+                    path,
+                    batch_size,
+                    max_attempts,
+                    backoff_base_ms,
+                    backoff_max_ms,
+                    enabled: Some(!disabled),
+                },
+            )
+            .await?;
+            println!("rule {id} saved");
+        }
+        Command::Rule(RuleCmd::List) => {
+            let rows = catalog::list_rules(&pool().await?).await?;
+            print!(
+                "{}",
+                status::table(
+                    &["id", "name", "connection", "path", "enabled", "batch", "attempts"],
+                    &rows
+                        .iter()
+                        .map(|r| vec![
+                            r.id.to_string(),
+                            r.name.clone(),
+                            r.connection_id.to_string(),
+                            r.path.clone(),
+                            r.enabled.to_string(),
+                            r.batch_size.to_string(),
+                            r.max_attempts.to_string(),
+                        ])
+                        .collect::<Vec<_>>()
+                )
+            );
+        }
+        Command::Rule(RuleCmd::Enable { name }) => {
+            catalog::set_rule_enabled(&pool().await?, &name, true).await?;
+            println!("rule {name} enabled");
+        }
+        Command::Rule(RuleCmd::Disable { name }) => {
+            catalog::set_rule_enabled(&pool().await?, &name, false).await?;
+            println!("rule {name} disabled");
+        }
+        Command::Status { json } => {
+            let report = status::report(&pool().await?, chrono::Utc::now()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
+        }
+        Command::Demo { records } => {
+            demo::run(settings, demo::DemoOptions { records }).await?;
+        }
+        Command::Target { port } => {
+            let target = courier::target::Target::start(port).await?;
+            println!("courier target listening on {}", target.url());
+            tokio::signal::ctrl_c().await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! apalis wiring: the chain queue's name, its job payload, pushing a job inside the caller's
+//! transaction, and re-scheduling a running job for later without counting a failure.
+
+use std::time::SystemTime;
+
+use apalis::prelude::TaskBuilder;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgExecutor};
+
+/// The apalis queue (`apalis.jobs.job_type`) holding chain jobs.
+pub const CHAIN_QUEUE: &str = "courier.chain";
+/// apalis attempts per chain job: a job that errors (a database failure) is tried again;
+/// past this, its run is left to the reaper.
+pub const CHAIN_JOB_MAX_ATTEMPTS: usize = 3;
+
+/// The payload of a chain job: ids only, so a payload can never go stale or grow.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ChainJob {
+    /// The run this job belongs to.
+    pub run_id: i64,
+    /// The run's rule (denormalised so logs and locks need no lookup).
+    pub rule_id: i64,
+}
+
+/// Pushes chain jobs inside the caller's transaction, so a job exists exactly when the
+/// state that asked for it was committed. `run_at` of `None` means now.
+pub async fn push(
+    tx: &mut PgConnection,
+    jobs: &[ChainJob],
+    run_at: Option<DateTime<Utc>>,
+) -> Result<(), sqlx::Error> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let tasks = jobs
+        .iter()
+        .map(|job| {
+            let bytes = serde_json::to_vec(job).expect("ChainJob serialises");
+            let mut b = TaskBuilder::new(bytes).max_attempts(CHAIN_JOB_MAX_ATTEMPTS);
+            if let Some(at) = run_at {
+                b = b.run_at_time(SystemTime::from(at));
+            }
+            b.build()
+        })
+        .collect();
+    apalis_postgres::queries::push_tasks(tx, CHAIN_QUEUE, tasks)
+        .await
+        .map_err(|e| match e {
+            apalis_postgres::Error::Database(e) => e,
+            other => sqlx::Error::Protocol(other.to_string()),
+        })
+}
+
+/// Puts a running job back in the queue to run at `at`, as if it had never been fetched:
+/// no failure, no attempt counted. The worker's own acknowledgement afterwards matches only
+/// rows still locked by it, so it leaves this row alone. This leans on apalis-postgres'
+/// schema; `tests/engine.rs` covers it so an upgrade that breaks it fails loudly.
+pub async fn reschedule(
+    db: impl PgExecutor<'_>,
+    task_id: &str,
+    at: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let n = sqlx::query!(
+        "UPDATE apalis.jobs
+         SET status = 'Pending', run_at = $2, lock_by = NULL, lock_at = NULL, done_at = NULL,
+             attempts = 0
+         WHERE id = $1",
+        task_id,
+        at
+    )
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
+}

@@ -1,0 +1,155 @@
+//! Runs (table `runs`): one pass of a rule over its due deliveries, executed as a chain of
+//! apalis jobs. This module creates runs, records each job's progress on them (counters,
+//! cursor, heartbeat), finishes them, and reaps those whose heartbeat went quiet.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgExecutor};
+
+/// The channel that wakes the dispatcher (deliveries inserted, a run finished).
+pub const WAKE_CHANNEL: &str = "courier_deliveries";
+
+/// How a run stands or ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// A chain job is queued or executing.
+    Running,
+    /// The chain sits out a rate-limit block.
+    Waiting,
+    /// It visited every due delivery.
+    Completed,
+    /// It met an open circuit and stopped calling the target.
+    CircuitOpen,
+    /// It met a rate-limit block too long to sit out.
+    Throttled,
+    /// Its heartbeat went quiet; the reaper ended it.
+    Stale,
+    /// It could not go on (e.g. the connection's API key is missing).
+    Failed,
+}
+
+impl RunStatus {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Completed => "completed",
+            RunStatus::CircuitOpen => "circuit_open",
+            RunStatus::Throttled => "throttled",
+            RunStatus::Stale => "stale",
+            RunStatus::Failed => "failed",
+        }
+    }
+
+    /// Whether a run in this status still holds its rule.
+    pub fn is_active(self) -> bool {
+        matches!(self, RunStatus::Running | RunStatus::Waiting)
+    }
+}
+
+/// What one chain job adds to its run's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Deliveries delivered.
+    pub delivered: i32,
+    /// Transient failures that will be retried.
+    pub failed: i32,
+    /// Transient failures that used the last attempt.
+    pub exhausted: i32,
+    /// Permanent failures.
+    pub rejected: i32,
+    /// Superseded or unchanged deliveries, not sent.
+    pub suppressed: i32,
+    /// Deliveries held back by `hold_until` or `depends_on`.
+    pub held: i32,
+}
+
+/// Creates a run for each rule that has none active (the unique partial index decides
+/// races); returns `(run_id, rule_id)` for those created.
+pub async fn create(
+    tx: &mut PgConnection,
+    rule_ids: &[i64],
+    started_by: &str,
+    now: DateTime<Utc>,
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "INSERT INTO runs (rule_id, started_by, started_at, heartbeat_at)
+         SELECT r, $2, $3, $3 FROM unnest($1::bigint[]) AS r
+         ON CONFLICT (rule_id) WHERE status IN ('running', 'waiting') DO NOTHING
+         RETURNING id, rule_id",
+        rule_ids,
+        started_by,
+        now
+    )
+    .fetch_all(tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.rule_id)).collect())
+}
+
+/// Adds one job's counters to an active run, moves its cursor and heartbeat, and sets its
+/// status (finishing it when the status is final). Returns false when the run was no
+/// longer active (reaped meanwhile): the caller must not continue the chain.
+pub async fn record_job(
+    db: impl PgExecutor<'_>,
+    run_id: i64,
+    c: &Counters,
+    cursor_id: i64,
+    status: RunStatus,
+    error: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query_scalar!(
+        "UPDATE runs SET
+            jobs = jobs + 1,
+            delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
+            rejected = rejected + $5, suppressed = suppressed + $6, held = held + $7,
+            cursor_id = GREATEST(cursor_id, $8), heartbeat_at = $9::timestamptz, status = $10::text,
+            finished_at = CASE WHEN $10 IN ('running', 'waiting') THEN NULL ELSE $9::timestamptz END,
+            error = COALESCE($11, error)
+         WHERE id = $1 AND status IN ('running', 'waiting')
+         RETURNING id",
+        run_id,
+        c.delivered,
+        c.failed,
+        c.exhausted,
+        c.rejected,
+        c.suppressed,
+        c.held,
+        cursor_id,
+        now,
+        status.as_str(),
+        error
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(updated.is_some())
+}
+
+/// Wakes dispatchers: a finished run may leave its rule with more due work.
+pub async fn wake(db: impl PgExecutor<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query!("SELECT pg_notify($1, 'run')", WAKE_CHANNEL)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Marks every active run whose heartbeat is older than `cutoff` as stale, freeing its
+/// rule for a new run. Returns the reaped run ids.
+pub async fn reap_stale(
+    db: impl PgExecutor<'_>,
+    cutoff: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "UPDATE runs SET status = 'stale', finished_at = $2,
+                error = 'no heartbeat since ' || heartbeat_at::text
+         WHERE status IN ('running', 'waiting') AND heartbeat_at < $1
+         RETURNING id",
+        cutoff,
+        now
+    )
+    .fetch_all(db)
+    .await
+}

@@ -1,0 +1,228 @@
+//! `courier status`: connections with their circuit, rules with their backlog and last run,
+//! and the most recent runs, as a table for people or JSON for machines.
+
+use std::fmt::Write;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// One connection's line.
+#[derive(Debug, Serialize)]
+pub struct ConnectionStatus {
+    /// Name.
+    pub name: String,
+    /// Writer kind.
+    pub writer: String,
+    /// Declared requests per minute (`None`: the writer's default).
+    pub requests_per_minute: Option<i32>,
+    /// `closed`, `open` or `half_open`.
+    pub circuit: String,
+    /// When an open circuit allows a probe.
+    pub open_until: Option<DateTime<Utc>>,
+    /// Unreachable failures in a row.
+    pub consecutive_failures: i32,
+}
+
+/// One rule's line.
+#[derive(Debug, Serialize)]
+pub struct RuleStatus {
+    /// Name.
+    pub name: String,
+    /// Its connection.
+    pub connection: String,
+    /// Whether runs are started for it.
+    pub enabled: bool,
+    /// Pending deliveries.
+    pub pending: i64,
+    /// Pending deliveries due now.
+    pub due: i64,
+    /// `running`, `waiting`, `stale`, or `idle`.
+    pub state: String,
+    /// The latest run's id and status.
+    pub last_run: Option<i64>,
+    /// The latest run's status.
+    pub last_run_status: Option<String>,
+}
+
+/// One run's line.
+#[derive(Debug, Serialize)]
+pub struct RunLine {
+    /// Run id.
+    pub id: i64,
+    /// Its rule.
+    pub rule: String,
+    /// Status.
+    pub status: String,
+    /// Counters.
+    pub delivered: i32,
+    /// Transient failures retried.
+    pub failed: i32,
+    /// Exhausted deliveries.
+    pub exhausted: i32,
+    /// Rejected deliveries.
+    pub rejected: i32,
+    /// Suppressed deliveries.
+    pub suppressed: i32,
+    /// Held deliveries.
+    pub held: i32,
+    /// Start.
+    pub started_at: DateTime<Utc>,
+    /// Last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// End.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Everything `courier status` shows.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Connections.
+    pub connections: Vec<ConnectionStatus>,
+    /// Rules.
+    pub rules: Vec<RuleStatus>,
+    /// The 15 most recent runs.
+    pub recent_runs: Vec<RunLine>,
+}
+
+/// Reads the report.
+pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::Error> {
+    let connections = sqlx::query_as!(
+        ConnectionStatus,
+        "SELECT c.name, c.writer, c.requests_per_minute, ci.state AS circuit, ci.open_until,
+                ci.consecutive_failures
+         FROM connections c JOIN circuits ci ON ci.connection_id = c.id ORDER BY c.name"
+    )
+    .fetch_all(pool)
+    .await?;
+    let rules = sqlx::query_as!(
+        RuleStatus,
+        r#"SELECT r.name, c.name AS connection, r.enabled,
+                  COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
+                  CASE WHEN lr.status IN ('running', 'waiting', 'stale') THEN lr.status ELSE 'idle' END AS "state!",
+                  lr.id AS "last_run?", lr.status AS "last_run_status?"
+           FROM rules r
+           JOIN connections c ON c.id = r.connection_id
+           LEFT JOIN LATERAL (
+               SELECT count(*) AS pending, count(*) FILTER (WHERE d.next_attempt_at <= $1) AS due
+               FROM deliveries d WHERE d.rule_id = r.id AND d.status = 'pending') p ON true
+           LEFT JOIN LATERAL (
+               SELECT x.id, x.status FROM runs x WHERE x.rule_id = r.id
+               ORDER BY x.id DESC LIMIT 1) lr ON true
+           ORDER BY r.name"#,
+        now
+    )
+    .fetch_all(pool)
+    .await?;
+    let recent_runs = sqlx::query_as!(
+        RunLine,
+        "SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
+                x.suppressed, x.held, x.started_at, x.heartbeat_at, x.finished_at
+         FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(Report {
+        connections,
+        rules,
+        recent_runs,
+    })
+}
+
+/// Renders rows as aligned columns.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
+        let parts: Vec<String> = cells
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", parts.join("  ").trim_end());
+    };
+    line(&mut out, &mut headers.iter().copied());
+    for row in rows {
+        line(&mut out, &mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+fn time(t: Option<DateTime<Utc>>) -> String {
+    t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+impl Report {
+    /// The report as tables.
+    pub fn render(&self) -> String {
+        let mut out = String::from("CONNECTIONS\n");
+        out += &table(
+            &["name", "writer", "rate/min", "circuit", "open until", "failures"],
+            &self
+                .connections
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.name.clone(),
+                        c.writer.clone(),
+                        c.requests_per_minute.map_or("default".into(), |r| r.to_string()),
+                        c.circuit.clone(),
+                        time(c.open_until),
+                        c.consecutive_failures.to_string(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        );
+        out += "\nRULES\n";
+        out += &table(
+            &["name", "connection", "enabled", "pending", "due", "state", "last run"],
+            &self
+                .rules
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.name.clone(),
+                        r.connection.clone(),
+                        r.enabled.to_string(),
+                        r.pending.to_string(),
+                        r.due.to_string(),
+                        r.state.clone(),
+                        match (&r.last_run, &r.last_run_status) {
+                            (Some(id), Some(s)) => format!("#{id} {s}"),
+                            _ => "-".into(),
+                        },
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        );
+        out += "\nRECENT RUNS\n";
+        out += &table(
+            &["run", "rule", "status", "deliv", "fail", "exh", "rej", "supp", "held", "started", "finished"],
+            &self
+                .recent_runs
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.id.to_string(),
+                        r.rule.clone(),
+                        r.status.clone(),
+                        r.delivered.to_string(),
+                        r.failed.to_string(),
+                        r.exhausted.to_string(),
+                        r.rejected.to_string(),
+                        r.suppressed.to_string(),
+                        r.held.to_string(),
+                        time(Some(r.started_at)),
+                        time(r.finished_at),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        );
+        out
+    }
+}

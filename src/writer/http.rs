@@ -1,0 +1,280 @@
+//! The generic HTTP JSON writer, and the response mapping every HTTP writer shares:
+//! 2xx delivered; 429 rate-limited with the wait the response names; 400, 401, 403, 404
+//! and 422 (and other 4xx) permanent; 5xx, timeouts and connection errors transient.
+
+use std::time::{Duration, SystemTime};
+
+use futures::{FutureExt, future::BoxFuture};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::{
+    DEFAULT_REQUESTS_PER_MINUTE, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer,
+    WriterConfigError,
+};
+use crate::catalog::Connection;
+
+/// Longest response body kept in an error message.
+const ERROR_BODY_LIMIT: usize = 300;
+
+/// POSTs each payload as JSON to the connection's base URL joined with the rule's path.
+pub struct HttpJsonWriter {
+    /// Shared client: one connection pool per process.
+    client: reqwest::Client,
+    /// Base URL, ending in `/` so rule paths join under it.
+    base_url: String,
+    /// Configured headers plus `Authorization` when the connection has a key.
+    headers: HeaderMap,
+    /// Per-request timeout.
+    timeout: Duration,
+    /// Declared requests per minute.
+    requests_per_minute: u32,
+    /// Calls in flight at once.
+    max_in_flight: usize,
+}
+
+impl HttpJsonWriter {
+    /// Builds the writer for `conn`; `key` is the API key read from its environment variable
+    /// and is sent as `Authorization: Bearer <key>`.
+    pub fn new(
+        conn: &Connection,
+        client: &reqwest::Client,
+        key: Option<String>,
+    ) -> Result<Self, WriterConfigError> {
+        let invalid = |reason: String| WriterConfigError::Invalid {
+            connection: conn.name.clone(),
+            reason,
+        };
+        let mut headers = HeaderMap::new();
+        if let Some(map) = conn.headers.as_object() {
+            for (name, value) in map {
+                let value = value
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("header {name:?} must be a string")))?;
+                headers.insert(
+                    HeaderName::try_from(name.as_str())
+                        .map_err(|_| invalid(format!("bad header name {name:?}")))?,
+                    HeaderValue::try_from(value)
+                        .map_err(|_| invalid(format!("bad value for header {name:?}")))?,
+                );
+            }
+        }
+        if let Some(key) = key {
+            let mut value = HeaderValue::try_from(format!("Bearer {key}"))
+                .map_err(|_| invalid("the API key holds characters a header cannot".into()))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let mut base_url = conn.base_url.clone();
+        if !base_url.ends_with('/') {
+            base_url.push('/');
+        }
+        Ok(Self {
+            client: client.clone(),
+            base_url,
+            headers,
+            timeout: Duration::from_millis(conn.timeout_ms.max(1) as u64),
+            requests_per_minute: conn
+                .requests_per_minute
+                .map_or(DEFAULT_REQUESTS_PER_MINUTE, |r| r.max(1) as u32),
+            max_in_flight: conn.max_in_flight.max(1) as usize,
+        })
+    }
+}
+
+impl Writer for HttpJsonWriter {
+    fn requests_per_minute(&self) -> u32 {
+        self.requests_per_minute
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+        async move {
+            let url = format!("{}{}", self.base_url, out.path.trim_start_matches('/'));
+            let response = self
+                .client
+                .post(url)
+                .headers(self.headers.clone())
+                .header("Idempotency-Key", format!("courier-{}", out.delivery_id))
+                .timeout(self.timeout)
+                .json(out.payload)
+                .send()
+                .await;
+            match response {
+                Ok(r) => classify_response(r, &[]).await,
+                Err(e) => Err(classify_transport(e)),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Maps a response to an outcome. `reset_headers` names vendor headers (e.g.
+/// `x-sib-ratelimit-reset`) that give a 429's wait in seconds when `Retry-After` is absent.
+pub async fn classify_response(
+    response: reqwest::Response,
+    reset_headers: &[&str],
+) -> Result<Receipt, WriteError> {
+    let status = response.status().as_u16();
+    if response.status().is_success() {
+        return Ok(Receipt {
+            http_status: Some(status),
+        });
+    }
+    if status == 429 {
+        let (wait, raw) = rate_limit_wait(response.headers(), reset_headers, SystemTime::now());
+        return Err(WriteError::RateLimited { wait, raw });
+    }
+    let body = response.text().await.unwrap_or_default();
+    let message = snippet(&body);
+    if (400..500).contains(&status) {
+        if matches!(status, 401 | 403) {
+            tracing::warn!(status, "target refused the credentials of this connection");
+        }
+        Err(WriteError::Permanent {
+            status: Some(status),
+            message,
+        })
+    } else {
+        Err(WriteError::Transient {
+            status: Some(status),
+            message,
+        })
+    }
+}
+
+/// Maps a transport error (no response) to a transient failure.
+pub fn classify_transport(e: reqwest::Error) -> WriteError {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    // reqwest's Display carries the URL, never headers: no key can leak here.
+    WriteError::Transient {
+        status: None,
+        message: format!("{kind}: {}", e.without_url()),
+    }
+}
+
+fn snippet(body: &str) -> String {
+    let mut s: String = body.chars().take(ERROR_BODY_LIMIT).collect();
+    if body.chars().count() > ERROR_BODY_LIMIT {
+        s.push('…');
+    }
+    s
+}
+
+/// The wait a 429 asks for, in this order: `Retry-After` as seconds, `Retry-After` as an
+/// HTTP-date, then each vendor reset header (seconds). Returns the wait (capped at one day)
+/// and the raw value it came from. Garbage yields `(None, Some(raw))`.
+pub fn rate_limit_wait(
+    headers: &HeaderMap,
+    reset_headers: &[&str],
+    now: SystemTime,
+) -> (Option<Duration>, Option<String>) {
+    let raw_of = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    if let Some(raw) = raw_of("retry-after") {
+        return (parse_retry_after(&raw, now), Some(raw));
+    }
+    for name in reset_headers {
+        if let Some(raw) = raw_of(name) {
+            return (parse_seconds(&raw), Some(raw));
+        }
+    }
+    (None, None)
+}
+
+/// Parses a `Retry-After` value: delta-seconds or an HTTP-date.
+pub fn parse_retry_after(raw: &str, now: SystemTime) -> Option<Duration> {
+    parse_seconds(raw).or_else(|| {
+        let at = httpdate::parse_http_date(raw.trim()).ok()?;
+        Some(
+            at.duration_since(now)
+                .unwrap_or(Duration::ZERO)
+                .min(MAX_RATE_LIMIT_WAIT),
+        )
+    })
+}
+
+/// Parses whole or fractional non-negative seconds, capped at one day.
+pub fn parse_seconds(raw: &str) -> Option<Duration> {
+    let s = raw.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return None;
+    }
+    let secs: f64 = s.parse().ok()?;
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(
+        secs.min(MAX_RATE_LIMIT_WAIT.as_secs_f64()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_forms() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(parse_retry_after("0", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after("1.5", now), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_retry_after("86401", now), Some(MAX_RATE_LIMIT_WAIT));
+        assert_eq!(
+            parse_retry_after("99999999999999999999999999", now),
+            Some(MAX_RATE_LIMIT_WAIT)
+        );
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("ｓ５", now), None);
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&date, now), Some(Duration::from_secs(30)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn vendor_reset_header_is_a_fallback() {
+        let mut h = HeaderMap::new();
+        h.insert("x-sib-ratelimit-reset", HeaderValue::from_static("12"));
+        let now = SystemTime::now();
+        assert_eq!(
+            rate_limit_wait(&h, &["x-sib-ratelimit-reset"], now),
+            (Some(Duration::from_secs(12)), Some("12".into()))
+        );
+        h.insert("retry-after", HeaderValue::from_static("3"));
+        assert_eq!(
+            rate_limit_wait(&h, &["x-sib-ratelimit-reset"], now).0,
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(rate_limit_wait(&HeaderMap::new(), &[], now), (None, None));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parser_never_panics_nor_exceeds_a_day(raw in "\\PC{0,40}") {
+            if let Some(d) = parse_retry_after(&raw, SystemTime::now()) {
+                proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
+            }
+        }
+
+        #[test]
+        fn whole_seconds_round_trip(n in 0u64..=86_400) {
+            proptest::prop_assert_eq!(
+                parse_retry_after(&n.to_string(), SystemTime::now()),
+                Some(Duration::from_secs(n))
+            );
+        }
+    }
+}
