@@ -119,10 +119,8 @@ pub enum CatalogError {
 
 /// Turns a constraint violation into a readable error naming what was wrong.
 fn explain(e: sqlx::Error, what: &str) -> CatalogError {
-    if let Some(db) = e.as_database_error() {
-        if let Some(constraint) = db.constraint() {
-            return CatalogError::Invalid(format!("{what}: violates {constraint}"));
-        }
+    if let Some(constraint) = e.as_database_error().and_then(|db| db.constraint()) {
+        return CatalogError::Invalid(format!("{what}: violates {constraint}"));
     }
     CatalogError::Sql(e)
 }

@@ -151,7 +151,11 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
     }))
 }
 
-async fn acquire_lease(engine: &Engine, rule_id: i64, now: DateTime<Utc>) -> Result<bool, sqlx::Error> {
+async fn acquire_lease(
+    engine: &Engine,
+    rule_id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
     let until = now + Duration::from_std(engine.settings.chain_stale_after).expect("fits");
     let got = sqlx::query_scalar!(
         "UPDATE rules SET lease_owner = $2, lease_until = $3
@@ -187,7 +191,16 @@ async fn finish(
     now: DateTime<Utc>,
 ) -> Result<JobOutcome, ChainError> {
     let mut tx = engine.pool.begin().await?;
-    runs::record_job(&mut *tx, job.run_id, &Counters::default(), 0, status, error, now).await?;
+    runs::record_job(
+        &mut *tx,
+        job.run_id,
+        &Counters::default(),
+        0,
+        status,
+        error,
+        now,
+    )
+    .await?;
     runs::wake(&mut *tx).await?;
     tx.commit().await?;
     Ok(JobOutcome::Finished(status))
@@ -243,7 +256,9 @@ async fn claim(
 /// `max`, with "equal jitter" (half fixed, half random) so retries of a burst spread out.
 pub fn backoff(attempt: i32, base_ms: i32, max_ms: i32, unit: f64) -> Duration {
     let exp = (attempt.max(1) - 1).min(30) as u32;
-    let full = (base_ms as i64).saturating_mul(1i64 << exp).min(max_ms as i64);
+    let full = (base_ms as i64)
+        .saturating_mul(1i64 << exp)
+        .min(max_ms as i64);
     let half = full / 2;
     Duration::milliseconds(half + ((full - half) as f64 * unit.clamp(0.0, 1.0)) as i64)
 }
@@ -255,7 +270,14 @@ async fn run_batch(
     now: DateTime<Utc>,
 ) -> Result<JobOutcome, ChainError> {
     if !ctx.rule_enabled {
-        return finish(engine, job, RunStatus::Completed, Some("rule disabled"), now).await;
+        return finish(
+            engine,
+            job,
+            RunStatus::Completed,
+            Some("rule disabled"),
+            now,
+        )
+        .await;
     }
     if !ctx.circuit.allows_calls(now) {
         return finish(engine, job, RunStatus::CircuitOpen, None, now).await;
@@ -292,7 +314,14 @@ async fn run_batch(
                 outcome: Outcome::Suppressed,
                 attempt: d.attempts,
                 http_status: None,
-                error: Some(if d.superseded { "superseded by a newer delivery" } else { "unchanged since last delivered" }.into()),
+                error: Some(
+                    if d.superseded {
+                        "superseded by a newer delivery"
+                    } else {
+                        "unchanged since last delivered"
+                    }
+                    .into(),
+                ),
                 duration_ms: None,
                 next_attempt_at: None,
             });
@@ -307,7 +336,14 @@ async fn run_batch(
                 outcome: Outcome::Held,
                 attempt: d.attempts,
                 http_status: None,
-                error: Some(if d.dependency_pending { "waiting for depends_on" } else { "hold_until ahead" }.into()),
+                error: Some(
+                    if d.dependency_pending {
+                        "waiting for depends_on"
+                    } else {
+                        "hold_until ahead"
+                    }
+                    .into(),
+                ),
                 duration_ms: None,
                 next_attempt_at: Some(next),
             });
@@ -354,7 +390,9 @@ async fn run_batch(
             not_attempted.push(d.id);
             continue;
         };
-        let reachable = result.as_ref().map_or_else(WriteError::proves_reachable, |_| true);
+        let reachable = result
+            .as_ref()
+            .map_or_else(WriteError::proves_reachable, |_| true);
         reachability.push(reachable);
         if live_circuit.observe(reachable, &engine.settings.breaker, now) {
             circuit_opened = true;
@@ -397,7 +435,12 @@ async fn run_batch(
                     }
                     _ => {
                         counters.failed += 1;
-                        let delay = backoff(attempt, ctx.backoff_base_ms, ctx.backoff_max_ms, rand::random());
+                        let delay = backoff(
+                            attempt,
+                            ctx.backoff_base_ms,
+                            ctx.backoff_max_ms,
+                            rand::random(),
+                        );
                         (Outcome::Failed, Some(now + delay))
                     }
                 };
@@ -435,7 +478,15 @@ async fn run_batch(
     };
 
     let mut tx = engine.pool.begin().await?;
-    ledger::record(&mut tx, job.run_id, job.rule_id, ctx.connection.id, &entries, now).await?;
+    ledger::record(
+        &mut tx,
+        job.run_id,
+        job.rule_id,
+        ctx.connection.id,
+        &entries,
+        now,
+    )
+    .await?;
     let circuit = breaker::record(
         &mut tx,
         ctx.connection.id,
@@ -450,13 +501,18 @@ async fn run_batch(
     } else {
         status
     };
-    let active = runs::record_job(&mut *tx, job.run_id, &counters, cursor, status, None, now).await?;
+    let active =
+        runs::record_job(&mut *tx, job.run_id, &counters, cursor, status, None, now).await?;
     let outcome = if active && status == RunStatus::Running {
         queue::push(&mut tx, &[job], None).await?;
         JobOutcome::Continued
     } else {
         runs::wake(&mut *tx).await?;
-        if active { JobOutcome::Finished(status) } else { JobOutcome::Skipped }
+        if active {
+            JobOutcome::Finished(status)
+        } else {
+            JobOutcome::Skipped
+        }
     };
     tx.commit().await?;
     tracing::debug!(run = job.run_id, ?counters, ?outcome, "chain job done");
@@ -472,7 +528,10 @@ mod tests {
         assert_eq!(backoff(1, 1000, 60_000, 0.0), Duration::milliseconds(500));
         assert_eq!(backoff(1, 1000, 60_000, 1.0), Duration::milliseconds(1000));
         assert_eq!(backoff(3, 1000, 60_000, 1.0), Duration::milliseconds(4000));
-        assert_eq!(backoff(30, 1000, 60_000, 1.0), Duration::milliseconds(60_000));
-        assert_eq!(backoff(99, i32::MAX, i32::MAX, 0.5).num_milliseconds() > 0, true);
+        assert_eq!(
+            backoff(30, 1000, 60_000, 1.0),
+            Duration::milliseconds(60_000)
+        );
+        assert!(backoff(99, i32::MAX, i32::MAX, 0.5).num_milliseconds() > 0);
     }
 }

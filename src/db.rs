@@ -72,7 +72,10 @@ async fn ensure_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> 
     if !exists {
         let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
         // Two processes may race to create it; the loser sees "already exists".
-        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut admin).await {
+        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+        {
             let duplicate = e
                 .as_database_error()
                 .and_then(|d| d.code())

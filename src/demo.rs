@@ -41,7 +41,10 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     .await?;
     admin.close().await;
     let url = {
-        let base = settings.database_url.rsplit_once('/').map_or("", |(b, _)| b);
+        let base = settings
+            .database_url
+            .rsplit_once('/')
+            .map_or("", |(b, _)| b);
         format!("{base}/{DEMO_DATABASE}")
     };
     settings.database_url = url.clone();
@@ -96,7 +99,11 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
             .collect();
         enqueue::enqueue_many(&pool, name, batch).await?;
     }
-    println!("enqueued {} deliveries over {} rules", opts.records, rules.len());
+    println!(
+        "enqueued {} deliveries over {} rules",
+        opts.records,
+        rules.len()
+    );
 
     let engine = Arc::new(Engine::new(pool.clone(), settings));
     worker::cancel_on_signal(engine.shutdown.clone());
@@ -130,10 +137,11 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
 
     let elapsed = started.elapsed().as_secs_f64();
     let counts = target.counters();
-    let delivered: i64 =
-        sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM deliveries WHERE status = 'delivered'"#)
-            .fetch_one(&pool)
-            .await?;
+    let delivered: i64 = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM deliveries WHERE status = 'delivered'"#
+    )
+    .fetch_one(&pool)
+    .await?;
     let failed: i64 = sqlx::query_scalar!(
         r#"SELECT count(*) AS "n!" FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')"#
     )
@@ -142,9 +150,15 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     println!("\nsummary");
     println!("  delivered          {delivered} of {}", opts.records);
     println!("  failed outcomes    {failed}");
-    println!("  target accepted    {} distinct records, {} duplicates", counts.accepted_keys, counts.duplicates);
+    println!(
+        "  target accepted    {} distinct records, {} duplicates",
+        counts.accepted_keys, counts.duplicates
+    );
     println!("  most calls at once {}", counts.max_in_flight);
-    println!("  elapsed            {elapsed:.1}s ({:.0} deliveries/s)", delivered as f64 / elapsed);
+    println!(
+        "  elapsed            {elapsed:.1}s ({:.0} deliveries/s)",
+        delivered as f64 / elapsed
+    );
     pool.close().await;
     anyhow::ensure!(
         delivered as usize == opts.records && counts.accepted_keys == opts.records,

@@ -114,7 +114,12 @@ impl<'a> Dispatcher<'a> {
             }
             queue::push(&mut tx, &[ChainJob { run_id, rule_id }], None).await?;
             tx.commit().await?;
-            tracing::info!(run = run_id, rule = rule_id, connection = c.connection_id, "probe run started (half-open)");
+            tracing::info!(
+                run = run_id,
+                rule = rule_id,
+                connection = c.connection_id,
+                "probe run started (half-open)"
+            );
             started += 1;
         }
         Ok(started)
@@ -158,7 +163,8 @@ impl<'a> Reaper<'a> {
     /// One pass; returns the reaped run ids.
     pub async fn run_once(&self) -> Result<Vec<i64>, sqlx::Error> {
         let now = self.engine.clock.now();
-        let cutoff = now - chrono::Duration::from_std(self.engine.settings.chain_stale_after).expect("fits");
+        let cutoff =
+            now - chrono::Duration::from_std(self.engine.settings.chain_stale_after).expect("fits");
         let reaped = runs::reap_stale(&self.engine.pool, cutoff, now).await?;
         for id in &reaped {
             tracing::warn!(run = id, "run reaped as stale");

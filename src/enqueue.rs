@@ -79,7 +79,11 @@ pub async fn rule_id(db: impl PgExecutor<'_>, rule: &str) -> Result<i64, Enqueue
 }
 
 /// Enqueues one delivery for the rule named `rule`; returns its id.
-pub async fn enqueue(pool: &PgPool, rule: &str, delivery: NewDelivery) -> Result<i64, EnqueueError> {
+pub async fn enqueue(
+    pool: &PgPool,
+    rule: &str,
+    delivery: NewDelivery,
+) -> Result<i64, EnqueueError> {
     Ok(enqueue_many(pool, rule, vec![delivery]).await?[0])
 }
 

@@ -230,7 +230,15 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             print!(
                 "{}",
                 status::table(
-                    &["id", "name", "writer", "base url", "key env", "rate/min", "in flight"],
+                    &[
+                        "id",
+                        "name",
+                        "writer",
+                        "base url",
+                        "key env",
+                        "rate/min",
+                        "in flight"
+                    ],
                     &rows
                         .iter()
                         .map(|c| vec![
@@ -239,7 +247,8 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                             c.writer.clone(),
                             c.base_url.clone(),
                             c.api_key_env.clone().unwrap_or_else(|| "-".into()),
-                            c.requests_per_minute.map_or("default".into(), |r| r.to_string()),
+                            c.requests_per_minute
+                                .map_or("default".into(), |r| r.to_string()),
                             c.max_in_flight.to_string(),
                         ])
                         .collect::<Vec<_>>()
@@ -277,7 +286,15 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             print!(
                 "{}",
                 status::table(
-                    &["id", "name", "connection", "path", "enabled", "batch", "attempts"],
+                    &[
+                        "id",
+                        "name",
+                        "connection",
+                        "path",
+                        "enabled",
+                        "batch",
+                        "attempts"
+                    ],
                     &rows
                         .iter()
                         .map(|r| vec![

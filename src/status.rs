@@ -162,7 +162,14 @@ impl Report {
     pub fn render(&self) -> String {
         let mut out = String::from("CONNECTIONS\n");
         out += &table(
-            &["name", "writer", "rate/min", "circuit", "open until", "failures"],
+            &[
+                "name",
+                "writer",
+                "rate/min",
+                "circuit",
+                "open until",
+                "failures",
+            ],
             &self
                 .connections
                 .iter()
@@ -170,7 +177,8 @@ impl Report {
                     vec![
                         c.name.clone(),
                         c.writer.clone(),
-                        c.requests_per_minute.map_or("default".into(), |r| r.to_string()),
+                        c.requests_per_minute
+                            .map_or("default".into(), |r| r.to_string()),
                         c.circuit.clone(),
                         time(c.open_until),
                         c.consecutive_failures.to_string(),
@@ -180,7 +188,15 @@ impl Report {
         );
         out += "\nRULES\n";
         out += &table(
-            &["name", "connection", "enabled", "pending", "due", "state", "last run"],
+            &[
+                "name",
+                "connection",
+                "enabled",
+                "pending",
+                "due",
+                "state",
+                "last run",
+            ],
             &self
                 .rules
                 .iter()
@@ -202,7 +218,10 @@ impl Report {
         );
         out += "\nRECENT RUNS\n";
         out += &table(
-            &["run", "rule", "status", "deliv", "fail", "exh", "rej", "supp", "held", "started", "finished"],
+            &[
+                "run", "rule", "status", "deliv", "fail", "exh", "rej", "supp", "held", "started",
+                "finished",
+            ],
             &self
                 .recent_runs
                 .iter()

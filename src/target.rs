@@ -123,7 +123,10 @@ fn snapshot(s: &TargetState) -> Counters {
         requests: s.requests.load(Ordering::SeqCst),
         max_in_flight: s.max_in_flight.load(Ordering::SeqCst),
         accepted_keys: accepted.len(),
-        duplicates: accepted.values().map(|&n| u64::from(n.saturating_sub(1))).sum(),
+        duplicates: accepted
+            .values()
+            .map(|&n| u64::from(n.saturating_sub(1)))
+            .sum(),
         paths: s.paths.lock().unwrap().clone(),
     }
 }
@@ -158,7 +161,11 @@ async fn write(
         (StatusCode::BAD_REQUEST, "body is not JSON").into_response()
     } else if status.is_success() {
         if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
-            *s.accepted.lock().unwrap().entry(key.to_owned()).or_default() += 1;
+            *s.accepted
+                .lock()
+                .unwrap()
+                .entry(key.to_owned())
+                .or_default() += 1;
         }
         (status, Json(serde_json::json!({"ok": true}))).into_response()
     } else if status == StatusCode::TOO_MANY_REQUESTS {
@@ -170,7 +177,11 @@ async fn write(
             (status, [("retry-after", retry_after)], body).into_response()
         }
     } else {
-        (status, Json(serde_json::json!({"detail": "injected failure"}))).into_response()
+        (
+            status,
+            Json(serde_json::json!({"detail": "injected failure"})),
+        )
+            .into_response()
     };
     s.in_flight.fetch_sub(1, Ordering::SeqCst);
     response

@@ -147,8 +147,9 @@ pub fn cancel_on_signal(token: CancellationToken) {
         let ctrl_c = tokio::signal::ctrl_c();
         #[cfg(unix)]
         {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("SIGTERM handler installs");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler installs");
             tokio::select! {
                 _ = ctrl_c => {}
                 _ = term.recv() => {}

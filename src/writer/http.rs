@@ -229,7 +229,10 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(parse_retry_after("0", now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
-        assert_eq!(parse_retry_after("1.5", now), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_retry_after("1.5", now),
+            Some(Duration::from_millis(1500))
+        );
         assert_eq!(parse_retry_after("86401", now), Some(MAX_RATE_LIMIT_WAIT));
         assert_eq!(
             parse_retry_after("99999999999999999999999999", now),

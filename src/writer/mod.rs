@@ -133,10 +133,12 @@ pub fn build(
 ) -> Result<Arc<dyn Writer>, WriterConfigError> {
     let key = match &conn.api_key_env {
         None => None,
-        Some(var) => Some(std::env::var(var).map_err(|_| WriterConfigError::MissingKey {
-            connection: conn.name.clone(),
-            var: var.clone(),
-        })?),
+        Some(var) => Some(
+            std::env::var(var).map_err(|_| WriterConfigError::MissingKey {
+                connection: conn.name.clone(),
+                var: var.clone(),
+            })?,
+        ),
     };
     match conn.writer.as_str() {
         "http_json" => Ok(Arc::new(http::HttpJsonWriter::new(conn, client, key)?)),

@@ -1,0 +1,658 @@
+//! The delivery engine against the real PostgreSQL and a real HTTP target on loopback.
+//! Each test has a database of its own; time-dependent paths run on a manual clock and
+//! drive chain jobs step by step, end-to-end paths run a real worker process.
+
+mod common;
+
+use std::{process::Command, sync::Arc, time::Duration};
+
+use chrono::Duration as Span;
+use common::*;
+use courier::{
+    chain::{self, JobOutcome},
+    config::{BreakerSettings, Settings},
+    dispatch::{Dispatcher, Reaper},
+    enqueue::{self, EnqueueError, NewDelivery},
+    runs::RunStatus,
+    target::Target,
+    worker,
+};
+use serde_json::json;
+
+fn burst(prefix: &str, n: usize) -> Vec<NewDelivery> {
+    (0..n)
+        .map(|i| NewDelivery::new(format!("{prefix}:{i}"), json!({"n": i})))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_burst_is_delivered_by_a_real_worker_woken_by_sql_inserts() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers", "prices"], 50, 8).await;
+    let mut settings = settings(&db.url);
+    // Nothing but NOTIFY can wake the dispatcher quickly: its tick is an hour.
+    settings.dispatch_interval = Duration::from_secs(3600);
+    let engine = Arc::new(courier::worker::Engine::new(db.pool.clone(), settings));
+    let handle = tokio::spawn(worker::run(engine.clone()));
+
+    enqueue::enqueue_many(&db.pool, "customers", burst("customer", 300))
+        .await
+        .unwrap();
+    // Plain SQL with defaults for everything else.
+    sqlx::query(
+        "INSERT INTO deliveries (rule_id, record_key, payload)
+         SELECT r.id, 'price:' || g, jsonb_build_object('n', g)
+         FROM rules r, generate_series(1, 200) g WHERE r.name = 'prices'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    let pool = db.pool.clone();
+    eventually("all 500 delivered", || {
+        let pool = pool.clone();
+        async move {
+            let n: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'delivered'")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            n == 500
+        }
+    })
+    .await;
+    engine.shutdown.cancel();
+    handle.await.unwrap().unwrap();
+
+    let counters = target.counters();
+    assert_eq!(counters.accepted_keys, 500);
+    assert_eq!(counters.duplicates, 0);
+    assert!(
+        counters.max_in_flight <= 16,
+        "two rules × 8 in flight at most"
+    );
+    let ledger: Vec<(String, i64)> =
+        sqlx::query_as("SELECT outcome, count(*) FROM ledger GROUP BY outcome")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(ledger, vec![("delivered".to_string(), 500)]);
+    let active: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(active, 0);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn transient_failures_back_off_then_exhaust() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let id = enqueue::enqueue(
+        &db.pool,
+        "customers",
+        NewDelivery::new("c:1", json!({"a": 1})),
+    )
+    .await
+    .unwrap();
+    target.respond_with(503, None);
+
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 1));
+    let next: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let delay = next - engine.clock.now();
+    assert!(
+        delay >= Span::milliseconds(500) && delay <= Span::milliseconds(1000),
+        "{delay}"
+    );
+
+    // Not due yet: no run starts.
+    assert!(drive(&engine).await.is_empty());
+    engine.clock.advance(Span::seconds(1));
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 2));
+    engine.clock.advance(Span::seconds(2));
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, id).await, ("exhausted".into(), 3));
+    assert_eq!(
+        ledger(&db.pool, id).await,
+        vec![
+            ("failed".into(), 1),
+            ("failed".into(), 2),
+            ("exhausted".into(), 3)
+        ]
+    );
+    engine.clock.advance(Span::hours(1));
+    assert!(
+        drive(&engine).await.is_empty(),
+        "an exhausted delivery is not retried"
+    );
+    assert_eq!(target.counters().requests, 3);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn permanent_failures_are_rejected_without_retry() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let id = enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:1", json!({})))
+        .await
+        .unwrap();
+    target.respond_with(422, None);
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, id).await, ("rejected".into(), 1));
+    let (status, error): (Option<i16>, Option<String>) =
+        sqlx::query_as("SELECT http_status, error FROM ledger WHERE delivery_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, Some(422));
+    assert!(error.unwrap().contains("injected failure"));
+    engine.clock.advance(Span::hours(1));
+    assert!(drive(&engine).await.is_empty());
+    assert_eq!(target.counters().requests, 1);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn superseded_and_unchanged_deliveries_are_suppressed() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let old = enqueue::enqueue(
+        &db.pool,
+        "customers",
+        NewDelivery::new("c:1", json!({"v": 1})),
+    )
+    .await
+    .unwrap();
+    let new = enqueue::enqueue(
+        &db.pool,
+        "customers",
+        NewDelivery::new("c:1", json!({"v": 2})),
+    )
+    .await
+    .unwrap();
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, old).await, ("suppressed".into(), 0));
+    assert_eq!(ledger(&db.pool, old).await, vec![("suppressed".into(), 0)]);
+    assert_eq!(delivery(&db.pool, new).await, ("delivered".into(), 1));
+
+    let same = enqueue::enqueue(
+        &db.pool,
+        "customers",
+        NewDelivery::new("c:1", json!({"v": 2})),
+    )
+    .await
+    .unwrap();
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, same).await, ("suppressed".into(), 0));
+    assert_eq!(
+        target.counters().requests,
+        1,
+        "only one call reached the target"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn held_deliveries_wait_for_their_time_and_dependencies() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let later = engine.clock.now() + Span::minutes(10);
+    let mut held = NewDelivery::new("c:1", json!({}));
+    held.hold_until = Some(later);
+    let held = enqueue::enqueue(&db.pool, "customers", held).await.unwrap();
+    let mut order = NewDelivery::new("order:1", json!({"customer": "c:2"}));
+    order.depends_on = Some("c:2".into());
+    let order = enqueue::enqueue(&db.pool, "orders", order).await.unwrap();
+
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, held).await, ("pending".into(), 0));
+    assert_eq!(delivery(&db.pool, order).await, ("pending".into(), 0));
+    assert_eq!(
+        ledger(&db.pool, held).await,
+        vec![("held".into(), 0)],
+        "once per run"
+    );
+    assert_eq!(ledger(&db.pool, order).await, vec![("held".into(), 0)]);
+    assert_eq!(target.counters().requests, 0);
+
+    // The dependency (another rule, same connection) is delivered; the order follows.
+    enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:2", json!({})))
+        .await
+        .unwrap();
+    engine.clock.advance(Span::seconds(1));
+    drive(&engine).await;
+    engine.clock.advance(Span::seconds(1));
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, order).await, ("delivered".into(), 1));
+    assert_eq!(delivery(&db.pool, held).await.0, "pending");
+
+    engine.clock.advance(Span::minutes(10));
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, held).await, ("delivered".into(), 1));
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn one_active_run_per_rule_under_concurrent_dispatch() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
+        .await
+        .unwrap();
+    let engines: Vec<_> = (0..8)
+        .map(|_| engine(&db.pool, settings(&db.url)))
+        .collect();
+    let started = futures::future::join_all(
+        engines
+            .iter()
+            .map(|e| async move { Dispatcher::new(e).run_once().await.unwrap() }),
+    )
+    .await;
+    assert_eq!(started.iter().sum::<usize>(), 1, "{started:?}");
+    let active: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'running'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(active, 1);
+    assert_eq!(
+        take_jobs(&db.pool).await.len(),
+        1,
+        "one first job for the one run"
+    );
+    // The database itself refuses a second active run.
+    let err = sqlx::query("INSERT INTO runs (rule_id, started_by) SELECT id, 'sql' FROM rules")
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("runs_one_active_per_rule"),
+        "{err}"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn two_jobs_of_one_rule_never_execute_at_once() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    target.set_latency(Duration::from_millis(300));
+    setup(&db.pool, &target, &["customers"], 10, 5).await;
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
+        .await
+        .unwrap();
+    let a = engine(&db.pool, settings(&db.url));
+    let b = engine(&db.pool, settings(&db.url));
+    Dispatcher::new(&a).run_once().await.unwrap();
+    let job = take_jobs(&db.pool).await[0];
+    let (ra, rb) = tokio::join!(chain::execute(&a, job, None), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        chain::execute(&b, job, None).await
+    });
+    assert!(matches!(
+        ra.unwrap(),
+        JobOutcome::Finished(RunStatus::Completed)
+    ));
+    assert!(matches!(
+        rb.unwrap(),
+        JobOutcome::Rescheduled(_) | JobOutcome::Skipped
+    ));
+    assert_eq!(target.counters().requests, 5);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn breaker_opens_skips_and_recovers_through_half_open() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers", "orders"], 20, 1).await;
+    let mut s = settings(&db.url);
+    s.breaker = BreakerSettings {
+        failure_threshold: 5,
+        cooldown: Duration::from_secs(30),
+        max_cooldown: Duration::from_secs(600),
+    };
+    let engine = engine(&db.pool, s);
+    let ids = enqueue::enqueue_many(&db.pool, "customers", burst("c", 10))
+        .await
+        .unwrap();
+    target.respond_with(503, None);
+
+    let outcomes = drive(&engine).await;
+    assert_eq!(outcomes, vec![JobOutcome::Finished(RunStatus::CircuitOpen)]);
+    let circuit: String = sqlx::query_scalar("SELECT state FROM circuits")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(circuit, "open");
+    let untouched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries d WHERE attempts = 0 AND status = 'pending'
+         AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.delivery_id = d.id)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(untouched, 5, "deliveries not attempted keep their attempts");
+
+    // Open: the dispatcher skips every rule of the connection.
+    enqueue::enqueue(&db.pool, "orders", NewDelivery::new("o:1", json!({})))
+        .await
+        .unwrap();
+    engine.clock.advance(Span::seconds(29));
+    assert!(drive(&engine).await.is_empty());
+
+    // Cooled down: one probing run; it fails, and the circuit reopens for twice as long.
+    engine.clock.advance(Span::seconds(2));
+    let outcomes = drive(&engine).await;
+    assert_eq!(outcomes, vec![JobOutcome::Finished(RunStatus::CircuitOpen)]);
+    let (state, until): (String, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT state, open_until FROM circuits")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "open");
+    let expected = engine.clock.now() + Span::seconds(60);
+    assert!(
+        (until - expected).num_milliseconds().abs() < 1,
+        "{until} vs {expected}"
+    );
+
+    // The target is back: the next probe closes the circuit and everything is delivered.
+    target.respond_with(200, None);
+    engine.clock.advance(Span::seconds(61));
+    drive(&engine).await;
+    let circuit: String = sqlx::query_scalar("SELECT state FROM circuits")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(circuit, "closed");
+    engine.clock.advance(Span::seconds(5));
+    drive(&engine).await;
+    for id in ids {
+        assert_eq!(delivery(&db.pool, id).await.0, "delivered");
+    }
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn answers_that_prove_the_target_reachable_never_open_the_circuit() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 50, 4).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 50))
+        .await
+        .unwrap();
+    target.respond_with(400, None);
+    drive(&engine).await;
+    let (state, rejected): (String, i64) = sqlx::query_as(
+        "SELECT (SELECT state FROM circuits), (SELECT count(*) FROM deliveries WHERE status = 'rejected')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((state.as_str(), rejected), ("closed", 50));
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_stale_run_is_reaped_and_its_late_job_does_nothing() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let late = take_jobs(&db.pool).await[0];
+
+    engine.clock.advance(Span::seconds(599));
+    assert!(Reaper::new(&engine).run_once().await.unwrap().is_empty());
+    engine.clock.advance(Span::seconds(2));
+    assert_eq!(
+        Reaper::new(&engine).run_once().await.unwrap(),
+        vec![late.run_id]
+    );
+
+    assert_eq!(
+        chain::execute(&engine, late, None).await.unwrap(),
+        JobOutcome::Skipped
+    );
+    assert_eq!(target.counters().requests, 0);
+    // The rule is free again: a new run delivers everything.
+    drive(&engine).await;
+    let delivered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'delivered'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(delivered, 3);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_busy_lease_reschedules_the_apalis_job_without_a_failure() {
+    // Covers queue::reschedule against apalis-postgres' real worker: if an apalis upgrade
+    // changes how acknowledgements treat a row we put back, this fails.
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE rules SET lease_owner = 'someone-else', lease_until = now() + interval '1 hour'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let engine = Arc::new(courier::worker::Engine::new(
+        db.pool.clone(),
+        settings(&db.url),
+    ));
+    let handle = tokio::spawn(worker::run(engine.clone()));
+    let pool = db.pool.clone();
+    eventually("the job put back as pending, no attempt counted", || {
+        let pool = pool.clone();
+        async move {
+            let row: Option<(String, i32, bool)> = sqlx::query_as(
+                "SELECT status, attempts, run_at > now() FROM apalis.jobs WHERE job_type = 'courier.chain'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            matches!(row, Some((ref s, 0, true)) if s == "Pending")
+        }
+    })
+    .await;
+    // Give the worker's acknowledgement time to (not) touch the row, then check again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, attempts): (String, i32) =
+        sqlx::query_as("SELECT status, attempts FROM apalis.jobs WHERE job_type = 'courier.chain'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        status == "Pending" || status == "Running" || status == "Queued",
+        "{status}"
+    );
+    assert!(attempts <= 1);
+    sqlx::query("UPDATE rules SET lease_owner = NULL, lease_until = NULL")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    eventually("delivered once the lease is free", || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM deliveries WHERE status = 'delivered'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 3
+        }
+    })
+    .await;
+    engine.shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn stopping_lets_in_flight_calls_finish_and_records_them() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    target.set_latency(Duration::from_millis(500));
+    setup(&db.pool, &target, &["customers"], 100, 4).await;
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 100))
+        .await
+        .unwrap();
+    let engine = Arc::new(courier::worker::Engine::new(
+        db.pool.clone(),
+        settings(&db.url),
+    ));
+    let handle = tokio::spawn(worker::run(engine.clone()));
+    let t = target.clone();
+    eventually("calls in flight", || {
+        let t = t.clone();
+        async move { t.counters().requests >= 1 }
+    })
+    .await;
+    engine.shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    let sent = target.counters().requests as i64;
+    let (delivered, ledger): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'), (SELECT count(*) FROM ledger)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(sent < 100, "stopped early");
+    assert_eq!(delivered, sent, "every call that went out was recorded");
+    assert_eq!(ledger, sent);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    sqlx::query("UPDATE connections SET api_key_env = 'COURIER_TEST_UNSET_KEY_VAR'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    let id = enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:1", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(
+        drive(&engine).await,
+        vec![JobOutcome::Finished(RunStatus::Failed)]
+    );
+    let error: String = sqlx::query_scalar("SELECT error FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(error.contains("COURIER_TEST_UNSET_KEY_VAR"), "{error}");
+    assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 0));
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn enqueue_rejects_bad_input_whole() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    assert!(matches!(
+        enqueue::enqueue_many(&db.pool, "nope", burst("c", 3)).await,
+        Err(EnqueueError::UnknownRule(r)) if r == "nope"
+    ));
+
+    let bin = env!("CARGO_BIN_EXE_courier");
+    let input =
+        "{\"record_key\":\"a\",\"payload\":{}}\n{\"record_key\":\"b\",\"payload\":{}}\n{oops\n";
+    let dir = std::env::temp_dir().join(format!("courier-ndjson-{}", rand::random::<u32>()));
+    std::fs::write(&dir, input).unwrap();
+    let out = Command::new(bin)
+        .args(["enqueue", "--rule", "customers", "--file"])
+        .arg(&dir)
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("line 3"), "{stderr}");
+
+    let good = "{\"record_key\":\"a\",\"payload\":{}}\n";
+    std::fs::write(&dir, good).unwrap();
+    let out = Command::new(bin)
+        .args(["enqueue", "--rule", "unknown-rule", "--file"])
+        .arg(&dir)
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown-rule"));
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "nothing from a refused input is inserted");
+
+    let out = Command::new(bin)
+        .args(["enqueue", "--rule", "customers", "--file"])
+        .arg(&dir)
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let _ = std::fs::remove_file(&dir);
+    db.drop_db().await;
+}
+
+#[test]
+fn bad_config_is_refused_naming_the_setting() {
+    let out = Command::new(env!("CARGO_BIN_EXE_courier"))
+        .arg("status")
+        .env("COURIER_BREAKER_COOLDOWN_SECONDS", "soon")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("COURIER_BREAKER_COOLDOWN_SECONDS"),
+        "{stderr}"
+    );
+    let _ = Settings::default();
+}
