@@ -20,6 +20,7 @@ use crate::{
     ledger::{self, Entry, Outcome},
     queue::{self, ChainJob},
     runs::{self, Counters, RunStatus},
+    throttle::{self, Decision},
     worker::Engine,
     writer::{self, Outgoing, WriteError},
 };
@@ -38,6 +39,8 @@ pub enum JobOutcome {
     Skipped,
     /// Another job held the rule's lease; it put itself back in the queue for this time.
     Rescheduled(DateTime<Utc>),
+    /// The connection is blocked by a rate limit; the chain resumes at this time.
+    Waiting(DateTime<Utc>),
 }
 
 /// A chain job that could not complete; apalis retries it.
@@ -60,6 +63,7 @@ struct JobContext {
     backoff_max_ms: i32,
     connection: Connection,
     circuit: Circuit,
+    blocked_until: Option<DateTime<Utc>>,
 }
 
 /// A claimed delivery and what the database already knows about it.
@@ -108,11 +112,13 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
                   ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms,
-                  ci.state, ci.consecutive_failures, ci.times_opened, ci.open_until
+                  ci.state, ci.consecutive_failures, ci.times_opened, ci.open_until,
+                  b.blocked_until AS "blocked_until?"
            FROM runs r
            JOIN rules ru ON ru.id = r.rule_id
            JOIN connections c ON c.id = ru.connection_id
            JOIN circuits ci ON ci.connection_id = c.id
+           LEFT JOIN connection_blocks b ON b.connection_id = c.id
            WHERE r.id = $1"#,
         run_id
     )
@@ -148,6 +154,7 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
             times_opened: r.times_opened,
             open_until: r.open_until,
         },
+        blocked_until: r.blocked_until,
     }))
 }
 
@@ -182,28 +189,61 @@ async fn release_lease(engine: &Engine, rule_id: i64) -> Result<(), sqlx::Error>
     Ok(())
 }
 
-/// Ends the run without a batch (circuit open, rule disabled, writer unusable).
+/// Ends the run without a batch (circuit open, blocked too long, rule disabled, writer
+/// unusable). `until` is the end of the block that throttled it.
 async fn finish(
     engine: &Engine,
     job: ChainJob,
     status: RunStatus,
     error: Option<&str>,
+    until: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Result<JobOutcome, ChainError> {
     let mut tx = engine.pool.begin().await?;
-    runs::record_job(
-        &mut *tx,
-        job.run_id,
-        &Counters::default(),
-        0,
-        status,
-        error,
-        now,
-    )
-    .await?;
+    let none = Counters::default();
+    runs::record_job(&mut *tx, job.run_id, &none, 0, status, error, until, now).await?;
     runs::wake(&mut *tx).await?;
     tx.commit().await?;
     Ok(JobOutcome::Finished(status))
+}
+
+/// Sits out a block: the run shows as waiting until `until`, its heartbeat refreshed, and
+/// the next job is queued for then (holding neither a worker slot nor the rule's lease).
+async fn wait(
+    engine: &Engine,
+    job: ChainJob,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<JobOutcome, ChainError> {
+    let mut tx = engine.pool.begin().await?;
+    let none = Counters::default();
+    let waiting = RunStatus::Waiting;
+    let active = runs::record_job(
+        &mut *tx,
+        job.run_id,
+        &none,
+        0,
+        waiting,
+        None,
+        Some(until),
+        now,
+    )
+    .await?;
+    if active {
+        queue::push(&mut tx, &[job], Some(wake_time(until))).await?;
+    }
+    tx.commit().await?;
+    Ok(if active {
+        JobOutcome::Waiting(until)
+    } else {
+        JobOutcome::Skipped
+    })
+}
+
+/// apalis schedules in whole seconds: round up so a job never wakes before the block ends.
+fn wake_time(until: DateTime<Utc>) -> DateTime<Utc> {
+    let whole = until.timestamp() + i64::from(until.timestamp_subsec_nanos() > 0);
+    DateTime::from_timestamp(whole, 0).unwrap_or(until)
 }
 
 async fn claim(
@@ -275,18 +315,34 @@ async fn run_batch(
             job,
             RunStatus::Completed,
             Some("rule disabled"),
+            None,
             now,
         )
         .await;
     }
     if !ctx.circuit.allows_calls(now) {
-        return finish(engine, job, RunStatus::CircuitOpen, None, now).await;
+        return finish(engine, job, RunStatus::CircuitOpen, None, None, now).await;
+    }
+    match throttle::decide(ctx.blocked_until, now, engine.settings.throttle_max_wait) {
+        Decision::Proceed => {}
+        Decision::Wait(until) => return wait(engine, job, until, now).await,
+        Decision::Throttle(until) => {
+            return finish(engine, job, RunStatus::Throttled, None, Some(until), now).await;
+        }
     }
     let writer = match writer::build(&ctx.connection, &engine.http) {
         Ok(w) => w,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the connection's writer");
-            return finish(engine, job, RunStatus::Failed, Some(&e.to_string()), now).await;
+            return finish(
+                engine,
+                job,
+                RunStatus::Failed,
+                Some(&e.to_string()),
+                None,
+                now,
+            )
+            .await;
         }
     };
 
@@ -300,7 +356,7 @@ async fn run_batch(
     )
     .await?;
     if claimed.is_empty() {
-        return finish(engine, job, RunStatus::Completed, None, now).await;
+        return finish(engine, job, RunStatus::Completed, None, None, now).await;
     }
 
     let mut entries = Vec::with_capacity(claimed.len());
@@ -416,7 +472,7 @@ async fn run_batch(
             Err(WriteError::RateLimited { wait, raw }) => {
                 // Not a failure of the record: nothing is recorded against it.
                 tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
-                rate_limited = Some(wait);
+                rate_limited = Some((wait, raw));
                 stop.store(true, Ordering::Relaxed);
                 not_attempted.push(d.id);
                 continue;
@@ -467,10 +523,6 @@ async fn run_batch(
     };
     let status = if circuit_opened {
         RunStatus::CircuitOpen
-    } else if let Some(wait) = rate_limited {
-        // Until the throttle lands, a 429 ends the run; the dispatcher starts a new one.
-        let _ = wait;
-        RunStatus::Throttled
     } else if not_attempted.is_empty() && (claimed.len() as i32) < ctx.batch_size {
         RunStatus::Completed
     } else {
@@ -496,16 +548,43 @@ async fn run_batch(
         now,
     )
     .await?;
-    let status = if status == RunStatus::Running && !circuit.allows_calls(now) {
+    let mut status = if status == RunStatus::Running && !circuit.allows_calls(now) {
         RunStatus::CircuitOpen
     } else {
         status
     };
-    let active =
-        runs::record_job(&mut *tx, job.run_id, &counters, cursor, status, None, now).await?;
+    let mut until = None;
+    if let Some((wait, raw)) = rate_limited {
+        // Nothing is recorded against the delivery; the whole connection is blocked.
+        let blocked_until = throttle::block(
+            &mut *tx,
+            ctx.connection.id,
+            job.rule_id,
+            job.run_id,
+            throttle::block_length(wait),
+            raw.as_deref(),
+            now,
+        )
+        .await?;
+        if status == RunStatus::Running {
+            let max_wait = engine.settings.throttle_max_wait;
+            (status, until) = match throttle::decide(Some(blocked_until), now, max_wait) {
+                Decision::Wait(t) => (RunStatus::Waiting, Some(t)),
+                Decision::Throttle(t) => (RunStatus::Throttled, Some(t)),
+                Decision::Proceed => (RunStatus::Running, None),
+            };
+        }
+    }
+    let active = runs::record_job(
+        &mut *tx, job.run_id, &counters, cursor, status, None, until, now,
+    )
+    .await?;
     let outcome = if active && status == RunStatus::Running {
         queue::push(&mut tx, &[job], None).await?;
         JobOutcome::Continued
+    } else if let (true, RunStatus::Waiting, Some(t)) = (active, status, until) {
+        queue::push(&mut tx, &[job], Some(wake_time(t))).await?;
+        JobOutcome::Waiting(t)
     } else {
         runs::wake(&mut *tx).await?;
         if active {

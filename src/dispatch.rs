@@ -2,7 +2,8 @@
 //! run finished) and by a short tick. Each pass starts a run, with its first chain job in
 //! the same transaction, for every enabled rule that has due deliveries and no active run,
 //! unless its connection's circuit is open. An open circuit whose cooldown has passed gets
-//! one probing run (half-open).
+//! one probing run (half-open). Rules of a connection blocked by a 429 are skipped until the
+//! block lapses.
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
@@ -39,6 +40,8 @@ impl<'a> Dispatcher<'a> {
             "SELECT r.id FROM rules r
              JOIN circuits c ON c.connection_id = r.connection_id
              WHERE r.enabled AND c.state = 'closed'
+               AND NOT EXISTS (SELECT 1 FROM connection_blocks b
+                               WHERE b.connection_id = r.connection_id AND b.blocked_until > $1)
                AND NOT EXISTS (SELECT 1 FROM runs x
                                WHERE x.rule_id = r.id AND x.status IN ('running', 'waiting'))
                AND EXISTS (SELECT 1 FROM deliveries d
@@ -77,10 +80,12 @@ impl<'a> Dispatcher<'a> {
                                        AND d.next_attempt_at <= $1)
                        ORDER BY r.id LIMIT 1) AS rule_id
                FROM circuits c
-               WHERE (c.state = 'open' AND c.open_until <= $1)
+               WHERE NOT EXISTS (SELECT 1 FROM connection_blocks b
+                                 WHERE b.connection_id = c.connection_id AND b.blocked_until > $1)
+                 AND ((c.state = 'open' AND c.open_until <= $1)
                   OR (c.state = 'half_open' AND NOT EXISTS (
                         SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
-                          AND p.status IN ('running', 'waiting')))"#,
+                          AND p.status IN ('running', 'waiting'))))"#,
             now
         )
         .fetch_all(&self.engine.pool)

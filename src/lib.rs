@@ -18,6 +18,7 @@
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
 //! - [`writer`]: the `Writer` trait, its typed errors and the HTTP JSON writer.
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
+//! - [`throttle`]: 429s as connection blocks (table `connection_blocks`): wait or throttle.
 //! - [`runs`]: runs and their lifecycle (table `runs`), the staleness reaper.
 //! - [`ledger`]: outcome rows (table `ledger`) and the delivery state they imply.
 //! - [`queue`]: apalis wiring: the chain queue, pushing and re-scheduling jobs.
@@ -42,5 +43,6 @@ pub mod queue;
 pub mod runs;
 pub mod status;
 pub mod target;
+pub mod throttle;
 pub mod worker;
 pub mod writer;

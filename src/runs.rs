@@ -90,7 +90,9 @@ pub async fn create(
 
 /// Adds one job's counters to an active run, moves its cursor and heartbeat, and sets its
 /// status (finishing it when the status is final). Returns false when the run was no
-/// longer active (reaped meanwhile): the caller must not continue the chain.
+/// longer active (reaped meanwhile): the caller must not continue the chain. `until` is
+/// when a waiting run resumes, or when the block that throttled a run ends.
+#[allow(clippy::too_many_arguments)] // one statement's parameters, named at each call
 pub async fn record_job(
     db: impl PgExecutor<'_>,
     run_id: i64,
@@ -98,6 +100,7 @@ pub async fn record_job(
     cursor_id: i64,
     status: RunStatus,
     error: Option<&str>,
+    until: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
     let updated = sqlx::query_scalar!(
@@ -107,7 +110,9 @@ pub async fn record_job(
             rejected = rejected + $5, suppressed = suppressed + $6, held = held + $7,
             cursor_id = GREATEST(cursor_id, $8), heartbeat_at = $9::timestamptz, status = $10::text,
             finished_at = CASE WHEN $10 IN ('running', 'waiting') THEN NULL ELSE $9::timestamptz END,
-            error = COALESCE($11, error)
+            error = COALESCE($11, error),
+            resume_at = CASE WHEN $10 = 'waiting' THEN $12::timestamptz END,
+            throttled_until = CASE WHEN $10 = 'throttled' THEN $12::timestamptz ELSE throttled_until END
          WHERE id = $1 AND status IN ('running', 'waiting')
          RETURNING id",
         run_id,
@@ -120,7 +125,8 @@ pub async fn record_job(
         cursor_id,
         now,
         status.as_str(),
-        error
+        error,
+        until
     )
     .fetch_optional(db)
     .await?;

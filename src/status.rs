@@ -22,6 +22,12 @@ pub struct ConnectionStatus {
     pub open_until: Option<DateTime<Utc>>,
     /// Unreachable failures in a row.
     pub consecutive_failures: i32,
+    /// End of the rate-limit block, while one holds.
+    pub blocked_until: Option<DateTime<Utc>>,
+    /// The rule whose call met the 429.
+    pub blocked_by: Option<String>,
+    /// The raw `retry-after` value of that 429.
+    pub retry_after_raw: Option<String>,
 }
 
 /// One rule's line.
@@ -37,8 +43,10 @@ pub struct RuleStatus {
     pub pending: i64,
     /// Pending deliveries due now.
     pub due: i64,
-    /// `running`, `waiting`, `stale`, or `idle`.
+    /// `running`, `waiting`, `throttled` (its connection is blocked), `stale`, or `idle`.
     pub state: String,
+    /// While throttled: when the connection's block lapses.
+    pub blocked_until: Option<DateTime<Utc>>,
     /// The latest run's id and status.
     pub last_run: Option<i64>,
     /// The latest run's status.
@@ -89,9 +97,14 @@ pub struct Report {
 pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::Error> {
     let connections = sqlx::query_as!(
         ConnectionStatus,
-        "SELECT c.name, c.writer, c.requests_per_minute, ci.state AS circuit, ci.open_until,
-                ci.consecutive_failures
-         FROM connections c JOIN circuits ci ON ci.connection_id = c.id ORDER BY c.name"
+        r#"SELECT c.name, c.writer, c.requests_per_minute, ci.state AS circuit, ci.open_until,
+                  ci.consecutive_failures, b.blocked_until AS "blocked_until?",
+                  br.name AS "blocked_by?", b.retry_after_raw AS "retry_after_raw?"
+           FROM connections c JOIN circuits ci ON ci.connection_id = c.id
+           LEFT JOIN connection_blocks b ON b.connection_id = c.id AND b.blocked_until > $1
+           LEFT JOIN rules br ON br.id = b.rule_id
+           ORDER BY c.name"#,
+        now
     )
     .fetch_all(pool)
     .await?;
@@ -99,10 +112,15 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         RuleStatus,
         r#"SELECT r.name, c.name AS connection, r.enabled,
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
-                  CASE WHEN lr.status IN ('running', 'waiting', 'stale') THEN lr.status ELSE 'idle' END AS "state!",
+                  CASE WHEN lr.status IN ('running', 'waiting') THEN lr.status
+                       WHEN b.blocked_until IS NOT NULL THEN 'throttled'
+                       WHEN lr.status = 'stale' THEN 'stale'
+                       ELSE 'idle' END AS "state!",
+                  b.blocked_until AS "blocked_until?",
                   lr.id AS "last_run?", lr.status AS "last_run_status?"
            FROM rules r
            JOIN connections c ON c.id = r.connection_id
+           LEFT JOIN connection_blocks b ON b.connection_id = c.id AND b.blocked_until > $1
            LEFT JOIN LATERAL (
                SELECT count(*) AS pending, count(*) FILTER (WHERE d.next_attempt_at <= $1) AS due
                FROM deliveries d WHERE d.rule_id = r.id AND d.status = 'pending') p ON true
@@ -182,6 +200,9 @@ impl Report {
                         c.circuit.clone(),
                         time(c.open_until),
                         c.consecutive_failures.to_string(),
+                        time(c.blocked_until),
+                        c.blocked_by.clone().unwrap_or_else(|| "-".into()),
+                        c.retry_after_raw.clone().unwrap_or_else(|| "-".into()),
                     ]
                 })
                 .collect::<Vec<_>>(),

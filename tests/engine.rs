@@ -656,3 +656,93 @@ fn bad_config_is_refused_naming_the_setting() {
     );
     let _ = Settings::default();
 }
+
+#[tokio::test]
+async fn status_reports_connections_rules_and_runs_as_json() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    drive(&engine).await;
+    enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:9", json!({})))
+        .await
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_courier"))
+        .args(["status", "--json"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["connections"][0]["circuit"], "closed");
+    assert_eq!(report["rules"][0]["name"], "customers");
+    assert_eq!(report["rules"][0]["pending"], 1);
+    assert_eq!(report["recent_runs"][0]["status"], "completed");
+    assert_eq!(report["recent_runs"][0]["delivered"], 3);
+    let table = Command::new(env!("CARGO_BIN_EXE_courier"))
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("CONNECTIONS") && text.contains("customers") && text.contains("completed"),
+        "{text}"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn an_undecodable_job_is_dropped_and_the_worker_keeps_delivering() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    // A job that is JSON but not a chain job, inserted the way SQL users can.
+    sqlx::query(
+        "INSERT INTO apalis.jobs (id, job_type, job, status, attempts, max_attempts, run_at, priority)
+         VALUES (apalis.generate_ulid(), 'courier.chain', convert_to('{\"nonsense\": true}', 'UTF8'),
+                 'Pending', 0, 3, now(), 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let engine = Arc::new(courier::worker::Engine::new(
+        db.pool.clone(),
+        settings(&db.url),
+    ));
+    let handle = tokio::spawn(worker::run(engine.clone()));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    eventually("delivered despite the bad job", || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM deliveries WHERE status = 'delivered'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 5
+        }
+    })
+    .await;
+    let status: String = sqlx::query_scalar(
+        "SELECT status FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%nonsense%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(status, "Killed");
+    engine.shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    db.drop_db().await;
+}

@@ -119,13 +119,14 @@ pub async fn setup(pool: &PgPool, target: &Target, rules: &[&str], batch: i32, i
     }
 }
 
-/// Takes every queued chain job out of apalis' table (marking it done) and returns it.
-pub async fn take_jobs(pool: &PgPool) -> Vec<ChainJob> {
+/// Takes every chain job due by `now` out of apalis' table (marking it done).
+pub async fn take_due_jobs(pool: &PgPool, now: chrono::DateTime<Utc>) -> Vec<ChainJob> {
     let rows: Vec<Vec<u8>> = sqlx::query_scalar(
         "UPDATE apalis.jobs SET status = 'Done', done_at = now()
-         WHERE job_type = $1 AND status = 'Pending' RETURNING job",
+         WHERE job_type = $1 AND status = 'Pending' AND run_at <= $2 RETURNING job",
     )
     .bind(CHAIN_QUEUE)
+    .bind(now)
     .fetch_all(pool)
     .await
     .unwrap();
@@ -134,12 +135,17 @@ pub async fn take_jobs(pool: &PgPool) -> Vec<ChainJob> {
         .collect()
 }
 
+/// Takes every queued chain job that is due now.
+pub async fn take_jobs(pool: &PgPool) -> Vec<ChainJob> {
+    take_due_jobs(pool, Utc::now() + chrono::Duration::seconds(5)).await
+}
+
 /// One dispatcher pass, then every chain job until none is left; returns their outcomes.
 pub async fn drive(engine: &Engine) -> Vec<JobOutcome> {
     Dispatcher::new(engine).run_once().await.unwrap();
     let mut outcomes = Vec::new();
     for _ in 0..10_000 {
-        let jobs = take_jobs(&engine.pool).await;
+        let jobs = take_due_jobs(&engine.pool, engine.clock.now()).await;
         if jobs.is_empty() {
             return outcomes;
         }

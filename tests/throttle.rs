@@ -1,0 +1,248 @@
+//! Rate limits as a signal: a 429 blocks the connection, costs the delivery nothing, and the
+//! chain waits or ends throttled. Manual clock, real PostgreSQL, real HTTP target.
+
+mod common;
+
+use std::process::Command;
+
+use chrono::Duration as Span;
+use common::*;
+use courier::{
+    chain::JobOutcome,
+    enqueue::{self, NewDelivery},
+    runs::RunStatus,
+    status,
+    target::Target,
+    throttle,
+};
+use serde_json::json;
+
+type At = chrono::DateTime<chrono::Utc>;
+
+fn three() -> Vec<NewDelivery> {
+    (0..3)
+        .map(|i| NewDelivery::new(format!("c:{i}"), json!({"n": i})))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let ids = enqueue::enqueue_many(&db.pool, "customers", three())
+        .await
+        .unwrap();
+    target.respond_with(429, Some("30"));
+
+    let now = engine.clock.now();
+    let outcomes = drive(&engine).await;
+    let resume = now + Span::seconds(30);
+    assert!(
+        matches!(outcomes[..], [JobOutcome::Waiting(t)] if (t - resume).num_milliseconds().abs() < 1),
+        "{outcomes:?}"
+    );
+    for &id in &ids {
+        assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 0));
+        assert!(ledger(&db.pool, id).await.is_empty());
+    }
+    let (raw, by): (Option<String>, String) = sqlx::query_as(
+        "SELECT b.retry_after_raw, r.name FROM connection_blocks b JOIN rules r ON r.id = b.rule_id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((raw.as_deref(), by.as_str()), (Some("30"), "customers"));
+    let (state, failures): (String, i32) =
+        sqlx::query_as("SELECT state, consecutive_failures FROM circuits")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), failures), ("closed", 0));
+
+    // Another rule on the connection is not started while the block holds, and reads as
+    // throttled; the rule whose run waits reads as waiting.
+    enqueue::enqueue(&db.pool, "orders", NewDelivery::new("o:1", json!({})))
+        .await
+        .unwrap();
+    engine.clock.advance(Span::seconds(10));
+    assert!(drive(&engine).await.is_empty());
+    let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
+    let states: Vec<(&str, &str)> = report
+        .rules
+        .iter()
+        .map(|r| (r.name.as_str(), r.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![("customers", "waiting"), ("orders", "throttled")]
+    );
+    assert_eq!(
+        report.connections[0].blocked_by.as_deref(),
+        Some("customers")
+    );
+
+    // The block lapses: the same run resumes, the other rule starts by itself.
+    target.respond_with(200, None);
+    engine.clock.advance(Span::seconds(21));
+    drive(&engine).await;
+    for &id in &ids {
+        assert_eq!(delivery(&db.pool, id).await, ("delivered".into(), 1));
+        assert_eq!(ledger(&db.pool, id).await, vec![("delivered".into(), 1)]);
+    }
+    let runs: Vec<(String, i32)> = sqlx::query_as("SELECT status, delivered FROM runs ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, vec![("completed".into(), 3), ("completed".into(), 1)]);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn short_waits_are_sat_out_and_long_ones_throttle() {
+    let cases: [(Option<&str>, i64, RunStatus); 7] = [
+        (Some("0"), 1, RunStatus::Waiting),
+        (Some("1"), 1, RunStatus::Waiting),
+        (Some("300"), 300, RunStatus::Waiting),
+        (Some("301"), 301, RunStatus::Throttled),
+        (Some("86400"), 86_400, RunStatus::Throttled),
+        (Some("86401"), 86_400, RunStatus::Throttled),
+        (None, 60, RunStatus::Waiting),
+    ];
+    for (header, secs, expected) in cases {
+        let db = TestDb::new().await;
+        let target = Target::start(0).await.unwrap();
+        setup(&db.pool, &target, &["customers"], 10, 1).await;
+        let engine = engine(&db.pool, settings(&db.url));
+        enqueue::enqueue_many(&db.pool, "customers", three())
+            .await
+            .unwrap();
+        target.respond_with(429, header);
+        let now = engine.clock.now();
+        drive(&engine).await;
+        let (status, resume, throttled, blocked): (String, Option<At>, Option<At>, At) =
+            sqlx::query_as("SELECT r.status, r.resume_at, r.throttled_until, b.blocked_until FROM runs r, connection_blocks b")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        let end = now + Span::seconds(secs);
+        assert!(
+            (blocked - end).num_milliseconds().abs() < 1,
+            "{header:?}: block {blocked} vs {end}"
+        );
+        assert_eq!(status, expected.as_str(), "{header:?}");
+        match expected {
+            RunStatus::Waiting => assert_eq!(resume, Some(blocked), "{header:?}"),
+            _ => assert_eq!(throttled, Some(blocked), "{header:?}"),
+        }
+        assert_eq!(
+            target.counters().requests,
+            1,
+            "{header:?}: one call, then the block holds"
+        );
+        db.drop_db().await;
+    }
+}
+
+#[tokio::test]
+async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", three())
+        .await
+        .unwrap();
+    target.respond_with(429, Some("10"));
+    drive(&engine).await;
+    // Meanwhile another rule's 429 extends the block to ten minutes.
+    let (conn, rule, run): (i64, i64, i64) = sqlx::query_as(
+        "SELECT c.id, r.id, x.id FROM connections c, rules r, runs x WHERE r.name = 'orders'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let until = throttle::block(
+        &db.pool,
+        conn,
+        rule,
+        run,
+        std::time::Duration::from_secs(600),
+        Some("600"),
+        engine.clock.now(),
+    )
+    .await
+    .unwrap();
+    // A shorter 429 never shortens it.
+    let again = throttle::block(
+        &db.pool,
+        conn,
+        rule,
+        run,
+        std::time::Duration::from_secs(5),
+        Some("5"),
+        engine.clock.now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, until);
+    engine.clock.advance(Span::seconds(11));
+    let outcomes = drive(&engine).await;
+    assert_eq!(outcomes, vec![JobOutcome::Finished(RunStatus::Throttled)]);
+    let status: String = sqlx::query_scalar("SELECT status FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "throttled");
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn fifty_429s_never_open_the_circuit_nor_spend_attempts() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let ids = enqueue::enqueue_many(&db.pool, "customers", three())
+        .await
+        .unwrap();
+    target.respond_with(429, Some("1"));
+    while target.counters().requests < 50 {
+        drive(&engine).await;
+        engine.clock.advance(Span::seconds(2));
+    }
+    let state: String = sqlx::query_scalar("SELECT state FROM circuits")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "closed");
+    for &id in &ids {
+        assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 0));
+        assert!(ledger(&db.pool, id).await.is_empty());
+    }
+    target.respond_with(200, None);
+    engine.clock.advance(Span::seconds(2));
+    drive(&engine).await;
+    for &id in &ids {
+        assert_eq!(delivery(&db.pool, id).await, ("delivered".into(), 1));
+    }
+    db.drop_db().await;
+}
+
+#[test]
+fn the_worker_refuses_a_wait_bound_beyond_the_staleness_window() {
+    let out = Command::new(env!("CARGO_BIN_EXE_courier"))
+        .arg("worker")
+        .env("COURIER_THROTTLE_MAX_WAIT_SECONDS", "900")
+        .env("COURIER_CHAIN_STALE_AFTER_SECONDS", "600")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("COURIER_THROTTLE_MAX_WAIT_SECONDS")
+            && stderr.contains("COURIER_CHAIN_STALE_AFTER_SECONDS"),
+        "{stderr}"
+    );
+}
