@@ -22,7 +22,8 @@ pub enum State {
 }
 
 impl State {
-    fn parse(s: &str) -> Self {
+    /// Reads the name stored in the database (anything unknown reads as closed).
+    pub fn parse(s: &str) -> Self {
         match s {
             "open" => State::Open,
             "half_open" => State::HalfOpen,

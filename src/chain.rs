@@ -145,11 +145,7 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
             timeout_ms: r.timeout_ms,
         },
         circuit: Circuit {
-            state: match r.state.as_str() {
-                "open" => breaker::State::Open,
-                "half_open" => breaker::State::HalfOpen,
-                _ => breaker::State::Closed,
-            },
+            state: breaker::State::parse(&r.state),
             consecutive_failures: r.consecutive_failures,
             times_opened: r.times_opened,
             open_until: r.open_until,
