@@ -735,13 +735,19 @@ async fn an_undecodable_job_is_dropped_and_the_worker_keeps_delivering() {
         }
     })
     .await;
-    let status: String = sqlx::query_scalar(
-        "SELECT status FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%nonsense%'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(status, "Killed");
+    eventually("the bad job killed", || {
+        let pool = pool.clone();
+        async move {
+            let status: String = sqlx::query_scalar(
+                "SELECT status FROM apalis.jobs WHERE convert_from(job, 'UTF8') LIKE '%nonsense%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            status == "Killed"
+        }
+    })
+    .await;
     engine.shutdown.cancel();
     handle.await.unwrap().unwrap();
     db.drop_db().await;
