@@ -50,15 +50,17 @@ async fn a_burst_is_delivered_by_a_real_worker_woken_by_sql_inserts() {
     .unwrap();
 
     let pool = db.pool.clone();
-    eventually("all 500 delivered", || {
+    eventually("all 500 delivered and every run finished", || {
         let pool = pool.clone();
         async move {
-            let n: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'delivered'")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            n == 500
+            let (n, active): (i64, i64) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
+                        (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting'))",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n == 500 && active == 0
         }
     })
     .await;
