@@ -9,7 +9,7 @@ use sqlx::PgExecutor;
 pub const WRITERS: &[&str] = &["http_json"];
 
 /// A new target connection.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct NewConnection {
     /// Unique name, used by rules and the CLI.
     pub name: String,
@@ -28,6 +28,9 @@ pub struct NewConnection {
     pub max_in_flight: Option<i32>,
     /// Per-request timeout in milliseconds.
     pub timeout_ms: Option<i32>,
+    /// Connections naming the same key (e.g. the workspace) share one budget and one block.
+    #[serde(default)]
+    pub budget_key: Option<String>,
 }
 
 /// A stored connection.
@@ -51,10 +54,12 @@ pub struct Connection {
     pub max_in_flight: i32,
     /// Per-request timeout in milliseconds.
     pub timeout_ms: i32,
+    /// The budget (and block) it spends from: its own `connection:<id>` or a shared key.
+    pub budget_key: String,
 }
 
 /// A new rule.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct NewRule {
     /// Unique name, used by `courier enqueue --rule`.
     pub name: String,
@@ -73,6 +78,8 @@ pub struct NewRule {
     pub backoff_max_ms: Option<i32>,
     /// Whether the dispatcher starts runs for it.
     pub enabled: Option<bool>,
+    /// Its share of the connection's budget against other rules with a backlog.
+    pub weight: Option<i32>,
 }
 
 /// A stored rule.
@@ -96,6 +103,8 @@ pub struct Rule {
     pub backoff_base_ms: i32,
     /// Cap on the retry delay in milliseconds.
     pub backoff_max_ms: i32,
+    /// Share of the connection's budget.
+    pub weight: i32,
 }
 
 /// Why a connection or rule could not be stored.
@@ -140,14 +149,15 @@ pub async fn upsert_connection(
     }
     sqlx::query_scalar!(
         r#"INSERT INTO connections
-             (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight, timeout_ms)
-           VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000))
+             (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
+              timeout_ms, budget_key)
+           VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000), $9)
            ON CONFLICT (name) DO UPDATE SET
              writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
              api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
              requests_per_minute = EXCLUDED.requests_per_minute,
              max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
-             updated_at = now()
+             budget_key = EXCLUDED.budget_key, updated_at = now()
            RETURNING id"#,
         c.name,
         c.writer,
@@ -157,6 +167,7 @@ pub async fn upsert_connection(
         c.requests_per_minute,
         c.max_in_flight,
         c.timeout_ms,
+        c.budget_key,
     )
     .fetch_one(db)
     .await
@@ -167,15 +178,16 @@ pub async fn upsert_connection(
 pub async fn upsert_rule(db: impl PgExecutor<'_>, r: &NewRule) -> Result<i64, CatalogError> {
     sqlx::query_scalar!(
         r#"INSERT INTO rules
-             (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms, enabled)
+             (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
+              enabled, weight)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
-                  COALESCE($7, 3600000), COALESCE($8, true)
+                  COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1)
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
              batch_size = EXCLUDED.batch_size, max_attempts = EXCLUDED.max_attempts,
              backoff_base_ms = EXCLUDED.backoff_base_ms, backoff_max_ms = EXCLUDED.backoff_max_ms,
-             enabled = EXCLUDED.enabled, updated_at = now()
+             enabled = EXCLUDED.enabled, weight = EXCLUDED.weight, updated_at = now()
            RETURNING id"#,
         r.name,
         r.connection,
@@ -185,6 +197,7 @@ pub async fn upsert_rule(db: impl PgExecutor<'_>, r: &NewRule) -> Result<i64, Ca
         r.backoff_base_ms,
         r.backoff_max_ms,
         r.enabled,
+        r.weight,
     )
     .fetch_optional(db)
     .await
@@ -222,9 +235,9 @@ pub async fn set_rule_enabled(
 pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>, sqlx::Error> {
     sqlx::query_as!(
         Connection,
-        "SELECT id, name, writer, base_url, api_key_env, headers, requests_per_minute,
-                max_in_flight, timeout_ms
-         FROM connections ORDER BY name"
+        r#"SELECT id, name, writer, base_url, api_key_env, headers, requests_per_minute,
+                  max_in_flight, timeout_ms, courier_budget_key(connections) AS "budget_key!"
+           FROM connections ORDER BY name"#
     )
     .fetch_all(db)
     .await
@@ -235,7 +248,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
     sqlx::query_as!(
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
-                backoff_base_ms, backoff_max_ms
+                backoff_base_ms, backoff_max_ms, weight
          FROM rules ORDER BY name"
     )
     .fetch_all(db)

@@ -56,6 +56,7 @@ struct JobContext {
     run_status: String,
     cursor_id: i64,
     rule_enabled: bool,
+    weight: i32,
     path: String,
     batch_size: i32,
     max_attempts: i32,
@@ -111,14 +112,15 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
         r#"SELECT r.status AS run_status, r.cursor_id, ru.enabled, ru.path, ru.batch_size,
                   ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
-                  c.requests_per_minute, c.max_in_flight, c.timeout_ms,
+                  c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
+                  courier_budget_key(c) AS "budget_key!",
                   ci.state, ci.consecutive_failures, ci.times_opened, ci.open_until,
                   b.blocked_until AS "blocked_until?"
            FROM runs r
            JOIN rules ru ON ru.id = r.rule_id
            JOIN connections c ON c.id = ru.connection_id
            JOIN circuits ci ON ci.connection_id = c.id
-           LEFT JOIN connection_blocks b ON b.connection_id = c.id
+           LEFT JOIN connection_blocks b ON b.budget_key = courier_budget_key(c)
            WHERE r.id = $1"#,
         run_id
     )
@@ -128,6 +130,7 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
         run_status: r.run_status,
         cursor_id: r.cursor_id,
         rule_enabled: r.enabled,
+        weight: r.weight,
         path: r.path,
         batch_size: r.batch_size,
         max_attempts: r.max_attempts,
@@ -143,6 +146,7 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
             requests_per_minute: r.requests_per_minute,
             max_in_flight: r.max_in_flight,
             timeout_ms: r.timeout_ms,
+            budget_key: r.budget_key,
         },
         circuit: Circuit {
             state: breaker::State::parse(&r.state),
@@ -408,13 +412,29 @@ async fn run_batch(
     // rest of the batch; so does a shutdown (calls already in flight finish).
     let stop = AtomicBool::new(false);
     let max_in_flight = writer.max_in_flight().max(1);
+    let rpm = writer.requests_per_minute();
+    let weight = ctx.weight.max(1) as u32;
     let (writer, stop, claimed_ref) = (&writer, &stop, &claimed);
+    let halted = || stop.load(Ordering::Relaxed) || engine.shutdown.is_cancelled();
     let mut calls = stream::iter(to_send)
         .map(|i| {
             let path = ctx.path.as_str();
             async move {
                 let d = &claimed_ref[i];
-                if stop.load(Ordering::Relaxed) || engine.shutdown.is_cancelled() {
+                if halted() {
+                    return (d, None);
+                }
+                // One request of the budget per call, in fair turn with other rules.
+                let key = &ctx.connection.budget_key;
+                match engine.pacer.acquire(key, rpm, job.rule_id, weight).await {
+                    Ok(slot) => engine.clock.sleep_until(slot).await,
+                    Err(e) => {
+                        tracing::error!(error = %e, "no request slot; delivery left pending");
+                        return (d, None);
+                    }
+                }
+                // A 429 or a stop may have come in while this call waited for its slot.
+                if halted() {
                     return (d, None);
                 }
                 let started = Instant::now();
@@ -544,6 +564,8 @@ async fn run_batch(
         now,
     )
     .await?;
+    let calls_made = reachability.len() as i32;
+    crate::pacer::record_calls(&mut *tx, &ctx.connection.budget_key, calls_made, now).await?;
     let mut status = if status == RunStatus::Running && !circuit.allows_calls(now) {
         RunStatus::CircuitOpen
     } else {
@@ -552,11 +574,15 @@ async fn run_batch(
     let mut until = None;
     if let Some((wait, raw)) = rate_limited {
         // Nothing is recorded against the delivery; the whole connection is blocked.
+        let cause = throttle::Cause {
+            budget_key: &ctx.connection.budget_key,
+            connection_id: ctx.connection.id,
+            rule_id: job.rule_id,
+            run_id: job.run_id,
+        };
         let blocked_until = throttle::block(
             &mut *tx,
-            ctx.connection.id,
-            job.rule_id,
-            job.run_id,
+            &cause,
             throttle::block_length(wait),
             raw.as_deref(),
             now,

@@ -34,6 +34,14 @@ impl Clock {
         }
     }
 
+    /// Waits until `at` on the system clock. A manual clock does not wait: its time only
+    /// moves when a test moves it, and the test asserts on `at` itself.
+    pub async fn sleep_until(&self, at: DateTime<Utc>) {
+        if let (None, Ok(wait)) = (&self.manual, (at - Utc::now()).to_std()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// Moves a manual clock forward; does nothing to the system clock.
     pub fn advance(&self, by: Duration) {
         if let Some(t) = &self.manual {

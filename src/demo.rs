@@ -65,6 +65,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
             requests_per_minute: None,
             max_in_flight: Some(16),
             timeout_ms: None,
+            ..Default::default()
         },
     )
     .await?;
@@ -80,7 +81,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
                 max_attempts: None,
                 backoff_base_ms: None,
                 backoff_max_ms: None,
-                enabled: None,
+                ..Default::default()
             },
         )
         .await?;

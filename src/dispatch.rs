@@ -38,10 +38,11 @@ impl<'a> Dispatcher<'a> {
         let mut tx = self.engine.pool.begin().await?;
         let rule_ids = sqlx::query_scalar!(
             "SELECT r.id FROM rules r
+             JOIN connections k ON k.id = r.connection_id
              JOIN circuits c ON c.connection_id = r.connection_id
              WHERE r.enabled AND c.state = 'closed'
                AND NOT EXISTS (SELECT 1 FROM connection_blocks b
-                               WHERE b.connection_id = r.connection_id AND b.blocked_until > $1)
+                               WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
                AND NOT EXISTS (SELECT 1 FROM runs x
                                WHERE x.rule_id = r.id AND x.status IN ('running', 'waiting'))
                AND EXISTS (SELECT 1 FROM deliveries d
@@ -80,8 +81,9 @@ impl<'a> Dispatcher<'a> {
                                        AND d.next_attempt_at <= $1)
                        ORDER BY r.id LIMIT 1) AS rule_id
                FROM circuits c
+               JOIN connections k ON k.id = c.connection_id
                WHERE NOT EXISTS (SELECT 1 FROM connection_blocks b
-                                 WHERE b.connection_id = c.connection_id AND b.blocked_until > $1)
+                                 WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
                  AND ((c.state = 'open' AND c.open_until <= $1)
                   OR (c.state = 'half_open' AND NOT EXISTS (
                         SELECT 1 FROM runs p WHERE p.id = c.probe_run_id

@@ -18,6 +18,8 @@
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
 //! - [`writer`]: the `Writer` trait, its typed errors and the HTTP JSON writer.
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
+//! - [`pacer`]: the request budget per connection or budget key (table `budgets`), fair
+//!   between rules, shared across processes.
 //! - [`throttle`]: 429s as connection blocks (table `connection_blocks`): wait or throttle.
 //! - [`runs`]: runs and their lifecycle (table `runs`), the staleness reaper.
 //! - [`ledger`]: outcome rows (table `ledger`) and the delivery state they imply.
@@ -39,6 +41,7 @@ pub mod demo;
 pub mod dispatch;
 pub mod enqueue;
 pub mod ledger;
+pub mod pacer;
 pub mod queue;
 pub mod runs;
 pub mod status;

@@ -89,6 +89,10 @@ enum ConnectionCmd {
         max_in_flight: Option<i32>,
         #[arg(long)]
         timeout_ms: Option<i32>,
+        /// Share one budget and one rate-limit block with connections naming the same key
+        /// (e.g. the workspace).
+        #[arg(long)]
+        budget_key: Option<String>,
     },
     /// List connections.
     List,
@@ -116,6 +120,9 @@ enum RuleCmd {
         /// Create it disabled.
         #[arg(long)]
         disabled: bool,
+        /// Its share of the connection's budget against other busy rules (default 1).
+        #[arg(long)]
+        weight: Option<i32>,
     },
     /// List rules.
     List,
@@ -201,6 +208,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             requests_per_minute,
             max_in_flight,
             timeout_ms,
+            budget_key,
         }) => {
             let mut map = serde_json::Map::new();
             for h in headers {
@@ -220,6 +228,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                     requests_per_minute,
                     max_in_flight,
                     timeout_ms,
+                    budget_key,
                 },
             )
             .await?;
@@ -264,6 +273,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             backoff_base_ms,
             backoff_max_ms,
             disabled,
+            weight,
         }) => {
             let id = catalog::upsert_rule(
                 &pool().await?,
@@ -276,6 +286,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                     backoff_base_ms,
                     backoff_max_ms,
                     enabled: Some(!disabled),
+                    weight,
                 },
             )
             .await?;

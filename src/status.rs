@@ -14,8 +14,12 @@ pub struct ConnectionStatus {
     pub name: String,
     /// Writer kind.
     pub writer: String,
-    /// Declared requests per minute (`None`: the writer's default).
-    pub requests_per_minute: Option<i32>,
+    /// The budget it spends from (its own, or a key shared with other connections).
+    pub budget_key: String,
+    /// Declared requests per minute.
+    pub requests_per_minute: i32,
+    /// Calls made against its budget in the last 60 s (429s included).
+    pub used_last_minute: i64,
     /// `closed`, `open` or `half_open`.
     pub circuit: String,
     /// When an open circuit allows a probe.
@@ -45,8 +49,12 @@ pub struct RuleStatus {
     pub due: i64,
     /// `running`, `waiting`, `throttled` (its connection is blocked), `stale`, or `idle`.
     pub state: String,
-    /// While throttled: when the connection's block lapses.
+    /// While waiting: when its run resumes.
+    pub resume_at: Option<DateTime<Utc>>,
+    /// While its connection is blocked: when the block lapses.
     pub blocked_until: Option<DateTime<Utc>>,
+    /// The rule whose call met the 429 that set the block.
+    pub blocked_by_rule: Option<String>,
     /// The latest run's id and status.
     pub last_run: Option<i64>,
     /// The latest run's status.
@@ -97,37 +105,35 @@ pub struct Report {
 pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::Error> {
     let connections = sqlx::query_as!(
         ConnectionStatus,
-        r#"SELECT c.name, c.writer, c.requests_per_minute, ci.state AS circuit, ci.open_until,
-                  ci.consecutive_failures, b.blocked_until AS "blocked_until?",
-                  br.name AS "blocked_by?", b.retry_after_raw AS "retry_after_raw?"
+        r#"SELECT c.name, c.writer, courier_budget_key(c) AS "budget_key!",
+                  COALESCE(c.requests_per_minute, $2) AS "requests_per_minute!",
+                  COALESCE((SELECT sum(u.calls) FROM budget_calls u
+                            WHERE u.budget_key = courier_budget_key(c)
+                              AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
+                  ci.state AS circuit, ci.open_until, ci.consecutive_failures,
+                  b.blocked_until AS "blocked_until?", br.name AS "blocked_by?",
+                  b.retry_after_raw AS "retry_after_raw?"
            FROM connections c JOIN circuits ci ON ci.connection_id = c.id
-           LEFT JOIN connection_blocks b ON b.connection_id = c.id AND b.blocked_until > $1
+           LEFT JOIN connection_blocks b
+                  ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
            LEFT JOIN rules br ON br.id = b.rule_id
            ORDER BY c.name"#,
-        now
+        now,
+        crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
     )
     .fetch_all(pool)
     .await?;
     let rules = sqlx::query_as!(
         RuleStatus,
-        r#"SELECT r.name, c.name AS connection, r.enabled,
+        r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
-                  CASE WHEN lr.status IN ('running', 'waiting') THEN lr.status
-                       WHEN b.blocked_until IS NOT NULL THEN 'throttled'
-                       WHEN lr.status = 'stale' THEN 'stale'
-                       ELSE 'idle' END AS "state!",
-                  b.blocked_until AS "blocked_until?",
-                  lr.id AS "last_run?", lr.status AS "last_run_status?"
-           FROM rules r
-           JOIN connections c ON c.id = r.connection_id
-           LEFT JOIN connection_blocks b ON b.connection_id = c.id AND b.blocked_until > $1
+                  s.state AS "state!", s.resume_at, s.blocked_until, s.blocked_by_rule,
+                  s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
+           FROM rule_states s
            LEFT JOIN LATERAL (
                SELECT count(*) AS pending, count(*) FILTER (WHERE d.next_attempt_at <= $1) AS due
-               FROM deliveries d WHERE d.rule_id = r.id AND d.status = 'pending') p ON true
-           LEFT JOIN LATERAL (
-               SELECT x.id, x.status FROM runs x WHERE x.rule_id = r.id
-               ORDER BY x.id DESC LIMIT 1) lr ON true
-           ORDER BY r.name"#,
+               FROM deliveries d WHERE d.rule_id = s.rule_id AND d.status = 'pending') p ON true
+           ORDER BY s.rule"#,
         now
     )
     .fetch_all(pool)
@@ -183,10 +189,15 @@ impl Report {
             &[
                 "name",
                 "writer",
+                "budget",
                 "rate/min",
+                "used/min",
                 "circuit",
                 "open until",
                 "failures",
+                "blocked until",
+                "by rule",
+                "retry-after",
             ],
             &self
                 .connections
@@ -195,8 +206,9 @@ impl Report {
                     vec![
                         c.name.clone(),
                         c.writer.clone(),
-                        c.requests_per_minute
-                            .map_or("default".into(), |r| r.to_string()),
+                        c.budget_key.clone(),
+                        c.requests_per_minute.to_string(),
+                        c.used_last_minute.to_string(),
                         c.circuit.clone(),
                         time(c.open_until),
                         c.consecutive_failures.to_string(),
@@ -216,6 +228,8 @@ impl Report {
                 "pending",
                 "due",
                 "state",
+                "until",
+                "blocked by",
                 "last run",
             ],
             &self
@@ -229,6 +243,8 @@ impl Report {
                         r.pending.to_string(),
                         r.due.to_string(),
                         r.state.clone(),
+                        time(r.resume_at.or(r.blocked_until)),
+                        r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
                         match (&r.last_run, &r.last_run_status) {
                             (Some(id), Some(s)) => format!("#{id} {s}"),
                             _ => "-".into(),

@@ -1,5 +1,5 @@
-//! Rate limits as a signal (ADR-0036): a 429 blocks the whole connection (table
-//! `connection_blocks`) for the wait it asked for, capped at one day, or 60 s when it named
+//! Rate limits as a signal (ADR-0036): a 429 blocks the whole connection, and every
+//! connection sharing its budget key (table `connection_blocks`), for the wait it asked for, capped at one day, or 60 s when it named
 //! none. A later 429 may extend a block, never shorten it. A chain that meets a block sits
 //! it out when the wait is at most `throttle_max_wait` and otherwise ends its run as
 //! `throttled`; the dispatcher skips every rule of a blocked connection.
@@ -47,22 +47,36 @@ pub fn decide(until: Option<DateTime<Utc>>, now: DateTime<Utc>, max_wait: Durati
     }
 }
 
-/// Blocks a connection until `now + length`, unless it is already blocked for longer (a
-/// block is extended, never shortened); returns the block's end as it now stands.
+/// Where a 429 came from.
+#[derive(Clone, Copy, Debug)]
+pub struct Cause<'a> {
+    /// The budget (and so the connections) the block holds back.
+    pub budget_key: &'a str,
+    /// The connection whose call met the 429.
+    pub connection_id: i64,
+    /// The rule whose call met it.
+    pub rule_id: i64,
+    /// The run whose call met it.
+    pub run_id: i64,
+}
+
+/// Blocks a budget until `now + length`, unless it is already blocked for longer (a block
+/// is extended, never shortened); returns the block's end as it now stands.
 pub async fn block(
     db: impl PgExecutor<'_>,
-    connection_id: i64,
-    rule_id: i64,
-    run_id: i64,
+    cause: &Cause<'_>,
     length: Duration,
     raw: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<DateTime<Utc>, sqlx::Error> {
     let until = now + chrono::Duration::from_std(length).expect("capped at a day");
     sqlx::query_scalar!(
-        "INSERT INTO connection_blocks (connection_id, blocked_until, rule_id, run_id, retry_after_raw, set_at)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (connection_id) DO UPDATE SET
+        "INSERT INTO connection_blocks
+            (budget_key, connection_id, blocked_until, rule_id, run_id, retry_after_raw, set_at)
+         VALUES ($7, $1, $2, $3, $4, $5, $6)
+         ON CONFLICT (budget_key) DO UPDATE SET
+            connection_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
+                                 THEN EXCLUDED.connection_id ELSE connection_blocks.connection_id END,
             blocked_until = GREATEST(connection_blocks.blocked_until, EXCLUDED.blocked_until),
             rule_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
                            THEN EXCLUDED.rule_id ELSE connection_blocks.rule_id END,
@@ -73,12 +87,13 @@ pub async fn block(
             set_at = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
                           THEN EXCLUDED.set_at ELSE connection_blocks.set_at END
          RETURNING blocked_until",
-        connection_id,
+        cause.connection_id,
         until,
-        rule_id,
-        run_id,
+        cause.rule_id,
+        cause.run_id,
         raw,
-        now
+        now,
+        cause.budget_key
     )
     .fetch_one(db)
     .await

@@ -16,6 +16,7 @@ use crate::{
     clock::Clock,
     config::Settings,
     dispatch::{Dispatcher, Reaper},
+    pacer::Pacer,
     queue::{CHAIN_QUEUE, ChainJob},
 };
 
@@ -33,15 +34,23 @@ pub struct Engine {
     pub worker_name: String,
     /// Cancelled when the process is asked to stop.
     pub shutdown: CancellationToken,
+    /// Request slots per budget, fair between rules, shared with other processes.
+    pub pacer: Arc<Pacer>,
 }
 
 impl Engine {
     /// An engine on `pool` with the system clock and a fresh unique worker name.
     pub fn new(pool: PgPool, settings: Settings) -> Self {
+        Self::with_clock(pool, settings, Clock::system())
+    }
+
+    /// An engine whose notion of "now" comes from `clock` (tests pass a manual one).
+    pub fn with_clock(pool: PgPool, settings: Settings, clock: Clock) -> Self {
         Self {
+            pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
             pool,
             settings,
-            clock: Clock::system(),
+            clock,
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(256)
                 .build()

@@ -163,11 +163,16 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
+    let key = format!("connection:{conn}");
+    let cause = throttle::Cause {
+        budget_key: &key,
+        connection_id: conn,
+        rule_id: rule,
+        run_id: run,
+    };
     let until = throttle::block(
         &db.pool,
-        conn,
-        rule,
-        run,
+        &cause,
         std::time::Duration::from_secs(600),
         Some("600"),
         engine.clock.now(),
@@ -177,9 +182,7 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     // A shorter 429 never shortens it.
     let again = throttle::block(
         &db.pool,
-        conn,
-        rule,
-        run,
+        &cause,
         std::time::Duration::from_secs(5),
         Some("5"),
         engine.clock.now(),

@@ -15,10 +15,9 @@ use courier::{
     dispatch::Dispatcher,
     queue::{CHAIN_QUEUE, ChainJob},
     target::Target,
-    worker::{Engine, unique_worker_name},
+    worker::Engine,
 };
 use sqlx::{PgPool, postgres::PgConnectOptions};
-use tokio_util::sync::CancellationToken;
 
 /// The server tests create their databases on: `COURIER_TEST_DATABASE_URL`, else the
 /// local default.
@@ -63,14 +62,8 @@ impl TestDb {
 /// An engine on `pool` with a manual clock a little ahead of the database's `now()`, so
 /// rows inserted with default timestamps are due.
 pub fn engine(pool: &PgPool, settings: Settings) -> Arc<Engine> {
-    Arc::new(Engine {
-        pool: pool.clone(),
-        settings,
-        clock: Clock::manual(Utc::now() + chrono::Duration::seconds(5)),
-        http: reqwest::Client::new(),
-        worker_name: unique_worker_name(),
-        shutdown: CancellationToken::new(),
-    })
+    let clock = Clock::manual(Utc::now() + chrono::Duration::seconds(5));
+    Arc::new(Engine::with_clock(pool.clone(), settings, clock))
 }
 
 /// Settings for tests: defaults with a fast poll.
@@ -93,9 +86,11 @@ pub async fn setup(pool: &PgPool, target: &Target, rules: &[&str], batch: i32, i
             base_url: target.url(),
             api_key_env: None,
             headers: Default::default(),
-            requests_per_minute: None,
+            // Pacing is not what these tests are about: a budget they never exhaust.
+            requests_per_minute: Some(600_000),
             max_in_flight: Some(in_flight),
             timeout_ms: Some(5_000),
+            ..Default::default()
         },
     )
     .await
@@ -111,7 +106,7 @@ pub async fn setup(pool: &PgPool, target: &Target, rules: &[&str], batch: i32, i
                 max_attempts: Some(3),
                 backoff_base_ms: Some(1_000),
                 backoff_max_ms: Some(60_000),
-                enabled: None,
+                ..Default::default()
             },
         )
         .await

@@ -1,0 +1,371 @@
+//! Pacing against a declared rate, before the target has to say 429.
+//!
+//! Each budget (a connection, or every connection naming the same budget key) spends at
+//! most its declared requests per minute. The budget's state lives in PostgreSQL (table
+//! `budgets`) as a GCRA "theoretical arrival time": the earliest moment the next request
+//! may go out. A worker process leases a small slice of request slots at once by moving
+//! that time forward (one statement per slice), and hands the slots out in memory. Slots
+//! are spaced one emission interval apart across all processes, so no 60 s window and no
+//! 1 s window sees more than the declared rate; losing a process loses at most the slice
+//! it held.
+//!
+//! Within a process, rules waiting on one budget are served by start-time fair queueing:
+//! each request of a rule is stamped `max(now_virtual, last_of_rule) + 1/weight`, and the
+//! lowest stamp gets the next slot, so rules with a backlog share the budget by weight.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+
+/// Slots leased per statement: about a quarter second's worth, at least 1, at most this.
+pub const MAX_SLICE: u32 = 50;
+
+/// The time between two requests of a budget declaring `requests_per_minute`.
+pub fn emission_interval(requests_per_minute: u32) -> Duration {
+    Duration::from_secs(60) / requests_per_minute.max(1)
+}
+
+/// Slots to lease at once for a budget: a quarter second's worth, within 1..=MAX_SLICE.
+pub fn slice_len(requests_per_minute: u32) -> u32 {
+    (requests_per_minute / 240).clamp(1, MAX_SLICE)
+}
+
+/// GCRA with no burst tolerance: leases `n` slots after `tat` (or now, if later); returns
+/// the first slot and the new arrival time. Slot `i` is `start + i · interval`.
+pub fn lease(
+    tat: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    n: u32,
+    interval: Duration,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    let start = tat.map_or(now, |t| t.max(now));
+    let len = chrono::Duration::from_std(interval * n).expect("slice fits");
+    (start, start + len)
+}
+
+/// Per-rule fair queue of waiting requests.
+#[derive(Default)]
+struct FairQueue {
+    /// Virtual time: the stamp of the request served last.
+    now_virtual: f64,
+    /// The stamp of each rule's latest request.
+    last: HashMap<i64, f64>,
+    /// Waiting requests by (stamp, arrival order).
+    waiting: BTreeMap<(u64, u64), oneshot::Sender<DateTime<Utc>>>,
+    /// Arrival counter, to keep equal stamps in arrival order.
+    seq: u64,
+}
+
+impl FairQueue {
+    fn push(&mut self, rule: i64, weight: u32, tx: oneshot::Sender<DateTime<Utc>>) {
+        let start = self
+            .last
+            .get(&rule)
+            .copied()
+            .unwrap_or(0.0)
+            .max(self.now_virtual);
+        let stamp = start + 1.0 / f64::from(weight.max(1));
+        self.last.insert(rule, stamp);
+        self.seq += 1;
+        // Stamps are non-negative, so their bit patterns order like the numbers.
+        self.waiting.insert((stamp.to_bits(), self.seq), tx);
+    }
+
+    fn pop(&mut self) -> Option<oneshot::Sender<DateTime<Utc>>> {
+        let ((stamp, _), tx) = self.waiting.pop_first()?;
+        self.now_virtual = f64::from_bits(stamp);
+        Some(tx)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+}
+
+/// One budget's in-process state.
+struct Budget {
+    /// The budget key (`connection:<id>` or a shared key).
+    key: String,
+    /// Time between two slots.
+    interval: Duration,
+    /// Slots leased per statement.
+    slice: u32,
+    /// Leased slots not yet handed out, waiting requests, and whether a lease is under way.
+    state: Mutex<BudgetState>,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    slots: VecDeque<DateTime<Utc>>,
+    queue: FairQueue,
+    leasing: bool,
+}
+
+/// Hands out request slots per budget; one per worker process.
+pub struct Pacer {
+    /// Where budgets' shared state lives.
+    pool: PgPool,
+    /// Where "now" comes from.
+    clock: Clock,
+    /// Budgets this process has used, by key.
+    budgets: Mutex<HashMap<String, Arc<Budget>>>,
+}
+
+/// Why no slot could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum PacerError {
+    /// Leasing from the shared budget failed.
+    #[error("leasing from budget {key}: {source}")]
+    Lease {
+        /// The budget key.
+        key: String,
+        /// The database error.
+        source: sqlx::Error,
+    },
+    /// The pacer went away while the request waited.
+    #[error("pacer stopped")]
+    Stopped,
+}
+
+impl Pacer {
+    /// A pacer over the budgets in `pool`.
+    pub fn new(pool: PgPool, clock: Clock) -> Self {
+        Self {
+            pool,
+            clock,
+            budgets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn budget(&self, key: &str, requests_per_minute: u32) -> Arc<Budget> {
+        let interval = emission_interval(requests_per_minute);
+        let mut budgets = self.budgets.lock().expect("pacer mutex");
+        match budgets.get(key) {
+            // A changed declaration takes effect with a fresh in-memory budget.
+            Some(b) if b.interval == interval => b.clone(),
+            _ => {
+                let b = Arc::new(Budget {
+                    key: key.to_owned(),
+                    interval,
+                    slice: slice_len(requests_per_minute),
+                    state: Mutex::new(BudgetState::default()),
+                });
+                budgets.insert(key.to_owned(), b.clone());
+                b
+            }
+        }
+    }
+
+    /// Waits for the next request slot of budget `key` on behalf of `rule`, and returns
+    /// the time the request may go out. The caller sleeps until then
+    /// ([`Clock::sleep_until`]); one slot is one request.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        key: &str,
+        requests_per_minute: u32,
+        rule: i64,
+        weight: u32,
+    ) -> Result<DateTime<Utc>, PacerError> {
+        let budget = self.budget(key, requests_per_minute);
+        let (tx, rx) = oneshot::channel();
+        let need_lease = {
+            let mut st = budget.state.lock().expect("budget mutex");
+            st.queue.push(rule, weight, tx);
+            self.serve(&budget, &mut st);
+            let need = !st.queue.is_empty() && !st.leasing;
+            if need {
+                st.leasing = true;
+            }
+            need
+        };
+        if need_lease {
+            // A task of its own, so a cancelled caller never strands the lease flag.
+            let pacer = self.clone();
+            let budget = budget.clone();
+            tokio::spawn(async move { pacer.refill(budget).await });
+        }
+        rx.await.map_err(|_| PacerError::Stopped)
+    }
+
+    /// Hands leased slots to waiting requests in fair order; drops slots already stale.
+    fn serve(&self, budget: &Budget, st: &mut BudgetState) {
+        let now = self.clock.now();
+        let stale = now - chrono::Duration::from_std(budget.interval).expect("fits");
+        while !st.queue.is_empty() {
+            let Some(slot) = st.slots.pop_front() else {
+                return;
+            };
+            if slot < stale {
+                continue; // unused in its time: spending it late would make a burst
+            }
+            if let Some(tx) = st.queue.pop() {
+                // A dropped waiter loses its slot; it was paid for, but it is only one.
+                let _ = tx.send(slot);
+            }
+        }
+    }
+
+    async fn refill(self: Arc<Self>, budget: Arc<Budget>) {
+        loop {
+            let result = self.lease_slice(&budget).await;
+            let mut st = budget.state.lock().expect("budget mutex");
+            match result {
+                Ok(slots) => st.slots.extend(slots),
+                Err(e) => {
+                    tracing::error!(error = %e, "pacer could not lease; waiting requests fail");
+                    st.queue = FairQueue::default();
+                    st.leasing = false;
+                    return;
+                }
+            }
+            self.serve(&budget, &mut st);
+            if st.queue.is_empty() {
+                st.leasing = false;
+                return;
+            }
+        }
+    }
+
+    async fn lease_slice(&self, budget: &Budget) -> Result<Vec<DateTime<Utc>>, PacerError> {
+        let now = self.clock.now();
+        let interval = chrono::Duration::from_std(budget.interval).expect("fits");
+        let len = interval * budget.slice as i32;
+        let start = sqlx::query_scalar!(
+            r#"INSERT INTO budgets AS b (budget_key, tat, updated_at) VALUES ($1, $2::timestamptz + $3::interval, $2)
+               ON CONFLICT (budget_key) DO UPDATE
+                 SET tat = GREATEST(b.tat, EXCLUDED.updated_at) + $3::interval, updated_at = EXCLUDED.updated_at
+               RETURNING tat - $3::interval AS "start!""#,
+            budget.key,
+            now,
+            sqlx::postgres::types::PgInterval::try_from(len).expect("interval fits"),
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|source| PacerError::Lease {
+            key: budget.key.clone(),
+            source,
+        })?;
+        Ok((0..budget.slice as i32)
+            .map(|i| start + interval * i)
+            .collect())
+    }
+}
+
+/// Counts the calls one job made against a budget (429s included), for "used in the last
+/// minute" in `courier status`.
+pub async fn record_calls(
+    db: impl sqlx::PgExecutor<'_>,
+    key: &str,
+    calls: i32,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    if calls > 0 {
+        sqlx::query!(
+            "INSERT INTO budget_calls (budget_key, at, calls) VALUES ($1, $2, $3)",
+            key,
+            now,
+            calls
+        )
+        .execute(db)
+        .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replays leases the way several processes would and checks the windows.
+    #[test]
+    fn leased_slots_never_exceed_the_rate_in_any_window() {
+        let rpm = 6_000;
+        let interval = emission_interval(rpm);
+        let slice = slice_len(rpm);
+        let t0 = Utc::now();
+        let mut tat = None;
+        let mut slots = Vec::new();
+        // Three processes asking in turn, with idle gaps, for two simulated minutes.
+        let mut now = t0;
+        while now < t0 + chrono::Duration::seconds(120) {
+            for _process in 0..3 {
+                let (start, next) = lease(tat, now, slice, interval);
+                tat = Some(next);
+                slots.extend(
+                    (0..slice as i32)
+                        .map(|i| start + chrono::Duration::from_std(interval).unwrap() * i),
+                );
+            }
+            now += chrono::Duration::milliseconds(if slots.len() % 7 == 0 { 900 } else { 100 });
+        }
+        slots.sort();
+        // The most slots in any window of `len` starting at a slot (two pointers).
+        let most_in = |len: chrono::Duration| {
+            let (mut end, mut most) = (0, 0);
+            for start in 0..slots.len() {
+                while end < slots.len() && slots[end] < slots[start] + len {
+                    end += 1;
+                }
+                most = most.max(end - start);
+            }
+            most
+        };
+        assert!(most_in(chrono::Duration::seconds(1)) <= (rpm / 60) as usize);
+        assert!(most_in(chrono::Duration::seconds(60)) <= rpm as usize);
+        assert!(
+            slots.len() > 10_000,
+            "the replay leased enough to mean something"
+        );
+    }
+
+    #[test]
+    fn fair_queue_serves_rules_by_weight() {
+        let mut q = FairQueue::default();
+        let mut order = Vec::new();
+        let mut rxs = Vec::new();
+        // Rule 1 arrives with a burst of 6 before rule 2 and 3 ask at all.
+        for _ in 0..6 {
+            let (tx, rx) = oneshot::channel();
+            q.push(1, 1, tx);
+            rxs.push((1, rx));
+        }
+        for _ in 0..6 {
+            let (tx, rx) = oneshot::channel();
+            q.push(2, 1, tx);
+            rxs.push((2, rx));
+        }
+        for _ in 0..6 {
+            let (tx, rx) = oneshot::channel();
+            q.push(3, 2, tx);
+            rxs.push((3, rx));
+        }
+        let now = Utc::now();
+        for _ in 0..8 {
+            q.pop().unwrap().send(now).unwrap();
+        }
+        for (rule, mut rx) in rxs {
+            if rx.try_recv().is_ok() {
+                order.push(rule);
+            }
+        }
+        let served = |r| order.iter().filter(|&&x| x == r).count();
+        assert_eq!((served(1), served(2), served(3)), (2, 2, 4), "{order:?}");
+    }
+
+    #[test]
+    fn slices_and_intervals() {
+        assert_eq!(emission_interval(600), Duration::from_millis(100));
+        assert_eq!(slice_len(600), 2);
+        assert_eq!(slice_len(6_000), 25);
+        assert_eq!(slice_len(60), 1);
+        assert_eq!(slice_len(1_000_000), MAX_SLICE);
+    }
+}
