@@ -15,7 +15,10 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -100,6 +103,8 @@ struct Budget {
     slice: u32,
     /// Leased slots not yet handed out, waiting requests, and whether a lease is under way.
     state: Mutex<BudgetState>,
+    /// Slots handed out by this process: one per writer call.
+    granted: AtomicU64,
 }
 
 #[derive(Default)]
@@ -157,11 +162,20 @@ impl Pacer {
                     interval,
                     slice: slice_len(requests_per_minute),
                     state: Mutex::new(BudgetState::default()),
+                    granted: AtomicU64::new(0),
                 });
                 budgets.insert(key.to_owned(), b.clone());
                 b
             }
         }
+    }
+
+    /// Slots this process has handed out for budget `key` (one per writer call).
+    pub fn granted(&self, key: &str) -> u64 {
+        let budgets = self.budgets.lock().expect("pacer mutex");
+        budgets
+            .get(key)
+            .map_or(0, |b| b.granted.load(Ordering::Relaxed))
     }
 
     /// Waits for the next request slot of budget `key` on behalf of `rule`, and returns
@@ -208,7 +222,9 @@ impl Pacer {
             }
             if let Some(tx) = st.queue.pop() {
                 // A dropped waiter loses its slot; it was paid for, but it is only one.
-                let _ = tx.send(slot);
+                if tx.send(slot).is_ok() {
+                    budget.granted.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
