@@ -193,11 +193,56 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     engine.clock.advance(Span::seconds(11));
     let outcomes = drive(&engine).await;
     assert_eq!(outcomes, vec![JobOutcome::Finished(RunStatus::Throttled)]);
+    let (status, throttled_until): (String, Option<At>) =
+        sqlx::query_as("SELECT status, throttled_until FROM runs")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "throttled");
+    assert_eq!(throttled_until, Some(until));
+
+    // While the block holds, nothing starts; once it lapses, the dispatcher starts again
+    // by itself and the deliveries arrive with no attempt spent on the 429.
+    target.respond_with(200, None);
+    engine.clock.advance(Span::seconds(500));
+    assert!(drive(&engine).await.is_empty());
+    engine.clock.advance(Span::seconds(100));
+    drive(&engine).await;
+    let attempts: Vec<(String, i32)> =
+        sqlx::query_as("SELECT status, attempts FROM deliveries ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, vec![("delivered".to_string(), 1); 3]);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_waiting_chain_is_never_reaped_as_stale() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", three())
+        .await
+        .unwrap();
+    // A run that has been going for a while meets the longest wait it may sit out.
+    engine.clock.advance(Span::seconds(1));
+    target.respond_with(429, Some("300"));
+    drive(&engine).await;
+    engine.clock.advance(Span::seconds(300));
+    assert!(
+        courier::dispatch::Reaper::new(&engine)
+            .run_once()
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let status: String = sqlx::query_scalar("SELECT status FROM runs")
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(status, "throttled");
+    assert_eq!(status, "waiting");
     db.drop_db().await;
 }
 
