@@ -155,7 +155,8 @@ impl<'a> Dispatcher<'a> {
     }
 }
 
-/// The reaper: marks runs whose heartbeat is older than `chain_stale_after` as stale.
+/// The reaper: marks runs whose heartbeat is older than `chain_stale_after` as stale, and
+/// prunes budget call counts older than an hour.
 pub struct Reaper<'a> {
     /// Shared process state.
     engine: &'a Engine,
@@ -179,6 +180,8 @@ impl<'a> Reaper<'a> {
         if !reaped.is_empty() {
             runs::wake(&self.engine.pool).await?;
         }
+        // Call counts only matter for "used in the last minute".
+        crate::pacer::prune_calls(&self.engine.pool, now - chrono::Duration::hours(1)).await?;
         Ok(reaped)
     }
 

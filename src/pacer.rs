@@ -296,6 +296,19 @@ pub async fn record_calls(
     Ok(())
 }
 
+/// Forgets call counts older than `before` (the reaper calls this).
+pub async fn prune_calls(
+    db: impl sqlx::PgExecutor<'_>,
+    before: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    Ok(
+        sqlx::query!("DELETE FROM budget_calls WHERE at < $1", before)
+            .execute(db)
+            .await?
+            .rows_affected(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
