@@ -513,7 +513,7 @@ async fn run_batch(
                             ctx.backoff_max_ms,
                             rand::random(),
                         );
-                        (Outcome::Failed, Some(now + delay))
+                        (Outcome::Failed, Some(engine.clock.now() + delay))
                     }
                 };
                 Entry {
@@ -545,6 +545,8 @@ async fn run_batch(
         RunStatus::Running
     };
 
+    // Outcomes, blocks and the breaker are stamped with the time the calls ended.
+    let now = engine.clock.now();
     let mut tx = engine.pool.begin().await?;
     ledger::record(
         &mut tx,
