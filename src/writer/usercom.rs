@@ -209,7 +209,7 @@ pub fn build_request(op: Operation, out: &Outgoing<'_>) -> Result<Request, Strin
                     ));
                 }
             };
-            if !ids.as_array().is_some_and(|a| !a.is_empty()) {
+            if ids.as_array().is_none_or(|a| a.is_empty()) {
                 return Err(format!(
                     "{}: the user ids must be a non-empty array",
                     op.name()
