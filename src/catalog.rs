@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgExecutor;
 
 /// Which writer a connection uses.
-pub const WRITERS: &[&str] = &["http_json"];
+pub const WRITERS: &[&str] = &["http_json", "usercom"];
 
 /// A new target connection.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

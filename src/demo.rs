@@ -1,39 +1,76 @@
 //! `courier demo`: the end-to-end showcase. On a fresh `courier_demo` database (on the
-//! server `DATABASE_URL` points at) it starts a local target, creates a connection and
-//! three rules, enqueues a burst, runs a worker in-process with live progress, and ends with
-//! a summary proving every record arrived exactly once.
+//! server `DATABASE_URL` points at, or on a private throwaway cluster when nothing answers
+//! there and PostgreSQL's server binaries are installed) it starts an in-process User.com
+//! target with one workspace limited to 10 requests/s, creates a User.com connection and
+//! three rules (customers, consents, price changes), enqueues a burst larger than a
+//! minute's budget, runs a worker in-process with live progress, and ends with a summary:
+//! every record delivered, none failed, the 429s met and the blocks they set, the rate
+//! achieved against the declared one.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    str::FromStr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
-use sqlx::postgres::PgConnectOptions;
-use std::str::FromStr;
+use sqlx::{Connection, postgres::PgConnectOptions};
 
 use crate::{
     catalog::{self, NewConnection, NewRule},
-    config::Settings,
+    config::{Settings, redact_url},
     db,
     enqueue::{self, NewDelivery},
-    target::Target,
+    target::{Target, TargetConfig, WorkspaceConfig},
     worker::{self, Engine},
 };
 
 /// The database the demo (re)creates on the configured server.
 pub const DEMO_DATABASE: &str = "courier_demo";
+/// Records enqueued by default: more than a minute's budget at 10/s, done in about 70 s.
+pub const DEFAULT_RECORDS: usize = 700;
+/// The demo workspace's limit (requests per second), User.com's default.
+pub const DEFAULT_RATE: u32 = 10;
+/// The environment variable the demo connection reads its API key from. The demo sets it
+/// for itself (to a random token) unless it is already set.
+pub const KEY_VAR: &str = "COURIER_DEMO_USERCOM_KEY";
+/// The demo workspace's name.
+pub const WORKSPACE: &str = "demo";
+/// The one command that installs PostgreSQL, printed when there is none.
+pub const INSTALL_HINT: &str = "apt-get install -y postgresql";
+/// How long the demo waits for PostgreSQL to answer before looking for server binaries.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Options of `courier demo`.
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
     /// Deliveries to enqueue, spread over the three rules.
     pub records: usize,
+    /// The target workspace's limit in requests per second (the connection declares the
+    /// same rate per minute).
+    pub rate: u32,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        Self {
+            records: DEFAULT_RECORDS,
+            rate: DEFAULT_RATE,
+        }
+    }
 }
 
 /// Runs the demo; returns an error when any delivery did not arrive.
 pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()> {
-    let server = PgConnectOptions::from_str(&settings.database_url)?;
+    anyhow::ensure!(opts.records >= 3, "--records must be at least 3");
+    anyhow::ensure!(opts.rate >= 1, "--rate must be at least 1");
+    let (server_url, _cluster) = find_server(&settings.database_url).await?;
+    let server = PgConnectOptions::from_str(&server_url)?;
     let admin = sqlx::PgPool::connect_with(server.clone().database("postgres"))
         .await
-        .context("connecting to PostgreSQL (is it running? set DATABASE_URL)")?;
+        .context("connecting to PostgreSQL")?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {DEMO_DATABASE} WITH (FORCE)"
     )))
@@ -41,10 +78,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     .await?;
     admin.close().await;
     let url = {
-        let base = settings
-            .database_url
-            .rsplit_once('/')
-            .map_or("", |(b, _)| b);
+        let base = server_url.rsplit_once('/').map_or("", |(b, _)| b);
         format!("{base}/{DEMO_DATABASE}")
     };
     settings.database_url = url.clone();
@@ -52,32 +86,67 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     let pool = db::connect(&url, settings.db_max_connections).await?;
     db::migrate(&pool).await?;
 
-    let target = Target::start(0).await?;
-    println!("local target listening on {}", target.url());
+    let token = match std::env::var(KEY_VAR) {
+        Ok(k) if !k.trim().is_empty() => k.trim().to_owned(),
+        _ => {
+            let token = format!(
+                "{:016x}{:016x}",
+                rand::random::<u64>(),
+                rand::random::<u64>()
+            );
+            // SAFETY: set before the worker (the only other reader of the environment in
+            // this process) starts; nothing else reads or writes the environment meanwhile.
+            unsafe { std::env::set_var(KEY_VAR, &token) };
+            token
+        }
+    };
+    let mut workspace = WorkspaceConfig::new(WORKSPACE, &token);
+    workspace.custom_attributes = Some(
+        ["email_consent", "sms_consent"]
+            .map(String::from)
+            .into_iter()
+            .collect(),
+    );
+    let target = Target::start_with(TargetConfig {
+        workspaces: vec![workspace],
+        rate: opts.rate,
+        ..TargetConfig::default()
+    })
+    .await?;
+    println!(
+        "local User.com target: workspace {WORKSPACE:?} at {} ({} requests/s, fixed window)",
+        target.workspace_url(WORKSPACE),
+        opts.rate
+    );
+    let declared = opts.rate * 60;
     catalog::upsert_connection(
         &pool,
         &NewConnection {
-            name: "demo-shop".into(),
-            writer: "http_json".into(),
-            base_url: target.url(),
-            api_key_env: None,
+            name: "demo-usercom".into(),
+            writer: "usercom".into(),
+            base_url: target.workspace_url(WORKSPACE),
+            api_key_env: Some(KEY_VAR.into()),
             headers: Default::default(),
-            requests_per_minute: None,
-            max_in_flight: Some(16),
-            timeout_ms: None,
+            requests_per_minute: Some(declared as i32),
+            max_in_flight: Some(opts.rate.clamp(1, 16) as i32),
+            timeout_ms: Some(5_000),
             ..Default::default()
         },
     )
     .await?;
-    let rules = ["customers", "consents", "price_changes"];
-    for name in rules {
+    let rules = [
+        ("customers", "user_upsert"),
+        ("consents", "user_attributes"),
+        ("price_changes", "product_event"),
+    ];
+    for (name, operation) in rules {
         catalog::upsert_rule(
             &pool,
             &NewRule {
                 name: name.into(),
-                connection: "demo-shop".into(),
-                path: format!("{name}/"),
-                batch_size: Some(500),
+                connection: "demo-usercom".into(),
+                path: operation.into(),
+                batch_size: Some(50),
                 max_attempts: None,
                 backoff_base_ms: None,
                 backoff_max_ms: None,
@@ -87,47 +156,89 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         .await?;
     }
 
+    let counts = split(opts.records);
+    let customers = (0..counts[0])
+        .map(|k| {
+            NewDelivery::new(
+                format!("customer:{k}"),
+                serde_json::json!({
+                    "custom_id": format!("c{k}"),
+                    "email": format!("customer{k}@example.com"),
+                    "first_name": "Demo",
+                    "last_name": format!("Customer {k}"),
+                    "email_consent": k % 2 == 0,
+                    "unsubscribed": false,
+                }),
+            )
+        })
+        .collect();
+    let consents = (0..counts[1])
+        .map(|k| NewDelivery {
+            depends_on: Some(format!("customer:{k}")),
+            ..NewDelivery::new(
+                format!("consent:{k}"),
+                serde_json::json!({
+                    "custom_id": format!("c{k}"),
+                    "attributes": {"email_consent": true, "sms_consent": k % 3 == 0},
+                }),
+            )
+        })
+        .collect();
+    let prices = (0..counts[2])
+        .map(|k| {
+            NewDelivery::new(
+                format!("price:{k}"),
+                serde_json::json!({
+                    "product_custom_id": format!("sku-{k}"),
+                    "user_custom_id": "c0",
+                    "event_type": "view",
+                    "data": {"price": 10.0 + (k % 90) as f64, "currency": "EUR", "stock": k % 7},
+                }),
+            )
+        })
+        .collect();
     let started = Instant::now();
-    for (i, name) in rules.iter().enumerate() {
-        let n = opts.records / rules.len() + usize::from(i < opts.records % rules.len());
-        let batch = (0..n)
-            .map(|k| {
-                NewDelivery::new(
-                    format!("{name}:{k}"),
-                    serde_json::json!({"id": k, "kind": name, "seq": k}),
-                )
-            })
-            .collect();
-        enqueue::enqueue_many(&pool, name, batch).await?;
-    }
+    enqueue::enqueue_many(&pool, "customers", customers).await?;
+    enqueue::enqueue_many(&pool, "consents", consents).await?;
+    enqueue::enqueue_many(&pool, "price_changes", prices).await?;
     println!(
-        "enqueued {} deliveries over {} rules",
-        opts.records,
-        rules.len()
+        "enqueued {} deliveries: {} customers (user_upsert), {} consents (user_attributes, \
+         each after its customer), {} price changes (product_event); declared rate {declared}/min",
+        opts.records, counts[0], counts[1], counts[2]
     );
 
     let engine = Arc::new(Engine::new(pool.clone(), settings));
     worker::cancel_on_signal(engine.shutdown.clone());
     let handle = tokio::spawn(worker::run(engine.clone()));
 
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last = (Instant::now(), 0i64);
     loop {
         tick.tick().await;
         let row = sqlx::query!(
             r#"SELECT count(*) FILTER (WHERE status = 'pending') AS "pending!",
                       count(*) FILTER (WHERE status = 'delivered') AS "delivered!",
-                      count(*) FILTER (WHERE status IN ('rejected', 'exhausted')) AS "failed!"
+                      count(*) FILTER (WHERE status IN ('rejected', 'exhausted')) AS "failed!",
+                      (SELECT count(*) FROM runs WHERE status = 'waiting') AS "waiting!",
+                      (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled!"
                FROM deliveries"#
         )
         .fetch_one(&pool)
         .await?;
-        let secs = started.elapsed().as_secs_f64();
+        let now = Instant::now();
+        let rate = (row.delivered - last.1) as f64 / (now - last.0).as_secs_f64();
+        last = (now, row.delivered);
+        let met = target.counters().throttled;
         println!(
-            "[{secs:5.1}s] delivered {:>7}  pending {:>7}  failed {:>3}  rate {:>7.0}/s",
+            "[{:5.1}s] delivered {:>6}  pending {:>6}  failed {:>3}  runs waiting {:>2} throttled {:>2}  429s met {:>4}  rate {:>5.1}/s",
+            started.elapsed().as_secs_f64(),
             row.delivered,
             row.pending,
             row.failed,
-            row.delivered as f64 / secs
+            row.waiting,
+            row.throttled,
+            met,
+            rate
         );
         if row.pending == 0 || engine.shutdown.is_cancelled() {
             break;
@@ -137,33 +248,239 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     handle.await??;
 
     let elapsed = started.elapsed().as_secs_f64();
-    let counts = target.counters();
-    let delivered: i64 = sqlx::query_scalar!(
-        r#"SELECT count(*) AS "n!" FROM deliveries WHERE status = 'delivered'"#
+    let summary = sqlx::query!(
+        r#"SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered') AS "delivered!",
+                  (SELECT count(*) FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')) AS "failed!",
+                  (SELECT count(*) FROM ledger WHERE http_status = 429) AS "ledger_429s!",
+                  (SELECT count(*) FROM connection_blocks) AS "blocks!",
+                  (SELECT max(blocked_until) FROM connection_blocks) AS blocked_until,
+                  (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled_runs!""#
     )
     .fetch_one(&pool)
     .await?;
-    let failed: i64 = sqlx::query_scalar!(
-        r#"SELECT count(*) AS "n!" FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')"#
-    )
-    .fetch_one(&pool)
-    .await?;
+    let counters = target.counters();
+    let ws = counters
+        .workspaces
+        .get(WORKSPACE)
+        .cloned()
+        .unwrap_or_default();
+    let kinds = ["user:", "user_attributes:", "product_event:"];
+    let arrived: Vec<usize> = kinds
+        .iter()
+        .map(|p| ws.accepted.keys().filter(|k| k.starts_with(p)).count())
+        .collect();
     println!("\nsummary");
-    println!("  delivered          {delivered} of {}", opts.records);
-    println!("  failed outcomes    {failed}");
     println!(
-        "  target accepted    {} distinct records, {} duplicates",
-        counts.accepted_keys, counts.duplicates
+        "  delivered            {} of {} ({} customers, {} consents, {} price changes arrived)",
+        summary.delivered, opts.records, arrived[0], arrived[1], arrived[2]
     );
-    println!("  most calls at once {}", counts.max_in_flight);
     println!(
-        "  elapsed            {elapsed:.1}s ({:.0} deliveries/s)",
-        delivered as f64 / elapsed
+        "  failed outcomes      {} (ledger rows with 429: {}; a 429 is not an outcome)",
+        summary.failed, summary.ledger_429s
     );
+    println!(
+        "  duplicates           {} (accepted writes beyond the first per record key)",
+        ws.duplicates
+    );
+    println!(
+        "  429s met             {} of {} requests; connection blocks: {} row(s){}, throttled runs: {}",
+        ws.throttled,
+        ws.requests,
+        summary.blocks,
+        summary
+            .blocked_until
+            .map(|t| format!(" (last block until {})", t.format("%H:%M:%S%.3f")))
+            .unwrap_or_default(),
+        summary.throttled_runs
+    );
+    println!(
+        "  rate                 {:.1} deliveries/s achieved vs {} declared ({declared}/min); \
+         the target saw at most {} requests in any second, {} in any minute",
+        summary.delivered as f64 / elapsed,
+        opts.rate,
+        ws.peak_per_second,
+        ws.peak_per_minute
+    );
+    println!("  most calls at once   {}", counters.max_in_flight);
+    println!("  elapsed              {elapsed:.1}s");
     pool.close().await;
     anyhow::ensure!(
-        delivered as usize == opts.records && counts.accepted_keys == opts.records,
-        "not every record arrived"
+        summary.delivered as usize == opts.records
+            && summary.failed == 0
+            && arrived == counts
+            && ws.duplicates == 0,
+        "not every record arrived exactly once"
+    );
+    Ok(())
+}
+
+/// Splits `records` over the three rules (customers get the remainder, so every consent
+/// has its customer).
+fn split(records: usize) -> [usize; 3] {
+    let third = records / 3;
+    [records - 2 * third, third, third]
+}
+
+/// Finds a PostgreSQL server: the one at `database_url`, else a private throwaway cluster
+/// when the server binaries are installed. Returns the server's URL (database part kept)
+/// and the cluster, which is stopped and removed when dropped.
+async fn find_server(database_url: &str) -> anyhow::Result<(String, Option<Cluster>)> {
+    let opts = PgConnectOptions::from_str(database_url)
+        .with_context(|| format!("DATABASE_URL {} is not a URL", redact_url(database_url)))?;
+    let attempt = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        sqlx::PgConnection::connect_with(&opts.database("postgres")),
+    )
+    .await;
+    match attempt {
+        Ok(Ok(conn)) => {
+            conn.close().await.ok();
+            return Ok((database_url.to_owned(), None));
+        }
+        Ok(Err(sqlx::Error::Io(_))) | Err(_) => {}
+        Ok(Err(e)) => {
+            return Err(e).with_context(|| {
+                format!("connecting to PostgreSQL at {}", redact_url(database_url))
+            });
+        }
+    }
+    let Some(bin) = server_binaries() else {
+        anyhow::bail!(
+            "nothing answers at {} and PostgreSQL's server binaries are not installed; \
+             install PostgreSQL with:\n\n    {INSTALL_HINT}\n",
+            redact_url(database_url)
+        );
+    };
+    println!(
+        "nothing answers at {}; starting a private throwaway PostgreSQL cluster ({})",
+        redact_url(database_url),
+        bin.display()
+    );
+    let cluster = tokio::task::spawn_blocking(move || Cluster::start(&bin)).await??;
+    println!(
+        "private cluster in {} on 127.0.0.1:{} (stopped and removed on exit)",
+        cluster.dir.display(),
+        cluster.port
+    );
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port);
+    Ok((url, Some(cluster)))
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin` holding `initdb` and `pg_ctl`.
+fn server_binaries() -> Option<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            (bin.join("initdb").is_file() && bin.join("pg_ctl").is_file()).then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin)
+}
+
+/// A throwaway PostgreSQL cluster in a temporary directory, stopped and removed on drop.
+struct Cluster {
+    /// `pg_ctl` of the installation that created it.
+    pg_ctl: PathBuf,
+    /// The data directory (also the unix socket directory), removed on drop.
+    dir: PathBuf,
+    /// The loopback port it listens on.
+    port: u16,
+    /// Whether its commands run as the `postgres` user (PostgreSQL refuses to run as root).
+    as_postgres: bool,
+}
+
+impl Cluster {
+    fn start(bin: &Path) -> anyhow::Result<Self> {
+        let as_postgres = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let dir = std::env::temp_dir().join(format!(
+            "courier-demo-pg-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let cluster = Self {
+            pg_ctl: bin.join("pg_ctl"),
+            dir: dir.clone(),
+            port,
+            as_postgres,
+        };
+        if as_postgres {
+            run_command(Command::new("chown").arg("postgres").arg(&dir))?;
+        }
+        let data = dir.join("data");
+        run_command(
+            cluster
+                .command(&bin.join("initdb"))
+                .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "-D"])
+                .arg(&data),
+        )?;
+        run_command(
+            cluster
+                .command(&cluster.pg_ctl)
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(dir.join("log"))
+                .arg("-o")
+                .arg(format!(
+                    "-p {port} -c listen_addresses=127.0.0.1 -k {}",
+                    dir.display()
+                ))
+                .args(["-w", "start"]),
+        )?;
+        Ok(cluster)
+    }
+
+    fn command(&self, program: &Path) -> Command {
+        if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let stopped = self
+            .command(&self.pg_ctl)
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "fast", "-w", "stop"])
+            .output();
+        if let Err(e) = stopped {
+            eprintln!("courier demo: stopping the private cluster failed: {e}");
+        }
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => println!("private cluster stopped and {} removed", self.dir.display()),
+            Err(e) => eprintln!("courier demo: could not remove {}: {e}", self.dir.display()),
+        }
+    }
+}
+
+/// Runs a command, failing with its output when it fails.
+fn run_command(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{:?} failed: {}{}",
+        cmd.get_program(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
 }

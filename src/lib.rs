@@ -16,7 +16,7 @@
 //! - [`db`]: connecting, creating the database, applying courier's and apalis' migrations.
 //! - [`catalog`]: connections and rules (tables `connections`, `rules`).
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
-//! - [`writer`]: the `Writer` trait, its typed errors and the HTTP JSON writer.
+//! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON and User.com writers.
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
 //! - [`pacer`]: the request budget per connection or budget key (table `budgets`), fair
 //!   between rules, shared across processes.
@@ -28,7 +28,7 @@
 //! - [`dispatch`]: the dispatcher loop.
 //! - [`worker`]: the worker process: dispatcher, reaper, apalis workers, shutdown.
 //! - [`status`]: the `courier status` report.
-//! - [`target`]: a local HTTP target for the demo, tests and benchmarks.
+//! - [`target`]: a local User.com-like HTTP target for the demo, tests and benchmarks.
 //! - [`demo`]: `courier demo`, the end-to-end showcase.
 
 pub mod breaker;

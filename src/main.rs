@@ -9,6 +9,7 @@ use courier::{
     catalog::{self, CatalogFile, NewConnection, NewRule},
     config::Settings,
     db, demo, enqueue, status,
+    target::{self, WorkspaceConfig},
     worker::{self, Engine},
 };
 
@@ -52,18 +53,53 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the end-to-end demo on a fresh `courier_demo` database with a local target.
+    /// Run the end-to-end demo on a fresh `courier_demo` database with a local User.com target.
     Demo {
-        /// Deliveries to enqueue.
-        #[arg(long, default_value_t = 20_000)]
+        /// Deliveries to enqueue (customers, consents and price changes).
+        #[arg(long, default_value_t = demo::DEFAULT_RECORDS)]
         records: usize,
+        /// The target workspace's limit in requests per second (declared as 60x per minute).
+        #[arg(long, default_value_t = demo::DEFAULT_RATE)]
+        rate: u32,
     },
-    /// Run the local HTTP target until Ctrl-C.
-    Target {
-        /// Port on 127.0.0.1 (0 picks a free one).
-        #[arg(long, default_value_t = 0)]
-        port: u16,
-    },
+    /// Run the local User.com-like HTTP target until Ctrl-C.
+    Target(TargetArgs),
+}
+
+/// Options of `courier target`.
+#[derive(clap::Args)]
+struct TargetArgs {
+    /// Port (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: std::net::IpAddr,
+    /// A workspace, `NAME:TOKEN` or `NAME:TOKEN:attr,attr` to declare its custom
+    /// attributes (repeatable). Reach it at /ws/NAME/api/public/ or with Host NAME.<anything>.
+    #[arg(long = "workspace", value_parser = WorkspaceConfig::parse)]
+    workspaces: Vec<WorkspaceConfig>,
+    /// Requests per second each workspace allows.
+    #[arg(long, default_value_t = target::DEFAULT_RATE)]
+    rate: u32,
+    /// Limiter window: fixed (1 s) or sliding (log).
+    #[arg(long, default_value = "fixed")]
+    window: target::Window,
+    /// What a 429 carries: seconds, http-date or none.
+    #[arg(long, default_value = "seconds")]
+    retry_after: target::RetryAfterMode,
+    /// Share (0..1) of requests answered 500, 502 or 504.
+    #[arg(long, default_value_t = 0.0)]
+    fault_5xx: f64,
+    /// Extra latency per request, uniform in MIN..MAX milliseconds.
+    #[arg(long, value_parser = target::parse_latency_ms)]
+    latency_ms: Option<(std::time::Duration, std::time::Duration)>,
+    /// Share (0..1) of requests that hang past any client timeout.
+    #[arg(long, default_value_t = 0.0)]
+    hang: f64,
+    /// Share (0..1) of requests whose connection is closed without an answer.
+    #[arg(long, default_value_t = 0.0)]
+    reset: f64,
 }
 
 #[derive(Subcommand)]
@@ -337,12 +373,43 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                 print!("{}", report.render());
             }
         }
-        Command::Demo { records } => {
-            demo::run(settings, demo::DemoOptions { records }).await?;
+        Command::Demo { records, rate } => {
+            demo::run(settings, demo::DemoOptions { records, rate }).await?;
         }
-        Command::Target { port } => {
-            let target = courier::target::Target::start(port).await?;
+        Command::Target(args) => {
+            for (name, share) in [
+                ("--fault-5xx", args.fault_5xx),
+                ("--hang", args.hang),
+                ("--reset", args.reset),
+            ] {
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&share),
+                    "{name} must be between 0 and 1"
+                );
+            }
+            let names: Vec<String> = args.workspaces.iter().map(|w| w.name.clone()).collect();
+            let config = target::TargetConfig {
+                bind: args.bind,
+                port: args.port,
+                workspaces: args.workspaces,
+                rate: args.rate.max(1),
+                window: args.window,
+                retry_after: args.retry_after,
+                faults: target::Faults {
+                    share_5xx: args.fault_5xx,
+                    latency: args.latency_ms,
+                    hang_share: args.hang,
+                    reset_share: args.reset,
+                    ..target::Faults::default()
+                },
+                ..target::TargetConfig::default()
+            };
+            let target = target::Target::start_with(config).await?;
             println!("courier target listening on {}", target.url());
+            for name in names {
+                println!("  workspace {name}: {}", target.workspace_url(&name));
+            }
+            println!("  counters: {}_counters", target.url());
             tokio::signal::ctrl_c().await?;
         }
     }

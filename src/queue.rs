@@ -1,9 +1,12 @@
 //! apalis wiring: the chain queue's name, its job payload, pushing a job inside the caller's
 //! transaction, and re-scheduling a running job for later without counting a failure.
 
-use std::time::SystemTime;
+use std::{
+    task::{Context, Poll},
+    time::{Duration, SystemTime},
+};
 
-use apalis::prelude::TaskBuilder;
+use apalis::prelude::{PollSnapshot, PollStrategy, TaskBuilder};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgExecutor};
@@ -73,4 +76,35 @@ pub async fn reschedule(
     .await?
     .rows_affected();
     Ok(n == 1)
+}
+
+/// Wakes the queue's fetcher every `period`, so jobs scheduled for later (a chain waiting
+/// out a block) are fetched when due: PostgreSQL's notify trigger only announces jobs due
+/// at insert time. apalis-core 1.0's own `IntervalStrategy` fires once and then never
+/// re-arms its timer (it returns `Ready` with a fresh, never-polled delay), so scheduled
+/// jobs waited for the 30 s worker heartbeat; this one re-arms every time.
+pub struct Tick(tokio::time::Interval);
+
+impl Tick {
+    /// A tick every `period`; missed ticks are not made up in a burst.
+    pub fn every(period: Duration) -> Self {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self(interval)
+    }
+}
+
+impl PollStrategy for Tick {
+    fn poll_drive(&mut self, cx: &mut Context<'_>, _: &PollSnapshot) -> Poll<Option<()>> {
+        let mut fired = false;
+        // Drain ready ticks until the timer is pending again, which registers the waker.
+        while self.0.poll_tick(cx).is_ready() {
+            fired = true;
+        }
+        if fired {
+            Poll::Ready(Some(()))
+        } else {
+            Poll::Pending
+        }
+    }
 }

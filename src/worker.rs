@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use apalis::prelude::{
-    BackendExt, BoxDynError, Data, Monitor, Strategy, TaskId, WorkerBuilder, WorkerBuilderExt,
+    BackendExt, BoxDynError, Data, Monitor, TaskId, WorkerBuilder, WorkerBuilderExt,
 };
 use apalis_postgres::{Config, PostgresStorage};
 use sqlx::PgPool;
@@ -17,7 +17,7 @@ use crate::{
     config::Settings,
     dispatch::{Dispatcher, Reaper},
     pacer::Pacer,
-    queue::{CHAIN_QUEUE, ChainJob},
+    queue::{CHAIN_QUEUE, ChainJob, Tick},
 };
 
 /// What every part of a worker process shares.
@@ -124,7 +124,7 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
             let storage = PostgresStorage::<serde_json::Value>::new(&e.pool)
                 .with_config(config)
                 .with_pubsub()
-                .poll_with_strategy(Strategy::new().interval(e.settings.queue_poll));
+                .poll_with_strategy(Tick::every(e.settings.queue_poll));
             WorkerBuilder::new(e.worker_name.clone())
                 .backend(storage)
                 .data(e.clone())

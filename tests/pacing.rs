@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use chrono::Duration as Span;
 use common::*;
@@ -251,19 +251,25 @@ async fn a_short_wait_goes_through_the_real_queue_and_resumes_the_same_run() {
     })
     .await;
     target.respond_with(200, None);
-    eventually("all delivered by the same run", || {
-        let pool = pool.clone();
-        async move {
-            let (delivered, runs, status): (i64, i64, String) = sqlx::query_as(
-                "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
+    // A 1 s block, a 100 ms queue poll: the run resumes within seconds, not at the 30 s
+    // worker heartbeat (what apalis' own interval strategy would give).
+    within(
+        Duration::from_secs(10),
+        "all delivered by the same run",
+        || {
+            let pool = pool.clone();
+            async move {
+                let (delivered, runs, status): (i64, i64, String) = sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
                         (SELECT count(*) FROM runs), (SELECT max(status) FROM runs)",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            delivered == 3 && runs == 1 && status == "completed"
-        }
-    })
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                delivered == 3 && runs == 1 && status == "completed"
+            }
+        },
+    )
     .await;
     let attempts: Vec<i32> = sqlx::query_scalar("SELECT attempts FROM deliveries ORDER BY id")
         .fetch_all(&db.pool)

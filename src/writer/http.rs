@@ -16,8 +16,14 @@ use crate::catalog::Connection;
 /// Longest response body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 300;
 
+/// Vendor headers the generic writer reads a 429's wait from when `Retry-After` is absent:
+/// the IETF draft's `RateLimit-Reset` (delta seconds).
+pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
+
 /// POSTs each payload as JSON to the connection's base URL joined with the rule's path.
 pub struct HttpJsonWriter {
+    /// The connection's name: log lines about its credentials name it.
+    connection: String,
     /// Shared client: one connection pool per process.
     client: reqwest::Client,
     /// Base URL, ending in `/` so rule paths join under it.
@@ -69,6 +75,7 @@ impl HttpJsonWriter {
             base_url.push('/');
         }
         Ok(Self {
+            connection: conn.name.clone(),
             client: client.clone(),
             base_url,
             headers,
@@ -103,7 +110,7 @@ impl Writer for HttpJsonWriter {
                 .send()
                 .await;
             match response {
-                Ok(r) => classify_response(r, &[]).await,
+                Ok(r) => classify_response(r, RESET_HEADERS, &self.connection).await,
                 Err(e) => Err(classify_transport(e)),
             }
         }
@@ -112,10 +119,13 @@ impl Writer for HttpJsonWriter {
 }
 
 /// Maps a response to an outcome. `reset_headers` names vendor headers (e.g.
-/// `x-sib-ratelimit-reset`) that give a 429's wait in seconds when `Retry-After` is absent.
+/// `x-sib-ratelimit-reset`) that give a 429's wait in seconds when `Retry-After` is absent;
+/// each writer names its own in a constant. `connection` is the connection's name, for the
+/// warning a refused credential (401, 403) logs; the key itself is never logged.
 pub async fn classify_response(
     response: reqwest::Response,
     reset_headers: &[&str],
+    connection: &str,
 ) -> Result<Receipt, WriteError> {
     let status = response.status().as_u16();
     if response.status().is_success() {
@@ -131,7 +141,11 @@ pub async fn classify_response(
     let message = snippet(&body);
     if (400..500).contains(&status) {
         if matches!(status, 401 | 403) {
-            tracing::warn!(status, "target refused the credentials of this connection");
+            tracing::warn!(
+                connection,
+                status,
+                "target refused the credentials of this connection: check its API key variable"
+            );
         }
         Err(WriteError::Permanent {
             status: Some(status),
@@ -270,6 +284,48 @@ mod tests {
             if let Some(d) = parse_retry_after(&raw, SystemTime::now()) {
                 proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
             }
+        }
+
+        #[test]
+        fn negative_numbers_name_no_wait(n in 1u64..u64::MAX) {
+            proptest::prop_assert_eq!(parse_retry_after(&format!("-{n}"), SystemTime::now()), None);
+        }
+
+        #[test]
+        fn huge_numbers_are_capped(digits in "[1-9][0-9]{5,60}(\\.[0-9]{0,5})?") {
+            // At least 100,000 seconds: always above the cap, so exactly the cap.
+            let d = parse_retry_after(&digits, SystemTime::now());
+            proptest::prop_assert_eq!(d, Some(MAX_RATE_LIMIT_WAIT));
+        }
+
+        #[test]
+        fn any_http_date_is_capped(at in 0u64..253_402_300_799, now in 0u64..4_102_444_800) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now);
+            let date = httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_secs(at));
+            let d = parse_retry_after(&date, now).expect("a valid HTTP-date");
+            proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
+        }
+
+        #[test]
+        fn raw_header_bytes_never_panic_nor_exceed_a_day(
+            retry in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..48)),
+            reset in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..48)),
+        ) {
+            let mut h = HeaderMap::new();
+            // Bytes a header value cannot hold (controls) are refused by `from_bytes`; every
+            // other byte, including non-ASCII ones, reaches the parser.
+            if let Some(v) = retry.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
+                h.insert("retry-after", v);
+            }
+            if let Some(v) = reset.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
+                h.insert("x-sib-ratelimit-reset", v);
+            }
+            let (wait, raw) = rate_limit_wait(&h, &["x-sib-ratelimit-reset"], SystemTime::now());
+            if let Some(d) = wait {
+                proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
+                proptest::prop_assert!(raw.is_some());
+            }
+            proptest::prop_assert_eq!(raw.is_some(), !h.is_empty());
         }
 
         #[test]

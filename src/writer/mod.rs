@@ -3,9 +3,10 @@
 //! [`WriteError`] that says whether to retry and whether the target proved reachable.
 //!
 //! One file per target: [`http`] is the generic HTTP JSON writer and holds the response
-//! mapping every HTTP writer shares.
+//! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace.
 
 pub mod http;
+pub mod usercom;
 
 use std::{sync::Arc, time::Duration};
 
@@ -142,6 +143,7 @@ pub fn build(
     };
     match conn.writer.as_str() {
         "http_json" => Ok(Arc::new(http::HttpJsonWriter::new(conn, client, key)?)),
+        "usercom" => Ok(Arc::new(usercom::UserComWriter::new(conn, client, key)?)),
         other => Err(WriterConfigError::Invalid {
             connection: conn.name.clone(),
             reason: format!("unknown writer {other:?}"),

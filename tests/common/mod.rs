@@ -170,12 +170,22 @@ pub async fn ledger(pool: &PgPool, id: i64) -> Vec<(String, i32)> {
 }
 
 /// Polls `cond` every 50 ms until it holds (up to 60 s); for tests that run a real worker.
-pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+pub async fn eventually<F, Fut>(what: &str, cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    within(std::time::Duration::from_secs(60), what, cond).await
+}
+
+/// Polls `cond` every 50 ms until it holds, failing after `limit`: for a bound that is part
+/// of the behaviour (a wait must end when its block lapses, not at some later heartbeat).
+pub async fn within<F, Fut>(limit: std::time::Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + limit;
     while std::time::Instant::now() < deadline {
         if cond().await {
             return;

@@ -1,0 +1,726 @@
+//! `courier target`: a local HTTP server that behaves like User.com, for the demo, the
+//! tests and benchmarks. It binds to loopback by default.
+//!
+//! - **Workspaces** are told apart by the Host subdomain (`shop.localhost` serves
+//!   `/api/public/...` of workspace `shop`) or by a path prefix (`/ws/shop/api/public/...`).
+//!   Each checks `Authorization: Token <token>` (401 with a DRF `{"detail": ...}` body),
+//!   has its own rate limiter ([`limiter`], default 10 requests/s, fixed or sliding window)
+//!   answering 429 with `retry-after` in whole seconds rounded up (or an HTTP-date, or no
+//!   header), and keeps the state of the User.com endpoints ([`usercom`]).
+//! - Any other path keeps the generic behaviour the `http_json` writer's tests rely on: a
+//!   JSON POST is accepted and counted per `Idempotency-Key`.
+//! - **Faults** on demand, for every path: a share of 500/502/504, a uniform latency
+//!   range, hangs past the client's timeout, connection resets (the connection is closed
+//!   without an answer). [`Target::respond_with`] forces one status for every request.
+//! - **Counters** at `GET /_counters` and `GET /ws/<name>/_counters` (JSON).
+//!
+//! # Layout
+//! - this file: configuration, the server (a hyper accept loop around an axum router, so
+//!   a handler can ask for its connection to be dropped), routing, faults, counters.
+//! - [`limiter`]: the rate limiter and the peak meter, with time as a parameter.
+//! - [`usercom`]: one workspace: its endpoints and their state.
+
+pub mod limiter;
+pub mod usercom;
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use axum::{
+    Json, Router,
+    extract::State,
+    http::{HeaderMap, Method, StatusCode},
+    response::{IntoResponse, Response},
+};
+use hyper_util::rt::TokioIo;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+pub use limiter::{Limiter, PeakMeter, Window};
+pub use usercom::{Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
+
+/// Requests per period a workspace allows unless configured: User.com's 10 per second.
+pub const DEFAULT_RATE: u32 = 10;
+/// The limiter's period.
+pub const DEFAULT_PERIOD: Duration = Duration::from_secs(1);
+/// How long a hanging request hangs unless configured: past any sane client timeout.
+pub const DEFAULT_HANG: Duration = Duration::from_secs(120);
+/// Requests kept in the log [`Target::requests`] returns (the oldest are dropped).
+pub const REQUEST_LOG_LIMIT: usize = 10_000;
+
+/// What a 429 says about when to come back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryAfterMode {
+    /// `retry-after: N`, whole seconds rounded up (User.com, DRF).
+    #[default]
+    Seconds,
+    /// `retry-after: <HTTP-date>` of the moment the limiter admits again (rounded up).
+    HttpDate,
+    /// No header at all.
+    None,
+}
+
+impl std::str::FromStr for RetryAfterMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "seconds" => Ok(Self::Seconds),
+            "http-date" => Ok(Self::HttpDate),
+            "none" => Ok(Self::None),
+            other => Err(format!(
+                "retry-after must be seconds, http-date or none, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// Faults injected on demand. Shares are probabilities from 0 to 1, drawn per request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Faults {
+    /// Share of requests answered 500, 502 or 504 (picked evenly).
+    pub share_5xx: f64,
+    /// Extra latency per request, uniform between the two bounds.
+    pub latency: Option<(Duration, Duration)>,
+    /// Share of requests that hang for [`Faults::hang_for`] before being handled.
+    pub hang_share: f64,
+    /// How long a hanging request hangs.
+    pub hang_for: Duration,
+    /// Share of requests whose connection is closed without an answer.
+    pub reset_share: f64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            share_5xx: 0.0,
+            latency: None,
+            hang_share: 0.0,
+            hang_for: DEFAULT_HANG,
+            reset_share: 0.0,
+        }
+    }
+}
+
+/// Parses a latency range `MIN..MAX` in milliseconds (or a single `N`).
+pub fn parse_latency_ms(s: &str) -> Result<(Duration, Duration), String> {
+    let (lo, hi) = s.split_once("..").unwrap_or((s, s));
+    let ms = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| format!("latency must be MIN..MAX in milliseconds, not {s:?}"))
+    };
+    let (lo, hi) = (ms(lo)?, ms(hi)?);
+    if lo > hi {
+        return Err(format!("latency {s:?}: MIN is above MAX"));
+    }
+    Ok((lo, hi))
+}
+
+/// How a target is set up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TargetConfig {
+    /// Address to bind: loopback unless told otherwise.
+    pub bind: IpAddr,
+    /// Port (0 picks a free one).
+    pub port: u16,
+    /// The User.com workspaces it serves.
+    pub workspaces: Vec<WorkspaceConfig>,
+    /// Requests per period each workspace allows.
+    pub rate: u32,
+    /// The limiter's period.
+    pub period: Duration,
+    /// The limiter's window kind.
+    pub window: Window,
+    /// What a 429 says about when to come back.
+    pub retry_after: RetryAfterMode,
+    /// Faults injected from the start.
+    pub faults: Faults,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        Self {
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            workspaces: Vec::new(),
+            rate: DEFAULT_RATE,
+            period: DEFAULT_PERIOD,
+            window: Window::Fixed,
+            retry_after: RetryAfterMode::Seconds,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// One request as the target received it (for tests to assert on).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRequest {
+    /// The workspace it addressed, if any.
+    pub workspace: Option<String>,
+    /// HTTP method.
+    pub method: String,
+    /// Path as received (still percent-encoded).
+    pub path: String,
+    /// Headers, names lowercased (the target's tokens are fake, so they are kept).
+    pub headers: BTreeMap<String, String>,
+    /// The body, parsed when it is JSON, else as a string.
+    pub body: serde_json::Value,
+}
+
+/// Shared state of a running target.
+pub struct TargetState {
+    /// Status code every request is answered with (0 means: handle normally).
+    status: AtomicU16,
+    /// `retry-after` value sent with a forced 429 (empty: no header).
+    retry_after: Mutex<String>,
+    /// Latency added to every answer, in milliseconds.
+    latency_ms: AtomicU64,
+    /// Requests received.
+    requests: AtomicU64,
+    /// Requests in progress.
+    in_flight: AtomicUsize,
+    /// The most requests in progress at once.
+    max_in_flight: AtomicUsize,
+    /// Accepted (2xx) writes per key: `Idempotency-Key` on generic paths, record keys of
+    /// the workspaces' endpoints.
+    accepted: Mutex<HashMap<String, u32>>,
+    /// Requests per path.
+    paths: Mutex<HashMap<String, u64>>,
+    /// Faults in force.
+    faults: Mutex<Faults>,
+    /// Workspaces, peaks and the request log, behind one lock (held only briefly).
+    inner: Mutex<Inner>,
+    /// What workspace 429s say about when to come back.
+    retry_after_mode: Mutex<RetryAfterMode>,
+}
+
+/// The parts of the state changed together.
+struct Inner {
+    /// Workspaces by name.
+    workspaces: BTreeMap<String, usercom::Workspace>,
+    /// Peak rates over every request.
+    peaks: PeakMeter,
+    /// 429s answered (forced or by a limiter).
+    throttled: u64,
+    /// Faults injected.
+    faults: u64,
+    /// The most recent requests.
+    log: VecDeque<RecordedRequest>,
+}
+
+/// What `GET /_counters` reports.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counters {
+    /// Requests received.
+    pub requests: u64,
+    /// Most requests in progress at once.
+    pub max_in_flight: usize,
+    /// Distinct keys accepted.
+    pub accepted_keys: usize,
+    /// Accepted writes beyond the first per key.
+    pub duplicates: u64,
+    /// Requests per path.
+    pub paths: HashMap<String, u64>,
+    /// 429s answered.
+    pub throttled: u64,
+    /// Faults injected (5xx, resets, hangs).
+    pub faults: u64,
+    /// Most requests seen in any sliding second.
+    pub peak_per_second: u64,
+    /// Most requests seen in any sliding minute.
+    pub peak_per_minute: u64,
+    /// Per workspace.
+    pub workspaces: BTreeMap<String, WorkspaceCounters>,
+}
+
+/// Set on a response to make the server close the connection instead of answering.
+#[derive(Clone, Copy, Debug)]
+struct DropConnection;
+
+/// A target listening on a loopback port.
+#[derive(Clone)]
+pub struct Target {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its state, shared with the server task.
+    pub state: Arc<TargetState>,
+}
+
+impl Target {
+    /// Starts a target with no workspaces on `127.0.0.1:port` (0 picks a free port).
+    pub async fn start(port: u16) -> std::io::Result<Self> {
+        Self::start_with(TargetConfig {
+            port,
+            ..TargetConfig::default()
+        })
+        .await
+    }
+
+    /// Starts a target as configured.
+    pub async fn start_with(config: TargetConfig) -> std::io::Result<Self> {
+        let listener = TcpListener::bind((config.bind, config.port)).await?;
+        let addr = listener.local_addr()?;
+        let workspaces = config
+            .workspaces
+            .iter()
+            .map(|w| {
+                let limiter = Limiter::new(config.rate, config.period, config.window);
+                (w.name.clone(), usercom::Workspace::new(w.clone(), limiter))
+            })
+            .collect();
+        let state = Arc::new(TargetState {
+            status: AtomicU16::new(0),
+            retry_after: Mutex::new(String::new()),
+            latency_ms: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            accepted: Mutex::new(HashMap::new()),
+            paths: Mutex::new(HashMap::new()),
+            faults: Mutex::new(config.faults.clone()),
+            inner: Mutex::new(Inner {
+                workspaces,
+                peaks: PeakMeter::default(),
+                throttled: 0,
+                faults: 0,
+                log: VecDeque::new(),
+            }),
+            retry_after_mode: Mutex::new(config.retry_after),
+        });
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        tokio::spawn(serve(listener, app));
+        Ok(Self { addr, state })
+    }
+
+    /// The base URL to give an `http_json` connection.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// The User.com base URL of workspace `name` (path-prefix form).
+    pub fn workspace_url(&self, name: &str) -> String {
+        format!("http://{}/ws/{name}/api/public/", self.addr)
+    }
+
+    /// Answers every following request with `status` (429s carry `retry_after` if given);
+    /// 0 or 200 goes back to normal handling.
+    pub fn respond_with(&self, status: u16, retry_after: Option<&str>) {
+        let status = if status == 200 { 0 } else { status };
+        self.state.status.store(status, Ordering::SeqCst);
+        *lock(&self.state.retry_after) = retry_after.unwrap_or_default().to_owned();
+    }
+
+    /// Adds `latency` before every answer.
+    pub fn set_latency(&self, latency: Duration) {
+        self.state
+            .latency_ms
+            .store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Replaces the faults in force.
+    pub fn set_faults(&self, faults: Faults) {
+        *lock(&self.state.faults) = faults;
+    }
+
+    /// Changes what workspace 429s say about when to come back.
+    pub fn set_retry_after(&self, mode: RetryAfterMode) {
+        *lock(&self.state.retry_after_mode) = mode;
+    }
+
+    /// A snapshot of the counters.
+    pub fn counters(&self) -> Counters {
+        snapshot(&self.state)
+    }
+
+    /// How many times the write with this key was accepted: an `Idempotency-Key` on a
+    /// generic path, or a workspace record key such as `user:<custom_id>` or
+    /// `event:<delivery id>`.
+    pub fn accepted(&self, key: &str) -> u32 {
+        lock(&self.state.accepted).get(key).copied().unwrap_or(0)
+    }
+
+    /// The most recent requests received, oldest first.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.state.inner).log.iter().cloned().collect()
+    }
+
+    /// What workspace `name` stored so far.
+    pub fn workspace_data(&self, name: &str) -> Option<WorkspaceData> {
+        lock(&self.state.inner)
+            .workspaces
+            .get(name)
+            .map(|w| w.data.clone())
+    }
+}
+
+/// Locks a mutex, recovering from a poisoned one (a panicking handler must not stop the
+/// target's counters).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Accepts connections and serves each with hyper, so that a response marked
+/// [`DropConnection`] closes the connection without an answer.
+async fn serve(listener: TcpListener, app: Router) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: pause instead of spinning.
+                tracing::warn!(error = %e, "target: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let mut app = app.clone();
+                async move {
+                    let response = match tower::Service::call(&mut app, req).await {
+                        Ok(r) => r,
+                        Err(never) => match never {},
+                    };
+                    if response.extensions().get::<DropConnection>().is_some() {
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionReset,
+                            "injected connection reset",
+                        ))
+                    } else {
+                        Ok(response)
+                    }
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn snapshot(s: &TargetState) -> Counters {
+    let (accepted_keys, duplicates) = {
+        let accepted = lock(&s.accepted);
+        (
+            accepted.len(),
+            accepted
+                .values()
+                .map(|&n| u64::from(n.saturating_sub(1)))
+                .sum(),
+        )
+    };
+    let inner = lock(&s.inner);
+    Counters {
+        requests: s.requests.load(Ordering::SeqCst),
+        max_in_flight: s.max_in_flight.load(Ordering::SeqCst),
+        accepted_keys,
+        duplicates,
+        paths: lock(&s.paths).clone(),
+        throttled: inner.throttled,
+        faults: inner.faults,
+        peak_per_second: inner.peaks.per_second,
+        peak_per_minute: inner.peaks.per_minute,
+        workspaces: inner
+            .workspaces
+            .iter()
+            .map(|(n, w)| (n.clone(), w.snapshot()))
+            .collect(),
+    }
+}
+
+/// Counts a request in flight until dropped (also when the client gives up and the
+/// handler is cancelled).
+struct InFlight<'a>(&'a TargetState);
+
+impl<'a> InFlight<'a> {
+    fn enter(s: &'a TargetState) -> Self {
+        let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self(s)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Where a request goes.
+enum Route {
+    /// Counters of the whole target or of one workspace.
+    Counters(Option<String>),
+    /// A workspace's API: its name and the path after `api/public/`.
+    Workspace(String, String),
+    /// `/ws/<name>/...` naming no workspace.
+    UnknownWorkspace,
+    /// Anything else: the generic JSON sink.
+    Generic,
+}
+
+fn route(inner: &Inner, path: &str, host: Option<&str>) -> Route {
+    if path == "/_counters" {
+        return Route::Counters(None);
+    }
+    if let Some(rest) = path.strip_prefix("/ws/") {
+        let (name, rest) = rest.split_once('/').unwrap_or((rest, ""));
+        if !inner.workspaces.contains_key(name) {
+            return Route::UnknownWorkspace;
+        }
+        if rest == "_counters" {
+            return Route::Counters(Some(name.to_owned()));
+        }
+        return match rest.strip_prefix("api/public/") {
+            Some(api) => Route::Workspace(name.to_owned(), api.to_owned()),
+            None => Route::Workspace(name.to_owned(), format!("/{rest}")),
+        };
+    }
+    let subdomain = host
+        .and_then(|h| h.split_once('.'))
+        .map(|(first, _)| first)
+        .filter(|name| inner.workspaces.contains_key(*name));
+    match (subdomain, path.strip_prefix("/api/public/")) {
+        (Some(name), Some(api)) => Route::Workspace(name.to_owned(), api.to_owned()),
+        _ => Route::Generic,
+    }
+}
+
+fn json_reply(status: u16, body: serde_json::Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(body)).into_response()
+}
+
+/// The DRF throttle message.
+fn throttled_detail(secs: u64) -> serde_json::Value {
+    let unit = if secs == 1 { "second" } else { "seconds" };
+    serde_json::json!({
+        "detail": format!("Request was throttled. Expected available in {secs} {unit}.")
+    })
+}
+
+/// A 429 for a wait of `wait`, in the given mode.
+fn throttled_response(wait: Duration, mode: RetryAfterMode) -> Response {
+    let secs = limiter::whole_seconds_up(wait);
+    let body = Json(throttled_detail(secs));
+    let header = match mode {
+        RetryAfterMode::Seconds => Some(secs.to_string()),
+        RetryAfterMode::HttpDate => {
+            // The first whole second at or after the moment the limiter admits again, so
+            // a client never computes a shorter wait than the real one.
+            let at = SystemTime::now() + wait;
+            let since = at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            let up = Duration::from_secs(since.as_secs() + u64::from(since.subsec_nanos() > 0));
+            Some(httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + up))
+        }
+        RetryAfterMode::None => None,
+    };
+    match header {
+        Some(v) => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", v)], body).into_response(),
+        None => (StatusCode::TOO_MANY_REQUESTS, body).into_response(),
+    }
+}
+
+async fn handle(
+    State(s): State<Arc<TargetState>>,
+    method: Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok());
+    let path = uri.path().to_owned();
+    let route = route(&lock(&s.inner), &path, host);
+    if let Route::Counters(name) = &route {
+        let counters = snapshot(&s);
+        return match name {
+            None => Json(counters).into_response(),
+            Some(n) => {
+                Json(counters.workspaces.get(n).cloned().unwrap_or_default()).into_response()
+            }
+        };
+    }
+
+    s.requests.fetch_add(1, Ordering::SeqCst);
+    let _in_flight = InFlight::enter(&s);
+    *lock(&s.paths).entry(path.clone()).or_default() += 1;
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
+    let workspace = match &route {
+        Route::Workspace(name, _) => Some(name.clone()),
+        _ => None,
+    };
+    {
+        let now = Instant::now();
+        let mut inner = lock(&s.inner);
+        inner.peaks.record(now);
+        if let Some(w) = workspace.as_ref().and_then(|n| inner.workspaces.get_mut(n)) {
+            w.peaks.record(now);
+            w.counters.requests += 1;
+        }
+        if inner.log.len() >= REQUEST_LOG_LIMIT {
+            inner.log.pop_front();
+        }
+        inner.log.push_back(RecordedRequest {
+            workspace: workspace.clone(),
+            method: method.to_string(),
+            path: path.clone(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+            body: parsed
+                .clone()
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned().into()),
+        });
+    }
+
+    // Latency, then faults, then a forced status: what a proxy in front of the app does.
+    let faults = lock(&s.faults).clone();
+    let mut delay = Duration::from_millis(s.latency_ms.load(Ordering::SeqCst));
+    if let Some((lo, hi)) = faults.latency {
+        delay += if hi > lo {
+            rand::rng().random_range(lo..=hi)
+        } else {
+            lo
+        };
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let fault = |s: &TargetState| {
+        let mut inner = lock(&s.inner);
+        inner.faults += 1;
+        if let Some(w) = workspace.as_ref().and_then(|n| inner.workspaces.get_mut(n)) {
+            w.counters.faults += 1;
+        }
+    };
+    let draw = |share: f64| share > 0.0 && rand::rng().random_bool(share.clamp(0.0, 1.0));
+    if draw(faults.reset_share) {
+        fault(&s);
+        let mut r = StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        r.extensions_mut().insert(DropConnection);
+        return r;
+    }
+    if draw(faults.hang_share) {
+        fault(&s);
+        tokio::time::sleep(faults.hang_for).await;
+    }
+    if draw(faults.share_5xx) {
+        fault(&s);
+        let status = [500, 502, 504][rand::rng().random_range(0..3)];
+        return json_reply(status, serde_json::json!({"detail": "injected failure"}));
+    }
+    let forced = s.status.load(Ordering::SeqCst);
+    if forced != 0 && !(200..300).contains(&forced) {
+        return forced_response(&s, forced, workspace.as_deref());
+    }
+
+    match route {
+        Route::Counters(_) => Json(snapshot(&s)).into_response(),
+        Route::UnknownWorkspace => {
+            json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
+        }
+        Route::Generic => generic(&s, &headers, parsed.is_some()),
+        Route::Workspace(name, api) => {
+            let authorization = headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            let mode = *lock(&s.retry_after_mode);
+            let mut inner = lock(&s.inner);
+            let inner = &mut *inner;
+            let Some(w) = inner.workspaces.get_mut(&name) else {
+                return json_reply(404, serde_json::json!({"detail": "Unknown workspace."}));
+            };
+            if let Some(reply) = w.authenticate(authorization) {
+                w.counters.unauthorized += 1;
+                let mut r = json_reply(reply.status, reply.body);
+                r.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Token"),
+                );
+                return r;
+            }
+            if let Err(wait) = w.limiter.check(Instant::now()) {
+                w.counters.throttled += 1;
+                inner.throttled += 1;
+                return throttled_response(wait, mode);
+            }
+            let Some(body) = parsed else {
+                return json_reply(
+                    400,
+                    serde_json::json!({"detail": "JSON parse error - the body is not JSON."}),
+                );
+            };
+            let reply = w.apply(method.as_str(), &api, &body);
+            if !reply.accepted.is_empty() {
+                let mut accepted = lock(&s.accepted);
+                for key in &reply.accepted {
+                    *accepted.entry(key.clone()).or_default() += 1;
+                }
+            }
+            json_reply(reply.status, reply.body)
+        }
+    }
+}
+
+/// The answer [`Target::respond_with`] forced.
+fn forced_response(s: &TargetState, status: u16, workspace: Option<&str>) -> Response {
+    if status == 429 {
+        let mut inner = lock(&s.inner);
+        inner.throttled += 1;
+        if let Some(w) = workspace.and_then(|n| inner.workspaces.get_mut(n)) {
+            w.counters.throttled += 1;
+        }
+        drop(inner);
+        let retry_after = lock(&s.retry_after).clone();
+        let body = Json(serde_json::json!({"detail": "Request was throttled."}));
+        return if retry_after.is_empty() {
+            (StatusCode::TOO_MANY_REQUESTS, body).into_response()
+        } else {
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", retry_after)],
+                body,
+            )
+                .into_response()
+        };
+    }
+    let detail = match status {
+        401 => "Invalid token.",
+        403 => "You do not have permission to perform this action.",
+        404 => "Not found.",
+        _ => "injected failure",
+    };
+    json_reply(status, serde_json::json!({ "detail": detail }))
+}
+
+/// The generic sink: any JSON body is accepted and counted per `Idempotency-Key`.
+fn generic(s: &TargetState, headers: &HeaderMap, is_json: bool) -> Response {
+    if !is_json {
+        return (StatusCode::BAD_REQUEST, "body is not JSON").into_response();
+    }
+    if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        *lock(&s.accepted).entry(key.to_owned()).or_default() += 1;
+    }
+    (StatusCode::OK, Json(serde_json::json!({"ok": true}))).into_response()
+}

@@ -1,0 +1,510 @@
+//! The User.com writer: one request per record into one workspace's public API
+//! (`https://<app>.user.com/api/public/`), `Authorization: Token <key>`,
+//! `Accept: */*; version=2`, JSON bodies. The rule's `path` names the [`Operation`]; the
+//! delivery's payload is turned into that operation's request by [`build_request`], a pure
+//! function, so a payload that cannot work is rejected before anything is sent.
+//!
+//! Appending operations (`event`, `product_event`) carry the delivery's id in
+//! `data.courier_delivery_id`: User.com has no idempotency key, so this is how a duplicate
+//! left by a timed-out call can be found.
+
+use std::{str::FromStr, time::Duration};
+
+use futures::{FutureExt, future::BoxFuture};
+use reqwest::{
+    Method, Url,
+    header::{ACCEPT, AUTHORIZATION, HeaderMap, HeaderName, HeaderValue},
+};
+use serde_json::{Map, Value};
+
+use super::{
+    DEFAULT_REQUESTS_PER_MINUTE, Outgoing, Receipt, WriteError, Writer, WriterConfigError,
+    http::{classify_response, classify_transport},
+};
+use crate::catalog::Connection;
+
+/// The `Accept` header User.com's clients send to select API version 2.
+pub const ACCEPT_VERSION_2: &str = "*/*; version=2";
+/// Vendor headers naming a 429's wait: User.com documents none (its 429 carries
+/// `retry-after` only).
+pub const RESET_HEADERS: &[&str] = &[];
+/// Where appending operations put the delivery id inside `data`.
+pub const DELIVERY_ID_FIELD: &str = "courier_delivery_id";
+
+/// What one record becomes in User.com: the rule's `path` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// `POST users/update_or_create/`: the user object, matched on `custom_id`.
+    UserUpsert,
+    /// `POST users-by-id/{custom_id}/set_multiple_attributes/`.
+    UserAttributes,
+    /// `PUT users/mass_update_custom_attributes/` (User.com ids) or
+    /// `PUT users-by-id/mass_update_custom_attributes/` (custom ids): one attribute, one
+    /// value, many users in one request.
+    MassUpdateCustomAttributes,
+    /// `POST events/`: appends a timeline event.
+    Event,
+    /// `POST products-by-id/{product_custom_id}/product_event/`: appends a product event
+    /// (price and stock changes travel here).
+    ProductEvent,
+    /// `POST deals/update_or_create/`: the deal object, matched on `custom_id`.
+    DealUpsert,
+}
+
+impl Operation {
+    /// Every operation, by the name a rule's `path` uses.
+    pub const ALL: [(&'static str, Operation); 6] = [
+        ("user_upsert", Operation::UserUpsert),
+        ("user_attributes", Operation::UserAttributes),
+        (
+            "mass_update_custom_attributes",
+            Operation::MassUpdateCustomAttributes,
+        ),
+        ("event", Operation::Event),
+        ("product_event", Operation::ProductEvent),
+        ("deal_upsert", Operation::DealUpsert),
+    ];
+
+    /// The name a rule's `path` uses.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, op)| *op == self)
+            .map_or("?", |(n, _)| n)
+    }
+
+    /// Whether each call appends (repeating it leaves a duplicate).
+    pub fn appends(self) -> bool {
+        matches!(self, Operation::Event | Operation::ProductEvent)
+    }
+}
+
+impl FromStr for Operation {
+    type Err = String;
+
+    /// Parses a rule's `path` (surrounding slashes and blanks ignored).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let name = s.trim().trim_matches('/');
+        Self::ALL
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, op)| *op)
+            .ok_or_else(|| {
+                format!(
+                    "unknown User.com operation {name:?} (the rule's path must be one of {})",
+                    Self::ALL.map(|(n, _)| n).join(", ")
+                )
+            })
+    }
+}
+
+/// One request to send: method, path segments under the base URL, JSON body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// HTTP method.
+    pub method: Method,
+    /// Path segments under the base URL (escaped when joined; a trailing slash is added).
+    pub segments: Vec<String>,
+    /// JSON body.
+    pub body: Value,
+}
+
+impl Request {
+    /// The path as sent, relative to the base URL, e.g. `users-by-id/c%201/set_attribute/`.
+    pub fn relative_path(&self, base: &Url) -> Result<Url, String> {
+        let mut url = base.clone();
+        {
+            let mut path = url
+                .path_segments_mut()
+                .map_err(|_| "the base URL cannot take a path".to_owned())?;
+            path.pop_if_empty();
+            path.extend(&self.segments);
+            path.push("");
+        }
+        Ok(url)
+    }
+}
+
+/// Turns a delivery into the request of `op`. A payload that lacks a required field (or
+/// has one of the wrong type) is an error naming the field.
+pub fn build_request(op: Operation, out: &Outgoing<'_>) -> Result<Request, String> {
+    let payload = out
+        .payload
+        .as_object()
+        .ok_or_else(|| format!("{}: the payload must be a JSON object", op.name()))?;
+    let need_str = |field: &str| -> Result<String, String> {
+        match payload.get(field) {
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+            Some(Value::Number(n)) => Ok(n.to_string()),
+            Some(_) => Err(format!(
+                "{}: field {field:?} must be a non-empty string",
+                op.name()
+            )),
+            None => Err(format!("{}: missing required field {field:?}", op.name())),
+        }
+    };
+    let req = |method: Method, segments: &[&str], body: Value| Request {
+        method,
+        segments: segments.iter().map(|s| (*s).to_owned()).collect(),
+        body,
+    };
+    match op {
+        Operation::UserUpsert => {
+            need_str("custom_id")?;
+            Ok(req(
+                Method::POST,
+                &["users", "update_or_create"],
+                out.payload.clone(),
+            ))
+        }
+        Operation::DealUpsert => {
+            need_str("custom_id")?;
+            Ok(req(
+                Method::POST,
+                &["deals", "update_or_create"],
+                out.payload.clone(),
+            ))
+        }
+        Operation::UserAttributes => {
+            let custom_id = need_str("custom_id")?;
+            let attributes = match payload.get("attributes") {
+                Some(Value::Object(m)) if !m.is_empty() => Value::Object(m.clone()),
+                Some(_) => {
+                    return Err(format!(
+                        "{}: field \"attributes\" must be a non-empty object",
+                        op.name()
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "{}: missing required field \"attributes\"",
+                        op.name()
+                    ));
+                }
+            };
+            Ok(req(
+                Method::POST,
+                &["users-by-id", &custom_id, "set_multiple_attributes"],
+                attributes,
+            ))
+        }
+        Operation::MassUpdateCustomAttributes => {
+            let attribute = need_str("attribute")?;
+            let value = payload
+                .get("value")
+                .ok_or_else(|| format!("{}: missing required field \"value\"", op.name()))?;
+            let (resource, ids) = match (payload.get("custom_ids"), payload.get("ids")) {
+                (Some(ids), None) => ("users-by-id", ids),
+                (None, Some(ids)) => ("users", ids),
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "{}: give either \"custom_ids\" or \"ids\", not both",
+                        op.name()
+                    ));
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "{}: missing required field \"custom_ids\" (or \"ids\")",
+                        op.name()
+                    ));
+                }
+            };
+            if ids.as_array().is_none_or(|a| a.is_empty()) {
+                return Err(format!(
+                    "{}: the user ids must be a non-empty array",
+                    op.name()
+                ));
+            }
+            Ok(req(
+                Method::PUT,
+                &[resource, "mass_update_custom_attributes"],
+                serde_json::json!({"ids": ids, "attribute": attribute, "value": value}),
+            ))
+        }
+        Operation::Event => {
+            need_str("name")?;
+            need_user(op, payload)?;
+            let body = with_delivery_id(op, payload, out.delivery_id)?;
+            Ok(req(Method::POST, &["events"], body))
+        }
+        Operation::ProductEvent => {
+            let product = need_str("product_custom_id")?;
+            need_str("event_type")?;
+            need_user(op, payload)?;
+            let mut body = with_delivery_id(op, payload, out.delivery_id)?;
+            if let Value::Object(m) = &mut body {
+                m.remove("product_custom_id");
+            }
+            Ok(req(
+                Method::POST,
+                &["products-by-id", &product, "product_event"],
+                body,
+            ))
+        }
+    }
+}
+
+/// Appending operations name their user by `user_custom_id` or `user_id`.
+fn need_user(op: Operation, payload: &Map<String, Value>) -> Result<(), String> {
+    let present = |f: &str| {
+        payload
+            .get(f)
+            .is_some_and(|v| v.as_str().is_some_and(|s| !s.is_empty()) || v.is_number())
+    };
+    if present("user_custom_id") || present("user_id") {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: missing required field \"user_custom_id\" (or \"user_id\")",
+            op.name()
+        ))
+    }
+}
+
+/// The payload with `data.courier_delivery_id` set (creating `data` when absent).
+fn with_delivery_id(
+    op: Operation,
+    payload: &Map<String, Value>,
+    delivery_id: i64,
+) -> Result<Value, String> {
+    let mut body = payload.clone();
+    let data = body
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(data) = data else {
+        return Err(format!("{}: field \"data\" must be an object", op.name()));
+    };
+    data.insert(DELIVERY_ID_FIELD.into(), delivery_id.into());
+    Ok(Value::Object(body))
+}
+
+/// Writes records into one User.com workspace.
+pub struct UserComWriter {
+    /// The connection's name: log lines about its credentials name it.
+    connection: String,
+    /// Shared client: one connection pool per process.
+    client: reqwest::Client,
+    /// The workspace's API root, e.g. `https://shop.user.com/api/public/`.
+    base_url: Url,
+    /// `Authorization` (marked sensitive), `Accept`, and the connection's extra headers.
+    headers: HeaderMap,
+    /// Per-request timeout.
+    timeout: Duration,
+    /// Declared requests per minute: 600 (User.com's 10/s) unless the connection says.
+    requests_per_minute: u32,
+    /// Calls in flight at once.
+    max_in_flight: usize,
+}
+
+impl UserComWriter {
+    /// Builds the writer for `conn`; `key` is the API key read from the environment
+    /// variable the connection names (User.com needs one).
+    pub fn new(
+        conn: &Connection,
+        client: &reqwest::Client,
+        key: Option<String>,
+    ) -> Result<Self, WriterConfigError> {
+        let invalid = |reason: String| WriterConfigError::Invalid {
+            connection: conn.name.clone(),
+            reason,
+        };
+        let key = key.ok_or_else(|| {
+            invalid("a User.com connection needs api_key_env (the variable holding its key)".into())
+        })?;
+        let mut base = conn.base_url.clone();
+        if !base.ends_with('/') {
+            base.push('/');
+        }
+        let base_url =
+            Url::parse(&base).map_err(|e| invalid(format!("base URL is not a URL: {e}")))?;
+        if base_url.cannot_be_a_base() {
+            return Err(invalid("base URL cannot take a path".into()));
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(map) = conn.headers.as_object() {
+            for (name, value) in map {
+                let value = value
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("header {name:?} must be a string")))?;
+                headers.insert(
+                    HeaderName::try_from(name.as_str())
+                        .map_err(|_| invalid(format!("bad header name {name:?}")))?,
+                    HeaderValue::try_from(value)
+                        .map_err(|_| invalid(format!("bad value for header {name:?}")))?,
+                );
+            }
+        }
+        let mut auth = HeaderValue::try_from(format!("Token {}", key.trim()))
+            .map_err(|_| invalid("the API key holds characters a header cannot".into()))?;
+        auth.set_sensitive(true);
+        headers.insert(AUTHORIZATION, auth);
+        headers.insert(ACCEPT, HeaderValue::from_static(ACCEPT_VERSION_2));
+        Ok(Self {
+            connection: conn.name.clone(),
+            client: client.clone(),
+            base_url,
+            headers,
+            timeout: Duration::from_millis(conn.timeout_ms.max(1) as u64),
+            requests_per_minute: conn
+                .requests_per_minute
+                .map_or(DEFAULT_REQUESTS_PER_MINUTE, |r| r.max(1) as u32),
+            max_in_flight: conn.max_in_flight.max(1) as usize,
+        })
+    }
+}
+
+impl Writer for UserComWriter {
+    fn requests_per_minute(&self) -> u32 {
+        self.requests_per_minute
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+        async move {
+            let permanent = |message: String| WriteError::Permanent {
+                status: None,
+                message,
+            };
+            let op: Operation = out.path.parse().map_err(permanent)?;
+            let request = build_request(op, &out).map_err(permanent)?;
+            let url = request.relative_path(&self.base_url).map_err(permanent)?;
+            let response = self
+                .client
+                .request(request.method, url)
+                .headers(self.headers.clone())
+                .timeout(self.timeout)
+                .json(&request.body)
+                .send()
+                .await;
+            match response {
+                Ok(r) => classify_response(r, RESET_HEADERS, &self.connection).await,
+                Err(e) => Err(classify_transport(e)),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn build(op: &str, payload: Value) -> Result<Request, String> {
+        let out = Outgoing {
+            delivery_id: 42,
+            record_key: "k",
+            path: op,
+            payload: &payload,
+        };
+        build_request(op.parse()?, &out)
+    }
+
+    #[test]
+    fn operations_parse_by_name_and_unknown_ones_are_named() {
+        assert_eq!(
+            "/user_upsert/".parse::<Operation>(),
+            Ok(Operation::UserUpsert)
+        );
+        for (name, op) in Operation::ALL {
+            assert_eq!(op.name(), name);
+        }
+        let e = "users/".parse::<Operation>().unwrap_err();
+        assert!(e.contains("\"users\"") && e.contains("user_upsert"), "{e}");
+    }
+
+    #[test]
+    fn appends_carry_the_delivery_id_in_data() {
+        let r = build(
+            "event",
+            json!({"user_custom_id": "c1", "name": "order", "data": {"total": 5}}),
+        )
+        .unwrap();
+        assert_eq!(
+            r.body["data"],
+            json!({"total": 5, "courier_delivery_id": 42})
+        );
+        let r = build(
+            "product_event",
+            json!({"product_custom_id": "sku 1/2", "user_custom_id": "c1", "event_type": "view"}),
+        )
+        .unwrap();
+        assert_eq!(r.segments, ["products-by-id", "sku 1/2", "product_event"]);
+        assert_eq!(r.body["data"]["courier_delivery_id"], 42);
+        assert!(r.body.get("product_custom_id").is_none());
+        let base = Url::parse("http://x/api/public/").unwrap();
+        assert_eq!(
+            r.relative_path(&base).unwrap().as_str(),
+            "http://x/api/public/products-by-id/sku%201%2F2/product_event/"
+        );
+    }
+
+    #[test]
+    fn missing_fields_are_named() {
+        let cases = [
+            ("user_upsert", json!({"email": "a@b"}), "\"custom_id\""),
+            (
+                "user_attributes",
+                json!({"custom_id": "c"}),
+                "\"attributes\"",
+            ),
+            (
+                "user_attributes",
+                json!({"attributes": {"a": 1}}),
+                "\"custom_id\"",
+            ),
+            (
+                "mass_update_custom_attributes",
+                json!({"attribute": "x", "value": 1}),
+                "\"custom_ids\"",
+            ),
+            (
+                "mass_update_custom_attributes",
+                json!({"attribute": "x", "value": 1, "custom_ids": []}),
+                "non-empty array",
+            ),
+            ("event", json!({"user_custom_id": "c"}), "\"name\""),
+            ("event", json!({"name": "n"}), "\"user_custom_id\""),
+            (
+                "event",
+                json!({"name": "n", "user_id": 1, "data": [1]}),
+                "\"data\"",
+            ),
+            (
+                "product_event",
+                json!({"user_custom_id": "c", "event_type": "view"}),
+                "\"product_custom_id\"",
+            ),
+            ("deal_upsert", json!({"name": "order 1"}), "\"custom_id\""),
+            ("deal_upsert", json!([1, 2]), "JSON object"),
+        ];
+        for (op, payload, needle) in cases {
+            let e = build(op, payload).unwrap_err();
+            assert!(e.contains(needle) && e.starts_with(op), "{op}: {e}");
+        }
+    }
+
+    #[test]
+    fn mass_update_picks_the_resource_by_id_kind() {
+        let r = build(
+            "mass_update_custom_attributes",
+            json!({"custom_ids": ["a", "b"], "attribute": "email_consent", "value": true}),
+        )
+        .unwrap();
+        assert_eq!(r.method, Method::PUT);
+        assert_eq!(r.segments, ["users-by-id", "mass_update_custom_attributes"]);
+        assert_eq!(
+            r.body,
+            json!({"ids": ["a", "b"], "attribute": "email_consent", "value": true})
+        );
+        let r = build(
+            "mass_update_custom_attributes",
+            json!({"ids": [1, 2], "attribute": "email_consent", "value": false}),
+        )
+        .unwrap();
+        assert_eq!(r.segments, ["users", "mass_update_custom_attributes"]);
+    }
+}

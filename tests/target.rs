@@ -1,0 +1,333 @@
+//! The local User.com target itself, over real HTTP on loopback: its limiter (fixed and
+//! sliding windows, the three `retry-after` modes), token auth, workspace routing by path
+//! prefix and Host, unknown attributes, fault modes and counters. The limiter's timing is
+//! unit-tested in `src/target/limiter.rs` with time as a parameter; here long periods keep
+//! every request of a test inside one window without sleeping.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use courier::target::{
+    Counters, Faults, RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig,
+    WorkspaceCounters,
+};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "t0ken";
+
+async fn start(config: TargetConfig) -> Target {
+    Target::start_with(TargetConfig {
+        workspaces: vec![WorkspaceConfig::new("shop", TOKEN)],
+        ..config
+    })
+    .await
+    .unwrap()
+}
+
+async fn upsert(t: &Target, custom_id: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!(
+            "{}users/update_or_create/",
+            t.workspace_url("shop")
+        ))
+        .header("authorization", format!("Token {TOKEN}"))
+        .json(&json!({"custom_id": custom_id}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn each_window_kind_refuses_the_request_past_the_limit_with_a_rounded_up_wait() {
+    for window in [Window::Fixed, Window::Sliding] {
+        // 3 per minute: every request below lands in the first window, however slow the
+        // machine, and the wait left is just under 60 s.
+        let t = start(TargetConfig {
+            rate: 3,
+            period: Duration::from_secs(60),
+            window,
+            ..TargetConfig::default()
+        })
+        .await;
+        for i in 0..3 {
+            assert_eq!(
+                upsert(&t, &format!("c{i}")).await.status(),
+                200,
+                "{window:?}"
+            );
+        }
+        let r = upsert(&t, "c3").await;
+        assert_eq!(r.status(), 429, "{window:?}");
+        assert_eq!(
+            r.headers()["retry-after"],
+            "60",
+            "{window:?}: whole seconds, rounded up"
+        );
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            body,
+            json!({"detail": "Request was throttled. Expected available in 60 seconds."})
+        );
+        let c = t.counters();
+        assert_eq!((c.throttled, c.workspaces["shop"].throttled), (1, 1));
+        assert_eq!(
+            c.workspaces["shop"].users, 3,
+            "the refused write was not applied"
+        );
+    }
+}
+
+#[tokio::test]
+async fn one_second_windows_say_one_second() {
+    let t = start(TargetConfig {
+        rate: 2,
+        ..TargetConfig::default()
+    })
+    .await;
+    // Requests until the limiter refuses one: at 2/s that is the third within a second.
+    let mut statuses = Vec::new();
+    let r = loop {
+        let r = upsert(&t, "c").await;
+        statuses.push(r.status().as_u16());
+        if r.status() == 429 || statuses.len() > 10 {
+            break r;
+        }
+    };
+    assert_eq!(r.status(), 429, "{statuses:?}");
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["detail"],
+        "Request was throttled. Expected available in 1 second."
+    );
+}
+
+#[tokio::test]
+async fn retry_after_can_be_a_date_or_absent() {
+    let t = start(TargetConfig {
+        rate: 1,
+        period: Duration::from_secs(60),
+        retry_after: RetryAfterMode::HttpDate,
+        ..TargetConfig::default()
+    })
+    .await;
+    assert_eq!(upsert(&t, "a").await.status(), 200);
+    let before = SystemTime::now();
+    let r = upsert(&t, "b").await;
+    assert_eq!(r.status(), 429);
+    let at = httpdate::parse_http_date(r.headers()["retry-after"].to_str().unwrap()).unwrap();
+    let ahead = at.duration_since(before).unwrap();
+    assert!(
+        ahead > Duration::from_secs(55) && ahead <= Duration::from_secs(61),
+        "{ahead:?}"
+    );
+    t.set_retry_after(RetryAfterMode::None);
+    let r = upsert(&t, "c").await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().get("retry-after").is_none());
+}
+
+#[tokio::test]
+async fn tokens_are_required_and_refusals_cost_no_budget() {
+    let t = start(TargetConfig {
+        rate: 1,
+        period: Duration::from_secs(60),
+        ..TargetConfig::default()
+    })
+    .await;
+    let url = format!("{}users/update_or_create/", t.workspace_url("shop"));
+    let client = reqwest::Client::new();
+    for (auth, detail) in [
+        (None, "Authentication credentials were not provided."),
+        (Some("Token wrong"), "Invalid token."),
+        (Some("Bearer t0ken"), "Invalid token."),
+    ] {
+        let mut req = client.post(&url).json(&json!({"custom_id": "x"}));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        assert_eq!(r.headers()["www-authenticate"], "Token");
+        assert_eq!(r.json::<Value>().await.unwrap(), json!({"detail": detail}));
+    }
+    assert_eq!(upsert(&t, "x").await.status(), 200, "401s spent no budget");
+    assert_eq!(t.counters().workspaces["shop"].unauthorized, 3);
+}
+
+#[tokio::test]
+async fn workspaces_are_told_apart_by_path_prefix_and_host() {
+    let mut other = WorkspaceConfig::new("other", "other-token");
+    other.custom_attributes = Some(["email_consent".to_owned()].into());
+    let t = Target::start_with(TargetConfig {
+        workspaces: vec![WorkspaceConfig::new("shop", TOKEN), other],
+        ..TargetConfig::default()
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let by_host = |host: &str, token: &str, body: Value| {
+        client
+            .post(format!("{}api/public/users/update_or_create/", t.url()))
+            .header("host", host)
+            .header("authorization", format!("Token {token}"))
+            .json(&body)
+            .send()
+    };
+    let r = by_host(
+        "other.localhost",
+        "other-token",
+        json!({"custom_id": "o1", "email_consent": true}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = by_host("other.localhost", TOKEN, json!({"custom_id": "o2"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "shop's token is not other's");
+    let r = by_host(
+        "other.localhost",
+        "other-token",
+        json!({"custom_id": "o3", "loyalty": 4}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400, "unknown custom attribute");
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["loyalty"][0]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{body}"
+    );
+    assert_eq!(upsert(&t, "s1").await.status(), 200);
+    assert_eq!(
+        t.workspace_data("other")
+            .unwrap()
+            .users
+            .keys()
+            .collect::<Vec<_>>(),
+        ["o1"]
+    );
+    assert_eq!(
+        t.workspace_data("shop")
+            .unwrap()
+            .users
+            .keys()
+            .collect::<Vec<_>>(),
+        ["s1"]
+    );
+    let r = client
+        .post(format!("{}ws/nope/api/public/events/", t.url()))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // Without a workspace, any path is the generic JSON sink of the http_json writer.
+    let r = client
+        .post(format!("{}contacts/", t.url()))
+        .header("idempotency-key", "courier-1")
+        .json(&json!({"a": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(t.accepted("courier-1"), 1);
+}
+
+#[tokio::test]
+async fn faults_come_on_demand() {
+    let t = start(TargetConfig::default()).await;
+    t.set_faults(Faults {
+        share_5xx: 1.0,
+        ..Faults::default()
+    });
+    for _ in 0..5 {
+        let s = upsert(&t, "c").await.status().as_u16();
+        assert!(matches!(s, 500 | 502 | 504), "{s}");
+    }
+
+    t.set_faults(Faults {
+        reset_share: 1.0,
+        ..Faults::default()
+    });
+    let e = reqwest::Client::new()
+        .post(format!(
+            "{}users/update_or_create/",
+            t.workspace_url("shop")
+        ))
+        .json(&json!({"custom_id": "c"}))
+        .send()
+        .await
+        .expect_err("the connection is closed without an answer");
+    assert!(!e.is_timeout() && !e.is_status(), "{e:?}");
+
+    t.set_faults(Faults {
+        hang_share: 1.0,
+        ..Faults::default()
+    });
+    let e = reqwest::Client::new()
+        .post(format!(
+            "{}users/update_or_create/",
+            t.workspace_url("shop")
+        ))
+        .timeout(Duration::from_millis(200))
+        .json(&json!({"custom_id": "c"}))
+        .send()
+        .await
+        .expect_err("hangs past the timeout");
+    assert!(e.is_timeout(), "{e:?}");
+
+    t.set_faults(Faults {
+        latency: Some((Duration::from_millis(150), Duration::from_millis(200))),
+        ..Faults::default()
+    });
+    let started = Instant::now();
+    assert_eq!(upsert(&t, "c").await.status(), 200);
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert_eq!(t.counters().faults, 7);
+}
+
+#[tokio::test]
+async fn counters_are_served_as_json() {
+    let t = start(TargetConfig {
+        rate: 2,
+        period: Duration::from_secs(60),
+        ..TargetConfig::default()
+    })
+    .await;
+    assert_eq!(upsert(&t, "c1").await.status(), 200);
+    assert_eq!(upsert(&t, "c1").await.status(), 200);
+    assert_eq!(upsert(&t, "c2").await.status(), 429);
+    let client = reqwest::Client::new();
+    let all: Counters = client
+        .get(format!("{}_counters", t.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all.requests, 3, "counter reads are not counted");
+    assert_eq!(all.throttled, 1);
+    assert_eq!((all.accepted_keys, all.duplicates), (1, 1));
+    assert_eq!(all.peak_per_minute, 3);
+    assert!(all.peak_per_second >= 1 && all.peak_per_second <= 3);
+    assert!(all.max_in_flight >= 1);
+    let shop: WorkspaceCounters = client
+        .get(format!("{}ws/shop/_counters", t.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shop, all.workspaces["shop"]);
+    assert_eq!(
+        (shop.requests, shop.throttled, shop.users, shop.duplicates),
+        (3, 1, 1, 1)
+    );
+    assert_eq!(shop.accepted["user:c1"], 2);
+}
