@@ -29,8 +29,10 @@
 //! - [`worker`]: the worker process: dispatcher, reaper, apalis workers, shutdown.
 //! - [`status`]: the `courier status` report.
 //! - [`target`]: a local User.com-like HTTP target for the demo, tests and benchmarks.
+//! - [`bench`]: `courier bench <scenario>`, measured runs with a report and a plot.
 //! - [`demo`]: `courier demo`, the end-to-end showcase.
 
+pub mod bench;
 pub mod breaker;
 pub mod catalog;
 pub mod chain;

@@ -64,6 +64,19 @@ enum Command {
     },
     /// Run the local User.com-like HTTP target until Ctrl-C.
     Target(TargetArgs),
+    /// Run a benchmark scenario on a fresh database (`courier_bench`, on the server
+    /// `DATABASE_URL` names) with a local target; prints a table and writes
+    /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
+    Bench {
+        /// pacing, throughput, latency, multi-worker, storm, idle-throttled or scale.
+        scenario: courier::bench::Scenario,
+        /// Records to enqueue (each scenario has its own default).
+        #[arg(long)]
+        records: Option<usize>,
+        /// Where results go.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
 }
 
 /// Options of `courier target`.
@@ -372,6 +385,24 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             } else {
                 print!("{}", report.render());
             }
+        }
+        Command::Bench {
+            scenario,
+            records,
+            out,
+        } => {
+            let report = courier::bench::run(
+                scenario,
+                courier::bench::BenchConfig {
+                    server_url: settings.database_url.clone(),
+                    database: "courier_bench".into(),
+                    records,
+                    out_dir: Some(out),
+                    settings,
+                },
+            )
+            .await?;
+            print!("{}", report.render());
         }
         Command::Demo { records, rate } => {
             demo::run(settings, demo::DemoOptions { records, rate }).await?;

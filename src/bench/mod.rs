@@ -1,0 +1,329 @@
+//! `courier bench <scenario>`: measured runs of the whole system, against a fresh database
+//! on the PostgreSQL server `DATABASE_URL` names and the local [`crate::target`]. Each run
+//! prints a table, writes `bench-results/<scenario>.json` and draws
+//! `bench-results/<scenario>.svg`: calls per second over time against the declared rate,
+//! with 429s and blocks marked. `BENCHMARKS.md` explains every figure.
+
+mod plot;
+mod scenarios;
+
+use std::{
+    path::PathBuf,
+    str::FromStr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use serde::Serialize;
+use sqlx::{PgPool, postgres::PgConnectOptions};
+
+use crate::{config::Settings, db, target::Target};
+
+pub use scenarios::Scenario;
+
+/// How a benchmark run is set up.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// The server's URL (any database on it): the bench creates its own database there.
+    pub server_url: String,
+    /// The database the run (re)creates.
+    pub database: String,
+    /// Records to enqueue; `None` takes the scenario's default.
+    pub records: Option<usize>,
+    /// Where the JSON and SVG go; `None` writes nothing.
+    pub out_dir: Option<PathBuf>,
+    /// Worker settings (concurrency, polls) for in-process and child workers.
+    pub settings: Settings,
+}
+
+/// One sample of the run's progress, taken every [`SAMPLE_EVERY`].
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Sample {
+    /// Seconds since the burst was enqueued.
+    pub t: f64,
+    /// Requests the target received so far.
+    pub requests: u64,
+    /// 429s it answered so far.
+    pub throttled: u64,
+    /// Deliveries delivered so far.
+    pub delivered: i64,
+    /// Whether a rate-limit block held at the sample.
+    pub blocked: bool,
+}
+
+/// How often progress is sampled.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// What a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Where it ran: cores, memory, PostgreSQL version.
+    pub machine: String,
+    /// When it ran (UTC).
+    pub at: String,
+    /// Named figures, in display order.
+    pub figures: Vec<(String, serde_json::Value)>,
+    /// The declared rate in calls per second (for the plot), if any.
+    pub declared_per_second: Option<f64>,
+    /// Progress samples.
+    pub timeline: Vec<Sample>,
+}
+
+impl Report {
+    fn new(scenario: &str, machine: String) -> Self {
+        Self {
+            scenario: scenario.to_owned(),
+            machine,
+            at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            figures: Vec::new(),
+            declared_per_second: None,
+            timeline: Vec::new(),
+        }
+    }
+
+    fn figure(&mut self, name: &str, value: impl Into<serde_json::Value>) {
+        self.figures.push((name.to_owned(), value.into()));
+    }
+
+    /// The value of a figure, for tests and summaries.
+    pub fn get(&self, name: &str) -> Option<&serde_json::Value> {
+        self.figures.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// The figures as an aligned table.
+    pub fn render(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .figures
+            .iter()
+            .map(|(n, v)| {
+                let v = match v {
+                    serde_json::Value::Number(n) if n.is_f64() => {
+                        format!("{:.3}", n.as_f64().unwrap_or_default())
+                    }
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                vec![n.clone(), v]
+            })
+            .collect();
+        format!(
+            "scenario {} on {} at {}\n{}",
+            self.scenario,
+            self.machine,
+            self.at,
+            crate::status::table(&["figure", "value"], &rows)
+        )
+    }
+}
+
+/// Runs one scenario and writes its results.
+pub async fn run(scenario: Scenario, config: BenchConfig) -> anyhow::Result<Report> {
+    let report = scenarios::run(scenario, &config).await?;
+    if let Some(dir) = &config.out_dir {
+        std::fs::create_dir_all(dir)?;
+        let json = dir.join(format!("{}.json", report.scenario));
+        std::fs::write(&json, serde_json::to_vec_pretty(&report)?)?;
+        let svg = dir.join(format!("{}.svg", report.scenario));
+        std::fs::write(&svg, plot::svg(&report))?;
+        println!("wrote {} and {}", json.display(), svg.display());
+    }
+    Ok(report)
+}
+
+/// A fresh database for a run, dropped and created again.
+async fn fresh_database(config: &BenchConfig) -> anyhow::Result<(PgPool, String)> {
+    let server = PgConnectOptions::from_str(&config.server_url)?;
+    let admin = PgPool::connect_with(server.clone().database("postgres"))
+        .await
+        .context("connecting to PostgreSQL (set DATABASE_URL)")?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+        config.database
+    )))
+    .execute(&admin)
+    .await?;
+    admin.close().await;
+    let base = config
+        .server_url
+        .rsplit_once('/')
+        .map_or(config.server_url.as_str(), |(b, _)| b);
+    let url = format!("{base}/{}", config.database);
+    let pool = db::connect(&url, 20).await?;
+    db::migrate(&pool).await?;
+    Ok((pool, url))
+}
+
+/// Cores, memory and the server's version, for the report.
+async fn machine(pool: &PgPool) -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024 / 1024);
+    let pg: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(pool)
+        .await
+        .unwrap_or_default();
+    format!("{cores} cores, {mem_gib} GiB, PostgreSQL {pg}")
+}
+
+/// Transactions committed or rolled back in the current database so far: every statement
+/// outside an explicit transaction is one, a transaction of several statements is one.
+async fn transactions(pool: &PgPool) -> anyhow::Result<i64> {
+    // Statistics are sent at transaction end with a short delay; ask for a fresh snapshot.
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(pool)
+        .await?;
+    Ok(sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Samples progress until nothing is pending and no run is active (or `limit` passes).
+async fn watch(
+    pool: &PgPool,
+    target: &Target,
+    started: Instant,
+    limit: Duration,
+) -> anyhow::Result<Vec<Sample>> {
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    loop {
+        tick.tick().await;
+        let (delivered, open, blocked): (i64, i64, bool) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
+                    (SELECT count(*) FROM deliveries WHERE status = 'pending')
+                  + (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')),
+                    EXISTS (SELECT 1 FROM connection_blocks WHERE blocked_until > now())",
+        )
+        .fetch_one(pool)
+        .await?;
+        let c = target.counters();
+        samples.push(Sample {
+            t: started.elapsed().as_secs_f64(),
+            requests: c.requests,
+            throttled: c.throttled,
+            delivered,
+            blocked,
+        });
+        if open == 0 {
+            return Ok(samples);
+        }
+        anyhow::ensure!(
+            started.elapsed() < limit,
+            "not drained within {limit:?}: {open} pending deliveries or active runs"
+        );
+    }
+}
+
+/// A worker process: a child `courier worker` on the bench database.
+struct Child {
+    child: std::process::Child,
+}
+
+impl Child {
+    fn spawn(url: &str, settings: &Settings) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let child = std::process::Command::new(exe)
+            .arg("worker")
+            .env("DATABASE_URL", url)
+            .env("COURIER_LOG", "warn")
+            .env(
+                "COURIER_QUEUE_POLL_MS",
+                settings.queue_poll.as_millis().to_string(),
+            )
+            .env(
+                "COURIER_DISPATCH_INTERVAL_MS",
+                settings.dispatch_interval.as_millis().to_string(),
+            )
+            .env(
+                "COURIER_WORKER_CONCURRENCY",
+                settings.worker_concurrency.to_string(),
+            )
+            .spawn()
+            .context("starting a worker process")?;
+        Ok(Self { child })
+    }
+
+    /// User + system CPU seconds so far (from /proc).
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the command name (which may hold spaces) start after ") ".
+        let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (ticks(11) + ticks(12)) / 100.0
+    }
+
+    /// Peak resident memory in MiB (VmHWM).
+    fn peak_rss_mib(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            })
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    fn stop(mut self) -> anyhow::Result<()> {
+        std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let status = self.child.wait()?;
+        anyhow::ensure!(status.success(), "worker exited with {status}");
+        Ok(())
+    }
+}
+
+/// Workers for a run: in this process, or child processes.
+enum Workers {
+    InProcess(
+        Arc<crate::worker::Engine>,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    ),
+    Children(Vec<Child>),
+}
+
+impl Workers {
+    fn in_process(pool: &PgPool, settings: &Settings) -> Self {
+        let engine = Arc::new(crate::worker::Engine::new(pool.clone(), settings.clone()));
+        let handle = tokio::spawn(crate::worker::run(engine.clone()));
+        Workers::InProcess(engine, handle)
+    }
+
+    fn children(n: usize, url: &str, settings: &Settings) -> anyhow::Result<Self> {
+        Ok(Workers::Children(
+            (0..n)
+                .map(|_| Child::spawn(url, settings))
+                .collect::<anyhow::Result<_>>()?,
+        ))
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        match self {
+            Workers::InProcess(engine, handle) => {
+                engine.shutdown.cancel();
+                handle.await??;
+            }
+            Workers::Children(children) => {
+                for c in children {
+                    c.stop()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,558 @@
+//! The scenarios: each sets up a target, a connection and rules on a fresh database,
+//! enqueues a burst, runs workers until it is drained, and reports its figures.
+
+use std::{
+    str::FromStr,
+    time::{Duration, Instant},
+};
+
+use apalis::prelude::{
+    BackendExt, BoxDynError, TaskBuilder, WorkerBuilder, WorkerBuilderExt, WorkerContext,
+};
+use apalis_postgres::{Config, PostgresStorage};
+use serde_json::json;
+use sqlx::PgPool;
+
+use super::{BenchConfig, Child, Report, Workers, fresh_database, machine, transactions, watch};
+use crate::{
+    catalog::{self, NewConnection, NewRule},
+    dispatch::Dispatcher,
+    enqueue::{self, NewDelivery},
+    queue::Tick,
+    target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig},
+};
+
+/// The environment variable bench connections read their (fake) User.com key from.
+const KEY_VAR: &str = "COURIER_BENCH_USERCOM_KEY";
+/// The bench workspace's token.
+const TOKEN: &str = "bench-token";
+/// The longest a scenario may take to drain before it counts as failed.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1800);
+
+/// A benchmark scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Two rules on one connection declaring 6,000/min; target allows 100/s, sliding.
+    Pacing,
+    /// `pacing` with three worker processes on one budget.
+    MultiWorker,
+    /// No limit, no latency: deliveries per second and transactions per record, against
+    /// apalis-postgres draining no-op jobs.
+    Throughput,
+    /// Target answering in 50–250 ms: rate kept and enqueue-to-delivered times.
+    Latency,
+    /// Connection declares 600/min, target allows 5/s and answers 429.
+    Storm,
+    /// A blocked connection with a backlog: database load and CPU of an idle worker.
+    IdleThrottled,
+    /// 1,000 connections, 5 rules each, 200,000 deliveries.
+    Scale,
+}
+
+impl Scenario {
+    /// Every scenario, in BENCHMARKS.md's order.
+    pub const ALL: [Scenario; 7] = [
+        Scenario::Pacing,
+        Scenario::Throughput,
+        Scenario::Latency,
+        Scenario::MultiWorker,
+        Scenario::Storm,
+        Scenario::IdleThrottled,
+        Scenario::Scale,
+    ];
+
+    /// Its name on the command line and in result files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Pacing => "pacing",
+            Scenario::MultiWorker => "multi-worker",
+            Scenario::Throughput => "throughput",
+            Scenario::Latency => "latency",
+            Scenario::Storm => "storm",
+            Scenario::IdleThrottled => "idle-throttled",
+            Scenario::Scale => "scale",
+        }
+    }
+
+    /// Records enqueued unless told otherwise.
+    pub fn default_records(self) -> usize {
+        match self {
+            Scenario::Pacing | Scenario::MultiWorker => 3_000,
+            Scenario::Throughput => 50_000,
+            Scenario::Latency => 2_000,
+            Scenario::Storm => 300,
+            Scenario::IdleThrottled => 10_000,
+            Scenario::Scale => 200_000,
+        }
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Scenario::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Scenario::ALL.iter().map(|x| x.name()).collect();
+                format!("unknown scenario {s:?}; one of {}", names.join(", "))
+            })
+    }
+}
+
+pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Result<Report> {
+    if std::env::var(KEY_VAR).is_err() {
+        // SAFETY: set once, before any worker (thread or child) reads the environment.
+        unsafe { std::env::set_var(KEY_VAR, TOKEN) };
+    }
+    let records = config.records.unwrap_or(scenario.default_records());
+    let (pool, url) = fresh_database(config).await?;
+    let mut report = Report::new(scenario.name(), machine(&pool).await);
+    report.figure("records", records as u64);
+    match scenario {
+        Scenario::Pacing => paced(&mut report, config, &pool, &url, records, 1).await?,
+        Scenario::MultiWorker => paced(&mut report, config, &pool, &url, records, 3).await?,
+        Scenario::Throughput => throughput(&mut report, config, &pool, records).await?,
+        Scenario::Latency => latency(&mut report, config, &pool, records).await?,
+        Scenario::Storm => storm(&mut report, config, &pool, records).await?,
+        Scenario::IdleThrottled => idle(&mut report, config, &pool, &url, records).await?,
+        Scenario::Scale => scale(&mut report, config, &pool, &url, records).await?,
+    }
+    pool.close().await;
+    Ok(report)
+}
+
+async fn usercom_target(rate: u32, window: Window) -> anyhow::Result<Target> {
+    Ok(Target::start_with(TargetConfig {
+        workspaces: vec![WorkspaceConfig::new("bench", TOKEN)],
+        rate,
+        period: Duration::from_secs(1),
+        window,
+        retry_after: RetryAfterMode::Seconds,
+        ..TargetConfig::default()
+    })
+    .await?)
+}
+
+async fn connection(
+    pool: &PgPool,
+    name: &str,
+    writer: &str,
+    base_url: String,
+    rpm: i32,
+    in_flight: i32,
+) -> anyhow::Result<()> {
+    catalog::upsert_connection(
+        pool,
+        &NewConnection {
+            name: name.into(),
+            writer: writer.into(),
+            base_url,
+            api_key_env: (writer == "usercom").then(|| KEY_VAR.into()),
+            requests_per_minute: Some(rpm),
+            max_in_flight: Some(in_flight),
+            timeout_ms: Some(10_000),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn rule(pool: &PgPool, name: &str, conn: &str, path: &str, batch: i32) -> anyhow::Result<()> {
+    catalog::upsert_rule(
+        pool,
+        &NewRule {
+            name: name.into(),
+            connection: conn.into(),
+            path: path.into(),
+            batch_size: Some(batch),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn users(prefix: &str, n: usize) -> Vec<NewDelivery> {
+    (0..n)
+        .map(|i| {
+            NewDelivery::new(
+                format!("{prefix}:{i}"),
+                json!({"custom_id": format!("{prefix}-{i}"), "email": format!("{prefix}{i}@example.com")}),
+            )
+        })
+        .collect()
+}
+
+/// Outcome counts, drain time and attempts not explained by ledger rows (i.e. spent on
+/// 429s, which must be none).
+async fn outcomes(report: &mut Report, pool: &PgPool) -> anyhow::Result<f64> {
+    let (delivered, failed, drain, unexplained): (i64, i64, f64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
+                (SELECT count(*) FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')),
+                (SELECT COALESCE(extract(epoch FROM max(finished_at) - min(created_at)), 0)::float8
+                 FROM deliveries),
+                (SELECT COALESCE(sum(attempts), 0) FROM deliveries)
+                  - (SELECT count(*) FROM ledger
+                     WHERE outcome IN ('delivered', 'failed', 'exhausted', 'rejected'))",
+    )
+    .fetch_one(pool)
+    .await?;
+    report.figure("delivered", delivered);
+    report.figure("failed outcomes", failed);
+    report.figure("attempts spent on 429s", unexplained);
+    report.figure("drain time (s)", drain);
+    Ok(drain)
+}
+
+fn rate_figures(report: &mut Report, target: &Target, drain: f64, declared_per_second: f64) {
+    let c = target.counters();
+    let calls = c.requests as f64;
+    let rate = if drain > 0.0 { calls / drain } else { 0.0 };
+    report.declared_per_second = Some(declared_per_second);
+    report.figure("calls", c.requests);
+    report.figure("achieved calls/s", rate);
+    report.figure("achieved ÷ declared", rate / declared_per_second);
+    report.figure("429s", c.throttled);
+    report.figure(
+        "429 share",
+        if calls > 0.0 {
+            c.throttled as f64 / calls
+        } else {
+            0.0
+        },
+    );
+    report.figure("most calls in a sliding second", c.peak_per_second);
+    report.figure("most calls in a sliding minute", c.peak_per_minute);
+}
+
+async fn paced(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    url: &str,
+    records: usize,
+    processes: usize,
+) -> anyhow::Result<()> {
+    let target = usercom_target(100, Window::Sliding).await?;
+    connection(
+        pool,
+        "workspace",
+        "usercom",
+        target.workspace_url("bench"),
+        6_000,
+        16,
+    )
+    .await?;
+    rule(pool, "customers", "workspace", "user_upsert", 100).await?;
+    rule(pool, "accounts", "workspace", "user_upsert", 100).await?;
+    enqueue::enqueue_many(pool, "customers", users("customer", records / 2)).await?;
+    enqueue::enqueue_many(pool, "accounts", users("account", records - records / 2)).await?;
+    let started = Instant::now();
+    let workers = if processes == 1 {
+        Workers::in_process(pool, &config.settings)
+    } else {
+        Workers::children(processes, url, &config.settings)?
+    };
+    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
+    workers.stop().await?;
+    report.figure("worker processes", processes as u64);
+    let drain = outcomes(report, pool).await?;
+    rate_figures(report, &target, drain, 100.0);
+    // Each rule's share of the first half of the calls (while both had a backlog).
+    let (first, total): (i64, i64) = sqlx::query_as(
+        "WITH firsts AS (SELECT l.rule_id FROM ledger l ORDER BY l.id LIMIT (SELECT count(*) / 2 FROM ledger))
+         SELECT count(*) FILTER (WHERE rule_id = (SELECT id FROM rules WHERE name = 'customers')),
+                count(*) FROM firsts",
+    )
+    .fetch_one(pool)
+    .await?;
+    let share = first as f64 / total.max(1) as f64;
+    report.figure("customers' share while both had a backlog", share);
+    report.figure("accounts' share while both had a backlog", 1.0 - share);
+    Ok(())
+}
+
+async fn throughput(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    records: usize,
+) -> anyhow::Result<()> {
+    let target = Target::start(0).await?;
+    connection(pool, "open", "http_json", target.url(), 60_000_000, 64).await?;
+    let rules = ["a", "b", "c", "d"];
+    for r in rules {
+        rule(pool, r, "open", &format!("{r}/"), 500).await?;
+    }
+    for (i, r) in rules.iter().enumerate() {
+        let n = records / rules.len() + usize::from(i < records % rules.len());
+        let batch = (0..n)
+            .map(|k| NewDelivery::new(format!("{r}:{k}"), json!({"n": k})))
+            .collect();
+        enqueue::enqueue_many(pool, r, batch).await?;
+    }
+    let before = transactions(pool).await?;
+    let started = Instant::now();
+    let workers = Workers::in_process(pool, &config.settings);
+    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
+    workers.stop().await?;
+    let samples = report.timeline.len() as i64 * 2; // the sampler's own: query + stats read
+    let xacts = transactions(pool).await? - before - samples;
+    let drain = outcomes(report, pool).await?;
+    let rate = records as f64 / drain.max(f64::EPSILON);
+    report.figure("deliveries/s", rate);
+    report.figure(
+        "transactions per delivered record",
+        xacts as f64 / records as f64,
+    );
+
+    // The bare queue: apalis-postgres draining the same number of no-op jobs.
+    let baseline = apalis_noop(pool, records, &config.settings).await?;
+    report.figure("apalis no-op jobs/s (batch 100)", baseline);
+    report.figure("courier ÷ bare queue", rate / baseline);
+    Ok(())
+}
+
+/// apalis-postgres draining `n` no-op jobs, fetched 100 at a time: jobs per second.
+async fn apalis_noop(
+    pool: &PgPool,
+    n: usize,
+    settings: &crate::config::Settings,
+) -> anyhow::Result<f64> {
+    const QUEUE: &str = "courier.bench-noop";
+    let mut tx = pool.begin().await?;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+        let tasks = chunk
+            .iter()
+            .map(|i| TaskBuilder::new(serde_json::to_vec(&json!({"n": i})).expect("json")).build())
+            .collect();
+        apalis_postgres::queries::push_tasks(&mut *tx, QUEUE, tasks).await?;
+    }
+    tx.commit().await?;
+    async fn noop(_: serde_json::Value) -> Result<(), BoxDynError> {
+        Ok(())
+    }
+    let storage = PostgresStorage::<serde_json::Value>::new(pool)
+        .with_config(Config::default().queue(QUEUE).batch_size(100))
+        .with_pubsub()
+        .poll_with_strategy(Tick::every(settings.queue_poll));
+    let ctx = WorkerContext::new("bench-noop");
+    let worker = WorkerBuilder::new(ctx.clone())
+        .backend(storage)
+        .concurrency(settings.worker_concurrency)
+        .build(noop);
+    let started = Instant::now();
+    let handle = tokio::spawn(async move { worker.run().await });
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM apalis.jobs WHERE job_type = $1 AND status = 'Done'",
+        )
+        .bind(QUEUE)
+        .fetch_one(pool)
+        .await?;
+        if done as usize >= n {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < DRAIN_LIMIT,
+            "apalis baseline did not drain"
+        );
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = ctx.stop();
+    handle.abort();
+    Ok(n as f64 / elapsed)
+}
+
+async fn latency(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    records: usize,
+) -> anyhow::Result<()> {
+    let target = Target::start(0).await?;
+    target.set_faults(crate::target::Faults {
+        latency: Some((Duration::from_millis(50), Duration::from_millis(250))),
+        ..Default::default()
+    });
+    connection(pool, "slow", "http_json", target.url(), 6_000, 64).await?;
+    rule(pool, "customers", "slow", "customers/", 500).await?;
+    let batch = (0..records)
+        .map(|k| NewDelivery::new(format!("c:{k}"), json!({"n": k})))
+        .collect();
+    enqueue::enqueue_many(pool, "customers", batch).await?;
+    let started = Instant::now();
+    let workers = Workers::in_process(pool, &config.settings);
+    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
+    workers.stop().await?;
+    let drain = outcomes(report, pool).await?;
+    rate_figures(report, &target, drain, 100.0);
+    report.figure(
+        "most calls in flight",
+        target.counters().max_in_flight as u64,
+    );
+    let (p50, p99): (f64, f64) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))::float8,
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))::float8
+         FROM deliveries WHERE status = 'delivered'",
+    )
+    .fetch_one(pool)
+    .await?;
+    report.figure("enqueue→delivered p50 (s)", p50);
+    report.figure("enqueue→delivered p99 (s)", p99);
+    Ok(())
+}
+
+async fn storm(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    records: usize,
+) -> anyhow::Result<()> {
+    let target = usercom_target(5, Window::Fixed).await?;
+    connection(
+        pool,
+        "workspace",
+        "usercom",
+        target.workspace_url("bench"),
+        600,
+        8,
+    )
+    .await?;
+    rule(pool, "customers", "workspace", "user_upsert", 100).await?;
+    enqueue::enqueue_many(pool, "customers", users("customer", records)).await?;
+    let started = Instant::now();
+    let workers = Workers::in_process(pool, &config.settings);
+    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
+    workers.stop().await?;
+    let drain = outcomes(report, pool).await?;
+    rate_figures(report, &target, drain, 10.0);
+    let blocks = report
+        .timeline
+        .windows(2)
+        .filter(|w| !w[0].blocked && w[1].blocked)
+        .count();
+    report.figure("blocks seen (sampled)", blocks as u64);
+    let ideal = records as f64 / 5.0;
+    report.figure("ideal drain at 5/s (s)", ideal);
+    report.figure("drain ÷ ideal", drain / ideal);
+    Ok(())
+}
+
+async fn idle(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    url: &str,
+    records: usize,
+) -> anyhow::Result<()> {
+    const WINDOW: Duration = Duration::from_secs(60);
+    let target = Target::start(0).await?;
+    connection(pool, "blocked", "http_json", target.url(), 600, 8).await?;
+    rule(pool, "customers", "blocked", "customers/", 100).await?;
+    let batch = (0..records)
+        .map(|k| NewDelivery::new(format!("c:{k}"), json!({"n": k})))
+        .collect();
+    enqueue::enqueue_many(pool, "customers", batch).await?;
+    sqlx::query(
+        "INSERT INTO connection_blocks (budget_key, connection_id, blocked_until, retry_after_raw, set_at)
+         SELECT courier_budget_key(c), c.id, now() + interval '10 minutes', '600', now() FROM connections c",
+    )
+    .execute(pool)
+    .await?;
+    let child = Child::spawn(url, &config.settings)?;
+    // Let it start (migrations, registration) before measuring.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (cpu0, x0) = (child.cpu_seconds(), transactions(pool).await?);
+    tokio::time::sleep(WINDOW).await;
+    let (cpu1, x1) = (child.cpu_seconds(), transactions(pool).await?);
+    child.stop()?;
+    let own = 2; // the two statistics reads
+    report.figure("measured for (s)", WINDOW.as_secs());
+    report.figure(
+        "transactions/s",
+        (x1 - x0 - own) as f64 / WINDOW.as_secs_f64(),
+    );
+    report.figure("worker CPU seconds", cpu1 - cpu0);
+    report.figure("calls made", target.counters().requests);
+    Ok(())
+}
+
+async fn scale(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    url: &str,
+    records: usize,
+) -> anyhow::Result<()> {
+    const CONNECTIONS: usize = 1_000;
+    const RULES_PER_CONNECTION: usize = 5;
+    let target = Target::start(0).await?;
+    sqlx::query(
+        "INSERT INTO connections (name, writer, base_url, requests_per_minute, max_in_flight)
+         SELECT 'c' || g, 'http_json', $1, 60000000, 8 FROM generate_series(1, $2) g",
+    )
+    .bind(target.url())
+    .bind(CONNECTIONS as i32)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO rules (name, connection_id, path)
+         SELECT c.name || '-r' || g, c.id, 'r' || g || '/' FROM connections c, generate_series(1, $1) g",
+    )
+    .bind(RULES_PER_CONNECTION as i32)
+    .execute(pool)
+    .await?;
+    let per_rule = (records / (CONNECTIONS * RULES_PER_CONNECTION)).max(1);
+    sqlx::query(
+        "INSERT INTO deliveries (rule_id, record_key, payload)
+         SELECT r.id, 'k:' || r.id || ':' || g, jsonb_build_object('n', g)
+         FROM rules r, generate_series(1, $1) g",
+    )
+    .bind(per_rule as i32)
+    .execute(pool)
+    .await?;
+    let total = (per_rule * CONNECTIONS * RULES_PER_CONNECTION) as u64;
+    report.figure("connections", CONNECTIONS as u64);
+    report.figure("rules", (CONNECTIONS * RULES_PER_CONNECTION) as u64);
+    report.figure("records", total);
+    sqlx::query("ANALYZE").execute(pool).await?;
+
+    // The dispatcher's pass, timed in this process: first with every rule due (it starts
+    // 5,000 runs), then a pass with nothing to start.
+    let engine = crate::worker::Engine::new(pool.clone(), config.settings.clone());
+    let t = Instant::now();
+    let started_runs = Dispatcher::new(&engine).run_once().await?;
+    report.figure(
+        "dispatcher pass starting every run (ms)",
+        t.elapsed().as_secs_f64() * 1e3,
+    );
+    report.figure("runs started by it", started_runs as u64);
+    let t = Instant::now();
+    Dispatcher::new(&engine).run_once().await?;
+    report.figure(
+        "dispatcher pass with nothing to start (ms)",
+        t.elapsed().as_secs_f64() * 1e3,
+    );
+
+    let started = Instant::now();
+    let child = Child::spawn(url, &config.settings)?;
+    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
+    let rss = child.peak_rss_mib();
+    child.stop()?;
+    let drain = started.elapsed().as_secs_f64();
+    report.figure("drain time (s)", drain);
+    report.figure("deliveries/s", total as f64 / drain);
+    report.figure("worker peak RSS (MiB)", rss);
+    let t = Instant::now();
+    Dispatcher::new(&engine).run_once().await?;
+    report.figure(
+        "dispatcher pass after the drain (ms)",
+        t.elapsed().as_secs_f64() * 1e3,
+    );
+    Ok(())
+}
