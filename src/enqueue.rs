@@ -9,6 +9,11 @@ use sqlx::{PgExecutor, PgPool};
 
 /// Rows per INSERT statement when enqueuing in bulk.
 pub const INSERT_CHUNK: usize = 5_000;
+/// A bulk enqueue at least this large refreshes the planner's statistics of `deliveries`
+/// right away: a burst into a table the statistics still think small made the claim's
+/// supersession check pick a rule-wide index and run 200 times slower (measured: 666 ms
+/// instead of 3 ms for 500 rows out of 12,500), until autovacuum caught up.
+pub const ANALYZE_AFTER: usize = 10_000;
 
 /// One record to deliver.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -101,6 +106,9 @@ pub async fn enqueue_many(
         ids.extend(insert_chunk(&mut *tx, rule_id, chunk).await?);
     }
     tx.commit().await?;
+    if ids.len() >= ANALYZE_AFTER {
+        sqlx::query!("ANALYZE deliveries").execute(pool).await?;
+    }
     Ok(ids)
 }
 

@@ -31,6 +31,11 @@ use crate::clock::Clock;
 /// Slots leased per statement: about a quarter second's worth, at least 1, at most this.
 pub const MAX_SLICE: u32 = 50;
 
+/// A slot may still be spent this late (or a tenth of an interval, if longer).
+pub const MIN_STALE_TOLERANCE: Duration = Duration::from_millis(1);
+/// The furthest ahead of now a lease may start.
+pub const MAX_LOOKAHEAD: Duration = Duration::from_millis(200);
+
 /// Share of the declared rate left unused, so that arrival jitter (timers, scheduling, the
 /// network) never pushes a target that counts on a sliding window over its limit: slots
 /// are spaced 2% wider than the declared rate needs, which tolerates a ~20 ms jitter at
@@ -113,6 +118,9 @@ struct Budget {
     state: Mutex<BudgetState>,
     /// Slots handed out by this process: one per writer call.
     granted: AtomicU64,
+    /// How far ahead of now a lease starts (microseconds): twice the last lease's round
+    /// trip, so the slots are still fresh when they arrive, however fast the rate.
+    lookahead_us: AtomicU64,
 }
 
 #[derive(Default)]
@@ -171,6 +179,7 @@ impl Pacer {
                     slice: slice_len(requests_per_minute),
                     state: Mutex::new(BudgetState::default()),
                     granted: AtomicU64::new(0),
+                    lookahead_us: AtomicU64::new(0),
                 });
                 budgets.insert(key.to_owned(), b.clone());
                 b
@@ -222,7 +231,8 @@ impl Pacer {
         let now = self.clock.now();
         // A slot nobody took in time is dropped rather than spent late, right before the
         // next one: two requests that close together could exceed a sliding window.
-        let stale = now - chrono::Duration::from_std(budget.interval / 10).expect("fits");
+        let tolerance = (budget.interval / 10).max(MIN_STALE_TOLERANCE);
+        let stale = now - chrono::Duration::from_std(tolerance).expect("fits");
         while !st.queue.is_empty() {
             let Some(slot) = st.slots.pop_front() else {
                 return;
@@ -261,7 +271,9 @@ impl Pacer {
     }
 
     async fn lease_slice(&self, budget: &Budget) -> Result<Vec<DateTime<Utc>>, PacerError> {
-        let now = self.clock.now();
+        let asked = std::time::Instant::now();
+        let lookahead = budget.lookahead_us.load(Ordering::Relaxed) as i64;
+        let now = self.clock.now() + chrono::Duration::microseconds(lookahead);
         let interval = chrono::Duration::from_std(budget.interval).expect("fits");
         let len = interval * budget.slice as i32;
         let start = sqlx::query_scalar!(
@@ -279,6 +291,10 @@ impl Pacer {
             key: budget.key.clone(),
             source,
         })?;
+        let round_trip = asked.elapsed().min(MAX_LOOKAHEAD / 2);
+        budget
+            .lookahead_us
+            .store(2 * round_trip.as_micros() as u64, Ordering::Relaxed);
         Ok((0..budget.slice as i32)
             .map(|i| start + interval * i)
             .collect())
