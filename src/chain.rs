@@ -380,6 +380,7 @@ async fn run_batch(
                 ),
                 duration_ms: None,
                 next_attempt_at: None,
+                at: now,
             });
         } else if d.hold_until.is_some_and(|t| t > now) || d.dependency_pending {
             counters.held += 1;
@@ -402,6 +403,7 @@ async fn run_batch(
                 ),
                 duration_ms: None,
                 next_attempt_at: Some(next),
+                at: now,
             });
         } else {
             to_send.push(i);
@@ -483,6 +485,7 @@ async fn run_batch(
                     error: None,
                     duration_ms,
                     next_attempt_at: None,
+                    at: engine.clock.now(),
                 }
             }
             Err(WriteError::RateLimited { wait, raw }) => {
@@ -524,6 +527,7 @@ async fn run_batch(
                     error: Some(message),
                     duration_ms,
                     next_attempt_at: next,
+                    at: engine.clock.now(),
                 }
             }
         };

@@ -66,6 +66,8 @@ pub struct Entry {
     pub duration_ms: Option<i32>,
     /// When the delivery is due again (failed, held); `None` leaves it unchanged.
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// When the outcome happened: the call's answer, or the decision not to call.
+    pub at: DateTime<Utc>,
 }
 
 /// Writes a batch's outcomes: delivery rows, ledger rows, and the last delivered payload
@@ -92,22 +94,25 @@ pub async fn record(
     let errors: Vec<Option<&str>> = entries.iter().map(|e| e.error.as_deref()).collect();
     let http: Vec<Option<i16>> = entries.iter().map(|e| e.http_status).collect();
     let durations: Vec<Option<i32>> = entries.iter().map(|e| e.duration_ms).collect();
+    let ats: Vec<DateTime<Utc>> = entries.iter().map(|e| e.at).collect();
 
     sqlx::query!(
         "UPDATE deliveries d SET
             status = u.status, attempts = u.attempt,
             next_attempt_at = COALESCE(u.next_at, d.next_attempt_at),
             last_error = COALESCE(u.error, d.last_error), updated_at = $6::timestamptz,
-            finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE $6::timestamptz END
-         FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::text[])
-              AS u(id, status, attempt, next_at, error)
+            finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE u.at END
+         FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::text[],
+                     $7::timestamptz[])
+              AS u(id, status, attempt, next_at, error, at)
          WHERE d.id = u.id",
         &ids,
         &statuses as &[&str],
         &attempts,
         &next_at as &[Option<DateTime<Utc>>],
         &errors as &[Option<&str>],
-        now
+        now,
+        &ats
     )
     .execute(&mut *tx)
     .await?;
@@ -115,8 +120,9 @@ pub async fn record(
     sqlx::query!(
         "INSERT INTO ledger (run_id, rule_id, delivery_id, outcome, attempt, http_status, error,
                              duration_ms, created_at)
-         SELECT $1, $2, u.*, $9
-         FROM unnest($3::bigint[], $4::text[], $5::int[], $6::smallint[], $7::text[], $8::int[]) AS u",
+         SELECT $1, $2, u.*
+         FROM unnest($3::bigint[], $4::text[], $5::int[], $6::smallint[], $7::text[], $8::int[],
+                     $9::timestamptz[]) AS u",
         run_id,
         rule_id,
         &ids,
@@ -125,7 +131,7 @@ pub async fn record(
         &http as &[Option<i16>],
         &errors as &[Option<&str>],
         &durations as &[Option<i32>],
-        now
+        &ats
     )
     .execute(&mut *tx)
     .await?;

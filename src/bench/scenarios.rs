@@ -207,13 +207,33 @@ async fn outcomes(report: &mut Report, pool: &PgPool) -> anyhow::Result<f64> {
     Ok(drain)
 }
 
-fn rate_figures(report: &mut Report, target: &Target, drain: f64, declared_per_second: f64) {
+/// Calls per second while the backlog was being sent: from the first outcome to the last
+/// (so a worker's start-up is not counted against the pacer).
+async fn sending_rate(pool: &PgPool, calls: u64) -> anyhow::Result<f64> {
+    let span: f64 = sqlx::query_scalar(
+        "SELECT COALESCE(extract(epoch FROM max(created_at) - min(created_at)), 0)::float8 FROM ledger",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(if span > 0.0 {
+        (calls.saturating_sub(1)) as f64 / span
+    } else {
+        0.0
+    })
+}
+
+async fn rate_figures(
+    report: &mut Report,
+    pool: &PgPool,
+    target: &Target,
+    declared_per_second: f64,
+) -> anyhow::Result<()> {
     let c = target.counters();
     let calls = c.requests as f64;
-    let rate = if drain > 0.0 { calls / drain } else { 0.0 };
+    let rate = sending_rate(pool, c.requests).await?;
     report.declared_per_second = Some(declared_per_second);
     report.figure("calls", c.requests);
-    report.figure("achieved calls/s", rate);
+    report.figure("achieved calls/s (first to last call)", rate);
     report.figure("achieved ÷ declared", rate / declared_per_second);
     report.figure("429s", c.throttled);
     report.figure(
@@ -226,6 +246,7 @@ fn rate_figures(report: &mut Report, target: &Target, drain: f64, declared_per_s
     );
     report.figure("most calls in a sliding second", c.peak_per_second);
     report.figure("most calls in a sliding minute", c.peak_per_minute);
+    Ok(())
 }
 
 async fn paced(
@@ -259,8 +280,8 @@ async fn paced(
     report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
     workers.stop().await?;
     report.figure("worker processes", processes as u64);
-    let drain = outcomes(report, pool).await?;
-    rate_figures(report, &target, drain, 100.0);
+    outcomes(report, pool).await?;
+    rate_figures(report, pool, &target, 100.0).await?;
     // Each rule's share of the first half of the calls (while both had a backlog).
     let (first, total): (i64, i64) = sqlx::query_as(
         "WITH firsts AS (SELECT l.rule_id FROM ledger l ORDER BY l.id LIMIT (SELECT count(*) / 2 FROM ledger))
@@ -389,8 +410,8 @@ async fn latency(
     let workers = Workers::in_process(pool, &config.settings);
     report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
     workers.stop().await?;
-    let drain = outcomes(report, pool).await?;
-    rate_figures(report, &target, drain, 100.0);
+    outcomes(report, pool).await?;
+    rate_figures(report, pool, &target, 100.0).await?;
     report.figure(
         "most calls in flight",
         target.counters().max_in_flight as u64,
@@ -430,7 +451,7 @@ async fn storm(
     report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
     workers.stop().await?;
     let drain = outcomes(report, pool).await?;
-    rate_figures(report, &target, drain, 10.0);
+    rate_figures(report, pool, &target, 10.0).await?;
     let blocks = report
         .timeline
         .windows(2)

@@ -1,0 +1,49 @@
+//! Small versions of the `pacing` and `storm` benchmarks: they assert correctness only
+//! (everything delivered, nothing failed, no attempt spent on a 429), never speed.
+
+mod common;
+
+use common::*;
+use courier::bench::{self, BenchConfig, Scenario};
+
+async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
+    let database = format!("courier_test_bench_{:08x}", rand::random::<u32>());
+    let report = bench::run(
+        scenario,
+        BenchConfig {
+            server_url: server_url(),
+            database: database.clone(),
+            records: Some(records),
+            out_dir: None,
+            settings: settings(&server_url()),
+        },
+    )
+    .await
+    .unwrap();
+    let n = |name: &str| report.get(name).and_then(|v| v.as_f64()).unwrap_or(-1.0);
+    assert_eq!(n("delivered"), records as f64, "{}", report.render());
+    assert_eq!(n("failed outcomes"), 0.0, "{}", report.render());
+    assert_eq!(n("attempts spent on 429s"), 0.0, "{}", report.render());
+    let admin = sqlx::PgPool::connect(&server_url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    report
+}
+
+#[tokio::test]
+async fn pacing_smoke_delivers_everything() {
+    smoke(Scenario::Pacing, 120).await;
+}
+
+#[tokio::test]
+async fn storm_smoke_delivers_everything_without_spending_attempts_on_429s() {
+    let report = smoke(Scenario::Storm, 20).await;
+    // The target allows half the declared rate: the storm must have met 429s for the
+    // smoke to mean anything.
+    let throttled = report.get("429s").and_then(|v| v.as_u64()).unwrap_or(0);
+    assert!(throttled > 0, "{}", report.render());
+}
