@@ -457,6 +457,7 @@ async fn run_batch(
     let mut reachability = Vec::new();
     let mut not_attempted = Vec::new();
     let mut rate_limited = None;
+    let mut calls_429 = 0usize;
     let mut circuit_opened = false;
     let mut last_error = None;
     while let Some((d, call)) = calls.next().await {
@@ -492,6 +493,7 @@ async fn run_batch(
                 // Not a failure of the record: nothing is recorded against it.
                 tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
                 rate_limited = Some((wait, raw));
+                calls_429 += 1;
                 stop.store(true, Ordering::Relaxed);
                 not_attempted.push(d.id);
                 continue;
@@ -549,6 +551,14 @@ async fn run_batch(
         RunStatus::Running
     };
 
+    // Adapt this process's pace: slower after a 429, back towards the declared rate with
+    // every call answered otherwise.
+    let key = &ctx.connection.budget_key;
+    let answered = reachability.len() - calls_429;
+    engine.pacer.answered(key, answered as u32);
+    if rate_limited.is_some() {
+        engine.pacer.throttled(key);
+    }
     // Outcomes, blocks and the breaker are stamped with the time the calls ended.
     let now = engine.clock.now();
     let mut tx = engine.pool.begin().await?;

@@ -31,6 +31,13 @@ use crate::clock::Clock;
 /// Slots leased per statement: about a quarter second's worth, at least 1, at most this.
 pub const MAX_SLICE: u32 = 50;
 
+/// After a 429 a process paces the budget at this share of its previous speed...
+pub const SLOWDOWN: f64 = 0.5;
+/// ...never slower than this share of the declared rate...
+pub const MIN_SPEED: f64 = 0.05;
+/// ...and grows back by this share per call the target answered without a 429.
+pub const RECOVERY_PER_CALL: f64 = 0.002;
+
 /// A slot may still be spent this late (or a tenth of an interval, if longer).
 pub const MIN_STALE_TOLERANCE: Duration = Duration::from_millis(1);
 /// The furthest ahead of now a lease may start.
@@ -121,6 +128,9 @@ struct Budget {
     /// How far ahead of now a lease starts (microseconds): twice the last lease's round
     /// trip, so the slots are still fresh when they arrive, however fast the rate.
     lookahead_us: AtomicU64,
+    /// Share of the declared rate this process paces at (as f64 bits): halved by a 429,
+    /// grown back by [`RECOVERY_PER_CALL`] per answered call, never above 1.
+    speed: AtomicU64,
 }
 
 #[derive(Default)]
@@ -180,11 +190,44 @@ impl Pacer {
                     state: Mutex::new(BudgetState::default()),
                     granted: AtomicU64::new(0),
                     lookahead_us: AtomicU64::new(0),
+                    speed: AtomicU64::new(1.0f64.to_bits()),
                 });
                 budgets.insert(key.to_owned(), b.clone());
                 b
             }
         }
+    }
+
+    /// A call on budget `key` met a 429: the target allows less than declared, so this
+    /// process slows down (multiplicative decrease) instead of meeting 429 after 429.
+    pub fn throttled(&self, key: &str) {
+        if let Some(b) = self.budgets.lock().expect("pacer mutex").get(key) {
+            let speed = (f64::from_bits(b.speed.load(Ordering::Relaxed)) * SLOWDOWN).max(MIN_SPEED);
+            b.speed.store(speed.to_bits(), Ordering::Relaxed);
+            // Slots leased at the old pace fall inside the block the 429 set anyway.
+            b.state.lock().expect("budget mutex").slots.clear();
+            tracing::info!(budget = key, speed, "slowing down after a 429");
+        }
+    }
+
+    /// `calls` calls on budget `key` were answered without a 429 (additive increase).
+    pub fn answered(&self, key: &str, calls: u32) {
+        if let Some(b) = self.budgets.lock().expect("pacer mutex").get(key) {
+            let speed = f64::from_bits(b.speed.load(Ordering::Relaxed));
+            if speed < 1.0 {
+                let speed = (speed + RECOVERY_PER_CALL * f64::from(calls)).min(1.0);
+                b.speed.store(speed.to_bits(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The share of the declared rate this process paces budget `key` at.
+    pub fn speed(&self, key: &str) -> f64 {
+        self.budgets
+            .lock()
+            .expect("pacer mutex")
+            .get(key)
+            .map_or(1.0, |b| f64::from_bits(b.speed.load(Ordering::Relaxed)))
     }
 
     /// Slots this process has handed out for budget `key` (one per writer call).
@@ -274,7 +317,10 @@ impl Pacer {
         let asked = std::time::Instant::now();
         let lookahead = budget.lookahead_us.load(Ordering::Relaxed) as i64;
         let now = self.clock.now() + chrono::Duration::microseconds(lookahead);
-        let interval = chrono::Duration::from_std(budget.interval).expect("fits");
+        let speed = f64::from_bits(budget.speed.load(Ordering::Relaxed));
+        let spaced =
+            Duration::from_micros((budget.interval.as_micros() as f64 / speed).ceil() as u64);
+        let interval = chrono::Duration::from_std(spaced).expect("fits");
         let len = interval * budget.slice as i32;
         let start = sqlx::query_scalar!(
             r#"INSERT INTO budgets AS b (budget_key, tat, updated_at) VALUES ($1, $2::timestamptz + $3::interval, $2)

@@ -280,3 +280,34 @@ async fn a_short_wait_goes_through_the_real_queue_and_resumes_the_same_run() {
     handle.await.unwrap().unwrap();
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn a_429_slows_this_process_down_and_answers_bring_it_back() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    set_rate(&db.pool, 600).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let key: String = sqlx::query_scalar("SELECT courier_budget_key(c) FROM connections c")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    target.respond_with(429, Some("1"));
+    drive(&engine).await;
+    assert_eq!(engine.pacer.speed(&key), 0.5);
+    // Slots leased now are spaced twice as wide.
+    let a = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
+    let b = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
+    assert!(b - a >= Span::milliseconds(200), "{a} {b}");
+    target.respond_with(200, None);
+    engine.clock.advance(Span::seconds(2));
+    drive(&engine).await;
+    assert!(
+        engine.pacer.speed(&key) > 0.5,
+        "answered calls speed it up again"
+    );
+    db.drop_db().await;
+}
