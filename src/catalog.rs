@@ -214,14 +214,16 @@ pub async fn set_rule_enabled(
     name: &str,
     enabled: bool,
 ) -> Result<(), CatalogError> {
+    // The notification wakes dispatchers, so an enabled rule starts at once.
     let n = sqlx::query!(
-        "UPDATE rules SET enabled = $2, updated_at = now() WHERE name = $1",
+        "WITH r AS (UPDATE rules SET enabled = $2, updated_at = now() WHERE name = $1 RETURNING id)
+         SELECT pg_notify('courier_deliveries', 'rule') FROM r",
         name,
         enabled
     )
-    .execute(db)
+    .fetch_all(db)
     .await?
-    .rows_affected();
+    .len();
     if n == 0 {
         return Err(CatalogError::NotFound {
             kind: "rule",

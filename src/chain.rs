@@ -98,6 +98,7 @@ pub async fn execute(
         let at = now + LEASE_BUSY_RETRY;
         if let Some(id) = task_id {
             queue::reschedule(&engine.pool, id, at).await?;
+            queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);
         }
         return Ok(JobOutcome::Rescheduled(at));
     }
@@ -233,6 +234,9 @@ async fn wait(
         queue::push(&mut tx, &[job], Some(wake_time(until))).await?;
     }
     tx.commit().await?;
+    if active {
+        queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), wake_time(until));
+    }
     Ok(if active {
         JobOutcome::Waiting(until)
     } else {
@@ -632,6 +636,9 @@ async fn run_batch(
         }
     };
     tx.commit().await?;
+    if let JobOutcome::Waiting(t) = outcome {
+        queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), wake_time(t));
+    }
     tracing::debug!(run = job.run_id, ?counters, ?outcome, "chain job done");
     Ok(outcome)
 }

@@ -12,10 +12,13 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/couri
 pub const DEFAULT_WORKER_CONCURRENCY: usize = 16;
 /// Chain jobs fetched from the queue in one statement.
 pub const DEFAULT_QUEUE_BATCH_SIZE: usize = 16;
-/// How often the queue is polled for jobs scheduled for later (new jobs arrive by NOTIFY).
-pub const DEFAULT_QUEUE_POLL_MS: u64 = 1_000;
-/// How often the dispatcher looks for due work without being woken.
-pub const DEFAULT_DISPATCH_INTERVAL_MS: u64 = 1_000;
+/// How often the queue is polled as a safety net: new jobs arrive by NOTIFY, and a job
+/// scheduled for later is announced by a timer in the process that scheduled it.
+pub const DEFAULT_QUEUE_POLL_MS: u64 = 10_000;
+/// The longest the dispatcher sleeps: it is woken by NOTIFY and by a timer set for the
+/// next moment something falls due, so this only bounds what nothing announces (a rule
+/// enabled by plain SQL).
+pub const DEFAULT_DISPATCH_INTERVAL_MS: u64 = 30_000;
 /// A run whose heartbeat is older than this is reaped as stale.
 pub const DEFAULT_CHAIN_STALE_AFTER_SECS: u64 = 600;
 /// How often the reaper looks for stale runs.
@@ -56,9 +59,9 @@ pub struct Settings {
     pub worker_concurrency: usize,
     /// `COURIER_QUEUE_BATCH_SIZE`: chain jobs fetched per queue poll.
     pub queue_batch_size: usize,
-    /// `COURIER_QUEUE_POLL_MS`: poll interval for jobs scheduled for later.
+    /// `COURIER_QUEUE_POLL_MS`: safety-net poll of the queue (jobs normally arrive by NOTIFY).
     pub queue_poll: Duration,
-    /// `COURIER_DISPATCH_INTERVAL_MS`: the dispatcher's tick when nothing wakes it.
+    /// `COURIER_DISPATCH_INTERVAL_MS`: the longest the dispatcher sleeps unwoken.
     pub dispatch_interval: Duration,
     /// `COURIER_CHAIN_STALE_AFTER_SECONDS`: heartbeat age at which a run is reaped.
     pub chain_stale_after: Duration,

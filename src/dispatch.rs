@@ -1,5 +1,5 @@
 //! The dispatcher: a loop in every worker process, woken by NOTIFY (deliveries inserted, a
-//! run finished) and by a short tick. Each pass starts a run, with its first chain job in
+//! run finished) and by a timer set for the next moment something falls due. Each pass starts a run, with its first chain job in
 //! the same transaction, for every enabled rule that has due deliveries and no active run,
 //! unless its connection's circuit is open. An open circuit whose cooldown has passed gets
 //! one probing run (half-open). Rules of a connection blocked by a 429 are skipped until the
@@ -132,13 +132,38 @@ impl<'a> Dispatcher<'a> {
         Ok(started)
     }
 
-    /// Runs passes until `shutdown`: on every notification and every tick.
+    /// The earliest moment after now at which something may become startable by time
+    /// alone: a pending delivery falling due, a rate-limit block lapsing, an open circuit
+    /// cooling down. Everything else (new deliveries, finished runs) arrives by NOTIFY.
+    pub async fn next_due(&self) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        let now = self.engine.clock.now();
+        sqlx::query_scalar!(
+            "SELECT LEAST(
+                (SELECT min(next_attempt_at) FROM deliveries
+                  WHERE status = 'pending' AND next_attempt_at > $1),
+                (SELECT min(blocked_until) FROM connection_blocks WHERE blocked_until > $1),
+                (SELECT min(open_until) FROM circuits WHERE state = 'open' AND open_until > $1))",
+            now
+        )
+        .fetch_one(&self.engine.pool)
+        .await
+    }
+
+    /// Runs passes until `shutdown`: on every notification, and otherwise when the next
+    /// thing falls due (at the latest every `dispatch_interval`). An idle or blocked
+    /// system costs no polling.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.engine.pool).await?;
         listener.listen(WAKE_CHANNEL).await?;
-        let mut tick = tokio::time::interval(self.engine.settings.dispatch_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let max_sleep = self.engine.settings.dispatch_interval;
         loop {
+            let sleep = match self.pass().await {
+                Some(at) => (at - self.engine.clock.now())
+                    .to_std()
+                    .unwrap_or_default()
+                    .min(max_sleep),
+                None => max_sleep,
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 n = listener.recv() => {
@@ -146,10 +171,22 @@ impl<'a> Dispatcher<'a> {
                         tracing::warn!(error = %e, "dispatcher lost its LISTEN connection; reconnecting");
                     }
                 }
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(sleep) => {}
             }
-            if let Err(e) = self.run_once().await {
-                tracing::error!(error = %e, "dispatch pass failed");
+        }
+    }
+
+    /// One pass and the time of the next one due; errors are logged, not fatal.
+    async fn pass(&self) -> Option<DateTime<Utc>> {
+        if let Err(e) = self.run_once().await {
+            tracing::error!(error = %e, "dispatch pass failed");
+            return None;
+        }
+        match self.next_due().await {
+            Ok(at) => at,
+            Err(e) => {
+                tracing::error!(error = %e, "dispatcher could not read the next due time");
+                None
             }
         }
     }

@@ -108,3 +108,23 @@ impl PollStrategy for Tick {
         }
     }
 }
+
+/// Wakes every worker's queue fetcher at `at`, the moment a job scheduled for then is due:
+/// apalis' insert trigger only announces jobs due when inserted, so without this a waiting
+/// chain would resume at the next poll. The poll (`COURIER_QUEUE_POLL_MS`) stays as the
+/// safety net for a process that dies before its timer fires.
+pub fn wake_fetchers_at(pool: sqlx::PgPool, clock: crate::clock::Clock, at: DateTime<Utc>) {
+    tokio::spawn(async move {
+        clock.sleep_until(at).await;
+        let sent = sqlx::query!(
+            "SELECT pg_notify('apalis::job::insert',
+                    json_build_object('job_type', $1::text, 'id', 'courier-wake', 'run_at', now())::text)",
+            CHAIN_QUEUE
+        )
+        .execute(&pool)
+        .await;
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "could not wake the queue; the poll will pick the job up");
+        }
+    });
+}

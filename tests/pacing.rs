@@ -232,7 +232,11 @@ async fn a_short_wait_goes_through_the_real_queue_and_resumes_the_same_run() {
         .await
         .unwrap();
     target.respond_with(429, Some("1"));
-    let engine = Arc::new(Engine::new(db.pool.clone(), settings(&db.url)));
+    // The queue's safety-net poll is a minute: only the wake-up the waiting process sends
+    // on apalis' insert channel at the block's end can resume the chain within seconds.
+    let mut s = settings(&db.url);
+    s.queue_poll = Duration::from_secs(60);
+    let engine = Arc::new(Engine::new(db.pool.clone(), s));
     let handle = tokio::spawn(worker::run(engine.clone()));
     let pool = db.pool.clone();
     eventually("the run waiting, its next job scheduled", || {
@@ -251,8 +255,7 @@ async fn a_short_wait_goes_through_the_real_queue_and_resumes_the_same_run() {
     })
     .await;
     target.respond_with(200, None);
-    // A 1 s block, a 100 ms queue poll: the run resumes within seconds, not at the 30 s
-    // worker heartbeat (what apalis' own interval strategy would give).
+    // A 1 s block: the run resumes within seconds, not at the next poll or heartbeat.
     within(
         Duration::from_secs(10),
         "all delivered by the same run",
