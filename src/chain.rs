@@ -432,12 +432,18 @@ async fn run_batch(
                 }
                 // One request of the budget per call, in fair turn with other rules.
                 let key = &ctx.connection.budget_key;
-                match engine.pacer.acquire(key, rpm, job.rule_id, weight).await {
-                    Ok(slot) => engine.clock.sleep_until(slot).await,
-                    Err(e) => {
+                let wait_for_slot = async {
+                    let slot = engine.pacer.acquire(key, rpm, job.rule_id, weight).await?;
+                    engine.clock.sleep_until(slot).await;
+                    Ok::<_, crate::pacer::PacerError>(())
+                };
+                // A stop does not wait for slots: the delivery stays pending, untouched.
+                tokio::select! {
+                    waited = wait_for_slot => if let Err(e) = waited {
                         tracing::error!(error = %e, "no request slot; delivery left pending");
                         return (d, None);
-                    }
+                    },
+                    _ = engine.shutdown.cancelled() => return (d, None),
                 }
                 // A 429 or a stop may have come in while this call waited for its slot.
                 if halted() {

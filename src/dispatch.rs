@@ -170,6 +170,8 @@ impl<'a> Dispatcher<'a> {
                     if let Err(e) = n {
                         tracing::warn!(error = %e, "dispatcher lost its LISTEN connection; reconnecting");
                     }
+                    // A burst of notifications (thousands of runs finishing) is one pass.
+                    while listener.next_buffered().is_some() {}
                 }
                 _ = tokio::time::sleep(sleep) => {}
             }

@@ -540,7 +540,7 @@ async fn scale(
     let total = (per_rule * CONNECTIONS * RULES_PER_CONNECTION) as u64;
     report.figure("connections", CONNECTIONS as u64);
     report.figure("rules", (CONNECTIONS * RULES_PER_CONNECTION) as u64);
-    report.figure("records", total);
+    report.figure("records enqueued (whole per rule)", total);
     sqlx::query("ANALYZE").execute(pool).await?;
 
     // The dispatcher's pass, timed in this process: first with every rule due (it starts
