@@ -76,9 +76,9 @@ impl Circuit {
         self.consecutive_failures += 1;
         let trips = match self.state {
             State::Closed => self.consecutive_failures >= settings.failure_threshold as i32,
-            // A failed probe reopens at once; an open circuit stays open.
-            State::HalfOpen => true,
-            State::Open => false,
+            // A failed probe reopens at once; so does a failure met by a run that was
+            // already under way when the circuit opened (its cooldown starts again).
+            State::HalfOpen | State::Open => true,
         };
         if trips {
             self.open(settings, now);
@@ -202,6 +202,22 @@ mod tests {
         c.state = State::HalfOpen;
         assert!(!c.observe(true, &s, now));
         assert_eq!(c, closed(), "a good probe closes and resets the cooldown");
+    }
+
+    #[test]
+    fn a_failure_while_open_reopens_for_longer() {
+        let s = BreakerSettings::default();
+        let now = Utc::now();
+        let mut c = closed();
+        for _ in 0..5 {
+            c.observe(false, &s, now);
+        }
+        assert_eq!(c.state, State::Open);
+        // A run already under way when it opened meets the dead target after the cooldown.
+        let later = now + chrono::Duration::seconds(31);
+        assert!(c.allows_calls(later));
+        assert!(c.observe(false, &s, later), "it trips again at once");
+        assert_eq!(c.open_until, Some(later + chrono::Duration::seconds(60)));
     }
 
     #[test]

@@ -64,6 +64,7 @@ struct JobContext {
     backoff_max_ms: i32,
     connection: Connection,
     circuit: Circuit,
+    probe_run_id: Option<i64>,
     blocked_until: Option<DateTime<Utc>>,
 }
 
@@ -74,6 +75,7 @@ struct Claimed {
     payload: serde_json::Value,
     attempts: i32,
     hold_until: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
     superseded: bool,
     unchanged: bool,
     dependency_pending: bool,
@@ -94,7 +96,10 @@ pub async fn execute(
         tracing::info!(run = job.run_id, status = %ctx.run_status, "late job of a finished run: nothing to do");
         return Ok(JobOutcome::Skipped);
     }
-    if !acquire_lease(engine, job.rule_id, now).await? {
+    // The lease belongs to this job (a retry of the same apalis job may take it again);
+    // the next job of the chain, even in this process, waits for it.
+    let owner = format!("{}/{}", engine.worker_name, task_id.unwrap_or("direct"));
+    if !acquire_lease(engine, job.rule_id, &owner, now).await? {
         let at = now + LEASE_BUSY_RETRY;
         if let Some(id) = task_id {
             queue::reschedule(&engine.pool, id, at).await?;
@@ -103,8 +108,13 @@ pub async fn execute(
         return Ok(JobOutcome::Rescheduled(at));
     }
     let span = tracing::info_span!("chain", run = job.run_id, rule = job.rule_id, connection = %ctx.connection.name);
-    let result = run_batch(engine, job, &ctx, now).instrument(span).await;
-    release_lease(engine, job.rule_id).await?;
+    let result = run_batch(engine, job, &ctx, &owner, now)
+        .instrument(span)
+        .await;
+    // The outcome is committed (or the job failed); a lease left behind only expires.
+    if let Err(e) = release_lease(engine, job.rule_id, &owner).await {
+        tracing::warn!(rule = job.rule_id, error = %e, "could not release the rule's lease; it expires");
+    }
     result
 }
 
@@ -115,7 +125,7 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
                   courier_budget_key(c) AS "budget_key!",
-                  ci.state, ci.consecutive_failures, ci.times_opened, ci.open_until,
+                  ci.state, ci.consecutive_failures, ci.times_opened, ci.open_until, ci.probe_run_id,
                   b.blocked_until AS "blocked_until?"
            FROM runs r
            JOIN rules ru ON ru.id = r.rule_id
@@ -155,6 +165,7 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
             times_opened: r.times_opened,
             open_until: r.open_until,
         },
+        probe_run_id: r.probe_run_id,
         blocked_until: r.blocked_until,
     }))
 }
@@ -162,15 +173,16 @@ async fn load(engine: &Engine, run_id: i64) -> Result<Option<JobContext>, sqlx::
 async fn acquire_lease(
     engine: &Engine,
     rule_id: i64,
+    owner: &str,
     now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
-    let until = now + Duration::from_std(engine.settings.chain_stale_after).expect("fits");
+    let until = now + lease_length(engine);
     let got = sqlx::query_scalar!(
         "UPDATE rules SET lease_owner = $2, lease_until = $3
          WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
          RETURNING id",
         rule_id,
-        engine.worker_name,
+        owner,
         until,
         now
     )
@@ -179,11 +191,35 @@ async fn acquire_lease(
     Ok(got.is_some())
 }
 
-async fn release_lease(engine: &Engine, rule_id: i64) -> Result<(), sqlx::Error> {
+/// How long a lease (and a heartbeat) holds without renewal: the staleness window.
+fn lease_length(engine: &Engine) -> Duration {
+    Duration::from_std(engine.settings.chain_stale_after).unwrap_or(Duration::MAX)
+}
+
+/// Extends the lease and the run's heartbeat while a batch is still calling the target,
+/// so a slow batch (a low rate, a slowed-down pacer) is never taken for dead and its
+/// deliveries are never claimed again by a new run.
+async fn renew(engine: &Engine, job: ChainJob, owner: &str) -> Result<(), sqlx::Error> {
+    let now = engine.clock.now();
+    sqlx::query!(
+        "WITH l AS (UPDATE rules SET lease_until = $3 WHERE id = $1 AND lease_owner = $2)
+         UPDATE runs SET heartbeat_at = $4 WHERE id = $5 AND status IN ('running', 'waiting')",
+        job.rule_id,
+        owner,
+        now + lease_length(engine),
+        now,
+        job.run_id
+    )
+    .execute(&engine.pool)
+    .await?;
+    Ok(())
+}
+
+async fn release_lease(engine: &Engine, rule_id: i64, owner: &str) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "UPDATE rules SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2",
         rule_id,
-        engine.worker_name
+        owner
     )
     .execute(&engine.pool)
     .await?;
@@ -259,7 +295,7 @@ async fn claim(
     now: DateTime<Utc>,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let rows = sqlx::query!(
-        r#"SELECT d.id, d.record_key, d.payload, d.attempts, d.hold_until,
+        r#"SELECT d.id, d.record_key, d.payload, d.attempts, d.hold_until, d.created_at,
                   EXISTS (SELECT 1 FROM deliveries n
                           WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
                             AND n.status = 'pending' AND n.id > d.id) AS "superseded!",
@@ -289,6 +325,7 @@ async fn claim(
             payload: r.payload,
             attempts: r.attempts,
             hold_until: r.hold_until,
+            created_at: r.created_at,
             superseded: r.superseded,
             unchanged: r.unchanged,
             dependency_pending: r.dependency_pending,
@@ -311,6 +348,7 @@ async fn run_batch(
     engine: &Engine,
     job: ChainJob,
     ctx: &JobContext,
+    owner: &str,
     now: DateTime<Utc>,
 ) -> Result<JobOutcome, ChainError> {
     if !ctx.rule_enabled {
@@ -324,7 +362,10 @@ async fn run_batch(
         )
         .await;
     }
-    if !ctx.circuit.allows_calls(now) {
+    // Half-open: one run probes; every other run of the connection ends as if open.
+    let probing_elsewhere = ctx.circuit.state == breaker::State::HalfOpen
+        && ctx.probe_run_id.is_some_and(|p| p != job.run_id);
+    if !ctx.circuit.allows_calls(now) || probing_elsewhere {
         return finish(engine, job, RunStatus::CircuitOpen, None, None, now).await;
     }
     match throttle::decide(ctx.blocked_until, now, engine.settings.throttle_max_wait) {
@@ -390,7 +431,16 @@ async fn run_batch(
             counters.held += 1;
             let next = match d.hold_until {
                 Some(t) if t > now => t,
-                _ => now + Duration::milliseconds(ctx.backoff_base_ms.into()),
+                // Waiting for a dependency: look again after half the time waited so far
+                // (between the rule's backoff base and cap), so a dependency that never
+                // arrives costs a run now and then, not one every second.
+                _ => {
+                    let waited = (now - d.created_at).num_milliseconds().max(0) / 2;
+                    let base = i64::from(ctx.backoff_base_ms);
+                    now + Duration::milliseconds(
+                        waited.clamp(base, i64::from(ctx.backoff_max_ms).max(base)),
+                    )
+                }
             };
             entries.push(Entry {
                 delivery_id: d.id,
@@ -470,18 +520,36 @@ async fn run_batch(
     let mut calls_429 = 0usize;
     let mut circuit_opened = false;
     let mut last_error = None;
-    while let Some((d, call)) = calls.next().await {
+    let mut renewal = tokio::time::interval(engine.settings.chain_stale_after / 4);
+    renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    renewal.tick().await; // the first tick is immediate; the lease was just taken
+    loop {
+        let next = tokio::select! {
+            next = calls.next() => next,
+            _ = renewal.tick() => {
+                if let Err(e) = renew(engine, job, owner).await {
+                    tracing::warn!(error = %e, "could not renew the lease and heartbeat");
+                }
+                continue;
+            }
+        };
+        let Some((d, call)) = next else { break };
         let Some((result, elapsed)) = call else {
             not_attempted.push(d.id);
             continue;
         };
-        let reachable = result
-            .as_ref()
-            .map_or_else(WriteError::proves_reachable, |_| true);
-        reachability.push(reachable);
-        if live_circuit.observe(reachable, &engine.settings.breaker, now) {
-            circuit_opened = true;
-            stop.store(true, Ordering::Relaxed);
+        // A payload the writer refused before sending anything (no HTTP status) says
+        // nothing about the target: the breaker does not hear of it.
+        let refused_locally = matches!(result, Err(WriteError::Permanent { status: None, .. }));
+        if !refused_locally {
+            let reachable = result
+                .as_ref()
+                .map_or_else(WriteError::proves_reachable, |_| true);
+            reachability.push(reachable);
+            if live_circuit.observe(reachable, &engine.settings.breaker, now) {
+                circuit_opened = true;
+                stop.store(true, Ordering::Relaxed);
+            }
         }
         let duration_ms = Some(elapsed.as_millis().min(i32::MAX as u128) as i32);
         let attempt = d.attempts + 1;

@@ -35,6 +35,12 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_THROTTLE_MAX_WAIT_SECS: u64 = 300;
 /// Connections in the worker's database pool.
 pub const DEFAULT_DB_MAX_CONNECTIONS: u32 = 10;
+/// The largest value any numeric setting takes (30 days in seconds; far beyond any sane
+/// count or duration, and small enough that no time arithmetic overflows).
+pub const MAX_SETTING: u64 = 2_592_000;
+/// What a waiting chain's wake-up may lag behind its block's end (whole-second
+/// scheduling, a busy worker): the wait bound must leave this much of the staleness window.
+pub const WAKE_MARGIN: Duration = Duration::from_secs(30);
 
 /// A setting that could not be accepted.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -190,13 +196,14 @@ impl Settings {
 
     /// Checks the rules that tie settings together.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.throttle_max_wait >= self.chain_stale_after {
+        if self.throttle_max_wait + WAKE_MARGIN >= self.chain_stale_after {
             return Err(ConfigError {
                 name: "COURIER_THROTTLE_MAX_WAIT_SECONDS".into(),
                 value: self.throttle_max_wait.as_secs().to_string(),
                 reason: format!(
-                    "must stay below COURIER_CHAIN_STALE_AFTER_SECONDS ({}), or a chain waiting out a \
-                     rate limit would be reaped as stale",
+                    "must stay at least {} s below COURIER_CHAIN_STALE_AFTER_SECONDS ({}), or a \
+                     chain waiting out a rate limit could be reaped as stale",
+                    WAKE_MARGIN.as_secs(),
                     self.chain_stale_after.as_secs()
                 ),
             });
@@ -235,6 +242,9 @@ fn number(
         .map_err(|_| err("not a whole non-negative number".into()))?;
     if n < min {
         return Err(err(format!("must be at least {min}")));
+    }
+    if n > MAX_SETTING {
+        return Err(err(format!("must be at most {MAX_SETTING}")));
     }
     Ok(n)
 }

@@ -105,7 +105,7 @@ pub async fn record(
          FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::text[],
                      $7::timestamptz[])
               AS u(id, status, attempt, next_at, error, at)
-         WHERE d.id = u.id",
+         WHERE d.id = u.id AND d.status = 'pending'",
         &ids,
         &statuses as &[&str],
         &attempts,

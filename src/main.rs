@@ -73,6 +73,9 @@ enum Command {
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]
         records: Option<usize>,
+        /// Worker processes for multi-worker (default 3).
+        #[arg(long)]
+        workers: Option<usize>,
         /// Where results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -389,6 +392,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Command::Bench {
             scenario,
             records,
+            workers,
             out,
         } => {
             let report = courier::bench::run(
@@ -397,6 +401,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                     server_url: settings.database_url.clone(),
                     database: "courier_bench".into(),
                     records,
+                    workers,
                     out_dir: Some(out),
                     settings,
                 },

@@ -14,6 +14,7 @@ async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
             server_url: server_url(),
             database: database.clone(),
             records: Some(records),
+            workers: None,
             out_dir: None,
             settings: settings(&server_url()),
         },

@@ -242,7 +242,16 @@ async fn held_deliveries_wait_for_their_time_and_dependencies() {
         .unwrap();
     engine.clock.advance(Span::seconds(1));
     drive(&engine).await;
-    engine.clock.advance(Span::seconds(1));
+    // A held dependant is looked at again after half the time it has waited (at least
+    // the rule's backoff base): here a few seconds.
+    let next: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
+            .bind(order)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(next > engine.clock.now() && next <= engine.clock.now() + Span::seconds(60));
+    engine.clock.advance(Span::seconds(60));
     drive(&engine).await;
     assert_eq!(delivery(&db.pool, order).await, ("delivered".into(), 1));
     assert_eq!(delivery(&db.pool, held).await.0, "pending");
@@ -752,5 +761,52 @@ async fn an_undecodable_job_is_dropped_and_the_worker_keeps_delivering() {
     .await;
     engine.shutdown.cancel();
     handle.await.unwrap().unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    target.set_latency(Duration::from_millis(2_500));
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    // A two-second staleness window: the batch (two calls of 2.5 s) outlives it many times.
+    let mut s = settings(&db.url);
+    s.chain_stale_after = Duration::from_secs(2);
+    s.throttle_max_wait = Duration::ZERO;
+    let engine = Arc::new(courier::worker::Engine::new(db.pool.clone(), s));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 2))
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let job = take_jobs(&db.pool).await[0];
+    let started: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT heartbeat_at FROM runs")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let e = engine.clone();
+    let running = tokio::spawn(async move { chain::execute(&e, job, Some("job-1")).await });
+    let pool = db.pool.clone();
+    eventually("the heartbeat and the lease renewed while the first call is out", || {
+        let pool = pool.clone();
+        async move {
+            let (beat, lease): (chrono::DateTime<chrono::Utc>, Option<chrono::DateTime<chrono::Utc>>) =
+                sqlx::query_as("SELECT r.heartbeat_at, u.lease_until FROM runs r JOIN rules u ON u.id = r.rule_id")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            beat > started + chrono::Duration::milliseconds(400)
+                && lease.is_some_and(|l| l > beat + chrono::Duration::milliseconds(1_500))
+        }
+    })
+    .await;
+    // The reaper leaves the run alone, and the batch ends delivered, exactly once.
+    assert!(Reaper::new(&engine).run_once().await.unwrap().is_empty());
+    assert!(matches!(
+        running.await.unwrap().unwrap(),
+        JobOutcome::Finished(RunStatus::Completed)
+    ));
+    assert_eq!(target.counters().requests, 2);
     db.drop_db().await;
 }

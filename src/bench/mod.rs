@@ -31,6 +31,8 @@ pub struct BenchConfig {
     pub database: String,
     /// Records to enqueue; `None` takes the scenario's default.
     pub records: Option<usize>,
+    /// Worker processes for `multi-worker`; `None` takes three.
+    pub workers: Option<usize>,
     /// Where the JSON and SVG go; `None` writes nothing.
     pub out_dir: Option<PathBuf>,
     /// Worker settings (concurrency, polls) for in-process and child workers.

@@ -34,7 +34,7 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(1800);
 pub enum Scenario {
     /// Two rules on one connection declaring 6,000/min; target allows 100/s, sliding.
     Pacing,
-    /// `pacing` with three worker processes on one budget.
+    /// `pacing` with several worker processes on one budget (three unless told).
     MultiWorker,
     /// No limit, no latency: deliveries per second and transactions per record, against
     /// apalis-postgres draining no-op jobs.
@@ -112,7 +112,10 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
     report.figure("records", records as u64);
     match scenario {
         Scenario::Pacing => paced(&mut report, config, &pool, &url, records, 1).await?,
-        Scenario::MultiWorker => paced(&mut report, config, &pool, &url, records, 3).await?,
+        Scenario::MultiWorker => {
+            let processes = config.workers.unwrap_or(3).max(1);
+            paced(&mut report, config, &pool, &url, records, processes).await?
+        }
         Scenario::Throughput => throughput(&mut report, config, &pool, records).await?,
         Scenario::Latency => latency(&mut report, config, &pool, records).await?,
         Scenario::Storm => storm(&mut report, config, &pool, records).await?,

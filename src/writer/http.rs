@@ -184,8 +184,9 @@ fn snippet(body: &str) -> String {
 }
 
 /// The wait a 429 asks for, in this order: `Retry-After` as seconds, `Retry-After` as an
-/// HTTP-date, then each vendor reset header (seconds). Returns the wait (capped at one day)
-/// and the raw value it came from. Garbage yields `(None, Some(raw))`.
+/// HTTP-date, then each vendor reset header (seconds); an unparsable header falls through
+/// to the next. Returns the wait (capped at one day) and the raw value it came from;
+/// when only garbage was sent, `(None, Some(raw))`.
 pub fn rate_limit_wait(
     headers: &HeaderMap,
     reset_headers: &[&str],
@@ -196,15 +197,24 @@ pub fn rate_limit_wait(
             .get(name)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
     };
+    // The first header that parses wins; a garbage one does not hide a later good one,
+    // but is still reported when nothing parses.
+    let mut garbage = None;
     if let Some(raw) = raw_of("retry-after") {
-        return (parse_retry_after(&raw, now), Some(raw));
+        match parse_retry_after(&raw, now) {
+            Some(wait) => return (Some(wait), Some(raw)),
+            None => garbage = Some(raw),
+        }
     }
     for name in reset_headers {
         if let Some(raw) = raw_of(name) {
-            return (parse_seconds(&raw), Some(raw));
+            match parse_seconds(&raw) {
+                Some(wait) => return (Some(wait), Some(raw)),
+                None => garbage = garbage.or(Some(raw)),
+            }
         }
     }
-    (None, None)
+    (None, garbage)
 }
 
 /// Parses a `Retry-After` value: delta-seconds or an HTTP-date.
