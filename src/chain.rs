@@ -296,9 +296,14 @@ async fn claim(
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"SELECT d.id, d.record_key, d.payload, d.attempts, d.hold_until, d.created_at,
-                  EXISTS (SELECT 1 FROM deliveries n
-                          WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
-                            AND n.status = 'pending' AND n.id > d.id) AS "superseded!",
+                  -- The newest pending delivery of the key, read backwards off
+                  -- deliveries_pending_key: this shape keeps that plan even when the
+                  -- statistics still think the table small (an EXISTS with id > d.id
+                  -- did not: 327 ms instead of 1.4 ms for 500 of 5,000 fresh rows).
+                  COALESCE((SELECT n.id FROM deliveries n
+                            WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
+                              AND n.status = 'pending'
+                            ORDER BY n.id DESC LIMIT 1) > d.id, false) AS "superseded!",
                   COALESCE(dr.payload = d.payload, false) AS "unchanged!",
                   (d.depends_on IS NOT NULL AND NOT EXISTS (
                       SELECT 1 FROM delivered_records x
