@@ -20,36 +20,33 @@ const ERROR_BODY_LIMIT: usize = 300;
 /// the IETF draft's `RateLimit-Reset` (delta seconds).
 pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
 
-/// POSTs each payload as JSON to the connection's base URL joined with the rule's path.
-pub struct HttpJsonWriter {
+/// What every HTTP writer takes from its connection: the shared client, the headers
+/// (the connection's own plus authorization), the timeout, the declared rate and the
+/// in-flight bound; and how it sends a request and maps the answer.
+pub struct Endpoint {
     /// The connection's name: log lines about its credentials name it.
-    connection: String,
+    pub connection: String,
     /// Shared client: one connection pool per process.
-    client: reqwest::Client,
-    /// Base URL, ending in `/` so rule paths join under it.
-    base_url: String,
-    /// Configured headers plus `Authorization` when the connection has a key.
-    headers: HeaderMap,
+    pub client: reqwest::Client,
+    /// The connection's extra headers plus `Authorization` (marked sensitive).
+    pub headers: HeaderMap,
     /// Per-request timeout.
-    timeout: Duration,
-    /// Declared requests per minute.
-    requests_per_minute: u32,
+    pub timeout: Duration,
+    /// Declared requests per minute: the connection's, else the writer's default.
+    pub requests_per_minute: u32,
     /// Calls in flight at once.
-    max_in_flight: usize,
+    pub max_in_flight: usize,
 }
 
-impl HttpJsonWriter {
-    /// Builds the writer for `conn`; `key` is the API key read from its environment variable
-    /// and is sent as `Authorization: Bearer <key>`.
+impl Endpoint {
+    /// Reads `conn`'s settings and headers; `authorization` is the full header value
+    /// (e.g. `Bearer <key>`), never logged.
     pub fn new(
         conn: &Connection,
         client: &reqwest::Client,
-        key: Option<String>,
+        authorization: Option<String>,
     ) -> Result<Self, WriterConfigError> {
-        let invalid = |reason: String| WriterConfigError::Invalid {
-            connection: conn.name.clone(),
-            reason,
-        };
+        let invalid = |reason: String| invalid(conn, reason);
         let mut headers = HeaderMap::new();
         if let Some(map) = conn.headers.as_object() {
             for (name, value) in map {
@@ -64,20 +61,15 @@ impl HttpJsonWriter {
                 );
             }
         }
-        if let Some(key) = key {
-            let mut value = HeaderValue::try_from(format!("Bearer {key}"))
+        if let Some(authorization) = authorization {
+            let mut value = HeaderValue::try_from(authorization)
                 .map_err(|_| invalid("the API key holds characters a header cannot".into()))?;
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let mut base_url = conn.base_url.clone();
-        if !base_url.ends_with('/') {
-            base_url.push('/');
-        }
         Ok(Self {
             connection: conn.name.clone(),
             client: client.clone(),
-            base_url,
             headers,
             timeout: Duration::from_millis(conn.timeout_ms.max(1) as u64),
             requests_per_minute: conn
@@ -86,33 +78,80 @@ impl HttpJsonWriter {
             max_in_flight: conn.max_in_flight.max(1) as usize,
         })
     }
+
+    /// Sends `request` with the endpoint's headers and timeout and maps the answer;
+    /// `reset_headers` are the writer's vendor headers for a 429's wait.
+    pub async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        reset_headers: &[&str],
+    ) -> Result<Receipt, WriteError> {
+        let response = request
+            .headers(self.headers.clone())
+            .timeout(self.timeout)
+            .send()
+            .await;
+        match response {
+            Ok(r) => classify_response(r, reset_headers, &self.connection).await,
+            Err(e) => Err(classify_transport(e)),
+        }
+    }
+}
+
+/// A configuration error about `conn`.
+pub fn invalid(conn: &Connection, reason: String) -> WriterConfigError {
+    WriterConfigError::Invalid {
+        connection: conn.name.clone(),
+        reason,
+    }
+}
+
+/// POSTs each payload as JSON to the connection's base URL joined with the rule's path.
+pub struct HttpJsonWriter {
+    /// Client, headers, timeout, rate.
+    endpoint: Endpoint,
+    /// Base URL, ending in `/` so rule paths join under it.
+    base_url: String,
+}
+
+impl HttpJsonWriter {
+    /// Builds the writer for `conn`; `key` is the API key read from its environment variable
+    /// and is sent as `Authorization: Bearer <key>`.
+    pub fn new(
+        conn: &Connection,
+        client: &reqwest::Client,
+        key: Option<String>,
+    ) -> Result<Self, WriterConfigError> {
+        let mut base_url = conn.base_url.clone();
+        if !base_url.ends_with('/') {
+            base_url.push('/');
+        }
+        Ok(Self {
+            endpoint: Endpoint::new(conn, client, key.map(|k| format!("Bearer {k}")))?,
+            base_url,
+        })
+    }
 }
 
 impl Writer for HttpJsonWriter {
     fn requests_per_minute(&self) -> u32 {
-        self.requests_per_minute
+        self.endpoint.requests_per_minute
     }
 
     fn max_in_flight(&self) -> usize {
-        self.max_in_flight
+        self.endpoint.max_in_flight
     }
 
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
         async move {
             let url = format!("{}{}", self.base_url, out.path.trim_start_matches('/'));
-            let response = self
+            let request = self
+                .endpoint
                 .client
                 .post(url)
-                .headers(self.headers.clone())
                 .header("Idempotency-Key", format!("courier-{}", out.delivery_id))
-                .timeout(self.timeout)
-                .json(out.payload)
-                .send()
-                .await;
-            match response {
-                Ok(r) => classify_response(r, RESET_HEADERS, &self.connection).await,
-                Err(e) => Err(classify_transport(e)),
-            }
+                .json(out.payload);
+            self.endpoint.send(request, RESET_HEADERS).await
         }
         .boxed()
     }

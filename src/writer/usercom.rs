@@ -8,18 +8,18 @@
 //! `data.courier_delivery_id`: User.com has no idempotency key, so this is how a duplicate
 //! left by a timed-out call can be found.
 
-use std::{str::FromStr, time::Duration};
+use std::str::FromStr;
 
 use futures::{FutureExt, future::BoxFuture};
 use reqwest::{
     Method, Url,
-    header::{ACCEPT, AUTHORIZATION, HeaderMap, HeaderName, HeaderValue},
+    header::{ACCEPT, HeaderValue},
 };
 use serde_json::{Map, Value};
 
 use super::{
-    DEFAULT_REQUESTS_PER_MINUTE, Outgoing, Receipt, WriteError, Writer, WriterConfigError,
-    http::{classify_response, classify_transport},
+    Outgoing, Receipt, WriteError, Writer, WriterConfigError,
+    http::{Endpoint, invalid},
 };
 use crate::catalog::Connection;
 
@@ -280,20 +280,10 @@ fn with_delivery_id(
 
 /// Writes records into one User.com workspace.
 pub struct UserComWriter {
-    /// The connection's name: log lines about its credentials name it.
-    connection: String,
-    /// Shared client: one connection pool per process.
-    client: reqwest::Client,
+    /// Client, headers (`Authorization: Token`, `Accept`, the connection's), timeout, rate.
+    endpoint: Endpoint,
     /// The workspace's API root, e.g. `https://shop.user.com/api/public/`.
     base_url: Url,
-    /// `Authorization` (marked sensitive), `Accept`, and the connection's extra headers.
-    headers: HeaderMap,
-    /// Per-request timeout.
-    timeout: Duration,
-    /// Declared requests per minute: 600 (User.com's 10/s) unless the connection says.
-    requests_per_minute: u32,
-    /// Calls in flight at once.
-    max_in_flight: usize,
 }
 
 impl UserComWriter {
@@ -304,62 +294,36 @@ impl UserComWriter {
         client: &reqwest::Client,
         key: Option<String>,
     ) -> Result<Self, WriterConfigError> {
-        let invalid = |reason: String| WriterConfigError::Invalid {
-            connection: conn.name.clone(),
-            reason,
-        };
         let key = key.ok_or_else(|| {
-            invalid("a User.com connection needs api_key_env (the variable holding its key)".into())
+            invalid(
+                conn,
+                "a User.com connection needs api_key_env (the variable holding its key)".into(),
+            )
         })?;
         let mut base = conn.base_url.clone();
         if !base.ends_with('/') {
             base.push('/');
         }
         let base_url =
-            Url::parse(&base).map_err(|e| invalid(format!("base URL is not a URL: {e}")))?;
+            Url::parse(&base).map_err(|e| invalid(conn, format!("base URL is not a URL: {e}")))?;
         if base_url.cannot_be_a_base() {
-            return Err(invalid("base URL cannot take a path".into()));
+            return Err(invalid(conn, "base URL cannot take a path".into()));
         }
-        let mut headers = HeaderMap::new();
-        if let Some(map) = conn.headers.as_object() {
-            for (name, value) in map {
-                let value = value
-                    .as_str()
-                    .ok_or_else(|| invalid(format!("header {name:?} must be a string")))?;
-                headers.insert(
-                    HeaderName::try_from(name.as_str())
-                        .map_err(|_| invalid(format!("bad header name {name:?}")))?,
-                    HeaderValue::try_from(value)
-                        .map_err(|_| invalid(format!("bad value for header {name:?}")))?,
-                );
-            }
-        }
-        let mut auth = HeaderValue::try_from(format!("Token {}", key.trim()))
-            .map_err(|_| invalid("the API key holds characters a header cannot".into()))?;
-        auth.set_sensitive(true);
-        headers.insert(AUTHORIZATION, auth);
-        headers.insert(ACCEPT, HeaderValue::from_static(ACCEPT_VERSION_2));
-        Ok(Self {
-            connection: conn.name.clone(),
-            client: client.clone(),
-            base_url,
-            headers,
-            timeout: Duration::from_millis(conn.timeout_ms.max(1) as u64),
-            requests_per_minute: conn
-                .requests_per_minute
-                .map_or(DEFAULT_REQUESTS_PER_MINUTE, |r| r.max(1) as u32),
-            max_in_flight: conn.max_in_flight.max(1) as usize,
-        })
+        let mut endpoint = Endpoint::new(conn, client, Some(format!("Token {}", key.trim())))?;
+        endpoint
+            .headers
+            .insert(ACCEPT, HeaderValue::from_static(ACCEPT_VERSION_2));
+        Ok(Self { endpoint, base_url })
     }
 }
 
 impl Writer for UserComWriter {
     fn requests_per_minute(&self) -> u32 {
-        self.requests_per_minute
+        self.endpoint.requests_per_minute
     }
 
     fn max_in_flight(&self) -> usize {
-        self.max_in_flight
+        self.endpoint.max_in_flight
     }
 
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
@@ -371,18 +335,12 @@ impl Writer for UserComWriter {
             let op: Operation = out.path.parse().map_err(permanent)?;
             let request = build_request(op, &out).map_err(permanent)?;
             let url = request.relative_path(&self.base_url).map_err(permanent)?;
-            let response = self
+            let builder = self
+                .endpoint
                 .client
                 .request(request.method, url)
-                .headers(self.headers.clone())
-                .timeout(self.timeout)
-                .json(&request.body)
-                .send()
-                .await;
-            match response {
-                Ok(r) => classify_response(r, RESET_HEADERS, &self.connection).await,
-                Err(e) => Err(classify_transport(e)),
-            }
+                .json(&request.body);
+            self.endpoint.send(builder, RESET_HEADERS).await
         }
         .boxed()
     }
