@@ -452,12 +452,7 @@ async fn a_stale_run_is_reaped_and_its_late_job_does_nothing() {
     assert_eq!(target.counters().requests, 0);
     // The rule is free again: a new run delivers everything.
     drive(&engine).await;
-    let delivered: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'delivered'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(delivered, 3);
+    assert_eq!(delivered(&db.pool).await, 3);
     db.drop_db().await;
 }
 
@@ -514,15 +509,7 @@ async fn a_busy_lease_reschedules_the_apalis_job_without_a_failure() {
         .unwrap();
     eventually("delivered once the lease is free", || {
         let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM deliveries WHERE status = 'delivered'",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-                == 3
-        }
+        async move { delivered(&pool).await == 3 }
     })
     .await;
     engine.shutdown.cancel();
@@ -735,15 +722,7 @@ async fn an_undecodable_job_is_dropped_and_the_worker_keeps_delivering() {
     let pool = db.pool.clone();
     eventually("delivered despite the bad job", || {
         let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM deliveries WHERE status = 'delivered'",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-                == 5
-        }
+        async move { delivered(&pool).await == 5 }
     })
     .await;
     eventually("the bad job killed", || {

@@ -151,6 +151,14 @@ pub async fn drive(engine: &Engine) -> Vec<JobOutcome> {
     panic!("chain did not end");
 }
 
+/// How many deliveries are delivered.
+pub async fn delivered(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'delivered'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// `(status, attempts)` of a delivery.
 pub async fn delivery(pool: &PgPool, id: i64) -> (String, i32) {
     sqlx::query_as("SELECT status, attempts FROM deliveries WHERE id = $1")
