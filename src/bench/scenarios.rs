@@ -189,6 +189,13 @@ fn users(prefix: &str, n: usize) -> Vec<NewDelivery> {
         .collect()
 }
 
+/// `n` small records keyed `<prefix>:<i>`.
+fn numbered(prefix: &str, n: usize) -> Vec<NewDelivery> {
+    (0..n)
+        .map(|k| NewDelivery::new(format!("{prefix}:{k}"), json!({"n": k})))
+        .collect()
+}
+
 /// Outcome counts, drain time and attempts not explained by ledger rows (i.e. spent on
 /// 429s, which must be none).
 async fn outcomes(report: &mut Report, pool: &PgPool) -> anyhow::Result<f64> {
@@ -313,9 +320,7 @@ async fn throughput(
     }
     for (i, r) in rules.iter().enumerate() {
         let n = records / rules.len() + usize::from(i < records % rules.len());
-        let batch = (0..n)
-            .map(|k| NewDelivery::new(format!("{r}:{k}"), json!({"n": k})))
-            .collect();
+        let batch = numbered(r, n);
         enqueue::enqueue_many(pool, r, batch).await?;
     }
     let before = transactions(pool).await?;
@@ -405,9 +410,7 @@ async fn latency(
     });
     connection(pool, "slow", "http_json", target.url(), 6_000, 64).await?;
     rule(pool, "customers", "slow", "customers/", 500).await?;
-    let batch = (0..records)
-        .map(|k| NewDelivery::new(format!("c:{k}"), json!({"n": k})))
-        .collect();
+    let batch = numbered("c", records);
     enqueue::enqueue_many(pool, "customers", batch).await?;
     let started = Instant::now();
     let workers = Workers::in_process(pool, &config.settings);
@@ -478,9 +481,7 @@ async fn idle(
     let target = Target::start(0).await?;
     connection(pool, "blocked", "http_json", target.url(), 600, 8).await?;
     rule(pool, "customers", "blocked", "customers/", 100).await?;
-    let batch = (0..records)
-        .map(|k| NewDelivery::new(format!("c:{k}"), json!({"n": k})))
-        .collect();
+    let batch = numbered("c", records);
     enqueue::enqueue_many(pool, "customers", batch).await?;
     sqlx::query(
         "INSERT INTO connection_blocks (budget_key, connection_id, blocked_until, retry_after_raw, set_at)
