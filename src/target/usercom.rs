@@ -312,14 +312,9 @@ impl Workspace {
     }
 
     fn user_upsert(&mut self, body: &Value) -> Reply {
-        let Some(fields) = body.as_object() else {
-            return Reply::field(
-                "non_field_errors",
-                "Invalid data. Expected an object.".into(),
-            );
-        };
-        let Some(custom_id) = id_string(fields.get("custom_id")) else {
-            return Reply::field("custom_id", "This field is required.".into());
+        let (fields, custom_id) = match keyed_object(body) {
+            Ok(v) => v,
+            Err(reply) => return reply,
         };
         if let Some(r) = self.check_user_fields(fields) {
             return r;
@@ -332,14 +327,9 @@ impl Workspace {
     }
 
     fn deal_upsert(&mut self, body: &Value) -> Reply {
-        let Some(fields) = body.as_object() else {
-            return Reply::field(
-                "non_field_errors",
-                "Invalid data. Expected an object.".into(),
-            );
-        };
-        let Some(custom_id) = id_string(fields.get("custom_id")) else {
-            return Reply::field("custom_id", "This field is required.".into());
+        let (fields, custom_id) = match keyed_object(body) {
+            Ok(v) => v,
+            Err(reply) => return reply,
         };
         let (id, created) = self.upsert(false, &custom_id, fields);
         Reply::ok(
@@ -528,6 +518,20 @@ fn append_key(kind: &str, fields: &Map<String, Value>, position: usize) -> Strin
 }
 
 /// A string or number id as a string; `None` when absent or empty.
+/// An update-or-create body: an object with a `custom_id`, or the 400 User.com answers.
+fn keyed_object(body: &Value) -> Result<(&Map<String, Value>, String), Reply> {
+    let Some(fields) = body.as_object() else {
+        return Err(Reply::field(
+            "non_field_errors",
+            "Invalid data. Expected an object.".into(),
+        ));
+    };
+    let Some(custom_id) = id_string(fields.get("custom_id")) else {
+        return Err(Reply::field("custom_id", "This field is required.".into()));
+    };
+    Ok((fields, custom_id))
+}
+
 fn id_string(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) if !s.is_empty() => Some(s.clone()),
