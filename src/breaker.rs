@@ -10,8 +10,9 @@ use sqlx::PgConnection;
 use crate::config::BreakerSettings;
 
 /// Where a circuit stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
 pub enum State {
     /// Calls flow.
     Closed,
@@ -22,15 +23,6 @@ pub enum State {
 }
 
 impl State {
-    /// Reads the name stored in the database (anything unknown reads as closed).
-    pub fn parse(s: &str) -> Self {
-        match s {
-            "open" => State::Open,
-            "half_open" => State::HalfOpen,
-            _ => State::Closed,
-        }
-    }
-
     /// The name stored in the database.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -110,14 +102,14 @@ impl Circuit {
 /// Reads a connection's circuit, locking its row until the transaction ends.
 pub async fn lock(tx: &mut PgConnection, connection_id: i64) -> Result<Circuit, sqlx::Error> {
     let row = sqlx::query!(
-        "SELECT state, consecutive_failures, times_opened, open_until
-         FROM circuits WHERE connection_id = $1 FOR UPDATE",
+        r#"SELECT state AS "state: State", consecutive_failures, times_opened, open_until
+         FROM circuits WHERE connection_id = $1 FOR UPDATE"#,
         connection_id
     )
     .fetch_one(tx)
     .await?;
     Ok(Circuit {
-        state: State::parse(&row.state),
+        state: row.state,
         consecutive_failures: row.consecutive_failures,
         times_opened: row.times_opened,
         open_until: row.open_until,

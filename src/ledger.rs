@@ -6,9 +6,40 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-/// What happened to one delivery in one run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Where a delivery stands (`deliveries.status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Waiting to be sent (again) at `next_attempt_at`.
+    Pending,
+    /// The target accepted it.
+    Delivered,
+    /// The target refused it for good.
+    Rejected,
+    /// Every attempt failed.
+    Exhausted,
+    /// Never sent: superseded or unchanged.
+    Suppressed,
+}
+
+impl DeliveryStatus {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Rejected => "rejected",
+            DeliveryStatus::Exhausted => "exhausted",
+            DeliveryStatus::Suppressed => "suppressed",
+        }
+    }
+}
+
+/// What happened to one delivery in one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
 pub enum Outcome {
     /// The target accepted it.
     Delivered,
@@ -38,19 +69,19 @@ impl Outcome {
     }
 
     /// The delivery status this outcome leaves behind.
-    pub fn delivery_status(self) -> &'static str {
+    pub fn delivery_status(self) -> DeliveryStatus {
         match self {
-            Outcome::Delivered => "delivered",
-            Outcome::Failed | Outcome::Held => "pending",
-            Outcome::Exhausted => "exhausted",
-            Outcome::Rejected => "rejected",
-            Outcome::Suppressed => "suppressed",
+            Outcome::Delivered => DeliveryStatus::Delivered,
+            Outcome::Failed | Outcome::Held => DeliveryStatus::Pending,
+            Outcome::Exhausted => DeliveryStatus::Exhausted,
+            Outcome::Rejected => DeliveryStatus::Rejected,
+            Outcome::Suppressed => DeliveryStatus::Suppressed,
         }
     }
 }
 
 /// One outcome to record.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
     /// The delivery.
     pub delivery_id: i64,
@@ -87,7 +118,7 @@ pub async fn record(
     let outcomes: Vec<&str> = entries.iter().map(|e| e.outcome.as_str()).collect();
     let statuses: Vec<&str> = entries
         .iter()
-        .map(|e| e.outcome.delivery_status())
+        .map(|e| e.outcome.delivery_status().as_str())
         .collect();
     let attempts: Vec<i32> = entries.iter().map(|e| e.attempt).collect();
     let next_at: Vec<Option<DateTime<Utc>>> = entries.iter().map(|e| e.next_attempt_at).collect();

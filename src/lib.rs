@@ -4,14 +4,17 @@
 //!
 //! Records are enqueued as **deliveries** (plain SQL, [`enqueue`], or `courier enqueue`).
 //! A **rule** delivers one stream of records into one **connection** (one target account).
-//! The [`dispatch`] loop starts a **run** for every enabled rule with due deliveries; a run
-//! is a **chain** of apalis jobs ([`chain`]), each of which claims one batch, asks the
-//! rule's [`writer`] to deliver it, and records every outcome in the append-only
-//! **ledger** ([`ledger`]) before it enqueues the next job. A [`breaker`] per connection,
-//! kept in PostgreSQL, stops calling a target that does not answer.
+//! The [dispatcher](maintenance::dispatcher) starts a **run** for every enabled rule with
+//! due deliveries; a run is a **chain** of apalis jobs ([`chain`]). Each job passes the
+//! [`throttle`] layer (a rate-limit block makes it wait or ends the run), then claims one
+//! batch, asks the rule's [`writer`] to deliver it, and records every outcome in the
+//! append-only **ledger** ([`ledger`]) as calls answer, before it enqueues the next job.
+//! A [`breaker`] per connection, kept in PostgreSQL, stops calling a target that does not
+//! answer. ARCHITECTURE.md draws the whole path and says who owns which table.
 //!
 //! # Layout
 //! - [`config`]: the settings tree, read from the environment and validated once.
+//! - [`engine`]: the shared context of a worker process.
 //! - [`clock`]: the engine's notion of "now", injectable so tests control time.
 //! - [`db`]: connecting, creating the database, applying courier's and apalis' migrations.
 //! - [`catalog`]: connections and rules (tables `connections`, `rules`).
@@ -20,19 +23,22 @@
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
 //! - [`pacer`]: the request budget per connection or budget key (table `budgets`), fair
 //!   between rules, shared across processes.
-//! - [`throttle`]: 429s as connection blocks (table `connection_blocks`): wait or throttle.
-//! - [`runs`]: runs and their lifecycle (table `runs`), the staleness reaper.
+//! - [`blocks`]: 429s as budget blocks (table `connection_blocks`), kept in memory too.
+//! - [`throttle`]: the tower layer on the chain-job service: wait out a block or throttle.
+//! - [`retry`]: a rule's retry policy (attempts, backoff).
+//! - [`runs`]: runs and their lifecycle (table `runs`).
 //! - [`ledger`]: outcome rows (table `ledger`) and the delivery state they imply.
-//! - [`queue`]: apalis wiring: the chain queue, pushing and re-scheduling jobs.
-//! - [`chain`]: one chain job: claim, classify, write, record, continue.
-//! - [`dispatch`]: the dispatcher loop.
-//! - [`worker`]: the worker process: dispatcher, reaper, apalis workers, shutdown.
+//! - [`queue`]: apalis wiring: the chain queue, pushing and snoozing jobs.
+//! - [`chain`]: one chain job in stages: admit, claim, triage, call, classify, settle.
+//! - [`maintenance`]: the background loops: dispatcher, reaper, pruner.
+//! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
 //! - [`status`]: the `courier status` report.
 //! - [`target`]: a local User.com-like HTTP target for the demo, tests and benchmarks.
 //! - [`bench`]: `courier bench <scenario>`, measured runs with a report and a plot.
 //! - [`demo`]: `courier demo`, the end-to-end showcase.
 
 pub mod bench;
+pub mod blocks;
 pub mod breaker;
 pub mod catalog;
 pub mod chain;
@@ -40,11 +46,13 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod demo;
-pub mod dispatch;
+pub mod engine;
 pub mod enqueue;
 pub mod ledger;
+pub mod maintenance;
 pub mod pacer;
 pub mod queue;
+pub mod retry;
 pub mod runs;
 pub mod status;
 pub mod target;

@@ -3,13 +3,16 @@
 
 use std::{
     task::{Context, Poll},
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use apalis::prelude::{PollSnapshot, PollStrategy, TaskBuilder};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgExecutor};
+
+/// apalis-postgres' channel announcing inserted jobs (its trigger's name for it).
+pub const INSERT_CHANNEL: &str = "apalis::job::insert";
 
 /// The apalis queue (`apalis.jobs.job_type`) holding chain jobs.
 pub const CHAIN_QUEUE: &str = "courier.chain";
@@ -26,13 +29,9 @@ pub struct ChainJob {
     pub rule_id: i64,
 }
 
-/// Pushes chain jobs inside the caller's transaction, so a job exists exactly when the
-/// state that asked for it was committed. `run_at` of `None` means now.
-pub async fn push(
-    tx: &mut PgConnection,
-    jobs: &[ChainJob],
-    run_at: Option<DateTime<Utc>>,
-) -> Result<(), sqlx::Error> {
+/// Pushes chain jobs, due now, inside the caller's transaction, so a job exists exactly
+/// when the state that asked for it was committed.
+pub async fn push(tx: &mut PgConnection, jobs: &[ChainJob]) -> Result<(), sqlx::Error> {
     if jobs.is_empty() {
         return Ok(());
     }
@@ -40,11 +39,9 @@ pub async fn push(
         .iter()
         .map(|job| {
             let bytes = serde_json::to_vec(job).expect("ChainJob serialises");
-            let mut b = TaskBuilder::new(bytes).max_attempts(CHAIN_JOB_MAX_ATTEMPTS);
-            if let Some(at) = run_at {
-                b = b.run_at_time(SystemTime::from(at));
-            }
-            b.build()
+            TaskBuilder::new(bytes)
+                .max_attempts(CHAIN_JOB_MAX_ATTEMPTS)
+                .build()
         })
         .collect();
     apalis_postgres::queries::push_tasks(tx, CHAIN_QUEUE, tasks)
@@ -55,15 +52,17 @@ pub async fn push(
         })
 }
 
-/// Puts a running job back in the queue to run at `at`, as if it had never been fetched:
-/// no failure, no attempt counted. The worker's own acknowledgement afterwards matches only
-/// rows still locked by it, so it leaves this row alone. This leans on apalis-postgres'
-/// schema; `tests/engine.rs` covers it so an upgrade that breaks it fails loudly.
-pub async fn reschedule(
+/// Snoozes a running job: puts it back in the queue to run at `at`, as if it had never
+/// been fetched: no failure, no attempt counted. The one way a chain job "runs later"
+/// (a busy lease, a rate-limit wait). The worker's own acknowledgement afterwards matches
+/// only rows still locked by it, so it leaves this row alone. This leans on
+/// apalis-postgres' schema; the tests cover it so an upgrade that breaks it fails loudly.
+/// Callers wake the fetchers at `at` ([`wake_fetchers_at`]) once this is committed.
+pub async fn snooze(
     db: impl PgExecutor<'_>,
     task_id: &str,
     at: DateTime<Utc>,
-) -> Result<bool, sqlx::Error> {
+) -> Result<(), sqlx::Error> {
     let n = sqlx::query!(
         "UPDATE apalis.jobs
          SET status = 'Pending', run_at = $2, lock_by = NULL, lock_at = NULL, done_at = NULL,
@@ -75,7 +74,10 @@ pub async fn reschedule(
     .execute(db)
     .await?
     .rows_affected();
-    Ok(n == 1)
+    if n != 1 {
+        tracing::warn!(task = task_id, "the job to snooze is gone from the queue");
+    }
+    Ok(())
 }
 
 /// Wakes the queue's fetcher every `period`, so jobs scheduled for later (a chain waiting
@@ -117,9 +119,10 @@ pub fn wake_fetchers_at(pool: sqlx::PgPool, clock: crate::clock::Clock, at: Date
     tokio::spawn(async move {
         clock.sleep_until(at).await;
         let sent = sqlx::query!(
-            "SELECT pg_notify('apalis::job::insert',
+            "SELECT pg_notify($2,
                     json_build_object('job_type', $1::text, 'id', 'courier-wake', 'run_at', now())::text)",
-            CHAIN_QUEUE
+            CHAIN_QUEUE,
+            INSERT_CHANNEL
         )
         .execute(&pool)
         .await;

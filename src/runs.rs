@@ -3,15 +3,18 @@
 //! cursor, heartbeat), finishes them, and reaps those whose heartbeat went quiet.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgExecutor};
+
+use crate::ledger::Outcome;
 
 /// The channel that wakes the dispatcher (deliveries inserted, a run finished).
 pub const WAKE_CHANNEL: &str = "courier_deliveries";
 
 /// How a run stands or ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
 pub enum RunStatus {
     /// A chain job is queued or executing.
     Running,
@@ -30,7 +33,7 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
-    /// The name stored in the database.
+    /// The name stored in the database (what `sqlx::Type` reads and writes).
     pub fn as_str(self) -> &'static str {
         match self {
             RunStatus::Running => "running",
@@ -43,7 +46,19 @@ impl RunStatus {
         }
     }
 
-    /// Whether a run in this status still holds its rule.
+    /// Every status, for tests that check the database agrees.
+    pub const ALL: [RunStatus; 7] = [
+        RunStatus::Running,
+        RunStatus::Waiting,
+        RunStatus::Completed,
+        RunStatus::CircuitOpen,
+        RunStatus::Throttled,
+        RunStatus::Stale,
+        RunStatus::Failed,
+    ];
+
+    /// Whether a run in this status still holds its rule; the database's generated column
+    /// `runs.active` says the same.
     pub fn is_active(self) -> bool {
         matches!(self, RunStatus::Running | RunStatus::Waiting)
     }
@@ -66,6 +81,21 @@ pub struct Counters {
     pub held: i32,
 }
 
+impl Counters {
+    /// Counts one outcome.
+    pub fn count(&mut self, outcome: Outcome) {
+        let n = match outcome {
+            Outcome::Delivered => &mut self.delivered,
+            Outcome::Failed => &mut self.failed,
+            Outcome::Exhausted => &mut self.exhausted,
+            Outcome::Rejected => &mut self.rejected,
+            Outcome::Suppressed => &mut self.suppressed,
+            Outcome::Held => &mut self.held,
+        };
+        *n += 1;
+    }
+}
+
 /// Creates a run for each rule that has none active (the unique partial index decides
 /// races); returns `(run_id, rule_id)` for those created.
 pub async fn create(
@@ -77,7 +107,7 @@ pub async fn create(
     let rows = sqlx::query!(
         "INSERT INTO runs (rule_id, started_by, started_at, heartbeat_at)
          SELECT r, $2, $3, $3 FROM unnest($1::bigint[]) AS r
-         ON CONFLICT (rule_id) WHERE status IN ('running', 'waiting') DO NOTHING
+         ON CONFLICT (rule_id) WHERE active DO NOTHING
          RETURNING id, rule_id",
         rule_ids,
         started_by,
@@ -88,32 +118,55 @@ pub async fn create(
     Ok(rows.into_iter().map(|r| (r.id, r.rule_id)).collect())
 }
 
+/// What one chain job leaves on its run.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    /// Outcomes to add to the run's counters.
+    pub counters: Counters,
+    /// The highest delivery id handled (the cursor only moves forward).
+    pub cursor_id: i64,
+    /// The run's status afterwards; a final one finishes the run.
+    pub status: RunStatus,
+    /// Why the run ended, when it failed or was cut short.
+    pub error: Option<&'a str>,
+    /// When a waiting run resumes, or when the block that throttled it ends.
+    pub until: Option<DateTime<Utc>>,
+}
+
+impl<'a> Progress<'a> {
+    /// A status change with no outcomes.
+    pub fn status(status: RunStatus) -> Self {
+        Self {
+            counters: Counters::default(),
+            cursor_id: 0,
+            status,
+            error: None,
+            until: None,
+        }
+    }
+}
+
 /// Adds one job's counters to an active run, moves its cursor and heartbeat, and sets its
 /// status (finishing it when the status is final). Returns false when the run was no
-/// longer active (reaped meanwhile): the caller must not continue the chain. `until` is
-/// when a waiting run resumes, or when the block that throttled a run ends.
-#[allow(clippy::too_many_arguments)] // one statement's parameters, named at each call
+/// longer active (reaped meanwhile): the caller must not continue the chain.
 pub async fn record_job(
     db: impl PgExecutor<'_>,
     run_id: i64,
-    c: &Counters,
-    cursor_id: i64,
-    status: RunStatus,
-    error: Option<&str>,
-    until: Option<DateTime<Utc>>,
+    p: &Progress<'_>,
     now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
+    let c = &p.counters;
     let updated = sqlx::query_scalar!(
         "UPDATE runs SET
             jobs = jobs + 1,
             delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
             rejected = rejected + $5, suppressed = suppressed + $6, held = held + $7,
             cursor_id = GREATEST(cursor_id, $8), heartbeat_at = $9::timestamptz, status = $10::text,
-            finished_at = CASE WHEN $10 IN ('running', 'waiting') THEN NULL ELSE $9::timestamptz END,
+            finished_at = CASE WHEN $13 THEN NULL ELSE $9::timestamptz END,
             error = COALESCE($11, error),
             resume_at = CASE WHEN $10 = 'waiting' THEN $12::timestamptz END,
             throttled_until = CASE WHEN $10 = 'throttled' THEN $12::timestamptz ELSE throttled_until END
-         WHERE id = $1 AND status IN ('running', 'waiting')
+         WHERE id = $1 AND active
          RETURNING id",
         run_id,
         c.delivered,
@@ -122,11 +175,42 @@ pub async fn record_job(
         c.rejected,
         c.suppressed,
         c.held,
-        cursor_id,
+        p.cursor_id,
         now,
-        status.as_str(),
-        error,
-        until
+        p.status.as_str(),
+        p.error,
+        p.until,
+        p.status.is_active()
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(updated.is_some())
+}
+
+/// Adds outcomes committed while a batch is still calling (and refreshes the heartbeat)
+/// without counting a job or changing the status. Returns false when the run is no
+/// longer active.
+pub async fn add_progress(
+    db: impl PgExecutor<'_>,
+    run_id: i64,
+    c: &Counters,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query_scalar!(
+        "UPDATE runs SET
+            delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
+            rejected = rejected + $5, suppressed = suppressed + $6, held = held + $7,
+            heartbeat_at = $8
+         WHERE id = $1 AND active
+         RETURNING id",
+        run_id,
+        c.delivered,
+        c.failed,
+        c.exhausted,
+        c.rejected,
+        c.suppressed,
+        c.held,
+        now
     )
     .fetch_optional(db)
     .await?;
@@ -151,7 +235,7 @@ pub async fn reap_stale(
     sqlx::query_scalar!(
         "UPDATE runs SET status = 'stale', finished_at = $2,
                 error = 'no heartbeat since ' || heartbeat_at::text
-         WHERE status IN ('running', 'waiting') AND heartbeat_at < $1
+         WHERE active AND heartbeat_at < $1
          RETURNING id",
         cutoff,
         now

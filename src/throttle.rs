@@ -1,25 +1,32 @@
-//! Rate limits as a signal (ADR-0036): a 429 blocks the whole connection, and every
-//! connection sharing its budget key (table `connection_blocks`), for the wait it asked for, capped at one day, or 60 s when it named
-//! none. A later 429 may extend a block, never shorten it. A chain that meets a block sits
-//! it out when the wait is at most `throttle_max_wait` and otherwise ends its run as
-//! `throttled`; the dispatcher skips every rule of a blocked connection.
+//! The throttle: a tower [`Layer`] on the apalis chain-job service (ADR-0036). Before a
+//! chain job runs, it reads the job's run (rule and connection come from the run row, not
+//! the payload) and the block on the connection's budget from [`Blocks`](crate::blocks::Blocks),
+//! the in-memory copy kept current by NOTIFY. A wait up to `throttle_max_wait` snoozes
+//! **the same apalis job** until the block ends and marks the run `waiting`; a longer one
+//! finishes the run `throttled`. Only jobs that may call reach the chain job itself, which
+//! in turn only reports a 429 it met (the block it sets).
 
-use std::time::Duration;
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
+use apalis::prelude::{AbortError, BoxDynError, Task};
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
+use futures::future::BoxFuture;
+use tower::{Layer, Service};
 
-use crate::writer::{DEFAULT_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT};
-
-/// The shortest block a 429 sets: a target answering `retry-after: 0` is not hammered.
-pub const MIN_BLOCK: Duration = Duration::from_secs(1);
-
-/// The block a rate-limit response sets, from the wait it named: 60 s when it named none,
-/// at least [`MIN_BLOCK`], at most one day.
-pub fn block_length(wait: Option<Duration>) -> Duration {
-    wait.unwrap_or(DEFAULT_RATE_LIMIT_WAIT)
-        .clamp(MIN_BLOCK, MAX_RATE_LIMIT_WAIT)
-}
+use crate::{
+    chain::{
+        JobOutcome,
+        context::{self, JobContext},
+        settle::{self, Next, Tally},
+    },
+    engine::Engine,
+    queue::ChainJob,
+    runs::RunStatus,
+};
 
 /// What a chain does about a block ending at `until`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,56 +54,138 @@ pub fn decide(until: Option<DateTime<Utc>>, now: DateTime<Utc>, max_wait: Durati
     }
 }
 
-/// Where a 429 came from.
-#[derive(Clone, Copy, Debug)]
-pub struct Cause<'a> {
-    /// The budget (and so the connections) the block holds back.
-    pub budget_key: &'a str,
-    /// The connection whose call met the 429.
-    pub connection_id: i64,
-    /// The rule whose call met it.
-    pub rule_id: i64,
-    /// The run whose call met it.
-    pub run_id: i64,
+/// What the throttle hands the chain job: its run, read and cleared to call.
+#[derive(Clone, Debug)]
+pub struct Admitted {
+    /// The run, its rule, connection and circuit.
+    pub ctx: Arc<JobContext>,
+    /// The apalis job's id (to snooze it).
+    pub task_id: String,
 }
 
-/// Blocks a budget until `now + length`, unless it is already blocked for longer (a block
-/// is extended, never shortened); returns the block's end as it now stands.
-pub async fn block(
-    db: impl PgExecutor<'_>,
-    cause: &Cause<'_>,
-    length: Duration,
-    raw: Option<&str>,
-    now: DateTime<Utc>,
-) -> Result<DateTime<Utc>, sqlx::Error> {
-    let until = now + chrono::Duration::from_std(length).expect("capped at a day");
-    sqlx::query_scalar!(
-        "INSERT INTO connection_blocks
-            (budget_key, connection_id, blocked_until, rule_id, run_id, retry_after_raw, set_at)
-         VALUES ($7, $1, $2, $3, $4, $5, $6)
-         ON CONFLICT (budget_key) DO UPDATE SET
-            connection_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
-                                 THEN EXCLUDED.connection_id ELSE connection_blocks.connection_id END,
-            blocked_until = GREATEST(connection_blocks.blocked_until, EXCLUDED.blocked_until),
-            rule_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
-                           THEN EXCLUDED.rule_id ELSE connection_blocks.rule_id END,
-            run_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
-                          THEN EXCLUDED.run_id ELSE connection_blocks.run_id END,
-            retry_after_raw = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
-                                   THEN EXCLUDED.retry_after_raw ELSE connection_blocks.retry_after_raw END,
-            set_at = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
-                          THEN EXCLUDED.set_at ELSE connection_blocks.set_at END
-         RETURNING blocked_until",
-        cause.connection_id,
-        until,
-        cause.rule_id,
-        cause.run_id,
-        raw,
-        now,
-        cause.budget_key
-    )
-    .fetch_one(db)
-    .await
+/// Wraps the chain-job service with the throttle.
+#[derive(Clone)]
+pub struct ThrottleLayer {
+    engine: Arc<Engine>,
+}
+
+impl ThrottleLayer {
+    /// A throttle reading `engine`'s blocks and settings.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+}
+
+impl<S> Layer<S> for ThrottleLayer {
+    type Service = Throttle<S>;
+
+    fn layer(&self, inner: S) -> Throttle<S> {
+        Throttle {
+            inner,
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// The throttle around a chain-job service `S`.
+#[derive(Clone)]
+pub struct Throttle<S> {
+    inner: S,
+    engine: Arc<Engine>,
+}
+
+impl<S> Service<Task<serde_json::Value>> for Throttle<S>
+where
+    S: Service<Task<serde_json::Value>, Response = JobOutcome, Error = BoxDynError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = JobOutcome;
+    type Error = BoxDynError;
+    type Future = BoxFuture<'static, Result<JobOutcome, BoxDynError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut task: Task<serde_json::Value>) -> Self::Future {
+        // The clone that was made ready is the one to call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let engine = self.engine.clone();
+        Box::pin(async move {
+            match gate(&engine, &task).await? {
+                Gate::Done(outcome) => Ok(outcome),
+                Gate::Pass(admitted) => {
+                    task.inject_data(admitted);
+                    inner.call(task).await
+                }
+            }
+        })
+    }
+}
+
+enum Gate {
+    /// The job may call: hand it on.
+    Pass(Admitted),
+    /// The throttle (or a gone run) decided the job: this is what it did.
+    Done(JobOutcome),
+}
+
+async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, BoxDynError> {
+    let job: ChainJob = match serde_json::from_value(task.args.clone()) {
+        Ok(job) => job,
+        Err(e) => {
+            tracing::error!(payload = %task.args, error = %e, "undecodable chain job dropped");
+            return Err(Box::new(AbortError::new(e)));
+        }
+    };
+    let Some(task_id) = task.task_id().map(ToString::to_string) else {
+        return Err(Box::new(AbortError::new("a chain job without a task id")));
+    };
+    let Some(ctx) = context::load(&engine.pool, job.run_id).await? else {
+        return Ok(Gate::Done(JobOutcome::Skipped));
+    };
+    if !ctx.run_status.is_active() {
+        tracing::info!(run = job.run_id, status = ?ctx.run_status, "late job of a finished run: nothing to do");
+        return Ok(Gate::Done(JobOutcome::Skipped));
+    }
+    if ctx.rule_id != job.rule_id {
+        tracing::warn!(
+            run = job.run_id,
+            rule = ctx.rule_id,
+            payload_rule = job.rule_id,
+            "chain job names another rule than its run: ignored"
+        );
+        return Ok(Gate::Done(JobOutcome::Skipped));
+    }
+    engine
+        .blocks
+        .ensure_listening(&engine.pool, &engine.shutdown)
+        .await?;
+    let blocked = engine.blocks.until(&ctx.connection.budget_key);
+    let next = match decide(
+        blocked,
+        engine.clock.now(),
+        engine.settings.throttle_max_wait,
+    ) {
+        Decision::Proceed => {
+            return Ok(Gate::Pass(Admitted {
+                ctx: Arc::new(ctx),
+                task_id,
+            }));
+        }
+        Decision::Wait(until) => Next::WaitUntil(until),
+        Decision::Throttle(until) => Next::Finish {
+            status: RunStatus::Throttled,
+            error: None,
+            until: Some(until),
+        },
+    };
+    let outcome = settle::settle(engine, &ctx, &task_id, Tally::default(), 0, next).await?;
+    Ok(Gate::Done(outcome))
 }
 
 #[cfg(test)]
@@ -116,11 +205,5 @@ mod tests {
             decide(at(301), now, max),
             Decision::Throttle(at(301).unwrap())
         );
-        assert_eq!(block_length(None), Duration::from_secs(60));
-        assert_eq!(
-            block_length(Some(Duration::from_secs(86_401))),
-            Duration::from_secs(86_400)
-        );
-        assert_eq!(block_length(Some(Duration::ZERO)), MIN_BLOCK);
     }
 }

@@ -1,107 +1,79 @@
-//! The worker process: the shared [`Engine`] state, the apalis worker that executes chain
-//! jobs, the dispatcher and reaper loops, and a graceful stop on SIGTERM or Ctrl-C (stop
-//! taking work, let in-flight calls finish within the shutdown timeout, record them).
+//! The worker process: the chain-job service stack (the [`throttle`](crate::throttle)
+//! layer around the chain job), the apalis worker that executes it, the maintenance loops,
+//! and a graceful stop on SIGTERM or Ctrl-C (stop taking work, let in-flight calls finish
+//! within the shutdown timeout, record them).
 
-use std::{sync::Arc, time::Duration};
-
-use apalis::prelude::{
-    BackendExt, BoxDynError, Data, Monitor, TaskId, WorkerBuilder, WorkerBuilderExt,
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
 };
+
+use apalis::prelude::{BackendExt, BoxDynError, Monitor, Task, WorkerBuilder, WorkerBuilderExt};
 use apalis_postgres::{Config, PostgresStorage};
-use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
+use futures::future::BoxFuture;
+use tower::{Service, ServiceBuilder};
 
+pub use crate::engine::{Engine, unique_worker_name};
 use crate::{
-    chain,
-    clock::Clock,
-    config::Settings,
-    dispatch::{Dispatcher, Reaper},
-    pacer::Pacer,
-    queue::{CHAIN_QUEUE, ChainJob, Tick},
+    chain::{self, JobOutcome},
+    maintenance::{dispatcher::Dispatcher, pruner::Pruner, reaper::Reaper},
+    queue::{CHAIN_QUEUE, Tick},
+    throttle::{Admitted, ThrottleLayer},
 };
 
-/// What every part of a worker process shares.
-pub struct Engine {
-    /// The database holding courier's tables and the queue.
-    pub pool: PgPool,
-    /// Validated settings.
-    pub settings: Settings,
-    /// Where "now" comes from (manual in tests).
-    pub clock: Clock,
-    /// One HTTP client (and connection pool) for every writer.
-    pub http: reqwest::Client,
-    /// Unique per process: owner of rule leases, creator of runs, apalis worker name.
-    pub worker_name: String,
-    /// Cancelled when the process is asked to stop.
-    pub shutdown: CancellationToken,
-    /// Request slots per budget, fair between rules, shared with other processes.
-    pub pacer: Arc<Pacer>,
+/// The chain job itself, behind the throttle: runs the admitted job.
+#[derive(Clone)]
+pub struct ChainService {
+    engine: Arc<Engine>,
 }
 
-impl Engine {
-    /// An engine on `pool` with the system clock and a fresh unique worker name.
-    pub fn new(pool: PgPool, settings: Settings) -> Self {
-        Self::with_clock(pool, settings, Clock::system())
+impl Service<Task<serde_json::Value>> for ChainService {
+    type Response = JobOutcome;
+    type Error = BoxDynError;
+    type Future = BoxFuture<'static, Result<JobOutcome, BoxDynError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxDynError>> {
+        Poll::Ready(Ok(()))
     }
 
-    /// An engine whose notion of "now" comes from `clock` (tests pass a manual one).
-    pub fn with_clock(pool: PgPool, settings: Settings, clock: Clock) -> Self {
-        Self {
-            pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
-            pool,
-            settings,
-            clock,
-            http: reqwest::Client::builder()
-                .pool_max_idle_per_host(256)
-                .build()
-                .expect("reqwest client builds"),
-            worker_name: unique_worker_name(),
-            shutdown: CancellationToken::new(),
-        }
+    fn call(&mut self, task: Task<serde_json::Value>) -> Self::Future {
+        let engine = self.engine.clone();
+        Box::pin(async move {
+            let Some(Admitted { ctx, task_id }) = task.data().get::<Admitted>().cloned() else {
+                return Err("chain job reached the handler without the throttle layer".into());
+            };
+            chain::execute(&engine, &ctx, &task_id).await.map_err(|e| {
+                tracing::error!(run = ctx.run_id, rule = ctx.rule_id, error = %e, "chain job failed; apalis retries it");
+                Box::new(e) as BoxDynError
+            })
+        })
     }
 }
 
-/// `courier-<host>-<pid>-<random>`: a restarted process never reuses a dead one's name
-/// (apalis would otherwise keep the dead one's jobs "running" forever).
-pub fn unique_worker_name() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "host".into());
-    format!(
-        "courier-{host}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    )
+/// The service apalis runs for every chain job, and tests drive: the throttle layer on
+/// the chain job.
+pub fn chain_service(
+    engine: Arc<Engine>,
+) -> impl Service<
+    Task<serde_json::Value>,
+    Response = JobOutcome,
+    Error = BoxDynError,
+    Future = BoxFuture<'static, Result<JobOutcome, BoxDynError>>,
+> + Clone
++ Send
++ 'static {
+    ServiceBuilder::new()
+        .layer(ThrottleLayer::new(engine.clone()))
+        .service(ChainService { engine })
 }
 
-/// The apalis handler: decodes the payload itself, so a payload that is not a chain job
-/// fails that job with a clear log line instead of stopping the worker.
-async fn handle(
-    payload: serde_json::Value,
-    engine: Data<Arc<Engine>>,
-    task_id: TaskId,
-) -> Result<(), BoxDynError> {
-    let job: ChainJob = match serde_json::from_value(payload.clone()) {
-        Ok(job) => job,
-        Err(e) => {
-            tracing::error!(task = %task_id, %payload, error = %e, "undecodable chain job dropped");
-            return Err(Box::new(apalis::prelude::AbortError::new(e)));
-        }
-    };
-    let id = task_id.to_string();
-    match chain::execute(&engine, job, Some(&id)).await {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            tracing::error!(run = job.run_id, rule = job.rule_id, error = %e, "chain job failed; apalis retries it");
-            Err(Box::new(e))
-        }
-    }
-}
-
-/// Runs dispatcher, reaper and the chain worker until `engine.shutdown` is cancelled.
+/// Runs the maintenance loops and the chain worker until `engine.shutdown` is cancelled.
+/// A loop that cannot start (or the queue worker failing for good) stops the process with
+/// the reason.
 pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
     let shutdown = engine.shutdown.clone();
-    let dispatcher = {
+    let mut dispatcher = {
         let engine = engine.clone();
         let token = shutdown.clone();
         tokio::spawn(async move { Dispatcher::new(&engine).run(token).await })
@@ -110,6 +82,11 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
         let engine = engine.clone();
         let token = shutdown.clone();
         tokio::spawn(async move { Reaper::new(&engine).run(token).await })
+    };
+    let pruner = {
+        let engine = engine.clone();
+        let token = shutdown.clone();
+        tokio::spawn(async move { Pruner::new(&engine).run(token).await })
     };
 
     let factory_engine = engine.clone();
@@ -127,9 +104,8 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
                 .poll_with_strategy(Tick::every(e.settings.queue_poll));
             WorkerBuilder::new(e.worker_name.clone())
                 .backend(storage)
-                .data(e.clone())
                 .concurrency(e.settings.worker_concurrency)
-                .build(handle)
+                .build(chain_service(e.clone()))
         })
         .should_restart(|_ctx, error| {
             tracing::error!(%error, "chain worker stopped; restarting");
@@ -138,20 +114,46 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
         .shutdown_timeout(engine.settings.shutdown_timeout);
     tracing::info!(worker = %engine.worker_name, "worker started");
     let token = shutdown.clone();
-    monitor
-        .run_with_signal(async move {
-            token.cancelled().await;
-            Ok(())
-        })
-        .await?;
-    dispatcher.await??;
+    let monitor = monitor.run_with_signal(async move {
+        token.cancelled().await;
+        Ok(())
+    });
+    let mut monitor = std::pin::pin!(monitor);
+    // Whichever ends first: the queue worker (stopped, or failed for good) or the
+    // dispatcher (which returns before a stop only when it could not start).
+    let (monitor_done, dispatched) = tokio::select! {
+        ran = &mut monitor => {
+            ran?;
+            (true, None)
+        }
+        ended = &mut dispatcher => (false, Some(ended)),
+    };
+    let dispatcher_ended = dispatched.is_some();
+    let failure = match dispatched {
+        Some(Ok(Ok(()))) | None => None,
+        Some(Ok(Err(e))) => Some(anyhow::Error::new(e).context("the dispatcher could not run")),
+        Some(Err(e)) => Some(anyhow::Error::new(e).context("the dispatcher panicked")),
+    };
+    shutdown.cancel();
+    if !monitor_done {
+        monitor.await?;
+    }
+    if !dispatcher_ended {
+        dispatcher.await??;
+    }
     reaper.await?;
-    tracing::info!("worker stopped");
-    Ok(())
+    pruner.await?;
+    match failure {
+        Some(reason) => Err(reason),
+        None => {
+            tracing::info!("worker stopped");
+            Ok(())
+        }
+    }
 }
 
 /// Cancels `token` on SIGTERM or Ctrl-C.
-pub fn cancel_on_signal(token: CancellationToken) {
+pub fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
     tokio::spawn(async move {
         let ctrl_c = tokio::signal::ctrl_c();
         #[cfg(unix)]

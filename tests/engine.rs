@@ -9,10 +9,10 @@ use std::{process::Command, sync::Arc, time::Duration};
 use chrono::Duration as Span;
 use common::*;
 use courier::{
-    chain::{self, JobOutcome},
+    chain::JobOutcome,
     config::{BreakerSettings, Settings},
-    dispatch::{Dispatcher, Reaper},
     enqueue::{self, EnqueueError, NewDelivery},
+    maintenance::{dispatcher::Dispatcher, reaper::Reaper},
     runs::RunStatus,
     target::Target,
     worker,
@@ -314,16 +314,16 @@ async fn two_jobs_of_one_rule_never_execute_at_once() {
     let a = engine(&db.pool, settings(&db.url));
     let b = engine(&db.pool, settings(&db.url));
     Dispatcher::new(&a).run_once().await.unwrap();
-    let job = take_jobs(&db.pool).await[0];
+    let job = take_jobs(&db.pool).await.remove(0);
     let t = target.clone();
-    let (ra, rb) = tokio::join!(chain::execute(&a, job, None), async {
+    let (ra, rb) = tokio::join!(try_run_job(&a, &job), async {
         // The second copy starts once the first is calling the target (holding the lease).
         eventually("the first job calling", || {
             let t = t.clone();
             async move { t.counters().requests > 0 }
         })
         .await;
-        chain::execute(&b, job, None).await
+        try_run_job(&b, &job).await
     });
     assert!(matches!(
         ra.unwrap(),
@@ -438,18 +438,18 @@ async fn a_stale_run_is_reaped_and_its_late_job_does_nothing() {
         .await
         .unwrap();
     Dispatcher::new(&engine).run_once().await.unwrap();
-    let late = take_jobs(&db.pool).await[0];
+    let late = take_jobs(&db.pool).await.remove(0);
 
     engine.clock.advance(Span::seconds(599));
     assert!(Reaper::new(&engine).run_once().await.unwrap().is_empty());
     engine.clock.advance(Span::seconds(2));
     assert_eq!(
         Reaper::new(&engine).run_once().await.unwrap(),
-        vec![late.run_id]
+        vec![late.job.run_id]
     );
 
     assert_eq!(
-        chain::execute(&engine, late, None).await.unwrap(),
+        try_run_job(&engine, &late).await.unwrap(),
         JobOutcome::Skipped
     );
     assert_eq!(target.counters().requests, 0);
@@ -751,14 +751,14 @@ async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
         .await
         .unwrap();
     Dispatcher::new(&engine).run_once().await.unwrap();
-    let job = take_jobs(&db.pool).await[0];
+    let job = take_jobs(&db.pool).await.remove(0);
     let started: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT heartbeat_at FROM runs")
             .fetch_one(&db.pool)
             .await
             .unwrap();
     let e = engine.clone();
-    let running = tokio::spawn(async move { chain::execute(&e, job, Some("job-1")).await });
+    let running = tokio::spawn(async move { try_run_job(&e, &job).await });
     let pool = db.pool.clone();
     eventually("the heartbeat and the lease renewed while the first call is out", || {
         let pool = pool.clone();
@@ -781,4 +781,36 @@ async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
     ));
     assert_eq!(target.counters().requests, 2);
     db.drop_db().await;
+}
+
+#[tokio::test]
+async fn run_states_agree_with_the_database_and_unknown_states_are_errors() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    for status in RunStatus::ALL {
+        // The database's generated `active` column against the Rust side's is_active.
+        let (active, decoded): (bool, RunStatus) = sqlx::query_as(
+            "INSERT INTO runs (rule_id, status, started_by, finished_at)
+             SELECT id, $1, 'test', CASE WHEN $2 THEN NULL ELSE now() END FROM rules
+             RETURNING active, status",
+        )
+        .bind(status.as_str())
+        .bind(status.is_active())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!((active, decoded), (status.is_active(), status));
+        sqlx::query("DELETE FROM runs")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let unknown = sqlx::query_scalar::<_, courier::breaker::State>("SELECT 'ajar'::text")
+        .fetch_one(&db.pool)
+        .await;
+    assert!(
+        unknown.is_err(),
+        "an unknown circuit state must not read as closed"
+    );
 }

@@ -13,7 +13,6 @@ use courier::{
     runs::RunStatus,
     status,
     target::Target,
-    throttle,
 };
 use serde_json::json;
 
@@ -39,8 +38,10 @@ async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
     let now = engine.clock.now();
     let outcomes = drive(&engine).await;
     let resume = now + Span::seconds(30);
+    // The job that met the 429 only records the block and continues the chain; the
+    // throttle layer makes the next job (the same apalis row from then on) wait it out.
     assert!(
-        matches!(outcomes[..], [JobOutcome::Waiting(t)] if (t - resume).num_milliseconds().abs() < 1),
+        matches!(outcomes[..], [JobOutcome::Continued, JobOutcome::Waiting(t)] if (t - resume).num_milliseconds().abs() < 1),
         "{outcomes:?}"
     );
     for &id in &ids {
@@ -164,13 +165,13 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     .await
     .unwrap();
     let key = format!("connection:{conn}");
-    let cause = throttle::Cause {
+    let cause = courier::blocks::Cause {
         budget_key: &key,
         connection_id: conn,
         rule_id: rule,
         run_id: run,
     };
-    let until = throttle::block(
+    let until = courier::blocks::block(
         &db.pool,
         &cause,
         std::time::Duration::from_secs(600),
@@ -180,7 +181,7 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     .await
     .unwrap();
     // A shorter 429 never shortens it.
-    let again = throttle::block(
+    let again = courier::blocks::block(
         &db.pool,
         &cause,
         std::time::Duration::from_secs(5),
@@ -232,7 +233,7 @@ async fn a_waiting_chain_is_never_reaped_as_stale() {
     drive(&engine).await;
     engine.clock.advance(Span::seconds(300));
     assert!(
-        courier::dispatch::Reaper::new(&engine)
+        courier::maintenance::reaper::Reaper::new(&engine)
             .run_once()
             .await
             .unwrap()
@@ -293,4 +294,97 @@ fn the_worker_refuses_a_wait_bound_beyond_the_staleness_window() {
             && stderr.contains("COURIER_CHAIN_STALE_AFTER_SECONDS"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waiting() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", three())
+        .await
+        .unwrap();
+    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    // A block written by another process (plain SQL): the layer hears of it by NOTIFY.
+    engine
+        .blocks
+        .ensure_listening(&engine.pool, &engine.shutdown)
+        .await
+        .unwrap();
+    let (key, until): (String, At) = sqlx::query_as(
+        "INSERT INTO connection_blocks (budget_key, blocked_until, set_at)
+         SELECT courier_budget_key(c), $1, now() FROM connections c
+         RETURNING budget_key, blocked_until",
+    )
+    .bind(engine.clock.now() + Span::seconds(20))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    eventually("the block reaches the in-memory copy", || {
+        let engine = engine.clone();
+        let key = key.clone();
+        async move { engine.blocks.until(&key) == Some(until) }
+    })
+    .await;
+    let job = take_jobs(&db.pool).await.remove(0);
+    assert_eq!(run_job(&engine, &job).await, JobOutcome::Waiting(until));
+    assert_eq!(
+        target.counters().requests,
+        0,
+        "the chain job itself never ran"
+    );
+    let (status, run_at): (String, At) =
+        sqlx::query_as("SELECT status, run_at FROM apalis.jobs WHERE id = $1")
+            .bind(&job.id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), run_at), ("Pending", until));
+    let (run, resume_at): (String, Option<At>) =
+        sqlx::query_as("SELECT status, resume_at FROM runs")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((run.as_str(), resume_at), ("waiting", Some(until)));
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM apalis.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 1, "no new job was pushed for the wait");
+
+    // When the block has passed, the same job runs and delivers.
+    engine.clock.advance(Span::seconds(21));
+    let again = take_due_jobs(&db.pool, until).await.remove(0);
+    assert_eq!(again.id, job.id);
+    run_job(&engine, &again).await;
+    assert_eq!(delivered(&db.pool).await, 3);
+}
+
+#[tokio::test]
+async fn a_chain_job_is_bound_to_its_run_not_to_its_payload() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", three())
+        .await
+        .unwrap();
+    enqueue::enqueue(&db.pool, "orders", NewDelivery::new("o:1", json!({})))
+        .await
+        .unwrap();
+    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    let mut jobs = take_jobs(&db.pool).await;
+    jobs.sort_by_key(|j| j.job.run_id);
+    // Run A's job claiming to be rule B's.
+    let mut forged = jobs[0].clone();
+    forged.job.rule_id = jobs[1].job.rule_id;
+    assert_eq!(run_job(&engine, &forged).await, JobOutcome::Skipped);
+    assert_eq!(target.counters().requests, 0);
 }

@@ -16,8 +16,8 @@ use sqlx::PgPool;
 use super::{BenchConfig, Child, Report, Workers, fresh_database, machine, transactions, watch};
 use crate::{
     catalog::{self, NewConnection, NewRule},
-    dispatch::Dispatcher,
     enqueue::{self, NewDelivery},
+    maintenance::dispatcher::Dispatcher,
     queue::Tick,
     target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig},
 };

@@ -5,19 +5,21 @@
 
 use std::{str::FromStr, sync::Arc};
 
+use apalis::prelude::{Task, TaskBuilder, TaskId};
 use chrono::Utc;
 use courier::{
     catalog::{self, NewConnection, NewRule},
-    chain::{self, JobOutcome},
+    chain::JobOutcome,
     clock::Clock,
     config::Settings,
     db,
-    dispatch::Dispatcher,
+    maintenance::dispatcher::Dispatcher,
     queue::{CHAIN_QUEUE, ChainJob},
     target::Target,
-    worker::Engine,
+    worker::{self, Engine},
 };
 use sqlx::{PgPool, postgres::PgConnectOptions};
+use tower::{Service, ServiceExt};
 
 /// The server tests create their databases on: `COURIER_TEST_DATABASE_URL`, else the
 /// local default.
@@ -35,6 +37,11 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> Self {
+        // `RUST_LOG=courier=debug cargo test NAME -- --nocapture` shows the engine's log.
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
         let name = format!("courier_test_{:016x}", rand::random::<u64>());
         let server = server_url();
         let base = server.rsplit_once('/').expect("URL has a database").0;
@@ -114,29 +121,64 @@ pub async fn setup(pool: &PgPool, target: &Target, rules: &[&str], batch: i32, i
     }
 }
 
-/// Takes every chain job due by `now` out of apalis' table (marking it done).
-pub async fn take_due_jobs(pool: &PgPool, now: chrono::DateTime<Utc>) -> Vec<ChainJob> {
-    let rows: Vec<Vec<u8>> = sqlx::query_scalar(
+/// A chain job taken out of apalis' table: its row id and payload.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub id: String,
+    pub job: ChainJob,
+}
+
+/// Takes every chain job due by `now` out of apalis' table (marking it done, as a worker's
+/// acknowledgement would; a snooze puts it back).
+pub async fn take_due_jobs(pool: &PgPool, now: chrono::DateTime<Utc>) -> Vec<Job> {
+    let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
         "UPDATE apalis.jobs SET status = 'Done', done_at = now()
-         WHERE job_type = $1 AND status = 'Pending' AND run_at <= $2 RETURNING job",
+         WHERE job_type = $1 AND status = 'Pending' AND run_at <= $2 RETURNING id, job",
     )
     .bind(CHAIN_QUEUE)
     .bind(now)
     .fetch_all(pool)
     .await
     .unwrap();
-    rows.iter()
-        .map(|b| serde_json::from_slice(b).expect("chain job payload"))
+    rows.into_iter()
+        .map(|(id, b)| Job {
+            id,
+            job: serde_json::from_slice(&b).expect("chain job payload"),
+        })
         .collect()
 }
 
 /// Takes every queued chain job that is due now.
-pub async fn take_jobs(pool: &PgPool) -> Vec<ChainJob> {
+pub async fn take_jobs(pool: &PgPool) -> Vec<Job> {
     take_due_jobs(pool, Utc::now() + chrono::Duration::seconds(5)).await
 }
 
+/// An apalis task for `job`, as the queue would hand it to the worker.
+pub fn task(job: &Job) -> Task<serde_json::Value> {
+    TaskBuilder::new(serde_json::to_value(job.job).unwrap())
+        .task_id(TaskId::from_string(job.id.clone()))
+        .build()
+}
+
+/// Runs `job` through the worker's own service stack (throttle layer and chain job).
+pub async fn run_job(engine: &Arc<Engine>, job: &Job) -> JobOutcome {
+    try_run_job(engine, job).await.expect("chain job runs")
+}
+
+/// Like [`run_job`], returning the service's error.
+pub async fn try_run_job(
+    engine: &Arc<Engine>,
+    job: &Job,
+) -> Result<JobOutcome, apalis::prelude::BoxDynError> {
+    worker::chain_service(engine.clone())
+        .ready()
+        .await?
+        .call(task(job))
+        .await
+}
+
 /// One dispatcher pass, then every chain job until none is left; returns their outcomes.
-pub async fn drive(engine: &Engine) -> Vec<JobOutcome> {
+pub async fn drive(engine: &Arc<Engine>) -> Vec<JobOutcome> {
     Dispatcher::new(engine).run_once().await.unwrap();
     let mut outcomes = Vec::new();
     for _ in 0..10_000 {
@@ -145,7 +187,7 @@ pub async fn drive(engine: &Engine) -> Vec<JobOutcome> {
             return outcomes;
         }
         for job in jobs {
-            outcomes.push(chain::execute(engine, job, None).await.unwrap());
+            outcomes.push(run_job(engine, &job).await);
         }
     }
     panic!("chain did not end");

@@ -10,9 +10,9 @@ use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    engine::Engine,
     queue::{self, ChainJob},
     runs::{self, WAKE_CHANNEL},
-    worker::Engine,
 };
 
 /// Starts runs for due rules.
@@ -44,7 +44,7 @@ impl<'a> Dispatcher<'a> {
                AND NOT EXISTS (SELECT 1 FROM connection_blocks b
                                WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
                AND NOT EXISTS (SELECT 1 FROM runs x
-                               WHERE x.rule_id = r.id AND x.status IN ('running', 'waiting'))
+                               WHERE x.rule_id = r.id AND x.active)
                AND EXISTS (SELECT 1 FROM deliveries d
                            WHERE d.rule_id = r.id AND d.status = 'pending' AND d.next_attempt_at <= $1)",
             now
@@ -59,7 +59,7 @@ impl<'a> Dispatcher<'a> {
             .iter()
             .map(|&(run_id, rule_id)| ChainJob { run_id, rule_id })
             .collect();
-        queue::push(&mut tx, &jobs, None).await?;
+        queue::push(&mut tx, &jobs).await?;
         tx.commit().await?;
         for job in &jobs {
             tracing::info!(run = job.run_id, rule = job.rule_id, "run started");
@@ -75,7 +75,7 @@ impl<'a> Dispatcher<'a> {
                       (SELECT r.id FROM rules r
                        WHERE r.connection_id = c.connection_id AND r.enabled
                          AND NOT EXISTS (SELECT 1 FROM runs x
-                                         WHERE x.rule_id = r.id AND x.status IN ('running', 'waiting'))
+                                         WHERE x.rule_id = r.id AND x.active)
                          AND EXISTS (SELECT 1 FROM deliveries d
                                      WHERE d.rule_id = r.id AND d.status = 'pending'
                                        AND d.next_attempt_at <= $1)
@@ -87,7 +87,7 @@ impl<'a> Dispatcher<'a> {
                  AND ((c.state = 'open' AND c.open_until <= $1)
                   OR (c.state = 'half_open' AND NOT EXISTS (
                         SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
-                          AND p.status IN ('running', 'waiting'))))"#,
+                          AND p.active)))"#,
             now
         )
         .fetch_all(&self.engine.pool)
@@ -106,7 +106,7 @@ impl<'a> Dispatcher<'a> {
                    AND ((c.state = 'open' AND c.open_until <= $3)
                         OR (c.state = 'half_open' AND NOT EXISTS (
                               SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
-                                AND p.id <> $2 AND p.status IN ('running', 'waiting'))))",
+                                AND p.id <> $2 AND p.active)))",
                 c.connection_id,
                 run_id,
                 now
@@ -119,7 +119,7 @@ impl<'a> Dispatcher<'a> {
                 tx.rollback().await?;
                 continue;
             }
-            queue::push(&mut tx, &[ChainJob { run_id, rule_id }], None).await?;
+            queue::push(&mut tx, &[ChainJob { run_id, rule_id }]).await?;
             tx.commit().await?;
             tracing::info!(
                 run = run_id,
@@ -138,11 +138,11 @@ impl<'a> Dispatcher<'a> {
     pub async fn next_due(&self) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
         let now = self.engine.clock.now();
         sqlx::query_scalar!(
-            "SELECT LEAST(
+            "SELECT courier_ts(LEAST(
                 (SELECT min(next_attempt_at) FROM deliveries
                   WHERE status = 'pending' AND next_attempt_at > $1),
                 (SELECT min(blocked_until) FROM connection_blocks WHERE blocked_until > $1),
-                (SELECT min(open_until) FROM circuits WHERE state = 'open' AND open_until > $1))",
+                (SELECT min(open_until) FROM circuits WHERE state = 'open' AND open_until > $1)))",
             now
         )
         .fetch_one(&self.engine.pool)
@@ -152,6 +152,7 @@ impl<'a> Dispatcher<'a> {
     /// Runs passes until `shutdown`: on every notification, and otherwise when the next
     /// thing falls due (at the latest every `dispatch_interval`). An idle or blocked
     /// system costs no polling.
+    /// Fails only when it cannot start (its LISTEN connection).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.engine.pool).await?;
         listener.listen(WAKE_CHANNEL).await?;
@@ -189,51 +190,6 @@ impl<'a> Dispatcher<'a> {
             Err(e) => {
                 tracing::error!(error = %e, "dispatcher could not read the next due time");
                 None
-            }
-        }
-    }
-}
-
-/// The reaper: marks runs whose heartbeat is older than `chain_stale_after` as stale, and
-/// prunes budget call counts older than an hour.
-pub struct Reaper<'a> {
-    /// Shared process state.
-    engine: &'a Engine,
-}
-
-impl<'a> Reaper<'a> {
-    /// A reaper over `engine`.
-    pub fn new(engine: &'a Engine) -> Self {
-        Self { engine }
-    }
-
-    /// One pass; returns the reaped run ids.
-    pub async fn run_once(&self) -> Result<Vec<i64>, sqlx::Error> {
-        let now = self.engine.clock.now();
-        let cutoff =
-            now - chrono::Duration::from_std(self.engine.settings.chain_stale_after).expect("fits");
-        let reaped = runs::reap_stale(&self.engine.pool, cutoff, now).await?;
-        for id in &reaped {
-            tracing::warn!(run = id, "run reaped as stale");
-        }
-        if !reaped.is_empty() {
-            runs::wake(&self.engine.pool).await?;
-        }
-        // Call counts only matter for "used in the last minute".
-        crate::pacer::prune_calls(&self.engine.pool, now - chrono::Duration::hours(1)).await?;
-        Ok(reaped)
-    }
-
-    /// Runs passes every `reaper_interval` until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(self.engine.settings.reaper_interval);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if let Err(e) = self.run_once().await {
-                tracing::error!(error = %e, "reaper pass failed");
             }
         }
     }

@@ -1,0 +1,204 @@
+//! Rate-limit blocks (table `connection_blocks`, owned here): a 429 blocks its whole budget
+//! (every connection sharing the budget key) for the wait it asked for, capped at one day,
+//! or 60 s when it named none. A later 429 may extend a block, never shorten it.
+//!
+//! Every process keeps [`Blocks`], an in-memory copy of the table that the throttle layer
+//! reads before each job: loaded when its listener subscribes, and refreshed whenever a
+//! block is written (a trigger sends `NOTIFY courier_blocks, '<budget key>'`).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgExecutor, PgPool, postgres::PgListener};
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use crate::writer::{DEFAULT_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT};
+
+/// The channel a written block is announced on (payload: the budget key).
+pub const BLOCKS_CHANNEL: &str = "courier_blocks";
+
+/// The shortest block a 429 sets: a target answering `retry-after: 0` is not hammered.
+pub const MIN_BLOCK: Duration = Duration::from_secs(1);
+
+/// The block a rate-limit response sets, from the wait it named: 60 s when it named none,
+/// at least [`MIN_BLOCK`], at most one day.
+pub fn block_length(wait: Option<Duration>) -> Duration {
+    wait.unwrap_or(DEFAULT_RATE_LIMIT_WAIT)
+        .clamp(MIN_BLOCK, MAX_RATE_LIMIT_WAIT)
+}
+
+/// Where a 429 came from.
+#[derive(Clone, Copy, Debug)]
+pub struct Cause<'a> {
+    /// The budget (and so the connections) the block holds back.
+    pub budget_key: &'a str,
+    /// The connection whose call met the 429.
+    pub connection_id: i64,
+    /// The rule whose call met it.
+    pub rule_id: i64,
+    /// The run whose call met it.
+    pub run_id: i64,
+}
+
+/// Blocks a budget until `now + length`, unless it is already blocked for longer (a block
+/// is extended, never shortened); returns the block's end as it now stands.
+pub async fn block(
+    db: impl PgExecutor<'_>,
+    cause: &Cause<'_>,
+    length: Duration,
+    raw: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<DateTime<Utc>, sqlx::Error> {
+    let until = now + chrono::Duration::from_std(length).expect("capped at a day");
+    sqlx::query_scalar!(
+        "INSERT INTO connection_blocks
+            (budget_key, connection_id, blocked_until, rule_id, run_id, retry_after_raw, set_at)
+         VALUES ($7, $1, $2, $3, $4, $5, $6)
+         ON CONFLICT (budget_key) DO UPDATE SET
+            connection_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
+                                 THEN EXCLUDED.connection_id ELSE connection_blocks.connection_id END,
+            blocked_until = GREATEST(connection_blocks.blocked_until, EXCLUDED.blocked_until),
+            rule_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
+                           THEN EXCLUDED.rule_id ELSE connection_blocks.rule_id END,
+            run_id = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
+                          THEN EXCLUDED.run_id ELSE connection_blocks.run_id END,
+            retry_after_raw = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
+                                   THEN EXCLUDED.retry_after_raw ELSE connection_blocks.retry_after_raw END,
+            set_at = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
+                          THEN EXCLUDED.set_at ELSE connection_blocks.set_at END
+         RETURNING blocked_until",
+        cause.connection_id,
+        until,
+        cause.rule_id,
+        cause.run_id,
+        raw,
+        now,
+        cause.budget_key
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// The blocks every budget is under, as this process knows them.
+#[derive(Debug, Default)]
+pub struct Blocks {
+    /// Block end per budget key (lapsed ones may linger; they decide nothing).
+    until: RwLock<HashMap<String, DateTime<Utc>>>,
+    /// Set once the listener is subscribed and the table loaded.
+    listening: OnceCell<()>,
+}
+
+impl Blocks {
+    /// When the block on budget `key` ends, if it has one.
+    pub fn until(&self, key: &str) -> Option<DateTime<Utc>> {
+        self.until.read().expect("blocks lock").get(key).copied()
+    }
+
+    /// Records a block this process wrote (others hear of it by NOTIFY).
+    pub fn set(&self, key: &str, until: DateTime<Utc>) {
+        let mut map = self.until.write().expect("blocks lock");
+        let end = map.entry(key.to_owned()).or_insert(until);
+        *end = (*end).max(until);
+    }
+
+    /// Starts the listener that keeps this copy current, once per process: subscribes,
+    /// then loads the table, so no block written meanwhile is missed. It stops with
+    /// `shutdown` or when the pool is closed.
+    pub async fn ensure_listening(
+        self: &Arc<Self>,
+        pool: &PgPool,
+        shutdown: &CancellationToken,
+    ) -> Result<(), sqlx::Error> {
+        self.listening
+            .get_or_try_init(|| async {
+                let mut listener = PgListener::connect_with(pool).await?;
+                listener.listen(BLOCKS_CHANNEL).await?;
+                self.reload(pool).await?;
+                let blocks = Arc::downgrade(self);
+                let pool = pool.clone();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let received = tokio::select! {
+                            r = listener.recv() => r,
+                            _ = shutdown.cancelled() => return,
+                            _ = pool.close_event() => return,
+                        };
+                        let Some(blocks) = blocks.upgrade() else { return };
+                        let refreshed = match received {
+                            Ok(n) => blocks.refresh(&pool, n.payload()).await,
+                            // The connection was lost: notifications may have been missed
+                            // (recv reconnects on the next call).
+                            Err(e) => {
+                                tracing::warn!(error = %e, "blocks listener lost its connection; reloading");
+                                blocks.reload(&pool).await
+                            }
+                        };
+                        if let Err(e) = refreshed {
+                            tracing::warn!(error = %e, "could not refresh rate-limit blocks");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                });
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn reload(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let rows = sqlx::query!(
+            "SELECT budget_key, courier_ts(blocked_until) AS \"until!\" FROM connection_blocks"
+        )
+        .fetch_all(pool)
+        .await?;
+        let map = rows.into_iter().map(|r| (r.budget_key, r.until)).collect();
+        *self.until.write().expect("blocks lock") = map;
+        Ok(())
+    }
+
+    async fn refresh(&self, pool: &PgPool, key: &str) -> Result<(), sqlx::Error> {
+        let until = sqlx::query_scalar!(
+            "SELECT courier_ts(blocked_until) AS \"until!\" FROM connection_blocks WHERE budget_key = $1",
+            key
+        )
+        .fetch_optional(pool)
+        .await?;
+        let mut map = self.until.write().expect("blocks lock");
+        match until {
+            Some(t) => map.insert(key.to_owned(), t),
+            None => map.remove(key),
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_lengths_are_capped() {
+        assert_eq!(block_length(None), Duration::from_secs(60));
+        assert_eq!(
+            block_length(Some(Duration::from_secs(86_401))),
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(block_length(Some(Duration::ZERO)), MIN_BLOCK);
+    }
+
+    #[test]
+    fn a_block_is_extended_never_shortened() {
+        let blocks = Blocks::default();
+        let now = Utc::now();
+        blocks.set("k", now + chrono::Duration::seconds(10));
+        blocks.set("k", now + chrono::Duration::seconds(5));
+        assert_eq!(blocks.until("k"), Some(now + chrono::Duration::seconds(10)));
+        assert_eq!(blocks.until("other"), None);
+    }
+}

@@ -1,0 +1,87 @@
+//! The call stage: for each delivery to send, a request slot from the pacer (in fair turn
+//! with other rules), then one writer call, timed. Calls run up to the connection's max in
+//! flight; none starts once the batch is told to stop (a 429, an opened circuit) or the
+//! process is stopping, and those deliveries come back as not attempted.
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use futures::{Stream, StreamExt, stream};
+
+use super::{claim::Claimed, context::JobContext};
+use crate::{
+    engine::Engine,
+    writer::{Outgoing, Receipt, WriteError, Writer},
+};
+
+/// The answer to one call; `None` when the call was not made.
+pub type Answer = Option<(Result<Receipt, WriteError>, Duration)>;
+
+/// Tells calls not yet started to stay unsent.
+#[derive(Debug, Default)]
+pub struct Stop(AtomicBool);
+
+impl Stop {
+    /// No further call starts.
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn stopped(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Calls the writer for `claimed[i]` for every `i` in `to_send`, yielding each delivery's
+/// index with its answer in completion order.
+pub fn calls<'a>(
+    engine: &'a Engine,
+    ctx: &'a JobContext,
+    writer: &'a dyn Writer,
+    claimed: &'a [Claimed],
+    to_send: Vec<usize>,
+    stop: &'a Stop,
+) -> impl Stream<Item = (usize, Answer)> + 'a {
+    let rpm = writer.requests_per_minute();
+    let weight = ctx.weight.max(1) as u32;
+    let halted = move || stop.stopped() || engine.shutdown.is_cancelled();
+    stream::iter(to_send)
+        .map(move |i| async move {
+            let d = &claimed[i];
+            if halted() {
+                return (i, None);
+            }
+            // One request of the budget per call, in fair turn with other rules.
+            let key = &ctx.connection.budget_key;
+            let slot = async {
+                let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
+                engine.clock.sleep_until(at).await;
+                Ok::<_, crate::pacer::PacerError>(())
+            };
+            // A stop does not wait for slots: the delivery stays pending, untouched.
+            tokio::select! {
+                waited = slot => if let Err(e) = waited {
+                    tracing::error!(error = %e, "no request slot; delivery left pending");
+                    return (i, None);
+                },
+                _ = engine.shutdown.cancelled() => return (i, None),
+            }
+            // A 429 or a stop may have come in while this call waited for its slot.
+            if halted() {
+                return (i, None);
+            }
+            let started = Instant::now();
+            let result = writer
+                .write(Outgoing {
+                    delivery_id: d.id,
+                    record_key: &d.record_key,
+                    path: &ctx.path,
+                    payload: &d.payload,
+                })
+                .await;
+            (i, Some((result, started.elapsed())))
+        })
+        .buffer_unordered(writer.max_in_flight().max(1))
+}

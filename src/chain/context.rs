@@ -1,0 +1,107 @@
+//! What a chain job works with, read in one statement from its run row: the rule, its
+//! connection, the connection's circuit and block. Rule and connection come from the run,
+//! never from the job's payload.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use crate::{
+    breaker::{self, Circuit},
+    catalog::Connection,
+    retry::RetryPolicy,
+    runs::RunStatus,
+};
+
+/// A run and everything its next job needs.
+#[derive(Clone, Debug)]
+pub struct JobContext {
+    /// The run.
+    pub run_id: i64,
+    /// Its status when read: only an active run does anything.
+    pub run_status: RunStatus,
+    /// Its rule.
+    pub rule_id: i64,
+    /// The highest delivery id the run has handled.
+    pub cursor_id: i64,
+    /// Whether the rule is enabled (a disabled rule's run completes at once).
+    pub rule_enabled: bool,
+    /// The rule's share of its budget against other rules.
+    pub weight: i32,
+    /// The rule's path (the writer's operation).
+    pub path: String,
+    /// Deliveries claimed per job.
+    pub batch_size: i32,
+    /// Attempts and backoff.
+    pub retry: RetryPolicy,
+    /// The connection the rule delivers into.
+    pub connection: Connection,
+    /// The connection's circuit.
+    pub circuit: Circuit,
+    /// The run probing a half-open circuit, if any.
+    pub probe_run_id: Option<i64>,
+}
+
+/// Reads run `run_id` with its rule, connection and circuit; `None` when it is gone.
+pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobContext>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, ru.enabled,
+                  ru.path, ru.batch_size, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
+                  c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
+                  c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
+                  courier_budget_key(c) AS "budget_key!",
+                  ci.state AS "state: breaker::State", ci.consecutive_failures, ci.times_opened,
+                  ci.open_until, ci.probe_run_id
+           FROM runs r
+           JOIN rules ru ON ru.id = r.rule_id
+           JOIN connections c ON c.id = ru.connection_id
+           JOIN circuits ci ON ci.connection_id = c.id
+           WHERE r.id = $1"#,
+        run_id
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| JobContext {
+        run_id,
+        run_status: r.run_status,
+        rule_id: r.rule_id,
+        cursor_id: r.cursor_id,
+        rule_enabled: r.enabled,
+        weight: r.weight,
+        path: r.path,
+        batch_size: r.batch_size,
+        retry: RetryPolicy {
+            max_attempts: r.max_attempts,
+            backoff_base_ms: r.backoff_base_ms,
+            backoff_max_ms: r.backoff_max_ms,
+        },
+        connection: Connection {
+            id: r.connection_id,
+            name: r.name,
+            writer: r.writer,
+            base_url: r.base_url,
+            api_key_env: r.api_key_env,
+            headers: r.headers,
+            requests_per_minute: r.requests_per_minute,
+            max_in_flight: r.max_in_flight,
+            timeout_ms: r.timeout_ms,
+            budget_key: r.budget_key,
+        },
+        circuit: Circuit {
+            state: r.state,
+            consecutive_failures: r.consecutive_failures,
+            times_opened: r.times_opened,
+            open_until: r.open_until,
+        },
+        probe_run_id: r.probe_run_id,
+    }))
+}
+
+impl JobContext {
+    /// Whether this run may call the target now: the circuit allows calls, and a
+    /// half-open circuit is being probed by this run and no other.
+    pub fn circuit_allows(&self, now: DateTime<Utc>) -> bool {
+        let probing_elsewhere = self.circuit.state == breaker::State::HalfOpen
+            && self.probe_run_id.is_some_and(|p| p != self.run_id);
+        self.circuit.allows_calls(now) && !probing_elsewhere
+    }
+}

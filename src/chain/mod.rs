@@ -1,0 +1,301 @@
+//! One chain job: the unit of work of a run, in stages.
+//!
+//! 1. **admit** ([`admit`]): the rule's lease, then whether this run may call at all
+//!    (rule enabled, circuit, a writer that can be built). Rate-limit blocks are checked
+//!    before the job gets here, by the [`throttle`](crate::throttle) layer.
+//! 2. **claim** ([`claim`]): the next batch of due deliveries.
+//! 3. **triage** ([`triage`], pure): suppressed, held, or to send.
+//! 4. **call** ([`call`]): a pacer slot, then the writer, up to max in flight.
+//! 5. **classify** ([`classify`], pure): an answer to an outcome, with the retry policy.
+//! 6. **settle** ([`settle`]): outcomes committed as calls answer, then one commit of the
+//!    run's progress and what comes next ([`settle::Next`]).
+//!
+//! No transaction is open while the writer is called; the lease (owner + expiry on the
+//! rule) keeps two jobs of one rule from executing at once.
+
+pub mod call;
+pub mod claim;
+pub mod classify;
+pub mod context;
+pub mod settle;
+pub mod triage;
+
+use chrono::{DateTime, Duration, Utc};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tracing::Instrument;
+
+use self::{
+    call::Stop,
+    claim::ClaimScope,
+    classify::Classified,
+    context::JobContext,
+    settle::{Next, Tally},
+};
+use crate::{engine::Engine, queue, runs::RunStatus, writer};
+
+/// How long a job waits before trying again when another job holds its rule's lease.
+const LEASE_BUSY_RETRY: Duration = Duration::seconds(1);
+
+/// What a chain job did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobOutcome {
+    /// It handled a batch and enqueued the next job.
+    Continued,
+    /// It ended the run with this status.
+    Finished(RunStatus),
+    /// Its run was no longer active (finished or reaped), or not its own: it did nothing.
+    Skipped,
+    /// Another job held the rule's lease; it put itself back in the queue for this time.
+    Rescheduled(DateTime<Utc>),
+    /// The connection is blocked by a rate limit; this job runs again at this time.
+    Waiting(DateTime<Utc>),
+}
+
+/// A chain job that could not complete; apalis retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    /// The database failed.
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// Executes one chain job of the run `ctx` describes (loaded and checked against blocks
+/// by the throttle layer). `task_id` is the apalis job's id, used to re-schedule it.
+pub async fn execute(
+    engine: &Engine,
+    ctx: &JobContext,
+    task_id: &str,
+) -> Result<JobOutcome, ChainError> {
+    let now = engine.clock.now();
+    // The lease belongs to this job (a retry of the same apalis job may take it again);
+    // the next job of the chain, even in this process, waits for it.
+    let owner = format!("{}/{task_id}", engine.worker_name);
+    let lease_for = lease_length(engine);
+    if !lease::acquire(&engine.pool, ctx.rule_id, &owner, now, lease_for).await? {
+        let at = now + LEASE_BUSY_RETRY;
+        queue::snooze(&engine.pool, task_id, at).await?;
+        queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);
+        return Ok(JobOutcome::Rescheduled(at));
+    }
+    let span = tracing::info_span!("chain", run = ctx.run_id, rule = ctx.rule_id, connection = %ctx.connection.name);
+    let result = run_batch(engine, ctx, task_id, &owner)
+        .instrument(span)
+        .await;
+    // The outcome is committed (or the job failed); a lease left behind only expires.
+    if let Err(e) = lease::release(&engine.pool, ctx.rule_id, &owner).await {
+        tracing::warn!(rule = ctx.rule_id, error = %e, "could not release the rule's lease; it expires");
+    }
+    result
+}
+
+/// How long a lease (and a heartbeat) holds without renewal: the staleness window.
+fn lease_length(engine: &Engine) -> Duration {
+    Duration::from_std(engine.settings.chain_stale_after).unwrap_or(Duration::MAX)
+}
+
+/// Why this run may not call the target now, as the way its run ends.
+fn admit(ctx: &JobContext, now: DateTime<Utc>) -> Option<Next> {
+    if !ctx.rule_enabled {
+        return Some(Next::Finish {
+            status: RunStatus::Completed,
+            error: Some("rule disabled".into()),
+            until: None,
+        });
+    }
+    // Half-open: one run probes; every other run of the connection ends as if open.
+    if !ctx.circuit_allows(now) {
+        return Some(Next::finish(RunStatus::CircuitOpen));
+    }
+    None
+}
+
+async fn run_batch(
+    engine: &Engine,
+    ctx: &JobContext,
+    task_id: &str,
+    owner: &str,
+) -> Result<JobOutcome, ChainError> {
+    let settle = |tally, cursor, next| settle::settle(engine, ctx, task_id, tally, cursor, next);
+    let now = engine.clock.now();
+    if let Some(end) = admit(ctx, now) {
+        return Ok(settle(Tally::default(), 0, end).await?);
+    }
+    let writer = match writer::build(&ctx.connection, &engine.http) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the connection's writer");
+            let next = Next::Finish {
+                status: RunStatus::Failed,
+                error: Some(e.to_string()),
+                until: None,
+            };
+            return Ok(settle(Tally::default(), 0, next).await?);
+        }
+    };
+
+    let scope = ClaimScope {
+        rule_id: ctx.rule_id,
+        connection_id: ctx.connection.id,
+        after_id: ctx.cursor_id,
+        limit: ctx.batch_size,
+    };
+    let claimed = claim::claim(&engine.pool, scope, now).await?;
+    if claimed.is_empty() {
+        return Ok(settle(Tally::default(), 0, Next::finish(RunStatus::Completed)).await?);
+    }
+
+    let sorted = triage::triage(&claimed, &ctx.retry, now);
+    let mut tally = Tally::default();
+    tally.decided(sorted.decided);
+
+    // Call the writer with no transaction open. A 429 or a call that opens the circuit
+    // stops the rest of the batch; so does a shutdown (calls already in flight finish).
+    let stop = Stop::default();
+    let mut calls = std::pin::pin!(call::calls(
+        engine,
+        ctx,
+        writer.as_ref(),
+        &claimed,
+        sorted.to_send,
+        &stop
+    ));
+    let mut live_circuit = ctx.circuit.clone();
+    let mut not_attempted = Vec::new();
+    let mut run_ended = false;
+    let mut renewal = tokio::time::interval(engine.settings.chain_stale_after / 4);
+    renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    renewal.tick().await; // the first tick is immediate; the lease was just taken
+    loop {
+        let next = tokio::select! {
+            next = calls.next() => next,
+            _ = renewal.tick() => {
+                let until = engine.clock.now() + lease_length(engine);
+                if let Err(e) = lease::renew(&engine.pool, ctx, owner, until, engine.clock.now()).await {
+                    tracing::warn!(error = %e, "could not renew the lease and heartbeat");
+                }
+                continue;
+            }
+        };
+        let Some((i, answer)) = next else { break };
+        let d = &claimed[i];
+        let Some((result, elapsed)) = answer else {
+            not_attempted.push(d.id);
+            continue;
+        };
+        let at = engine.clock.now();
+        match classify::classify(d, result, elapsed, &ctx.retry, at, rand::random()) {
+            Classified::RateLimited { wait, raw } => {
+                // Not a failure of the record: nothing is recorded against it.
+                tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
+                engine.pacer.throttled(&ctx.connection.budget_key);
+                tally.rate_limited(wait, raw);
+                stop.stop();
+                not_attempted.push(d.id);
+            }
+            Classified::Outcome { entry, reachable } => {
+                if let Some(r) = reachable {
+                    engine.pacer.answered(&ctx.connection.budget_key, 1);
+                    if live_circuit.observe(r, &engine.settings.breaker, at) {
+                        stop.stop();
+                    }
+                }
+                tally.answered(entry, reachable);
+            }
+        }
+        if tally.due() && !settle::flush(engine, ctx, &mut tally).await? {
+            // Reaped meanwhile: stop calling; what is committed stays.
+            run_ended = true;
+            stop.stop();
+        }
+    }
+
+    // Deliveries not attempted stay pending and untouched; the cursor stops below them so
+    // the run (or the next one) visits them again.
+    let cursor = match not_attempted.iter().min() {
+        Some(min) => min - 1,
+        None => claimed.last().map_or(ctx.cursor_id, |d| d.id),
+    };
+    let next = if run_ended {
+        Next::finish(RunStatus::Stale)
+    } else if !live_circuit.allows_calls(engine.clock.now()) {
+        Next::finish(RunStatus::CircuitOpen)
+    } else if not_attempted.is_empty() && (claimed.len() as i32) < ctx.batch_size {
+        Next::finish(RunStatus::Completed)
+    } else {
+        // A 429 met here is settled as a block; the next job meets it in the throttle layer.
+        Next::Continue
+    };
+    Ok(settle(tally, cursor, next).await?)
+}
+
+/// The rule's lease: which job may execute for the rule now.
+mod lease {
+    use chrono::{DateTime, Duration, Utc};
+    use sqlx::PgExecutor;
+
+    use super::JobContext;
+
+    /// Takes the rule's lease for `owner` until `now + length`, unless another owner holds
+    /// an unexpired one.
+    pub async fn acquire(
+        db: impl PgExecutor<'_>,
+        rule_id: i64,
+        owner: &str,
+        now: DateTime<Utc>,
+        length: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let got = sqlx::query_scalar!(
+            "UPDATE rules SET lease_owner = $2, lease_until = $3
+             WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
+             RETURNING id",
+            rule_id,
+            owner,
+            now + length,
+            now
+        )
+        .fetch_optional(db)
+        .await?;
+        Ok(got.is_some())
+    }
+
+    /// Extends the lease and the run's heartbeat while a batch is still calling the
+    /// target, so a slow batch is never taken for dead and its deliveries are never
+    /// claimed again by a new run.
+    pub async fn renew(
+        db: impl PgExecutor<'_>,
+        ctx: &JobContext,
+        owner: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            "WITH l AS (UPDATE rules SET lease_until = $3 WHERE id = $1 AND lease_owner = $2)
+             UPDATE runs SET heartbeat_at = $4 WHERE id = $5 AND active",
+            ctx.rule_id,
+            owner,
+            until,
+            now,
+            ctx.run_id
+        )
+        .execute(db)
+        .await?;
+        Ok(())
+    }
+
+    /// Gives the lease back.
+    pub async fn release(
+        db: impl PgExecutor<'_>,
+        rule_id: i64,
+        owner: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            "UPDATE rules SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2",
+            rule_id,
+            owner
+        )
+        .execute(db)
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,242 @@
+//! The settle stage: the one path by which a chain job commits. Outcomes collect in a
+//! [`Tally`] while calls answer and are committed in bulk every [`FLUSH_EVERY`] or
+//! [`FLUSH_AFTER`] answers (so a crash re-sends at most the calls in flight and about a
+//! second's worth), and once more when the job ends, together with what comes next: a
+//! [`Next`] decides whether the chain continues, waits, or finishes.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use super::{JobOutcome, context::JobContext};
+use crate::{
+    blocks, breaker,
+    engine::Engine,
+    ledger::{self, Entry},
+    pacer,
+    queue::{self, ChainJob},
+    runs::{self, Counters, Progress, RunStatus},
+};
+
+/// Committed at least this often while a batch is calling.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Committed at least every this many answers while a batch is calling.
+pub const FLUSH_AFTER: usize = 50;
+
+/// Outcomes and call results not yet committed.
+#[derive(Debug)]
+pub struct Tally {
+    /// Ledger entries (and the delivery state they imply).
+    entries: Vec<Entry>,
+    /// What the breaker hears, in answer order.
+    reachability: Vec<bool>,
+    /// The last error a call met, for the circuit's record.
+    last_error: Option<String>,
+    /// Calls made (429s included), for the budget's count.
+    calls: i32,
+    /// A 429 met: the wait it asked for and the raw header.
+    rate_limited: Option<(Option<std::time::Duration>, Option<String>)>,
+    /// When the tally was last committed.
+    since: Instant,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            reachability: Vec::new(),
+            last_error: None,
+            calls: 0,
+            rate_limited: None,
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Tally {
+    /// Adds an outcome decided without a call.
+    pub fn decided(&mut self, entries: Vec<Entry>) {
+        self.entries.extend(entries);
+    }
+
+    /// Adds the outcome of a call; `reachable` is what the breaker hears, if anything.
+    pub fn answered(&mut self, entry: Entry, reachable: Option<bool>) {
+        self.calls += 1;
+        if let Some(r) = reachable {
+            self.reachability.push(r);
+        }
+        if let Some(e) = &entry.error {
+            self.last_error = Some(e.clone());
+        }
+        self.entries.push(entry);
+    }
+
+    /// Adds a 429: a call made, the target reachable, no outcome for the delivery.
+    pub fn rate_limited(&mut self, wait: Option<std::time::Duration>, raw: Option<String>) {
+        self.calls += 1;
+        self.reachability.push(true);
+        self.rate_limited = Some((wait, raw));
+    }
+
+    /// Whether it is time to commit what was collected.
+    pub fn due(&self) -> bool {
+        !self.entries.is_empty()
+            && (self.entries.len() >= FLUSH_AFTER || self.since.elapsed() >= FLUSH_EVERY)
+    }
+
+    fn counters(&self) -> Counters {
+        let mut c = Counters::default();
+        for e in &self.entries {
+            c.count(e.outcome);
+        }
+        c
+    }
+
+    /// Writes outcomes, breaker, call count and block inside `tx`; returns the block's end
+    /// when a 429 set one.
+    async fn write(
+        &mut self,
+        tx: &mut PgConnection,
+        engine: &Engine,
+        ctx: &JobContext,
+        now: DateTime<Utc>,
+    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        let conn = &ctx.connection;
+        ledger::record(tx, ctx.run_id, ctx.rule_id, conn.id, &self.entries, now).await?;
+        breaker::record(
+            tx,
+            conn.id,
+            &self.reachability,
+            self.last_error.as_deref(),
+            &engine.settings.breaker,
+            now,
+        )
+        .await?;
+        pacer::record_calls(&mut *tx, &conn.budget_key, self.calls, now).await?;
+        let mut blocked = None;
+        if let Some((wait, raw)) = &self.rate_limited {
+            let cause = blocks::Cause {
+                budget_key: &conn.budget_key,
+                connection_id: conn.id,
+                rule_id: ctx.rule_id,
+                run_id: ctx.run_id,
+            };
+            let length = blocks::block_length(*wait);
+            blocked = Some(blocks::block(&mut *tx, &cause, length, raw.as_deref(), now).await?);
+        }
+        Ok(blocked)
+    }
+
+    fn clear(&mut self) {
+        *self = Tally::default();
+    }
+}
+
+/// Commits what `tally` collected while calls go on. Returns false when the run is no
+/// longer active (reaped): the batch should stop calling.
+pub async fn flush(
+    engine: &Engine,
+    ctx: &JobContext,
+    tally: &mut Tally,
+) -> Result<bool, sqlx::Error> {
+    let now = engine.clock.now();
+    let mut tx = engine.pool.begin().await?;
+    let blocked = tally.write(&mut tx, engine, ctx, now).await?;
+    let active = runs::add_progress(&mut *tx, ctx.run_id, &tally.counters(), now).await?;
+    tx.commit().await?;
+    if let Some(until) = blocked {
+        engine.blocks.set(&ctx.connection.budget_key, until);
+    }
+    tally.clear();
+    Ok(active)
+}
+
+/// What a job leaves its chain to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Queue the next job now.
+    Continue,
+    /// Sit out a block: this same job runs again at this time; the run shows `waiting`.
+    WaitUntil(DateTime<Utc>),
+    /// End the run with this status; `until` is the end of the block that throttled it.
+    Finish {
+        /// The final status.
+        status: RunStatus,
+        /// Why, when it did not simply complete.
+        error: Option<String>,
+        /// The block's end, for a throttled run.
+        until: Option<DateTime<Utc>>,
+    },
+}
+
+impl Next {
+    /// Ends the run with `status` and no further detail.
+    pub fn finish(status: RunStatus) -> Self {
+        Next::Finish {
+            status,
+            error: None,
+            until: None,
+        }
+    }
+}
+
+/// Commits the job: its remaining outcomes, the run's progress (counters, `cursor_id`,
+/// status) and what comes next, in one transaction.
+pub async fn settle(
+    engine: &Engine,
+    ctx: &JobContext,
+    task_id: &str,
+    mut tally: Tally,
+    cursor_id: i64,
+    next: Next,
+) -> Result<JobOutcome, sqlx::Error> {
+    let now = engine.clock.now();
+    let mut tx = engine.pool.begin().await?;
+    let blocked = tally.write(&mut tx, engine, ctx, now).await?;
+    let (status, error, until) = match &next {
+        Next::Continue => (RunStatus::Running, None, None),
+        Next::WaitUntil(t) => (RunStatus::Waiting, None, Some(*t)),
+        Next::Finish {
+            status,
+            error,
+            until,
+        } => (*status, error.as_deref(), *until),
+    };
+    let progress = Progress {
+        counters: tally.counters(),
+        cursor_id,
+        status,
+        error,
+        until,
+    };
+    let active = runs::record_job(&mut *tx, ctx.run_id, &progress, now).await?;
+    let job = ChainJob {
+        run_id: ctx.run_id,
+        rule_id: ctx.rule_id,
+    };
+    let outcome = match next {
+        _ if !active => JobOutcome::Skipped,
+        Next::Continue => {
+            queue::push(&mut tx, &[job]).await?;
+            JobOutcome::Continued
+        }
+        Next::WaitUntil(t) => {
+            queue::snooze(&mut *tx, task_id, t).await?;
+            JobOutcome::Waiting(t)
+        }
+        Next::Finish { status, .. } => JobOutcome::Finished(status),
+    };
+    if !matches!(outcome, JobOutcome::Continued | JobOutcome::Waiting(_)) {
+        // A finished run may leave its rule with more due work.
+        runs::wake(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    if let Some(until) = blocked {
+        engine.blocks.set(&ctx.connection.budget_key, until);
+    }
+    if let JobOutcome::Waiting(t) = outcome {
+        queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), t);
+    }
+    Ok(outcome)
+}

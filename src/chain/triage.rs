@@ -1,0 +1,132 @@
+//! The triage stage (pure): which claimed deliveries are suppressed, which are held, and
+//! which go to the target. Nothing here asks the writer or takes a request slot.
+
+use chrono::{DateTime, Utc};
+
+use super::claim::Claimed;
+use crate::{
+    ledger::{Entry, Outcome},
+    retry::RetryPolicy,
+};
+
+/// A batch sorted by what happens to each delivery.
+#[derive(Debug, Default)]
+pub struct Triage {
+    /// Outcomes decided without a call (suppressed, held).
+    pub decided: Vec<Entry>,
+    /// Indexes into the claimed batch of the deliveries to send.
+    pub to_send: Vec<usize>,
+}
+
+/// Sorts `claimed` at `now` under the rule's `retry` policy.
+pub fn triage(claimed: &[Claimed], retry: &RetryPolicy, now: DateTime<Utc>) -> Triage {
+    let mut t = Triage::default();
+    for (i, d) in claimed.iter().enumerate() {
+        let decided = |outcome, error: &str, next_attempt_at| Entry {
+            delivery_id: d.id,
+            outcome,
+            attempt: d.attempts,
+            http_status: None,
+            error: Some(error.into()),
+            duration_ms: None,
+            next_attempt_at,
+            at: now,
+        };
+        if d.superseded {
+            t.decided.push(decided(
+                Outcome::Suppressed,
+                "superseded by a newer delivery",
+                None,
+            ));
+        } else if d.unchanged {
+            t.decided.push(decided(
+                Outcome::Suppressed,
+                "unchanged since last delivered",
+                None,
+            ));
+        } else if let Some(until) = d.hold_until.filter(|&t| t > now) {
+            t.decided
+                .push(decided(Outcome::Held, "hold_until ahead", Some(until)));
+        } else if d.dependency_pending {
+            let next = now + retry.dependency_recheck(now - d.created_at);
+            t.decided
+                .push(decided(Outcome::Held, "waiting for depends_on", Some(next)));
+        } else {
+            t.to_send.push(i);
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Duration;
+
+    use super::*;
+
+    fn delivery(id: i64) -> Claimed {
+        Claimed {
+            id,
+            record_key: format!("k{id}"),
+            payload: serde_json::json!({}),
+            attempts: 2,
+            hold_until: None,
+            created_at: Utc::now(),
+            superseded: false,
+            unchanged: false,
+            dependency_pending: false,
+        }
+    }
+
+    const RETRY: RetryPolicy = RetryPolicy {
+        max_attempts: 5,
+        backoff_base_ms: 1_000,
+        backoff_max_ms: 60_000,
+    };
+
+    #[test]
+    fn sorts_suppressed_held_and_to_send() {
+        let now = Utc::now();
+        let far = DateTime::<Utc>::MAX_UTC - Duration::days(1);
+        let claimed = vec![
+            delivery(1),
+            Claimed {
+                superseded: true,
+                ..delivery(2)
+            },
+            Claimed {
+                unchanged: true,
+                ..delivery(3)
+            },
+            Claimed {
+                hold_until: Some(far),
+                ..delivery(4)
+            },
+            Claimed {
+                hold_until: Some(now - Duration::seconds(1)),
+                ..delivery(5)
+            },
+            Claimed {
+                dependency_pending: true,
+                created_at: now - Duration::seconds(10),
+                ..delivery(6)
+            },
+        ];
+        let t = triage(&claimed, &RETRY, now);
+        assert_eq!(t.to_send, vec![0, 4]);
+        let got: Vec<_> = t
+            .decided
+            .iter()
+            .map(|e| (e.delivery_id, e.outcome, e.attempt, e.next_attempt_at))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (2, Outcome::Suppressed, 2, None),
+                (3, Outcome::Suppressed, 2, None),
+                (4, Outcome::Held, 2, Some(far)),
+                (6, Outcome::Held, 2, Some(now + Duration::seconds(5))),
+            ]
+        );
+    }
+}

@@ -1,0 +1,67 @@
+//! The shared context of a worker process: the pool, settings, clock, HTTP client, pacer,
+//! the in-memory copy of rate-limit blocks, the process's unique name and its stop signal.
+//! Every other part borrows it; it depends on none of them but the pieces it holds.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::{blocks::Blocks, clock::Clock, config::Settings, pacer::Pacer};
+
+/// What every part of a worker process shares.
+pub struct Engine {
+    /// The database holding courier's tables and the queue.
+    pub pool: PgPool,
+    /// Validated settings.
+    pub settings: Settings,
+    /// Where "now" comes from (manual in tests).
+    pub clock: Clock,
+    /// One HTTP client (and connection pool) for every writer.
+    pub http: reqwest::Client,
+    /// Unique per process: owner of rule leases, creator of runs, apalis worker name.
+    pub worker_name: String,
+    /// Cancelled when the process is asked to stop.
+    pub shutdown: CancellationToken,
+    /// Request slots per budget, fair between rules, shared with other processes.
+    pub pacer: Arc<Pacer>,
+    /// Rate-limit blocks per budget key, kept in memory (refreshed by NOTIFY).
+    pub blocks: Arc<Blocks>,
+}
+
+impl Engine {
+    /// An engine on `pool` with the system clock and a fresh unique worker name.
+    pub fn new(pool: PgPool, settings: Settings) -> Self {
+        Self::with_clock(pool, settings, Clock::system())
+    }
+
+    /// An engine whose notion of "now" comes from `clock` (tests pass a manual one).
+    pub fn with_clock(pool: PgPool, settings: Settings, clock: Clock) -> Self {
+        Self {
+            pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
+            blocks: Arc::new(Blocks::default()),
+            pool,
+            settings,
+            clock,
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(256)
+                .build()
+                .expect("reqwest client builds"),
+            worker_name: unique_worker_name(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+}
+
+/// `courier-<host>-<pid>-<random>`: a restarted process never reuses a dead one's name
+/// (apalis would otherwise keep the dead one's jobs "running" forever).
+pub fn unique_worker_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into());
+    format!(
+        "courier-{host}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}

@@ -1,0 +1,39 @@
+//! The background loops of a worker process. Each has the same shape: a struct over the
+//! [`Engine`](crate::engine::Engine), a `run_once` that tests call directly, and a `run(shutdown)` that repeats
+//! it until the process stops.
+//!
+//! - [`dispatcher`]: starts runs for rules with due deliveries (woken by NOTIFY).
+//! - [`reaper`]: ends runs whose heartbeat went quiet.
+//! - [`pruner`]: forgets per-budget call counts nobody reads any more.
+
+pub mod dispatcher;
+pub mod pruner;
+pub mod reaper;
+
+use std::{future::Future, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+
+/// Repeats `pass` every `period` until `shutdown`; a failed pass is logged and the next
+/// one tried at its time (a database outage must not end the loop).
+pub(crate) async fn every<F, Fut, T>(
+    what: &str,
+    period: Duration,
+    shutdown: CancellationToken,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = pass().await {
+            tracing::error!(error = %e, "{what} pass failed");
+        }
+    }
+}

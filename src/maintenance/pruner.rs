@@ -1,0 +1,38 @@
+//! The pruner: forgets per-budget call counts (table `budget_calls`) older than
+//! [`KEEP_CALLS`]; they only serve "calls in the last minute" in `courier status`.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{engine::Engine, pacer};
+
+/// How long call counts are kept.
+pub const KEEP_CALLS: Duration = Duration::from_secs(3600);
+/// How often the pruner runs.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Deletes old call counts.
+pub struct Pruner<'a> {
+    /// Shared process state.
+    engine: &'a Engine,
+}
+
+impl<'a> Pruner<'a> {
+    /// A pruner over `engine`.
+    pub fn new(engine: &'a Engine) -> Self {
+        Self { engine }
+    }
+
+    /// One pass; returns how many rows it deleted.
+    pub async fn run_once(&self) -> Result<u64, sqlx::Error> {
+        let before =
+            self.engine.clock.now() - chrono::Duration::from_std(KEEP_CALLS).expect("fits");
+        pacer::prune_calls(&self.engine.pool, before).await
+    }
+
+    /// Runs passes every [`PRUNE_EVERY`] until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        super::every("pruner", PRUNE_EVERY, shutdown, || self.run_once()).await;
+    }
+}
