@@ -23,6 +23,9 @@ pub const DEFAULT_DISPATCH_INTERVAL_MS: u64 = 30_000;
 pub const DEFAULT_CHAIN_STALE_AFTER_SECS: u64 = 600;
 /// How often the reaper looks for stale runs.
 pub const DEFAULT_REAPER_INTERVAL_SECS: u64 = 30;
+/// Default `COURIER_WORKER_DEAD_AFTER_SECONDS`: a process silent this long is taken for dead
+/// and its work resumes elsewhere.
+pub const DEFAULT_WORKER_DEAD_AFTER_SECS: u64 = 15;
 /// Consecutive unreachable failures that open a connection's circuit.
 pub const DEFAULT_BREAKER_FAILURE_THRESHOLD: u32 = 5;
 /// How long a circuit stays open the first time.
@@ -73,6 +76,10 @@ pub struct Settings {
     pub chain_stale_after: Duration,
     /// `COURIER_REAPER_INTERVAL_SECONDS`: how often stale runs are looked for.
     pub reaper_interval: Duration,
+    /// `COURIER_WORKER_DEAD_AFTER_SECONDS`: a worker process whose heartbeat is this old is
+    /// taken for dead: the job it held resumes in another process. Processes beat five
+    /// times per window; so does a running chain job on its run.
+    pub worker_dead_after: Duration,
     /// `COURIER_THROTTLE_MAX_WAIT_SECONDS`: longest rate-limit wait a chain sits out.
     pub throttle_max_wait: Duration,
     /// Circuit breaker settings.
@@ -113,6 +120,7 @@ impl Default for Settings {
             dispatch_interval: Duration::from_millis(DEFAULT_DISPATCH_INTERVAL_MS),
             chain_stale_after: Duration::from_secs(DEFAULT_CHAIN_STALE_AFTER_SECS),
             reaper_interval: Duration::from_secs(DEFAULT_REAPER_INTERVAL_SECS),
+            worker_dead_after: Duration::from_secs(DEFAULT_WORKER_DEAD_AFTER_SECS),
             throttle_max_wait: Duration::from_secs(DEFAULT_THROTTLE_MAX_WAIT_SECS),
             breaker: BreakerSettings::default(),
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
@@ -121,6 +129,12 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// How often a process (and a running chain job) beats: five times per
+    /// `worker_dead_after` window.
+    pub fn heartbeat_every(&self) -> Duration {
+        self.worker_dead_after / 5
+    }
+
     /// Reads `.env` (if present) and the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         // A missing .env is normal; a malformed one is reported by the variables it breaks.
@@ -173,6 +187,7 @@ impl Settings {
             dispatch_interval: millis("COURIER_DISPATCH_INTERVAL_MS", d.dispatch_interval, 10)?,
             chain_stale_after: secs("COURIER_CHAIN_STALE_AFTER_SECONDS", d.chain_stale_after, 1)?,
             reaper_interval: secs("COURIER_REAPER_INTERVAL_SECONDS", d.reaper_interval, 1)?,
+            worker_dead_after: secs("COURIER_WORKER_DEAD_AFTER_SECONDS", d.worker_dead_after, 2)?,
             throttle_max_wait: secs("COURIER_THROTTLE_MAX_WAIT_SECONDS", d.throttle_max_wait, 0)?,
             breaker: BreakerSettings {
                 failure_threshold: number(

@@ -7,7 +7,13 @@ use std::sync::Arc;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::{blocks::Blocks, clock::Clock, config::Settings, pacer::Pacer};
+use crate::{
+    blocks::Blocks,
+    clock::Clock,
+    config::Settings,
+    health::{Health, is_outage},
+    pacer::Pacer,
+};
 
 /// What every part of a worker process shares.
 pub struct Engine {
@@ -27,9 +33,38 @@ pub struct Engine {
     pub pacer: Arc<Pacer>,
     /// Rate-limit blocks per budget key, kept in memory (refreshed by NOTIFY).
     pub blocks: Arc<Blocks>,
+    /// Whether the database answers, as this process saw it last.
+    pub health: Health,
 }
 
 impl Engine {
+    /// Runs `statement` until it succeeds or fails for a reason other than an outage:
+    /// while the database cannot be reached, it tries again (backing off to 2 s) for up to
+    /// `chain_stale_after`, logging the outage once. A job that keeps its place through a
+    /// database restart resumes within a second or two of the database answering.
+    pub async fn retry_outage<T, F, Fut>(&self, mut statement: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    {
+        let give_up = tokio::time::Instant::now() + self.settings.chain_stale_after;
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            match statement().await {
+                Ok(v) => {
+                    self.health.ok();
+                    return Ok(v);
+                }
+                Err(e) if is_outage(&e) && tokio::time::Instant::now() < give_up => {
+                    self.health.failed(&e);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// An engine on `pool` with the system clock and a fresh unique worker name.
     pub fn new(pool: PgPool, settings: Settings) -> Self {
         Self::with_clock(pool, settings, Clock::system())
@@ -40,6 +75,7 @@ impl Engine {
         Self {
             pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
             blocks: Arc::new(Blocks::default()),
+            health: Health::default(),
             pool,
             settings,
             clock,

@@ -15,6 +15,7 @@
 //! # Layout
 //! - [`config`]: the settings tree, read from the environment and validated once.
 //! - [`engine`]: the shared context of a worker process.
+//! - [`health`]: whether the database answers; outages logged once.
 //! - [`clock`]: the engine's notion of "now", injectable so tests control time.
 //! - [`db`]: connecting, creating the database, applying courier's and apalis' migrations.
 //! - [`catalog`]: connections and rules (tables `connections`, `rules`).
@@ -48,6 +49,7 @@ pub mod db;
 pub mod demo;
 pub mod engine;
 pub mod enqueue;
+pub mod health;
 pub mod ledger;
 pub mod maintenance;
 pub mod pacer;

@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-use apalis::prelude::{PollSnapshot, PollStrategy, TaskBuilder};
+use apalis::prelude::{PollSnapshot, PollStrategy, TaskBuilder, TaskId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgExecutor};
@@ -29,17 +29,24 @@ pub struct ChainJob {
     pub rule_id: i64,
 }
 
-/// Pushes chain jobs, due now, inside the caller's transaction, so a job exists exactly
-/// when the state that asked for it was committed.
-pub async fn push(tx: &mut PgConnection, jobs: &[ChainJob]) -> Result<(), sqlx::Error> {
+/// A fresh apalis job id (a ULID, as apalis-postgres requires). Ids are chosen before the
+/// push so the run can name its current job in the same transaction.
+pub fn new_job_id() -> String {
+    ulid::Ulid::generate().to_string()
+}
+
+/// Pushes chain jobs with the given ids, due now, inside the caller's transaction, so a
+/// job exists exactly when the state that asked for it was committed.
+pub async fn push(tx: &mut PgConnection, jobs: &[(ChainJob, String)]) -> Result<(), sqlx::Error> {
     if jobs.is_empty() {
         return Ok(());
     }
     let tasks = jobs
         .iter()
-        .map(|job| {
+        .map(|(job, id)| {
             let bytes = serde_json::to_vec(job).expect("ChainJob serialises");
             TaskBuilder::new(bytes)
+                .task_id(TaskId::from_string(id.clone()))
                 .max_attempts(CHAIN_JOB_MAX_ATTEMPTS)
                 .build()
         })
@@ -111,6 +118,20 @@ impl PollStrategy for Tick {
     }
 }
 
+/// Wakes every worker's queue fetcher now (after jobs were put back by an UPDATE, which
+/// apalis' insert trigger does not announce).
+pub async fn wake_fetchers(db: impl PgExecutor<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "SELECT pg_notify($2,
+                json_build_object('job_type', $1::text, 'id', 'courier-wake', 'run_at', now())::text)",
+        CHAIN_QUEUE,
+        INSERT_CHANNEL
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
 /// Wakes every worker's queue fetcher at `at`, the moment a job scheduled for then is due:
 /// apalis' insert trigger only announces jobs due when inserted, so without this a waiting
 /// chain would resume at the next poll. The poll (`COURIER_QUEUE_POLL_MS`) stays as the
@@ -118,15 +139,7 @@ impl PollStrategy for Tick {
 pub fn wake_fetchers_at(pool: sqlx::PgPool, clock: crate::clock::Clock, at: DateTime<Utc>) {
     tokio::spawn(async move {
         clock.sleep_until(at).await;
-        let sent = sqlx::query!(
-            "SELECT pg_notify($2,
-                    json_build_object('job_type', $1::text, 'id', 'courier-wake', 'run_at', now())::text)",
-            CHAIN_QUEUE,
-            INSERT_CHANNEL
-        )
-        .execute(&pool)
-        .await;
-        if let Err(e) = sent {
+        if let Err(e) = wake_fetchers(&pool).await {
             tracing::warn!(error = %e, "could not wake the queue; the poll will pick the job up");
         }
     });

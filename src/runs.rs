@@ -96,26 +96,46 @@ impl Counters {
     }
 }
 
-/// Creates a run for each rule that has none active (the unique partial index decides
-/// races); returns `(run_id, rule_id)` for those created.
+/// A run just created, with the id of the job that will carry it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    /// The run.
+    pub run_id: i64,
+    /// Its rule.
+    pub rule_id: i64,
+    /// Its first job's id.
+    pub job_id: String,
+}
+
+/// Creates a run for each `(rule, first job id)` whose rule has none active (the unique
+/// partial index decides races); returns those created.
 pub async fn create(
     tx: &mut PgConnection,
-    rule_ids: &[i64],
+    rules: &[(i64, String)],
     started_by: &str,
     now: DateTime<Utc>,
-) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+) -> Result<Vec<Created>, sqlx::Error> {
+    let (rule_ids, job_ids): (Vec<i64>, Vec<String>) = rules.iter().cloned().unzip();
     let rows = sqlx::query!(
-        "INSERT INTO runs (rule_id, started_by, started_at, heartbeat_at)
-         SELECT r, $2, $3, $3 FROM unnest($1::bigint[]) AS r
-         ON CONFLICT (rule_id) WHERE active DO NOTHING
-         RETURNING id, rule_id",
-        rule_ids,
+        r#"INSERT INTO runs (rule_id, job_id, started_by, started_at, heartbeat_at)
+           SELECT u.r, u.j, $3, $4, $4 FROM unnest($1::bigint[], $2::text[]) AS u(r, j)
+           ON CONFLICT (rule_id) WHERE active DO NOTHING
+           RETURNING id, rule_id, job_id AS "job_id!""#,
+        &rule_ids,
+        &job_ids,
         started_by,
         now
     )
     .fetch_all(tx)
     .await?;
-    Ok(rows.into_iter().map(|r| (r.id, r.rule_id)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| Created {
+            run_id: r.id,
+            rule_id: r.rule_id,
+            job_id: r.job_id,
+        })
+        .collect())
 }
 
 /// What one chain job leaves on its run.
@@ -131,6 +151,8 @@ pub struct Progress<'a> {
     pub error: Option<&'a str>,
     /// When a waiting run resumes, or when the block that throttled it ends.
     pub until: Option<DateTime<Utc>>,
+    /// The job that carries the run on from here, when a new one was pushed.
+    pub next_job: Option<&'a str>,
 }
 
 impl<'a> Progress<'a> {
@@ -142,16 +164,20 @@ impl<'a> Progress<'a> {
             status,
             error: None,
             until: None,
+            next_job: None,
         }
     }
 }
 
-/// Adds one job's counters to an active run, moves its cursor and heartbeat, and sets its
-/// status (finishing it when the status is final). Returns false when the run was no
-/// longer active (reaped meanwhile): the caller must not continue the chain.
+/// Adds job `job_id`'s counters to its active run, moves its cursor and heartbeat, and
+/// sets its status (finishing it when the status is final). Returns false when the run
+/// was no longer active (reaped meanwhile) or has moved on to another job (resumed
+/// elsewhere after this job's process was taken for dead): the caller must not continue
+/// the chain.
 pub async fn record_job(
     db: impl PgExecutor<'_>,
     run_id: i64,
+    job_id: &str,
     p: &Progress<'_>,
     now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
@@ -165,8 +191,9 @@ pub async fn record_job(
             finished_at = CASE WHEN $13 THEN NULL ELSE $9::timestamptz END,
             error = COALESCE($11, error),
             resume_at = CASE WHEN $10 = 'waiting' THEN $12::timestamptz END,
-            throttled_until = CASE WHEN $10 = 'throttled' THEN $12::timestamptz ELSE throttled_until END
-         WHERE id = $1 AND active
+            throttled_until = CASE WHEN $10 = 'throttled' THEN $12::timestamptz ELSE throttled_until END,
+            job_id = COALESCE($15, job_id)
+         WHERE id = $1 AND active AND job_id IS NOT DISTINCT FROM $14
          RETURNING id",
         run_id,
         c.delivered,
@@ -180,19 +207,23 @@ pub async fn record_job(
         p.status.as_str(),
         p.error,
         p.until,
-        p.status.is_active()
+        p.status.is_active(),
+        job_id,
+        p.next_job
     )
     .fetch_optional(db)
     .await?;
     Ok(updated.is_some())
 }
 
-/// Adds outcomes committed while a batch is still calling (and refreshes the heartbeat)
-/// without counting a job or changing the status. Returns false when the run is no
-/// longer active.
+/// Adds outcomes job `job_id` committed while its batch is still calling (and refreshes
+/// the heartbeat) without counting a job or changing the status. With no outcomes it is
+/// the job's heartbeat. Returns false when the run is no longer active or no longer
+/// carried by this job.
 pub async fn add_progress(
     db: impl PgExecutor<'_>,
     run_id: i64,
+    job_id: &str,
     c: &Counters,
     now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
@@ -201,7 +232,7 @@ pub async fn add_progress(
             delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
             rejected = rejected + $5, suppressed = suppressed + $6, held = held + $7,
             heartbeat_at = $8
-         WHERE id = $1 AND active
+         WHERE id = $1 AND active AND job_id IS NOT DISTINCT FROM $9
          RETURNING id",
         run_id,
         c.delivered,
@@ -210,7 +241,8 @@ pub async fn add_progress(
         c.rejected,
         c.suppressed,
         c.held,
-        now
+        now,
+        job_id
     )
     .fetch_optional(db)
     .await?;

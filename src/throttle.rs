@@ -152,6 +152,15 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
         tracing::info!(run = job.run_id, status = ?ctx.run_status, "late job of a finished run: nothing to do");
         return Ok(Gate::Done(JobOutcome::Skipped));
     }
+    if ctx
+        .job_id
+        .as_deref()
+        .is_some_and(|current| current != task_id)
+    {
+        tracing::info!(run = job.run_id, task = %task_id, current = ?ctx.job_id,
+            "the run has moved on to another job: nothing to do");
+        return Ok(Gate::Done(JobOutcome::Skipped));
+    }
     if ctx.rule_id != job.rule_id {
         tracing::warn!(
             run = job.run_id,

@@ -17,7 +17,10 @@ use tower::{Service, ServiceBuilder};
 pub use crate::engine::{Engine, unique_worker_name};
 use crate::{
     chain::{self, JobOutcome},
-    maintenance::{dispatcher::Dispatcher, pruner::Pruner, reaper::Reaper},
+    maintenance::{
+        dispatcher::Dispatcher, heartbeat::Heartbeat, pruner::Pruner, reaper::Reaper,
+        rescuer::Rescuer,
+    },
     queue::{CHAIN_QUEUE, Tick},
     throttle::{Admitted, ThrottleLayer},
 };
@@ -73,20 +76,27 @@ pub fn chain_service(
 /// the reason.
 pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
     let shutdown = engine.shutdown.clone();
+    // The first beat precedes any job this process takes: a job locked by a process
+    // without a beat would be taken for a dead one's.
+    Heartbeat::new(&engine).run_once().await?;
+    let loops = [
+        spawn_loop(&engine, |e, token| async move {
+            Heartbeat::new(&e).run(token).await
+        }),
+        spawn_loop(&engine, |e, token| async move {
+            Rescuer::new(&e).run(token).await
+        }),
+        spawn_loop(&engine, |e, token| async move {
+            Reaper::new(&e).run(token).await
+        }),
+        spawn_loop(&engine, |e, token| async move {
+            Pruner::new(&e).run(token).await
+        }),
+    ];
     let mut dispatcher = {
         let engine = engine.clone();
         let token = shutdown.clone();
         tokio::spawn(async move { Dispatcher::new(&engine).run(token).await })
-    };
-    let reaper = {
-        let engine = engine.clone();
-        let token = shutdown.clone();
-        tokio::spawn(async move { Reaper::new(&engine).run(token).await })
-    };
-    let pruner = {
-        let engine = engine.clone();
-        let token = shutdown.clone();
-        tokio::spawn(async move { Pruner::new(&engine).run(token).await })
     };
 
     let factory_engine = engine.clone();
@@ -141,8 +151,9 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
     if !dispatcher_ended {
         dispatcher.await??;
     }
-    reaper.await?;
-    pruner.await?;
+    for handle in loops {
+        handle.await?;
+    }
     match failure {
         Some(reason) => Err(reason),
         None => {
@@ -150,6 +161,15 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Spawns a maintenance loop that runs until the engine's shutdown.
+fn spawn_loop<F, Fut>(engine: &Arc<Engine>, body: F) -> tokio::task::JoinHandle<()>
+where
+    F: FnOnce(Arc<Engine>, tokio_util::sync::CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(body(engine.clone(), engine.shutdown.clone()))
 }
 
 /// Cancels `token` on SIGTERM or Ctrl-C.

@@ -814,3 +814,120 @@ async fn run_states_agree_with_the_database_and_unknown_states_are_errors() {
         "an unknown circuit state must not read as closed"
     );
 }
+
+/// Marks `job` as held by a process named `worker` that last beat `ago` before the engine's
+/// clock, with the rule's lease in its hands: what a kill -9 mid-batch leaves behind.
+async fn held_by_dead_process(
+    engine: &courier::worker::Engine,
+    job: &Job,
+    worker: &str,
+    ago: Span,
+) {
+    let beat = engine.clock.now() - ago;
+    sqlx::query("INSERT INTO workers (name, started_at, heartbeat_at) VALUES ($1, $2, $2)")
+        .bind(worker)
+        .bind(beat)
+        .execute(&engine.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO apalis.workers (id, worker_type, storage_name) VALUES ($1, 'courier.chain', 'pg')",
+    )
+    .bind(worker)
+    .execute(&engine.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE apalis.jobs SET status = 'Running', lock_by = $2, lock_at = now() WHERE id = $1",
+    )
+    .bind(&job.id)
+    .bind(worker)
+    .execute(&engine.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE rules SET lease_owner = $1 || '/' || $2, lease_until = $3")
+        .bind(worker)
+        .bind(&job.id)
+        .bind(engine.clock.now() + Span::seconds(600))
+        .execute(&engine.pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_processes_job_resumes_the_same_run_once_its_heartbeat_lapses() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let job = take_jobs(&db.pool).await.remove(0);
+    let rescuer = courier::maintenance::rescuer::Rescuer::new(&engine);
+
+    // Beat 14 s ago: within the 15 s window, so still alive.
+    held_by_dead_process(&engine, &job, "courier-dead-1", Span::seconds(14)).await;
+    assert_eq!(rescuer.run_once().await.unwrap(), Default::default());
+
+    engine.clock.advance(Span::seconds(2));
+    let rescued = rescuer.run_once().await.unwrap();
+    assert_eq!(rescued.requeued, vec![job.id.clone()]);
+    assert!(
+        rescued.resumed.is_empty(),
+        "the same job carries the run on"
+    );
+    let lease: Option<String> = sqlx::query_scalar("SELECT lease_owner FROM rules")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(lease, None, "the dead process's lease is freed");
+
+    let again = take_due_jobs(&db.pool, engine.clock.now()).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, job.id);
+    run_job(&engine, &again[0]).await;
+    let (run_id, status): (i64, String) = sqlx::query_as("SELECT id, status FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!((run_id, status.as_str()), (job.job.run_id, "completed"));
+    assert_eq!(delivered(&db.pool).await, 3);
+}
+
+#[tokio::test]
+async fn a_run_whose_job_failed_for_good_gets_a_new_job_and_the_old_one_can_never_move_it() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let old = take_jobs(&db.pool).await.remove(0);
+    // Every attempt failed while the database was away.
+    sqlx::query("UPDATE apalis.jobs SET status = 'Failed', attempts = max_attempts WHERE id = $1")
+        .bind(&old.id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let rescuer = courier::maintenance::rescuer::Rescuer::new(&engine);
+    assert!(
+        rescuer.run_once().await.unwrap().resumed.is_empty(),
+        "heartbeat still fresh"
+    );
+    engine.clock.advance(Span::seconds(16));
+    assert_eq!(
+        rescuer.run_once().await.unwrap().resumed,
+        vec![old.job.run_id]
+    );
+    assert_eq!(run_job(&engine, &old).await, JobOutcome::Skipped);
+    let new = take_due_jobs(&db.pool, engine.clock.now()).await.remove(0);
+    assert_ne!(new.id, old.id);
+    assert_eq!(new.job, old.job);
+    run_job(&engine, &new).await;
+    assert_eq!(delivered(&db.pool).await, 3);
+    assert_eq!(target.counters().requests, 3);
+}

@@ -39,12 +39,14 @@ pub struct JobContext {
     pub circuit: Circuit,
     /// The run probing a half-open circuit, if any.
     pub probe_run_id: Option<i64>,
+    /// The apalis job carrying the run now: no other job may move it on.
+    pub job_id: Option<String>,
 }
 
 /// Reads run `run_id` with its rule, connection and circuit; `None` when it is gone.
 pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobContext>, sqlx::Error> {
     let row = sqlx::query!(
-        r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, ru.enabled,
+        r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, r.job_id, ru.enabled,
                   ru.path, ru.batch_size, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
@@ -93,6 +95,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
             open_until: r.open_until,
         },
         probe_run_id: r.probe_run_id,
+        job_id: r.job_id,
     }))
 }
 

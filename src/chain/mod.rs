@@ -72,7 +72,7 @@ pub async fn execute(
     // the next job of the chain, even in this process, waits for it.
     let owner = format!("{}/{task_id}", engine.worker_name);
     let lease_for = lease_length(engine);
-    if !lease::acquire(&engine.pool, ctx.rule_id, &owner, now, lease_for).await? {
+    if !lease::acquire(&engine.pool, ctx, task_id, &owner, now, lease_for).await? {
         let at = now + LEASE_BUSY_RETRY;
         queue::snooze(&engine.pool, task_id, at).await?;
         queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);
@@ -163,7 +163,8 @@ async fn run_batch(
     let mut live_circuit = ctx.circuit.clone();
     let mut not_attempted = Vec::new();
     let mut run_ended = false;
-    let mut renewal = tokio::time::interval(engine.settings.chain_stale_after / 4);
+    // The job's heartbeat on its run (and its lease), a few times per liveness window.
+    let mut renewal = tokio::time::interval(engine.settings.heartbeat_every());
     renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     renewal.tick().await; // the first tick is immediate; the lease was just taken
     loop {
@@ -171,8 +172,14 @@ async fn run_batch(
             next = calls.next() => next,
             _ = renewal.tick() => {
                 let until = engine.clock.now() + lease_length(engine);
-                if let Err(e) = lease::renew(&engine.pool, ctx, owner, until, engine.clock.now()).await {
-                    tracing::warn!(error = %e, "could not renew the lease and heartbeat");
+                match lease::renew(&engine.pool, ctx, task_id, owner, until, engine.clock.now()).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Reaped, or resumed elsewhere: stop calling.
+                        run_ended = true;
+                        stop.stop();
+                    }
+                    Err(e) => tracing::warn!(error = %e, "could not renew the lease and heartbeat"),
                 }
                 continue;
             }
@@ -203,7 +210,7 @@ async fn run_batch(
                 tally.answered(entry, reachable);
             }
         }
-        if tally.due() && !settle::flush(engine, ctx, &mut tally).await? {
+        if tally.due() && !settle::flush(engine, ctx, task_id, &mut tally).await? {
             // Reaped meanwhile: stop calling; what is committed stays.
             run_ended = true;
             stop.stop();
@@ -237,22 +244,30 @@ mod lease {
     use super::JobContext;
 
     /// Takes the rule's lease for `owner` until `now + length`, unless another owner holds
-    /// an unexpired one.
+    /// an unexpired one; a job that gets it beats on its run at once, so a run resumed
+    /// after a wait is not taken for stalled before its first renewal.
     pub async fn acquire(
         db: impl PgExecutor<'_>,
-        rule_id: i64,
+        ctx: &JobContext,
+        task_id: &str,
         owner: &str,
         now: DateTime<Utc>,
         length: Duration,
     ) -> Result<bool, sqlx::Error> {
         let got = sqlx::query_scalar!(
-            "UPDATE rules SET lease_owner = $2, lease_until = $3
-             WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
+            "WITH l AS (
+                UPDATE rules SET lease_owner = $2, lease_until = $3
+                WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
+                RETURNING id)
+             UPDATE runs SET heartbeat_at = $4
+             WHERE id = $5 AND job_id IS NOT DISTINCT FROM $6 AND EXISTS (SELECT 1 FROM l)
              RETURNING id",
-            rule_id,
+            ctx.rule_id,
             owner,
             now + length,
-            now
+            now,
+            ctx.run_id,
+            task_id
         )
         .fetch_optional(db)
         .await?;
@@ -261,26 +276,30 @@ mod lease {
 
     /// Extends the lease and the run's heartbeat while a batch is still calling the
     /// target, so a slow batch is never taken for dead and its deliveries are never
-    /// claimed again by a new run.
+    /// claimed again. Returns false when the run is over or carried by another job.
     pub async fn renew(
         db: impl PgExecutor<'_>,
         ctx: &JobContext,
+        task_id: &str,
         owner: &str,
         until: DateTime<Utc>,
         now: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
+    ) -> Result<bool, sqlx::Error> {
+        let n = sqlx::query!(
             "WITH l AS (UPDATE rules SET lease_until = $3 WHERE id = $1 AND lease_owner = $2)
-             UPDATE runs SET heartbeat_at = $4 WHERE id = $5 AND active",
+             UPDATE runs SET heartbeat_at = $4
+             WHERE id = $5 AND active AND job_id IS NOT DISTINCT FROM $6",
             ctx.rule_id,
             owner,
             until,
             now,
-            ctx.run_id
+            ctx.run_id,
+            task_id
         )
         .execute(db)
-        .await?;
-        Ok(())
+        .await?
+        .rows_affected();
+        Ok(n == 1)
     }
 
     /// Gives the lease back.

@@ -96,7 +96,7 @@ impl Tally {
     /// Writes outcomes, breaker, call count and block inside `tx`; returns the block's end
     /// when a 429 set one.
     async fn write(
-        &mut self,
+        &self,
         tx: &mut PgConnection,
         engine: &Engine,
         ctx: &JobContext,
@@ -133,23 +133,37 @@ impl Tally {
     }
 }
 
-/// Commits what `tally` collected while calls go on. Returns false when the run is no
-/// longer active (reaped): the batch should stop calling.
+/// Commits what `tally` collected while calls go on (through a database outage, by
+/// retrying). Returns false when the run is no longer active or no longer carried by this
+/// job: the batch should stop calling.
 pub async fn flush(
     engine: &Engine,
     ctx: &JobContext,
+    task_id: &str,
     tally: &mut Tally,
 ) -> Result<bool, sqlx::Error> {
-    let now = engine.clock.now();
-    let mut tx = engine.pool.begin().await?;
-    let blocked = tally.write(&mut tx, engine, ctx, now).await?;
-    let active = runs::add_progress(&mut *tx, ctx.run_id, &tally.counters(), now).await?;
-    tx.commit().await?;
+    let (blocked, active) = engine
+        .retry_outage(|| commit_progress(engine, ctx, task_id, tally))
+        .await?;
     if let Some(until) = blocked {
         engine.blocks.set(&ctx.connection.budget_key, until);
     }
     tally.clear();
     Ok(active)
+}
+
+async fn commit_progress(
+    engine: &Engine,
+    ctx: &JobContext,
+    task_id: &str,
+    tally: &Tally,
+) -> Result<(Option<DateTime<Utc>>, bool), sqlx::Error> {
+    let now = engine.clock.now();
+    let mut tx = engine.pool.begin().await?;
+    let blocked = tally.write(&mut tx, engine, ctx, now).await?;
+    let active = runs::add_progress(&mut *tx, ctx.run_id, task_id, &tally.counters(), now).await?;
+    tx.commit().await?;
+    Ok((blocked, active))
 }
 
 /// What a job leaves its chain to do.
@@ -182,19 +196,53 @@ impl Next {
 }
 
 /// Commits the job: its remaining outcomes, the run's progress (counters, `cursor_id`,
-/// status) and what comes next, in one transaction.
+/// status) and what comes next, in one transaction (through a database outage, by
+/// retrying).
 pub async fn settle(
     engine: &Engine,
     ctx: &JobContext,
     task_id: &str,
-    mut tally: Tally,
+    tally: Tally,
     cursor_id: i64,
     next: Next,
 ) -> Result<JobOutcome, sqlx::Error> {
+    let next_job = matches!(next, Next::Continue).then(queue::new_job_id);
+    let step = Step {
+        task_id,
+        cursor_id,
+        next: &next,
+        next_job: next_job.as_deref(),
+    };
+    let (blocked, outcome) = engine
+        .retry_outage(|| commit_job(engine, ctx, &tally, &step))
+        .await?;
+    if let Some(until) = blocked {
+        engine.blocks.set(&ctx.connection.budget_key, until);
+    }
+    if let JobOutcome::Waiting(t) = outcome {
+        queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), t);
+    }
+    Ok(outcome)
+}
+
+/// Where a job leaves its run.
+struct Step<'a> {
+    task_id: &'a str,
+    cursor_id: i64,
+    next: &'a Next,
+    next_job: Option<&'a str>,
+}
+
+async fn commit_job(
+    engine: &Engine,
+    ctx: &JobContext,
+    tally: &Tally,
+    step: &Step<'_>,
+) -> Result<(Option<DateTime<Utc>>, JobOutcome), sqlx::Error> {
     let now = engine.clock.now();
     let mut tx = engine.pool.begin().await?;
     let blocked = tally.write(&mut tx, engine, ctx, now).await?;
-    let (status, error, until) = match &next {
+    let (status, error, until) = match step.next {
         Next::Continue => (RunStatus::Running, None, None),
         Next::WaitUntil(t) => (RunStatus::Waiting, None, Some(*t)),
         Next::Finish {
@@ -205,38 +253,33 @@ pub async fn settle(
     };
     let progress = Progress {
         counters: tally.counters(),
-        cursor_id,
+        cursor_id: step.cursor_id,
         status,
         error,
         until,
+        next_job: step.next_job,
     };
-    let active = runs::record_job(&mut *tx, ctx.run_id, &progress, now).await?;
+    let active = runs::record_job(&mut *tx, ctx.run_id, step.task_id, &progress, now).await?;
     let job = ChainJob {
         run_id: ctx.run_id,
         rule_id: ctx.rule_id,
     };
-    let outcome = match next {
+    let outcome = match (step.next, step.next_job) {
         _ if !active => JobOutcome::Skipped,
-        Next::Continue => {
-            queue::push(&mut tx, &[job]).await?;
+        (Next::Continue, Some(id)) => {
+            queue::push(&mut tx, &[(job, id.to_owned())]).await?;
             JobOutcome::Continued
         }
-        Next::WaitUntil(t) => {
-            queue::snooze(&mut *tx, task_id, t).await?;
-            JobOutcome::Waiting(t)
+        (Next::WaitUntil(t), _) => {
+            queue::snooze(&mut *tx, step.task_id, *t).await?;
+            JobOutcome::Waiting(*t)
         }
-        Next::Finish { status, .. } => JobOutcome::Finished(status),
+        (_, _) => JobOutcome::Finished(status),
     };
     if !matches!(outcome, JobOutcome::Continued | JobOutcome::Waiting(_)) {
         // A finished run may leave its rule with more due work.
         runs::wake(&mut *tx).await?;
     }
     tx.commit().await?;
-    if let Some(until) = blocked {
-        engine.blocks.set(&ctx.connection.budget_key, until);
-    }
-    if let JobOutcome::Waiting(t) = outcome {
-        queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), t);
-    }
-    Ok(outcome)
+    Ok((blocked, outcome))
 }

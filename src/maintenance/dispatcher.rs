@@ -15,6 +15,20 @@ use crate::{
     runs::{self, WAKE_CHANNEL},
 };
 
+/// The first jobs of runs just created.
+fn jobs(created: &[runs::Created]) -> Vec<(ChainJob, String)> {
+    created
+        .iter()
+        .map(|c| {
+            let job = ChainJob {
+                run_id: c.run_id,
+                rule_id: c.rule_id,
+            };
+            (job, c.job_id.clone())
+        })
+        .collect()
+}
+
 /// Starts runs for due rules.
 pub struct Dispatcher<'a> {
     /// Shared process state.
@@ -54,17 +68,17 @@ impl<'a> Dispatcher<'a> {
         if rule_ids.is_empty() {
             return Ok(0);
         }
-        let created = runs::create(&mut tx, &rule_ids, &self.engine.worker_name, now).await?;
-        let jobs: Vec<ChainJob> = created
-            .iter()
-            .map(|&(run_id, rule_id)| ChainJob { run_id, rule_id })
+        let rules: Vec<(i64, String)> = rule_ids
+            .into_iter()
+            .map(|r| (r, queue::new_job_id()))
             .collect();
-        queue::push(&mut tx, &jobs).await?;
+        let created = runs::create(&mut tx, &rules, &self.engine.worker_name, now).await?;
+        queue::push(&mut tx, &jobs(&created)).await?;
         tx.commit().await?;
-        for job in &jobs {
-            tracing::info!(run = job.run_id, rule = job.rule_id, "run started");
+        for run in &created {
+            tracing::info!(run = run.run_id, rule = run.rule_id, "run started");
         }
-        Ok(jobs.len())
+        Ok(created.len())
     }
 
     /// Connections whose open circuit has cooled down (or whose probe ended without an
@@ -96,8 +110,9 @@ impl<'a> Dispatcher<'a> {
         for c in candidates {
             let Some(rule_id) = c.rule_id else { continue };
             let mut tx = self.engine.pool.begin().await?;
-            let created = runs::create(&mut tx, &[rule_id], &self.engine.worker_name, now).await?;
-            let Some(&(run_id, _)) = created.first() else {
+            let first = [(rule_id, queue::new_job_id())];
+            let created = runs::create(&mut tx, &first, &self.engine.worker_name, now).await?;
+            let Some(run_id) = created.first().map(|c| c.run_id) else {
                 continue;
             };
             let claimed = sqlx::query!(
@@ -119,7 +134,7 @@ impl<'a> Dispatcher<'a> {
                 tx.rollback().await?;
                 continue;
             }
-            queue::push(&mut tx, &[ChainJob { run_id, rule_id }]).await?;
+            queue::push(&mut tx, &jobs(&created)).await?;
             tx.commit().await?;
             tracing::info!(
                 run = run_id,

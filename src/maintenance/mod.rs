@@ -3,12 +3,16 @@
 //! it until the process stops.
 //!
 //! - [`dispatcher`]: starts runs for rules with due deliveries (woken by NOTIFY).
-//! - [`reaper`]: ends runs whose heartbeat went quiet.
-//! - [`pruner`]: forgets per-budget call counts nobody reads any more.
+//! - [`heartbeat`]: this process's beat in table `workers`.
+//! - [`rescuer`]: resumes the runs of dead processes, and runs whose job was lost.
+//! - [`reaper`]: ends runs whose heartbeat went quiet for the whole staleness window.
+//! - [`pruner`]: forgets call counts and dead processes nobody reads any more.
 
 pub mod dispatcher;
+pub mod heartbeat;
 pub mod pruner;
 pub mod reaper;
+pub mod rescuer;
 
 use std::{future::Future, time::Duration};
 

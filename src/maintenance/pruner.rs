@@ -1,5 +1,6 @@
 //! The pruner: forgets per-budget call counts (table `budget_calls`) older than
-//! [`KEEP_CALLS`]; they only serve "calls in the last minute" in `courier status`.
+//! [`KEEP_CALLS`] (they only serve "calls in the last minute" in `courier status`), and
+//! the heartbeats of processes dead for as long.
 
 use std::time::Duration;
 

@@ -1,0 +1,54 @@
+//! The process heartbeat (table `workers`, owned here): every worker process writes its
+//! beat a few times per `worker_dead_after` window. The [rescuer](super::rescuer) takes a
+//! process whose beat has lapsed for dead. A process that stops cleanly removes its row.
+
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::Engine;
+
+/// Beats for this process.
+pub struct Heartbeat<'a> {
+    /// Shared process state.
+    engine: &'a Engine,
+}
+
+impl<'a> Heartbeat<'a> {
+    /// A heartbeat for `engine`'s process.
+    pub fn new(engine: &'a Engine) -> Self {
+        Self { engine }
+    }
+
+    /// One beat.
+    pub async fn run_once(&self) -> Result<(), sqlx::Error> {
+        let now = self.engine.clock.now();
+        let beat = sqlx::query!(
+            "INSERT INTO workers (name, started_at, heartbeat_at) VALUES ($1, $2, $2)
+             ON CONFLICT (name) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at",
+            self.engine.worker_name,
+            now
+        )
+        .execute(&self.engine.pool)
+        .await;
+        match &beat {
+            Ok(_) => self.engine.health.ok(),
+            Err(e) if crate::health::is_outage(e) => self.engine.health.failed(e),
+            Err(_) => {}
+        }
+        beat.map(|_| ())
+    }
+
+    /// Beats every `heartbeat_every` until `shutdown`, then removes this process's row.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let period = self.engine.settings.heartbeat_every();
+        super::every("heartbeat", period, shutdown, || self.run_once()).await;
+        let gone = sqlx::query!(
+            "DELETE FROM workers WHERE name = $1",
+            self.engine.worker_name
+        )
+        .execute(&self.engine.pool)
+        .await;
+        if let Err(e) = gone {
+            tracing::warn!(error = %e, "could not remove this worker's heartbeat");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The rescuer: liveness by process, not by the staleness window. Each pass
+//!
+//! 1. puts back in the queue every chain job held by a process whose heartbeat has lapsed
+//!    (`worker_dead_after`), with its id unchanged, and frees the rule leases such
+//!    processes held: the same run resumes in a live process with the same job;
+//! 2. gives a new job to every running run whose heartbeat has lapsed while its current
+//!    job ended without moving it on (failed past its attempts during a database outage,
+//!    killed, lost): the run's `job_id` names the new job, so the old one can never move
+//!    the run again.
+//!
+//! A pass only judges others after this process has reached the database for a whole
+//! window itself (see [`Health`](crate::health::Health)): right after an outage every
+//! process looks dead until it beats again.
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    engine::Engine,
+    queue::{self, CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, ChainJob},
+};
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rescued {
+    /// Jobs of dead processes put back in the queue (apalis ids).
+    pub requeued: Vec<String>,
+    /// Runs given a new job.
+    pub resumed: Vec<i64>,
+}
+
+/// Resumes work that dead processes (or failed jobs) left behind.
+pub struct Rescuer<'a> {
+    /// Shared process state.
+    engine: &'a Engine,
+}
+
+impl<'a> Rescuer<'a> {
+    /// A rescuer over `engine`.
+    pub fn new(engine: &'a Engine) -> Self {
+        Self { engine }
+    }
+
+    /// One pass.
+    pub async fn run_once(&self) -> Result<Rescued, sqlx::Error> {
+        let now = self.engine.clock.now();
+        let window = chrono::Duration::from_std(self.engine.settings.worker_dead_after)
+            .expect("a few seconds");
+        let cutoff = now - window;
+        let mut tx = self.engine.pool.begin().await?;
+        let requeued = requeue_dead(&mut tx, cutoff, now).await?;
+        let stalled = sqlx::query!(
+            r#"SELECT r.id, r.rule_id FROM runs r
+               LEFT JOIN apalis.jobs j ON j.id = r.job_id
+               WHERE r.status = 'running' AND r.heartbeat_at < $1
+                 AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed', 'Running'))
+               FOR UPDATE OF r SKIP LOCKED"#,
+            cutoff
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut jobs = Vec::with_capacity(stalled.len());
+        for r in &stalled {
+            let job = ChainJob {
+                run_id: r.id,
+                rule_id: r.rule_id,
+            };
+            jobs.push((job, queue::new_job_id()));
+        }
+        if !jobs.is_empty() {
+            let runs: Vec<i64> = jobs.iter().map(|(j, _)| j.run_id).collect();
+            let ids: Vec<String> = jobs.iter().map(|(_, id)| id.clone()).collect();
+            sqlx::query!(
+                "WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS u(run, job)),
+                      r AS (UPDATE runs SET job_id = u.job, heartbeat_at = $3
+                            FROM u WHERE runs.id = u.run RETURNING runs.rule_id)
+                 UPDATE rules SET lease_owner = NULL, lease_until = NULL
+                 WHERE id IN (SELECT rule_id FROM r)",
+                &runs,
+                &ids,
+                now
+            )
+            .execute(&mut *tx)
+            .await?;
+            queue::push(&mut tx, &jobs).await?;
+        }
+        if !requeued.is_empty() {
+            queue::wake_fetchers(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        for id in &requeued {
+            tracing::warn!(task = %id, "job of a dead worker put back in the queue");
+        }
+        let resumed: Vec<i64> = jobs.iter().map(|(j, _)| j.run_id).collect();
+        for run in &resumed {
+            tracing::warn!(
+                run,
+                "run resumed with a new job (its job ended without moving it on)"
+            );
+        }
+        Ok(Rescued { requeued, resumed })
+    }
+
+    /// Runs passes every `heartbeat_every` until `shutdown`, each only once this process
+    /// has been reaching the database for a whole `worker_dead_after` window.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let settings = &self.engine.settings;
+        super::every("rescuer", settings.heartbeat_every(), shutdown, || async {
+            if self.engine.health.healthy_for(settings.worker_dead_after) {
+                self.run_once().await?;
+            }
+            Ok(())
+        })
+        .await;
+    }
+}
+
+/// Puts jobs held by dead processes back in the queue (same id, no attempt counted) and
+/// frees the leases those processes held; returns the jobs' ids.
+async fn requeue_dead(
+    tx: &mut sqlx::PgConnection,
+    cutoff: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query!(
+        "UPDATE rules SET lease_owner = NULL, lease_until = NULL
+         WHERE lease_owner IS NOT NULL AND NOT EXISTS (
+             SELECT 1 FROM workers w
+             WHERE w.name = split_part(rules.lease_owner, '/', 1) AND w.heartbeat_at >= $1)
+           AND EXISTS (SELECT 1 FROM workers w WHERE w.name = split_part(rules.lease_owner, '/', 1))",
+        cutoff
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query_scalar!(
+        "UPDATE apalis.jobs j SET status = 'Pending', lock_by = NULL, lock_at = NULL,
+                run_at = $3, attempts = LEAST(attempts, $4)
+         WHERE j.job_type = $1 AND j.status IN ('Queued', 'Running')
+           AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.name = j.lock_by AND w.heartbeat_at >= $2)
+         RETURNING j.id",
+        CHAIN_QUEUE,
+        cutoff,
+        now,
+        CHAIN_JOB_MAX_ATTEMPTS as i32 - 1
+    )
+    .fetch_all(&mut *tx)
+    .await
+}
