@@ -99,6 +99,18 @@ impl Circuit {
     }
 }
 
+/// Forgets which connections were found unusable: a process that starts may see a
+/// different environment (an API key variable now set), so each gets one run again.
+pub async fn forget_unusable(db: impl sqlx::PgExecutor<'_>) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query!(
+        "UPDATE circuits SET unusable_error = NULL, unusable_until = NULL
+         WHERE unusable_until IS NOT NULL"
+    )
+    .execute(db)
+    .await?
+    .rows_affected())
+}
+
 /// Reads a connection's circuit, locking its row until the transaction ends.
 pub async fn lock(tx: &mut PgConnection, connection_id: i64) -> Result<Circuit, sqlx::Error> {
     let row = sqlx::query!(

@@ -47,6 +47,8 @@ pub struct RuleStatus {
     pub pending: i64,
     /// Pending deliveries due now.
     pub due: i64,
+    /// Pending deliveries held until their `depends_on` is delivered.
+    pub waiting_on_dependency: i64,
     /// `running`, `waiting`, `throttled` (its connection is blocked), `stale`, or `idle`.
     pub state: String,
     /// While waiting: when its run resumes.
@@ -99,6 +101,20 @@ pub struct Report {
     pub rules: Vec<RuleStatus>,
     /// The 15 most recent runs.
     pub recent_runs: Vec<RunLine>,
+    /// Connections and rules left alone because they cannot be used, and why.
+    pub problems: Vec<Problem>,
+}
+
+/// A connection or rule that cannot be used: its last run failed for this reason, and the
+/// dispatcher leaves it alone until it changes or the time given.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    /// `connection NAME` or `rule NAME`.
+    pub what: String,
+    /// Why its run failed.
+    pub reason: String,
+    /// When it is tried again unless changed first.
+    pub until: DateTime<Utc>,
 }
 
 /// Reads the report.
@@ -127,11 +143,16 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         RuleStatus,
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
+                  COALESCE(p.dependency, 0) AS "waiting_on_dependency!",
                   s.state AS "state!", s.resume_at, s.blocked_until, s.blocked_by_rule,
                   s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
            FROM rule_states s
            LEFT JOIN LATERAL (
-               SELECT count(*) AS pending, count(*) FILTER (WHERE d.next_attempt_at <= $1) AS due
+               SELECT count(*) AS pending, count(*) FILTER (WHERE d.next_attempt_at <= $1) AS due,
+                      count(*) FILTER (WHERE d.depends_on IS NOT NULL AND NOT EXISTS (
+                          SELECT 1 FROM delivered_records x JOIN rules xr ON xr.id = x.rule_id
+                          WHERE xr.connection_id = (SELECT connection_id FROM rules WHERE id = s.rule_id)
+                            AND x.record_key = d.depends_on)) AS dependency
                FROM deliveries d WHERE d.rule_id = s.rule_id AND d.status = 'pending') p ON true
            ORDER BY s.rule"#,
         now
@@ -146,10 +167,25 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
     )
     .fetch_all(pool)
     .await?;
+    let problems = sqlx::query_as!(
+        Problem,
+        r#"SELECT 'connection ' || c.name AS "what!", ci.unusable_error AS "reason!",
+                  ci.unusable_until AS "until!"
+           FROM circuits ci JOIN connections c ON c.id = ci.connection_id
+           WHERE ci.unusable_until > $1
+           UNION ALL
+           SELECT 'rule ' || r.name, r.unusable_error, r.unusable_until
+           FROM rules r WHERE r.unusable_until > $1
+           ORDER BY 1"#,
+        now
+    )
+    .fetch_all(pool)
+    .await?;
     Ok(Report {
         connections,
         rules,
         recent_runs,
+        problems,
     })
 }
 
@@ -227,6 +263,7 @@ impl Report {
                 "enabled",
                 "pending",
                 "due",
+                "on dep",
                 "state",
                 "until",
                 "blocked by",
@@ -242,6 +279,7 @@ impl Report {
                         r.enabled.to_string(),
                         r.pending.to_string(),
                         r.due.to_string(),
+                        r.waiting_on_dependency.to_string(),
                         r.state.clone(),
                         time(r.resume_at.or(r.blocked_until)),
                         r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
@@ -253,6 +291,17 @@ impl Report {
                 })
                 .collect::<Vec<_>>(),
         );
+        if !self.problems.is_empty() {
+            out += "\nPROBLEMS (left alone until changed or the time given)\n";
+            out += &table(
+                &["what", "until", "reason"],
+                &self
+                    .problems
+                    .iter()
+                    .map(|p| vec![p.what.clone(), time(Some(p.until)), p.reason.clone()])
+                    .collect::<Vec<_>>(),
+            );
+        }
         out += "\nRECENT RUNS\n";
         out += &table(
             &[

@@ -79,6 +79,7 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
     // The first beat precedes any job this process takes: a job locked by a process
     // without a beat would be taken for a dead one's.
     Heartbeat::new(&engine).run_once().await?;
+    crate::breaker::forget_unusable(&engine.pool).await?;
     let loops = [
         spawn_loop(&engine, |e, token| async move {
             Heartbeat::new(&e).run(token).await

@@ -568,7 +568,91 @@ async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
         .unwrap();
     assert!(error.contains("COURIER_TEST_UNSET_KEY_VAR"), "{error}");
     assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 0));
+
+    // Failed once, then left alone (no hot loop of failed runs), with the reason shown.
+    engine.clock.advance(Span::seconds(60));
+    assert!(drive(&engine).await.is_empty());
+    let report = courier::status::report(&db.pool, engine.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(report.problems.len(), 1);
+    assert_eq!(report.problems[0].what, "connection shop");
+    assert!(
+        report.problems[0]
+            .reason
+            .contains("COURIER_TEST_UNSET_KEY_VAR")
+    );
+    // The cooldown passing gives it one more run; so does a change to the connection.
+    engine.clock.advance(Span::minutes(5));
+    assert_eq!(
+        drive(&engine).await,
+        vec![JobOutcome::Finished(RunStatus::Failed)]
+    );
+    sqlx::query("UPDATE connections SET api_key_env = NULL")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    drive(&engine).await;
+    assert_eq!(delivery(&db.pool, id).await, ("delivered".into(), 1));
+    let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'failed'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(failed, 2);
     db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_rule_path_its_writer_cannot_serve_fails_the_run_and_keeps_the_backlog_pending() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    // Plain SQL gets past any check at the door.
+    sqlx::query("UPDATE connections SET writer = 'usercom', api_key_env = 'HOME'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE rules SET path = 'user_upsertt'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    let ids = enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
+        .await
+        .unwrap();
+    assert_eq!(
+        drive(&engine).await,
+        vec![JobOutcome::Finished(RunStatus::Failed)]
+    );
+    let error: String = sqlx::query_scalar("SELECT error FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        error.contains("user_upsertt") && error.contains("user_upsert,"),
+        "{error}"
+    );
+    for id in ids {
+        assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 0));
+    }
+    assert!(
+        drive(&engine).await.is_empty(),
+        "left alone until the rule changes"
+    );
+    assert_eq!(target.counters().requests, 0);
+    sqlx::query("UPDATE rules SET path = 'user_upsert'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let report = courier::status::report(&db.pool, engine.clock.now())
+        .await
+        .unwrap();
+    assert!(report.problems.is_empty());
+    assert_eq!(
+        drive(&engine).await.len(),
+        1,
+        "a fixed rule runs again at once"
+    );
 }
 
 #[tokio::test]

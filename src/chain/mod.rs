@@ -30,7 +30,7 @@ use self::{
     claim::ClaimScope,
     classify::Classified,
     context::JobContext,
-    settle::{Next, Tally},
+    settle::{Next, Tally, Unusable},
 };
 use crate::{engine::Engine, queue, runs::RunStatus, writer};
 
@@ -124,15 +124,17 @@ async fn run_batch(
     let writer = match writer::build(&ctx.connection, &engine.http) {
         Ok(w) => w,
         Err(e) => {
-            tracing::error!(error = %e, "cannot build the connection's writer");
-            let next = Next::Finish {
-                status: RunStatus::Failed,
-                error: Some(e.to_string()),
-                until: None,
-            };
+            tracing::error!(error = %e, "cannot build the connection's writer; leaving it alone until it changes");
+            let next = Next::Unusable(Unusable::Connection, e.to_string());
             return Ok(settle(Tally::default(), 0, next).await?);
         }
     };
+    if let Err(e) = writer::check_path(&ctx.connection.writer, &ctx.path) {
+        // The backlog stays pending, untouched: the rule is wrong, not its records.
+        tracing::error!(error = %e, "the rule's path is unusable; leaving it alone until it changes");
+        let next = Next::Unusable(Unusable::Rule, format!("rule path {:?}: {e}", ctx.path));
+        return Ok(settle(Tally::default(), 0, next).await?);
+    }
 
     let scope = ClaimScope {
         rule_id: ctx.rule_id,

@@ -166,6 +166,19 @@ async fn commit_progress(
     Ok((blocked, active))
 }
 
+/// How long a connection or rule that cannot be used is left alone after its failed run,
+/// unless the catalog changes first.
+pub const UNUSABLE_COOLDOWN: chrono::Duration = chrono::Duration::minutes(5);
+
+/// What cannot be used: the whole connection, or one rule of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unusable {
+    /// Its writer cannot be built.
+    Connection,
+    /// Its writer cannot serve the rule's path.
+    Rule,
+}
+
 /// What a job leaves its chain to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Next {
@@ -182,6 +195,9 @@ pub enum Next {
         /// The block's end, for a throttled run.
         until: Option<DateTime<Utc>>,
     },
+    /// End the run `failed` because the connection or rule cannot be used; the dispatcher
+    /// leaves it alone for [`UNUSABLE_COOLDOWN`] or until the catalog changes.
+    Unusable(Unusable, String),
 }
 
 impl Next {
@@ -250,6 +266,10 @@ async fn commit_job(
             error,
             until,
         } => (*status, error.as_deref(), *until),
+        Next::Unusable(what, error) => {
+            mark_unusable(&mut tx, ctx, *what, error, now).await?;
+            (RunStatus::Failed, Some(error.as_str()), None)
+        }
     };
     let progress = Progress {
         counters: tally.counters(),
@@ -282,4 +302,36 @@ async fn commit_job(
     }
     tx.commit().await?;
     Ok((blocked, outcome))
+}
+
+/// Records why a connection or rule cannot be used, and until when it is left alone.
+async fn mark_unusable(
+    tx: &mut PgConnection,
+    ctx: &JobContext,
+    what: Unusable,
+    error: &str,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    let until = now + UNUSABLE_COOLDOWN;
+    match what {
+        Unusable::Connection => sqlx::query!(
+            "UPDATE circuits SET unusable_error = $2, unusable_until = $3 WHERE connection_id = $1",
+            ctx.connection.id,
+            error,
+            until
+        )
+        .execute(tx)
+        .await?,
+        Unusable::Rule => {
+            sqlx::query!(
+                "UPDATE rules SET unusable_error = $2, unusable_until = $3 WHERE id = $1",
+                ctx.rule_id,
+                error,
+                until
+            )
+            .execute(tx)
+            .await?
+        }
+    };
+    Ok(())
 }

@@ -55,6 +55,8 @@ impl<'a> Dispatcher<'a> {
              JOIN connections k ON k.id = r.connection_id
              JOIN circuits c ON c.connection_id = r.connection_id
              WHERE r.enabled AND c.state = 'closed'
+               AND (r.unusable_until IS NULL OR r.unusable_until <= $1)
+               AND (c.unusable_until IS NULL OR c.unusable_until <= $1)
                AND NOT EXISTS (SELECT 1 FROM connection_blocks b
                                WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
                AND NOT EXISTS (SELECT 1 FROM runs x
@@ -88,6 +90,7 @@ impl<'a> Dispatcher<'a> {
             r#"SELECT c.connection_id,
                       (SELECT r.id FROM rules r
                        WHERE r.connection_id = c.connection_id AND r.enabled
+                         AND (r.unusable_until IS NULL OR r.unusable_until <= $1)
                          AND NOT EXISTS (SELECT 1 FROM runs x
                                          WHERE x.rule_id = r.id AND x.active)
                          AND EXISTS (SELECT 1 FROM deliveries d
@@ -96,7 +99,8 @@ impl<'a> Dispatcher<'a> {
                        ORDER BY r.id LIMIT 1) AS rule_id
                FROM circuits c
                JOIN connections k ON k.id = c.connection_id
-               WHERE NOT EXISTS (SELECT 1 FROM connection_blocks b
+               WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1)
+                 AND NOT EXISTS (SELECT 1 FROM connection_blocks b
                                  WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
                  AND ((c.state = 'open' AND c.open_until <= $1)
                   OR (c.state = 'half_open' AND NOT EXISTS (
@@ -157,7 +161,9 @@ impl<'a> Dispatcher<'a> {
                 (SELECT min(next_attempt_at) FROM deliveries
                   WHERE status = 'pending' AND next_attempt_at > $1),
                 (SELECT min(blocked_until) FROM connection_blocks WHERE blocked_until > $1),
-                (SELECT min(open_until) FROM circuits WHERE state = 'open' AND open_until > $1)))",
+                (SELECT min(open_until) FROM circuits WHERE state = 'open' AND open_until > $1),
+                (SELECT min(unusable_until) FROM circuits WHERE unusable_until > $1),
+                (SELECT min(unusable_until) FROM rules WHERE unusable_until > $1)))",
             now
         )
         .fetch_one(&self.engine.pool)

@@ -127,6 +127,16 @@ pub enum WriterConfigError {
     },
 }
 
+/// Checks a rule's `path` against what writer kind `writer` can do with it: for `usercom`
+/// it must name one of the operations; `http_json` takes any path. The error names the
+/// path and what would be accepted.
+pub fn check_path(writer: &str, path: &str) -> Result<(), String> {
+    match writer {
+        "usercom" => path.parse::<usercom::Operation>().map(|_| ()),
+        _ => Ok(()),
+    }
+}
+
 /// Builds the writer a connection asks for, reading its API key from the environment.
 pub fn build(
     conn: &Connection,
