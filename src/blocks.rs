@@ -71,7 +71,7 @@ pub async fn block(
                                    THEN EXCLUDED.retry_after_raw ELSE connection_blocks.retry_after_raw END,
             set_at = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
                           THEN EXCLUDED.set_at ELSE connection_blocks.set_at END
-         RETURNING blocked_until",
+         RETURNING courier_ts(blocked_until) AS \"blocked_until!\"",
         cause.connection_id,
         until,
         cause.rule_id,

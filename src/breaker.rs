@@ -114,7 +114,8 @@ pub async fn forget_unusable(db: impl sqlx::PgExecutor<'_>) -> Result<u64, sqlx:
 /// Reads a connection's circuit, locking its row until the transaction ends.
 pub async fn lock(tx: &mut PgConnection, connection_id: i64) -> Result<Circuit, sqlx::Error> {
     let row = sqlx::query!(
-        r#"SELECT state AS "state: State", consecutive_failures, times_opened, open_until
+        r#"SELECT state AS "state: State", consecutive_failures, times_opened,
+                  courier_ts(open_until) AS open_until
          FROM circuits WHERE connection_id = $1 FOR UPDATE"#,
         connection_id
     )

@@ -23,6 +23,9 @@ pub const DEFAULT_DISPATCH_INTERVAL_MS: u64 = 30_000;
 pub const DEFAULT_CHAIN_STALE_AFTER_SECS: u64 = 600;
 /// How often the reaper looks for stale runs.
 pub const DEFAULT_REAPER_INTERVAL_SECS: u64 = 30;
+/// Default `COURIER_DEPENDENCY_TIMEOUT_SECONDS`: a delivery whose `depends_on` is still not
+/// delivered a day after it was enqueued ends `rejected`.
+pub const DEFAULT_DEPENDENCY_TIMEOUT_SECS: u64 = 86_400;
 /// Default `COURIER_WORKER_DEAD_AFTER_SECONDS`: a process silent this long is taken for dead
 /// and its work resumes elsewhere.
 pub const DEFAULT_WORKER_DEAD_AFTER_SECS: u64 = 15;
@@ -76,6 +79,9 @@ pub struct Settings {
     pub chain_stale_after: Duration,
     /// `COURIER_REAPER_INTERVAL_SECONDS`: how often stale runs are looked for.
     pub reaper_interval: Duration,
+    /// `COURIER_DEPENDENCY_TIMEOUT_SECONDS`: how long a delivery waits for its `depends_on`
+    /// (counted from its enqueue) before it ends `rejected`, naming the missing key.
+    pub dependency_timeout: Duration,
     /// `COURIER_WORKER_DEAD_AFTER_SECONDS`: a worker process whose heartbeat is this old is
     /// taken for dead: the job it held resumes in another process. Processes beat five
     /// times per window; so does a running chain job on its run.
@@ -121,6 +127,7 @@ impl Default for Settings {
             chain_stale_after: Duration::from_secs(DEFAULT_CHAIN_STALE_AFTER_SECS),
             reaper_interval: Duration::from_secs(DEFAULT_REAPER_INTERVAL_SECS),
             worker_dead_after: Duration::from_secs(DEFAULT_WORKER_DEAD_AFTER_SECS),
+            dependency_timeout: Duration::from_secs(DEFAULT_DEPENDENCY_TIMEOUT_SECS),
             throttle_max_wait: Duration::from_secs(DEFAULT_THROTTLE_MAX_WAIT_SECS),
             breaker: BreakerSettings::default(),
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
@@ -188,6 +195,11 @@ impl Settings {
             chain_stale_after: secs("COURIER_CHAIN_STALE_AFTER_SECONDS", d.chain_stale_after, 1)?,
             reaper_interval: secs("COURIER_REAPER_INTERVAL_SECONDS", d.reaper_interval, 1)?,
             worker_dead_after: secs("COURIER_WORKER_DEAD_AFTER_SECONDS", d.worker_dead_after, 2)?,
+            dependency_timeout: secs(
+                "COURIER_DEPENDENCY_TIMEOUT_SECONDS",
+                d.dependency_timeout,
+                1,
+            )?,
             throttle_max_wait: secs("COURIER_THROTTLE_MAX_WAIT_SECONDS", d.throttle_max_wait, 0)?,
             breaker: BreakerSettings {
                 failure_threshold: number(

@@ -126,8 +126,8 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
                   COALESCE((SELECT sum(u.calls) FROM budget_calls u
                             WHERE u.budget_key = courier_budget_key(c)
                               AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
-                  ci.state AS circuit, ci.open_until, ci.consecutive_failures,
-                  b.blocked_until AS "blocked_until?", br.name AS "blocked_by?",
+                  ci.state AS circuit, courier_ts(ci.open_until) AS open_until, ci.consecutive_failures,
+                  courier_ts(b.blocked_until) AS "blocked_until?", br.name AS "blocked_by?",
                   b.retry_after_raw AS "retry_after_raw?"
            FROM connections c JOIN circuits ci ON ci.connection_id = c.id
            LEFT JOIN connection_blocks b
@@ -144,7 +144,8 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
                   COALESCE(p.dependency, 0) AS "waiting_on_dependency!",
-                  s.state AS "state!", s.resume_at, s.blocked_until, s.blocked_by_rule,
+                  s.state AS "state!", courier_ts(s.resume_at) AS resume_at,
+                  courier_ts(s.blocked_until) AS blocked_until, s.blocked_by_rule,
                   s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
            FROM rule_states s
            LEFT JOIN LATERAL (
@@ -161,9 +162,10 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
     .await?;
     let recent_runs = sqlx::query_as!(
         RunLine,
-        "SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
-                x.suppressed, x.held, x.started_at, x.heartbeat_at, x.finished_at
-         FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"
+        r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
+                x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
+                courier_ts(x.heartbeat_at) AS "heartbeat_at!", courier_ts(x.finished_at) AS finished_at
+         FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"#
     )
     .fetch_all(pool)
     .await?;

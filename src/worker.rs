@@ -11,7 +11,8 @@ use std::{
 
 use apalis::prelude::{BackendExt, BoxDynError, Monitor, Task, WorkerBuilder, WorkerBuilderExt};
 use apalis_postgres::{Config, PostgresStorage};
-use futures::future::BoxFuture;
+use futures::{FutureExt, future::BoxFuture};
+use std::panic::AssertUnwindSafe;
 use tower::{Service, ServiceBuilder};
 
 pub use crate::engine::{Engine, unique_worker_name};
@@ -46,10 +47,33 @@ impl Service<Task<serde_json::Value>> for ChainService {
             let Some(Admitted { ctx, task_id }) = task.data().get::<Admitted>().cloned() else {
                 return Err("chain job reached the handler without the throttle layer".into());
             };
-            chain::execute(&engine, &ctx, &task_id).await.map_err(|e| {
-                tracing::error!(run = ctx.run_id, rule = ctx.rule_id, error = %e, "chain job failed; apalis retries it");
-                Box::new(e) as BoxDynError
-            })
+            let executed = AssertUnwindSafe(chain::execute(&engine, &ctx, &task_id))
+                .catch_unwind()
+                .await;
+            match executed {
+                Ok(Ok(outcome)) => Ok(outcome),
+                Ok(Err(e)) => {
+                    tracing::error!(run = ctx.run_id, rule = ctx.rule_id, error = %e, "chain job failed; apalis retries it");
+                    Err(Box::new(e) as BoxDynError)
+                }
+                // A bug met by one run ends that run, not the worker or other rules.
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    tracing::error!(run = ctx.run_id, rule = ctx.rule_id, panic = %what, "chain job panicked; its run ends failed");
+                    let next = chain::settle::Next::Finish {
+                        status: crate::runs::RunStatus::Failed,
+                        error: Some(format!("chain job panicked: {what}")),
+                        until: None,
+                    };
+                    chain::release_lease(&engine, &ctx, &task_id).await;
+                    let tally = chain::settle::Tally::default();
+                    Ok(chain::settle::settle(&engine, &ctx, &task_id, tally, 0, next).await?)
+                }
+            }
         })
     }
 }

@@ -29,6 +29,8 @@ pub struct Claimed {
     pub superseded: bool,
     /// Its payload equals the last one delivered for the key.
     pub unchanged: bool,
+    /// The record key it waits for, if any.
+    pub depends_on: Option<String>,
     /// Its `depends_on` names a key not yet delivered on the connection.
     pub dependency_pending: bool,
 }
@@ -53,7 +55,7 @@ pub async fn claim(
     now: DateTime<Utc>,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let rows = sqlx::query!(
-        r#"SELECT d.id, d.record_key, d.payload, d.attempts,
+        r#"SELECT d.id, d.record_key, d.payload, d.attempts, d.depends_on,
                   courier_ts(d.hold_until) AS hold_until,
                   courier_ts(d.created_at) AS "created_at!",
                   -- The newest pending delivery of the key, read backwards off
@@ -92,6 +94,7 @@ pub async fn claim(
             created_at: r.created_at,
             superseded: r.superseded,
             unchanged: r.unchanged,
+            depends_on: r.depends_on,
             dependency_pending: r.dependency_pending,
         })
         .collect())

@@ -43,7 +43,7 @@ pub fn classify(
     at: DateTime<Utc>,
     jitter: f64,
 ) -> Classified {
-    let attempt = d.attempts + 1;
+    let attempt = d.attempts.saturating_add(1);
     let entry = |outcome, http_status: Option<u16>, error, next_attempt_at| Entry {
         delivery_id: d.id,
         outcome,
@@ -100,6 +100,7 @@ mod tests {
             created_at: Utc::now(),
             superseded: false,
             unchanged: false,
+            depends_on: None,
             dependency_pending: false,
         }
     }

@@ -52,7 +52,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
                   courier_budget_key(c) AS "budget_key!",
                   ci.state AS "state: breaker::State", ci.consecutive_failures, ci.times_opened,
-                  ci.open_until, ci.probe_run_id
+                  courier_ts(ci.open_until) AS open_until, ci.probe_run_id
            FROM runs r
            JOIN rules ru ON ru.id = r.rule_id
            JOIN connections c ON c.id = ru.connection_id

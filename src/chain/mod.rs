@@ -31,6 +31,7 @@ use self::{
     classify::Classified,
     context::JobContext,
     settle::{Next, Tally, Unusable},
+    triage::DependencyTimeout,
 };
 use crate::{engine::Engine, queue, runs::RunStatus, writer};
 
@@ -82,11 +83,17 @@ pub async fn execute(
     let result = run_batch(engine, ctx, task_id, &owner)
         .instrument(span)
         .await;
-    // The outcome is committed (or the job failed); a lease left behind only expires.
+    release_lease(engine, ctx, task_id).await;
+    result
+}
+
+/// Gives back the rule's lease this job holds (after its outcome is committed, or after
+/// it failed); a lease left behind only expires.
+pub async fn release_lease(engine: &Engine, ctx: &JobContext, task_id: &str) {
+    let owner = format!("{}/{task_id}", engine.worker_name);
     if let Err(e) = lease::release(&engine.pool, ctx.rule_id, &owner).await {
         tracing::warn!(rule = ctx.rule_id, error = %e, "could not release the rule's lease; it expires");
     }
-    result
 }
 
 /// How long a lease (and a heartbeat) holds without renewal: the staleness window.
@@ -147,7 +154,9 @@ async fn run_batch(
         return Ok(settle(Tally::default(), 0, Next::finish(RunStatus::Completed)).await?);
     }
 
-    let sorted = triage::triage(&claimed, &ctx.retry, now);
+    let timeout = chrono::Duration::from_std(engine.settings.dependency_timeout)
+        .unwrap_or(chrono::Duration::MAX);
+    let sorted = triage::triage(&claimed, &ctx.retry, DependencyTimeout(timeout), now);
     let mut tally = Tally::default();
     tally.decided(sorted.decided);
 

@@ -18,8 +18,17 @@ pub struct Triage {
     pub to_send: Vec<usize>,
 }
 
+/// How long a delivery may wait for its `depends_on`, counted from its enqueue.
+#[derive(Clone, Copy, Debug)]
+pub struct DependencyTimeout(pub chrono::Duration);
+
 /// Sorts `claimed` at `now` under the rule's `retry` policy.
-pub fn triage(claimed: &[Claimed], retry: &RetryPolicy, now: DateTime<Utc>) -> Triage {
+pub fn triage(
+    claimed: &[Claimed],
+    retry: &RetryPolicy,
+    dependency_timeout: DependencyTimeout,
+    now: DateTime<Utc>,
+) -> Triage {
     let mut t = Triage::default();
     for (i, d) in claimed.iter().enumerate() {
         let decided = |outcome, error: &str, next_attempt_at| Entry {
@@ -47,6 +56,13 @@ pub fn triage(claimed: &[Claimed], retry: &RetryPolicy, now: DateTime<Utc>) -> T
         } else if let Some(until) = d.hold_until.filter(|&t| t > now) {
             t.decided
                 .push(decided(Outcome::Held, "hold_until ahead", Some(until)));
+        } else if d.dependency_pending && now - d.created_at > dependency_timeout.0 {
+            let key = d.depends_on.as_deref().unwrap_or_default();
+            let error = format!(
+                "depends_on {key:?} was not delivered within {} h of the enqueue",
+                dependency_timeout.0.num_hours()
+            );
+            t.decided.push(decided(Outcome::Rejected, &error, None));
         } else if d.dependency_pending {
             let next = now + retry.dependency_recheck(now - d.created_at);
             t.decided
@@ -74,6 +90,7 @@ mod tests {
             created_at: Utc::now(),
             superseded: false,
             unchanged: false,
+            depends_on: None,
             dependency_pending: false,
         }
     }
@@ -111,8 +128,19 @@ mod tests {
                 created_at: now - Duration::seconds(10),
                 ..delivery(6)
             },
+            Claimed {
+                dependency_pending: true,
+                depends_on: Some("customer:9".into()),
+                created_at: now - Duration::hours(25),
+                ..delivery(7)
+            },
         ];
-        let t = triage(&claimed, &RETRY, now);
+        let t = triage(
+            &claimed,
+            &RETRY,
+            DependencyTimeout(Duration::hours(24)),
+            now,
+        );
         assert_eq!(t.to_send, vec![0, 4]);
         let got: Vec<_> = t
             .decided
@@ -126,7 +154,13 @@ mod tests {
                 (3, Outcome::Suppressed, 2, None),
                 (4, Outcome::Held, 2, Some(far)),
                 (6, Outcome::Held, 2, Some(now + Duration::seconds(5))),
+                (7, Outcome::Rejected, 2, None),
             ]
+        );
+        let error = t.decided[4].error.as_deref().unwrap();
+        assert!(
+            error.contains("\"customer:9\"") && error.contains("24 h"),
+            "{error}"
         );
     }
 }
