@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::Context;
+use courier_target::{Target, TargetConfig, WorkspaceConfig};
 use sqlx::{Connection, postgres::PgConnectOptions};
 
 use crate::{
@@ -23,7 +24,6 @@ use crate::{
     config::{Settings, redact_url},
     db,
     enqueue::{self, NewDelivery},
-    target::{Target, TargetConfig, WorkspaceConfig},
     worker::{self, Engine},
 };
 

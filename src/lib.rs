@@ -28,7 +28,6 @@
 //! - [`dispatch`]: the dispatcher loop.
 //! - [`worker`]: the worker process: dispatcher, reaper, apalis workers, shutdown.
 //! - [`status`]: the `courier status` report.
-//! - [`target`]: a local User.com-like HTTP target for the demo, tests and benchmarks.
 //! - [`bench`]: `courier bench <scenario>`, measured runs with a report and a plot.
 //! - [`demo`]: `courier demo`, the end-to-end showcase.
 
@@ -47,7 +46,6 @@ pub mod pacer;
 pub mod queue;
 pub mod runs;
 pub mod status;
-pub mod target;
 pub mod throttle;
 pub mod worker;
 pub mod writer;

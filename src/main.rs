@@ -9,9 +9,9 @@ use courier::{
     catalog::{self, CatalogFile, NewConnection, NewRule},
     config::Settings,
     db, demo, enqueue, status,
-    target::{self, WorkspaceConfig},
     worker::{self, Engine},
 };
+use courier_target::{self as target, WorkspaceConfig};
 
 /// Delivers shop records into marketing and CRM targets through a PostgreSQL job queue.
 #[derive(Parser)]

@@ -14,9 +14,9 @@ use courier::{
     dispatch::{Dispatcher, Reaper},
     enqueue::{self, EnqueueError, NewDelivery},
     runs::RunStatus,
-    target::Target,
     worker,
 };
+use courier_target::Target;
 use serde_json::json;
 
 fn burst(prefix: &str, n: usize) -> Vec<NewDelivery> {

@@ -11,9 +11,9 @@ use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
     status,
-    target::Target,
     worker::{self, Engine},
 };
+use courier_target::Target;
 use serde_json::json;
 
 fn burst(prefix: &str, n: usize) -> Vec<NewDelivery> {

@@ -11,10 +11,9 @@ use courier::{
     chain::JobOutcome,
     enqueue::{self, NewDelivery},
     runs::RunStatus,
-    status,
-    target::Target,
-    throttle,
+    status, throttle,
 };
+use courier_target::Target;
 use serde_json::json;
 
 type At = chrono::DateTime<chrono::Utc>;

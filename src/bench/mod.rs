@@ -18,7 +18,9 @@ use anyhow::Context;
 use serde::Serialize;
 use sqlx::{PgPool, postgres::PgConnectOptions};
 
-use crate::{config::Settings, db, target::Target};
+use courier_target::Target;
+
+use crate::{config::Settings, db};
 
 pub use scenarios::Scenario;
 

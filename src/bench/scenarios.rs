@@ -10,6 +10,7 @@ use apalis::prelude::{
     BackendExt, BoxDynError, TaskBuilder, WorkerBuilder, WorkerBuilderExt, WorkerContext,
 };
 use apalis_postgres::{Config, PostgresStorage};
+use courier_target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -19,7 +20,6 @@ use crate::{
     dispatch::Dispatcher,
     enqueue::{self, NewDelivery},
     queue::Tick,
-    target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig},
 };
 
 /// The environment variable bench connections read their (fake) User.com key from.
@@ -404,7 +404,7 @@ async fn latency(
     records: usize,
 ) -> anyhow::Result<()> {
     let target = Target::start(0).await?;
-    target.set_faults(crate::target::Faults {
+    target.set_faults(courier_target::Faults {
         latency: Some((Duration::from_millis(50), Duration::from_millis(250))),
         ..Default::default()
     });

@@ -14,9 +14,9 @@ use courier::{
     db,
     dispatch::Dispatcher,
     queue::{CHAIN_QUEUE, ChainJob},
-    target::Target,
     worker::Engine,
 };
+use courier_target::Target;
 use sqlx::{PgPool, postgres::PgConnectOptions};
 
 /// The server tests create their databases on: `COURIER_TEST_DATABASE_URL`, else the
