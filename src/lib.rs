@@ -28,17 +28,17 @@
 //! - [`dispatch`]: the dispatcher loop.
 //! - [`worker`]: the worker process: dispatcher, reaper, apalis workers, shutdown.
 //! - [`status`]: the `courier status` report.
-//! - [`bench`]: `courier bench <scenario>`, measured runs with a report and a plot.
-//! - [`demo`]: `courier demo`, the end-to-end showcase.
+//!
+//! The tooling is not part of this library: the `courier` binary with its demo and
+//! benchmarks is `crates/courier-cli`, the local User.com-like target
+//! `crates/courier-target` (a dev-dependency of the tests here).
 
-pub mod bench;
 pub mod breaker;
 pub mod catalog;
 pub mod chain;
 pub mod clock;
 pub mod config;
 pub mod db;
-pub mod demo;
 pub mod dispatch;
 pub mod enqueue;
 pub mod ledger;

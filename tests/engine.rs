@@ -4,13 +4,13 @@
 
 mod common;
 
-use std::{process::Command, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use chrono::Duration as Span;
 use common::*;
 use courier::{
     chain::{self, JobOutcome},
-    config::{BreakerSettings, Settings},
+    config::BreakerSettings,
     dispatch::{Dispatcher, Reaper},
     enqueue::{self, EnqueueError, NewDelivery},
     runs::RunStatus,
@@ -572,7 +572,7 @@ async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
 }
 
 #[tokio::test]
-async fn enqueue_rejects_bad_input_whole() {
+async fn enqueue_refuses_an_unknown_rule() {
     let db = TestDb::new().await;
     let target = Target::start(0).await.unwrap();
     setup(&db.pool, &target, &["customers"], 10, 1).await;
@@ -580,113 +580,11 @@ async fn enqueue_rejects_bad_input_whole() {
         enqueue::enqueue_many(&db.pool, "nope", burst("c", 3)).await,
         Err(EnqueueError::UnknownRule(r)) if r == "nope"
     ));
-
-    let bin = env!("CARGO_BIN_EXE_courier");
-    let input =
-        "{\"record_key\":\"a\",\"payload\":{}}\n{\"record_key\":\"b\",\"payload\":{}}\n{oops\n";
-    let dir = std::env::temp_dir().join(format!("courier-ndjson-{}", rand::random::<u32>()));
-    std::fs::write(&dir, input).unwrap();
-    let out = Command::new(bin)
-        .args(["enqueue", "--rule", "customers", "--file"])
-        .arg(&dir)
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(stderr.contains("line 3"), "{stderr}");
-
-    let good = "{\"record_key\":\"a\",\"payload\":{}}\n";
-    std::fs::write(&dir, good).unwrap();
-    let out = Command::new(bin)
-        .args(["enqueue", "--rule", "unknown-rule", "--file"])
-        .arg(&dir)
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown-rule"));
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(n, 0, "nothing from a refused input is inserted");
-
-    let out = Command::new(bin)
-        .args(["enqueue", "--rule", "customers", "--file"])
-        .arg(&dir)
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(n, 1);
-    let _ = std::fs::remove_file(&dir);
-    db.drop_db().await;
-}
-
-#[test]
-fn bad_config_is_refused_naming_the_setting() {
-    let out = Command::new(env!("CARGO_BIN_EXE_courier"))
-        .arg("status")
-        .env("COURIER_BREAKER_COOLDOWN_SECONDS", "soon")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("COURIER_BREAKER_COOLDOWN_SECONDS"),
-        "{stderr}"
-    );
-    let _ = Settings::default();
-}
-
-#[tokio::test]
-async fn status_reports_connections_rules_and_runs_as_json() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
-        .await
-        .unwrap();
-    drive(&engine).await;
-    enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:9", json!({})))
-        .await
-        .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_courier"))
-        .args(["status", "--json"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["connections"][0]["circuit"], "closed");
-    assert_eq!(report["rules"][0]["name"], "customers");
-    assert_eq!(report["rules"][0]["pending"], 1);
-    assert_eq!(report["recent_runs"][0]["status"], "completed");
-    assert_eq!(report["recent_runs"][0]["delivered"], 3);
-    let table = Command::new(env!("CARGO_BIN_EXE_courier"))
-        .arg("status")
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&table.stdout);
-    assert!(
-        text.contains("CONNECTIONS") && text.contains("customers") && text.contains("completed"),
-        "{text}"
-    );
+    assert_eq!(n, 0);
     db.drop_db().await;
 }
 

@@ -13,6 +13,7 @@ use courier::{
     config::Settings,
     db,
     dispatch::Dispatcher,
+    enqueue::NewDelivery,
     queue::{CHAIN_QUEUE, ChainJob},
     worker::Engine,
 };
@@ -64,6 +65,13 @@ impl TestDb {
 pub fn engine(pool: &PgPool, settings: Settings) -> Arc<Engine> {
     let clock = Clock::manual(Utc::now() + chrono::Duration::seconds(5));
     Arc::new(Engine::with_clock(pool.clone(), settings, clock))
+}
+
+/// `n` deliveries with record keys `{prefix}:0` .. and small payloads `{"n": i}`.
+pub fn burst(prefix: &str, n: usize) -> Vec<NewDelivery> {
+    (0..n)
+        .map(|i| NewDelivery::new(format!("{prefix}:{i}"), serde_json::json!({"n": i})))
+        .collect()
 }
 
 /// Settings for tests: defaults with a fast poll.

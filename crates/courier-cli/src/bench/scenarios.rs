@@ -15,7 +15,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use super::{BenchConfig, Child, Report, Workers, fresh_database, machine, transactions, watch};
-use crate::{
+use courier::{
     catalog::{self, NewConnection, NewRule},
     dispatch::Dispatcher,
     enqueue::{self, NewDelivery},
@@ -349,7 +349,7 @@ async fn throughput(
 async fn apalis_noop(
     pool: &PgPool,
     n: usize,
-    settings: &crate::config::Settings,
+    settings: &courier::config::Settings,
 ) -> anyhow::Result<f64> {
     const QUEUE: &str = "courier.bench-noop";
     let mut tx = pool.begin().await?;
@@ -549,7 +549,7 @@ async fn scale(
 
     // The dispatcher's pass, timed in this process: first with every rule due (it starts
     // 5,000 runs), then a pass with nothing to start.
-    let engine = crate::worker::Engine::new(pool.clone(), config.settings.clone());
+    let engine = courier::worker::Engine::new(pool.clone(), config.settings.clone());
     let t = Instant::now();
     let started_runs = Dispatcher::new(&engine).run_once().await?;
     report.figure(

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use courier::bench::{self, BenchConfig, Scenario};
+use courier_cli::bench::{self, BenchConfig, Scenario};
 
 async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
     let database = format!("courier_test_bench_{:08x}", rand::random::<u32>());

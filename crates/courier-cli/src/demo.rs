@@ -19,7 +19,7 @@ use anyhow::Context;
 use courier_target::{Target, TargetConfig, WorkspaceConfig};
 use sqlx::{Connection, postgres::PgConnectOptions};
 
-use crate::{
+use courier::{
     catalog::{self, NewConnection, NewRule},
     config::{Settings, redact_url},
     db,

@@ -1,5 +1,6 @@
 //! The `courier` command line: parses arguments, starts telemetry, loads and validates the
-//! settings, and hands over to the library.
+//! settings, and hands over to the engine library (`courier`), the local target
+//! (`courier_target`) or this crate's demo and benchmarks.
 
 use std::{io::Read, path::PathBuf, sync::Arc};
 
@@ -8,9 +9,10 @@ use clap::{Parser, Subcommand};
 use courier::{
     catalog::{self, CatalogFile, NewConnection, NewRule},
     config::Settings,
-    db, demo, enqueue, status,
+    db, enqueue, status,
     worker::{self, Engine},
 };
+use courier_cli::{bench, demo};
 use courier_target::{self as target, WorkspaceConfig};
 
 /// Delivers shop records into marketing and CRM targets through a PostgreSQL job queue.
@@ -69,7 +71,7 @@ enum Command {
     /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
     Bench {
         /// pacing, throughput, latency, multi-worker, storm, idle-throttled or scale.
-        scenario: courier::bench::Scenario,
+        scenario: bench::Scenario,
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]
         records: Option<usize>,
@@ -395,9 +397,9 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             workers,
             out,
         } => {
-            let report = courier::bench::run(
+            let report = bench::run(
                 scenario,
-                courier::bench::BenchConfig {
+                bench::BenchConfig {
                     server_url: settings.database_url.clone(),
                     database: "courier_bench".into(),
                     records,
