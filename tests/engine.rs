@@ -16,20 +16,11 @@ use courier::{
     runs::RunStatus,
     worker,
 };
-use courier_target::Target;
 use serde_json::json;
-
-fn burst(prefix: &str, n: usize) -> Vec<NewDelivery> {
-    (0..n)
-        .map(|i| NewDelivery::new(format!("{prefix}:{i}"), json!({"n": i})))
-        .collect()
-}
 
 #[tokio::test]
 async fn a_burst_is_delivered_by_a_real_worker_woken_by_sql_inserts() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "prices"], 50, 8).await;
+    let (db, target) = shop(&["customers", "prices"], 50, 8).await;
     let mut settings = settings(&db.url);
     // Nothing but NOTIFY can wake the dispatcher quickly: its tick is an hour.
     settings.dispatch_interval = Duration::from_secs(3600);
@@ -86,14 +77,11 @@ async fn a_burst_is_delivered_by_a_real_worker_woken_by_sql_inserts() {
             .await
             .unwrap();
     assert_eq!(active, 0);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn transient_failures_back_off_then_exhaust() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
     let id = enqueue::enqueue(
         &db.pool,
@@ -140,14 +128,11 @@ async fn transient_failures_back_off_then_exhaust() {
         "an exhausted delivery is not retried"
     );
     assert_eq!(target.counters().requests, 3);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn permanent_failures_are_rejected_without_retry() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
     let id = enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:1", json!({})))
         .await
@@ -166,14 +151,11 @@ async fn permanent_failures_are_rejected_without_retry() {
     engine.clock.advance(Span::hours(1));
     assert!(drive(&engine).await.is_empty());
     assert_eq!(target.counters().requests, 1);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn superseded_and_unchanged_deliveries_are_suppressed() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
     let old = enqueue::enqueue(
         &db.pool,
@@ -208,14 +190,11 @@ async fn superseded_and_unchanged_deliveries_are_suppressed() {
         1,
         "only one call reached the target"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn held_deliveries_wait_for_their_time_and_dependencies() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let (db, target) = shop(&["customers", "orders"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
     let later = engine.clock.now() + Span::minutes(10);
     let mut held = NewDelivery::new("c:1", json!({}));
@@ -259,14 +238,11 @@ async fn held_deliveries_wait_for_their_time_and_dependencies() {
     engine.clock.advance(Span::minutes(10));
     drive(&engine).await;
     assert_eq!(delivery(&db.pool, held).await, ("delivered".into(), 1));
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn one_active_run_per_rule_under_concurrent_dispatch() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, _target) = shop(&["customers"], 10, 1).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
         .await
         .unwrap();
@@ -299,15 +275,12 @@ async fn one_active_run_per_rule_under_concurrent_dispatch() {
         err.to_string().contains("runs_one_active_per_rule"),
         "{err}"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn two_jobs_of_one_rule_never_execute_at_once() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
+    let (db, target) = shop(&["customers"], 10, 5).await;
     target.set_latency(Duration::from_millis(300));
-    setup(&db.pool, &target, &["customers"], 10, 5).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
         .await
         .unwrap();
@@ -331,14 +304,11 @@ async fn two_jobs_of_one_rule_never_execute_at_once() {
     ));
     assert!(matches!(rb.unwrap(), JobOutcome::Rescheduled(_)));
     assert_eq!(target.counters().requests, 5);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn breaker_opens_skips_and_recovers_through_half_open() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "orders"], 20, 1).await;
+    let (db, target) = shop(&["customers", "orders"], 20, 1).await;
     let mut s = settings(&db.url);
     s.breaker = BreakerSettings {
         failure_threshold: 5,
@@ -404,14 +374,11 @@ async fn breaker_opens_skips_and_recovers_through_half_open() {
     for id in ids {
         assert_eq!(delivery(&db.pool, id).await.0, "delivered");
     }
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn answers_that_prove_the_target_reachable_never_open_the_circuit() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 50, 4).await;
+    let (db, target) = shop(&["customers"], 50, 4).await;
     let engine = engine(&db.pool, settings(&db.url));
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 50))
         .await
@@ -425,14 +392,11 @@ async fn answers_that_prove_the_target_reachable_never_open_the_circuit() {
     .await
     .unwrap();
     assert_eq!((state.as_str(), rejected), ("closed", 50));
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_stale_run_is_reaped_and_its_late_job_does_nothing() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
@@ -456,16 +420,13 @@ async fn a_stale_run_is_reaped_and_its_late_job_does_nothing() {
     // The rule is free again: a new run delivers everything.
     drive(&engine).await;
     assert_eq!(delivered(&db.pool).await, 3);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_busy_lease_reschedules_the_apalis_job_without_a_failure() {
     // Covers queue::reschedule against apalis-postgres' real worker: if an apalis upgrade
     // changes how acknowledgements treat a row we put back, this fails.
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, _target) = shop(&["customers"], 10, 1).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
@@ -507,15 +468,12 @@ async fn a_busy_lease_reschedules_the_apalis_job_without_a_failure() {
     .await;
     engine.shutdown.cancel();
     handle.await.unwrap().unwrap();
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn stopping_lets_in_flight_calls_finish_and_records_them() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
+    let (db, target) = shop(&["customers"], 100, 4).await;
     target.set_latency(Duration::from_millis(500));
-    setup(&db.pool, &target, &["customers"], 100, 4).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 100))
         .await
         .unwrap();
@@ -542,14 +500,11 @@ async fn stopping_lets_in_flight_calls_finish_and_records_them() {
     assert!(sent < 100, "stopped early");
     assert_eq!(delivered, sent, "every call that went out was recorded");
     assert_eq!(ledger, sent);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, _target) = shop(&["customers"], 10, 1).await;
     sqlx::query("UPDATE connections SET api_key_env = 'COURIER_TEST_UNSET_KEY_VAR'")
         .execute(&db.pool)
         .await
@@ -568,14 +523,11 @@ async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
         .unwrap();
     assert!(error.contains("COURIER_TEST_UNSET_KEY_VAR"), "{error}");
     assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 0));
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn enqueue_refuses_an_unknown_rule() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, _target) = shop(&["customers"], 10, 1).await;
     assert!(matches!(
         enqueue::enqueue_many(&db.pool, "nope", burst("c", 3)).await,
         Err(EnqueueError::UnknownRule(r)) if r == "nope"
@@ -585,14 +537,11 @@ async fn enqueue_refuses_an_unknown_rule() {
         .await
         .unwrap();
     assert_eq!(n, 0);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn an_undecodable_job_is_dropped_and_the_worker_keeps_delivering() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, _target) = shop(&["customers"], 10, 1).await;
     // A job that is JSON but not a chain job, inserted the way SQL users can.
     sqlx::query(
         "INSERT INTO apalis.jobs (id, job_type, job, status, attempts, max_attempts, run_at, priority)
@@ -631,15 +580,12 @@ async fn an_undecodable_job_is_dropped_and_the_worker_keeps_delivering() {
     .await;
     engine.shutdown.cancel();
     handle.await.unwrap().unwrap();
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
+    let (db, target) = shop(&["customers"], 10, 1).await;
     target.set_latency(Duration::from_millis(2_500));
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
     // A two-second staleness window: the batch (two calls of 2.5 s) outlives it many times.
     let mut s = settings(&db.url);
     s.chain_stale_after = Duration::from_secs(2);
@@ -678,5 +624,4 @@ async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
         JobOutcome::Finished(RunStatus::Completed)
     ));
     assert_eq!(target.counters().requests, 2);
-    db.drop_db().await;
 }

@@ -11,24 +11,15 @@ use courier::{
     runs::RunStatus,
     status, throttle,
 };
-use courier_target::Target;
 use serde_json::json;
 
 type At = chrono::DateTime<chrono::Utc>;
 
-fn three() -> Vec<NewDelivery> {
-    (0..3)
-        .map(|i| NewDelivery::new(format!("c:{i}"), json!({"n": i})))
-        .collect()
-}
-
 #[tokio::test]
 async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let (db, target) = shop(&["customers", "orders"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    let ids = enqueue::enqueue_many(&db.pool, "customers", three())
+    let ids = enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     target.respond_with(429, Some("30"));
@@ -93,7 +84,6 @@ async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
         .await
         .unwrap();
     assert_eq!(runs, vec![("completed".into(), 3), ("completed".into(), 1)]);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -108,11 +98,9 @@ async fn short_waits_are_sat_out_and_long_ones_throttle() {
         (None, 60, RunStatus::Waiting),
     ];
     for (header, secs, expected) in cases {
-        let db = TestDb::new().await;
-        let target = Target::start(0).await.unwrap();
-        setup(&db.pool, &target, &["customers"], 10, 1).await;
+        let (db, target) = shop(&["customers"], 10, 1).await;
         let engine = engine(&db.pool, settings(&db.url));
-        enqueue::enqueue_many(&db.pool, "customers", three())
+        enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
             .await
             .unwrap();
         target.respond_with(429, header);
@@ -138,17 +126,14 @@ async fn short_waits_are_sat_out_and_long_ones_throttle() {
             1,
             "{header:?}: one call, then the block holds"
         );
-        db.drop_db().await;
     }
 }
 
 #[tokio::test]
 async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let (db, target) = shop(&["customers", "orders"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", three())
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     target.respond_with(429, Some("10"));
@@ -211,16 +196,13 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
             .await
             .unwrap();
     assert_eq!(attempts, vec![("delivered".to_string(), 1); 3]);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_waiting_chain_is_never_reaped_as_stale() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", three())
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     // A run that has been going for a while meets the longest wait it may sit out.
@@ -240,16 +222,13 @@ async fn a_waiting_chain_is_never_reaped_as_stale() {
         .await
         .unwrap();
     assert_eq!(status, "waiting");
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn fifty_429s_never_open_the_circuit_nor_spend_attempts() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    let ids = enqueue::enqueue_many(&db.pool, "customers", three())
+    let ids = enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     target.respond_with(429, Some("1"));
@@ -272,5 +251,4 @@ async fn fifty_429s_never_open_the_circuit_nor_spend_attempts() {
     for &id in &ids {
         assert_eq!(delivery(&db.pool, id).await, ("delivered".into(), 1));
     }
-    db.drop_db().await;
 }

@@ -426,5 +426,4 @@ async fn the_engine_delivers_through_a_usercom_connection() {
     }
     let c = t.counters();
     assert_eq!((c.workspaces["shop"].users, c.duplicates), (3, 0));
-    db.drop_db().await;
 }

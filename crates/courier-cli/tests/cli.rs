@@ -5,14 +5,11 @@ mod common;
 
 use common::*;
 use courier::enqueue::{self, NewDelivery};
-use courier_target::Target;
 use serde_json::json;
 
 #[tokio::test]
 async fn enqueue_rejects_bad_input_whole() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, _target) = shop(&["customers"], 10, 1).await;
 
     let input =
         "{\"record_key\":\"a\",\"payload\":{}}\n{\"record_key\":\"b\",\"payload\":{}}\n{oops\n";
@@ -61,7 +58,6 @@ async fn enqueue_rejects_bad_input_whole() {
         .unwrap();
     assert_eq!(n, 1);
     let _ = std::fs::remove_file(&dir);
-    db.drop_db().await;
 }
 
 #[test]
@@ -98,9 +94,7 @@ fn the_worker_refuses_a_wait_bound_beyond_the_staleness_window() {
 
 #[tokio::test]
 async fn status_reports_connections_rules_and_runs_as_json() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, _target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
@@ -135,5 +129,4 @@ async fn status_reports_connections_rules_and_runs_as_json() {
         text.contains("CONNECTIONS") && text.contains("customers") && text.contains("completed"),
         "{text}"
     );
-    db.drop_db().await;
 }
