@@ -262,7 +262,7 @@ async fn one_active_run_per_rule_under_concurrent_dispatch() {
         .unwrap();
     assert_eq!(active, 1);
     assert_eq!(
-        take_jobs(&db.pool).await.len(),
+        take_jobs(&engines[0]).await.len(),
         1,
         "one first job for the one run"
     );
@@ -287,7 +287,7 @@ async fn two_jobs_of_one_rule_never_execute_at_once() {
     let a = engine(&db.pool, settings(&db.url));
     let b = engine(&db.pool, settings(&db.url));
     Dispatcher::new(&a).run_once().await.unwrap();
-    let job = take_jobs(&db.pool).await[0];
+    let job = take_jobs(&a).await[0];
     let t = target.clone();
     let (ra, rb) = tokio::join!(chain::execute(&a, job, None), async {
         // The second copy starts once the first is calling the target (holding the lease).
@@ -402,7 +402,7 @@ async fn a_stale_run_is_reaped_and_its_late_job_does_nothing() {
         .await
         .unwrap();
     Dispatcher::new(&engine).run_once().await.unwrap();
-    let late = take_jobs(&db.pool).await[0];
+    let late = take_jobs(&engine).await[0];
 
     engine.clock.advance(Span::seconds(599));
     assert!(Reaper::new(&engine).run_once().await.unwrap().is_empty());
@@ -585,26 +585,31 @@ async fn an_undecodable_job_is_dropped_and_the_worker_keeps_delivering() {
 #[tokio::test]
 async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
     let (db, target) = shop(&["customers"], 10, 1).await;
-    target.set_latency(Duration::from_millis(2_500));
-    // A two-second staleness window: the batch (two calls of 2.5 s) outlives it many times.
+    // Two calls of 1.5 s each, one at a time: the batch is out for 3 s of real time, in
+    // which the lease is renewed every half second (a quarter of the staleness window).
+    target.set_latency(Duration::from_millis(1_500));
     let mut s = settings(&db.url);
     s.chain_stale_after = Duration::from_secs(2);
     s.throttle_max_wait = Duration::ZERO;
-    let engine = Arc::new(courier::worker::Engine::new(db.pool.clone(), s));
+    let engine = engine(&db.pool, s);
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 2))
         .await
         .unwrap();
     Dispatcher::new(&engine).run_once().await.unwrap();
-    let job = take_jobs(&db.pool).await[0];
-    let started: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT heartbeat_at FROM runs")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let job = take_jobs(&engine).await[0];
     let e = engine.clone();
     let running = tokio::spawn(async move { chain::execute(&e, job, Some("job-1")).await });
+    let t = target.clone();
+    eventually("the first call out", || {
+        let t = t.clone();
+        async move { t.counters().requests >= 1 }
+    })
+    .await;
+    // While the call is out, the batch outlives its staleness window five times over.
+    engine.clock.advance(Span::seconds(10));
+    let later = engine.clock.now() - Span::milliseconds(1);
     let pool = db.pool.clone();
-    eventually("the heartbeat and the lease renewed while the first call is out", || {
+    eventually("the heartbeat and the lease renewed at the new time", || {
         let pool = pool.clone();
         async move {
             let (beat, lease): (chrono::DateTime<chrono::Utc>, Option<chrono::DateTime<chrono::Utc>>) =
@@ -612,8 +617,7 @@ async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
                     .fetch_one(&pool)
                     .await
                     .unwrap();
-            beat > started + chrono::Duration::milliseconds(400)
-                && lease.is_some_and(|l| l > beat + chrono::Duration::milliseconds(1_500))
+            beat >= later && lease.is_some_and(|l| l >= later + Span::seconds(2))
         }
     })
     .await;

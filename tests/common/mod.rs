@@ -201,9 +201,9 @@ pub async fn take_due_jobs(pool: &PgPool, now: chrono::DateTime<Utc>) -> Vec<Cha
         .collect()
 }
 
-/// Takes every queued chain job that is due now.
-pub async fn take_jobs(pool: &PgPool) -> Vec<ChainJob> {
-    take_due_jobs(pool, Utc::now() + chrono::Duration::seconds(5)).await
+/// Takes every queued chain job that is due by `engine`'s clock.
+pub async fn take_jobs(engine: &Engine) -> Vec<ChainJob> {
+    take_due_jobs(&engine.pool, engine.clock.now()).await
 }
 
 /// One dispatcher pass, then every chain job until none is left; returns their outcomes.
