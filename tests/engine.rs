@@ -526,6 +526,39 @@ async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
 }
 
 #[tokio::test]
+async fn a_committed_bulk_enqueue_never_reports_an_error() {
+    // A large enqueue refreshes the planner's statistics after its commit. When that
+    // fails (here: another session holds the lock ANALYZE needs, which inserts do not,
+    // and this pool waits 100 ms for a lock at most), the rows are in all the same: an
+    // error would make a caller retry and enqueue them twice.
+    let (db, _target) = shop(&["customers"], 10, 1).await;
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE deliveries IN SHARE UPDATE EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let impatient = sqlx::PgPool::connect_with(
+        db.url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .unwrap()
+            .options([("lock_timeout", "100ms")]),
+    )
+    .await
+    .unwrap();
+    let n = enqueue::ANALYZE_AFTER;
+    let ids = enqueue::enqueue_many(&impatient, "customers", burst("c", n))
+        .await
+        .expect("the rows were committed");
+    assert_eq!(ids.len(), n);
+    holder.rollback().await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, n as i64);
+}
+
+#[tokio::test]
 async fn enqueue_refuses_an_unknown_rule() {
     let (db, _target) = shop(&["customers"], 10, 1).await;
     assert!(matches!(
