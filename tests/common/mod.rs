@@ -52,6 +52,7 @@ impl TestDb {
         let url = database_url(&name);
         // Armed before anything can fail, so a failed migration keeps the database too.
         let drop = DropDatabase::new(&name);
+        db::create_database(&url).await.expect("test database");
         let pool = db::connect(&url, 10).await.expect("test database");
         db::migrate(&pool).await.expect("migrations apply");
         Self {

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use courier::{
     catalog::{self, CatalogFile, NewConnection, NewRule},
-    config::Settings,
+    config::{self, Settings},
     db, enqueue, status,
     worker::{self, Engine},
 };
@@ -27,6 +27,9 @@ struct Cli {
 enum Command {
     /// Apply courier's and apalis' migrations (the worker does this at start too).
     Migrate,
+    /// Manage the database itself.
+    #[command(subcommand)]
+    Db(DbCmd),
     /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C.
     Worker,
     /// Enqueue deliveries for a rule from NDJSON (stdin or a file), all or nothing.
@@ -118,6 +121,14 @@ struct TargetArgs {
     /// Share (0..1) of requests whose connection is closed without an answer.
     #[arg(long, default_value_t = 0.0)]
     reset: f64,
+}
+
+#[derive(Subcommand)]
+enum DbCmd {
+    /// Create the database DATABASE_URL names, unless it exists (connects to the server's
+    /// `postgres` database for that; the role needs CREATEDB). No other command creates
+    /// it or connects anywhere but DATABASE_URL.
+    Create,
 }
 
 #[derive(Subcommand)]
@@ -214,6 +225,14 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
     let pool = || db::connect(&settings.database_url, settings.db_max_connections);
     match cli.command {
+        Command::Db(DbCmd::Create) => {
+            let url = config::redact_url(&settings.database_url);
+            if db::create_database(&settings.database_url).await? {
+                println!("database created: {url}");
+            } else {
+                println!("database exists already: {url}");
+            }
+        }
         Command::Migrate => {
             db::migrate(&pool().await?).await?;
             println!("migrations applied");

@@ -130,3 +130,78 @@ async fn status_reports_connections_rules_and_runs_as_json() {
         "{text}"
     );
 }
+
+/// Whether the server has a database by that name.
+async fn exists(name: &str) -> bool {
+    let admin = sqlx::PgPool::connect(&server_url()).await.unwrap();
+    let found = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(name)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    found
+}
+
+#[tokio::test]
+async fn only_db_create_creates_the_database() {
+    let name = format!("courier_test_{:016x}", rand::random::<u64>());
+    let url = database_url(&name);
+    let _drop = DropDatabase::new(&name);
+
+    // Ordinary commands connect to DATABASE_URL only: a missing database is an error
+    // that names the way out, and none of them creates it.
+    for args in [
+        &["migrate"][..],
+        &["worker"],
+        &["status"],
+        &["rule", "list"],
+        &["connection", "list"],
+    ] {
+        let out = courier()
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&name) && stderr.contains("courier db create"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert!(!exists(&name).await);
+
+    let out = courier()
+        .args(["db", "create"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("database created"));
+    assert!(exists(&name).await);
+    let again = courier()
+        .args(["db", "create"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("exists already"));
+
+    for args in [&["migrate"][..], &["status"]] {
+        let out = courier()
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -155,6 +155,7 @@ async fn fresh_database(config: &BenchConfig) -> anyhow::Result<(PgPool, String)
         .rsplit_once('/')
         .map_or(config.server_url.as_str(), |(b, _)| b);
     let url = format!("{base}/{}", config.database);
+    db::create_database(&url).await?;
     let pool = db::connect(&url, 20).await?;
     db::migrate(&pool).await?;
     Ok((pool, url))
