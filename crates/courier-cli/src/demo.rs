@@ -77,10 +77,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     .execute(&admin)
     .await?;
     admin.close().await;
-    let url = {
-        let base = server_url.rsplit_once('/').map_or("", |(b, _)| b);
-        format!("{base}/{DEMO_DATABASE}")
-    };
+    let url = crate::database_url(&server_url, DEMO_DATABASE);
     settings.database_url = url.clone();
     println!("demo database: {DEMO_DATABASE} (fresh)");
     db::create_database(&url).await?;

@@ -150,11 +150,7 @@ async fn fresh_database(config: &BenchConfig) -> anyhow::Result<(PgPool, String)
     .execute(&admin)
     .await?;
     admin.close().await;
-    let base = config
-        .server_url
-        .rsplit_once('/')
-        .map_or(config.server_url.as_str(), |(b, _)| b);
-    let url = format!("{base}/{}", config.database);
+    let url = crate::database_url(&config.server_url, &config.database);
     db::create_database(&url).await?;
     let pool = db::connect(&url, 20).await?;
     db::migrate(&pool).await?;
