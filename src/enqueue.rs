@@ -93,7 +93,8 @@ pub async fn enqueue(
 }
 
 /// Enqueues many deliveries for the rule named `rule` in one transaction, a few thousand
-/// rows per statement; returns their ids in input order.
+/// rows per statement; returns their ids in input order. An error means nothing was
+/// inserted: once the transaction commits, the call succeeds.
 pub async fn enqueue_many(
     pool: &PgPool,
     rule: &str,
@@ -106,8 +107,13 @@ pub async fn enqueue_many(
         ids.extend(insert_chunk(&mut *tx, rule_id, chunk).await?);
     }
     tx.commit().await?;
-    if ids.len() >= ANALYZE_AFTER {
-        sqlx::query!("ANALYZE deliveries").execute(pool).await?;
+    // The rows are in: from here on nothing may fail the call, or a caller retrying it
+    // would enqueue them twice. Fresh statistics only help the planner (autovacuum
+    // refreshes them later anyway), so a failed ANALYZE is a warning.
+    if ids.len() >= ANALYZE_AFTER
+        && let Err(e) = sqlx::query!("ANALYZE deliveries").execute(pool).await
+    {
+        tracing::warn!(error = %e, rows = ids.len(), "refreshing the statistics of deliveries after a bulk enqueue failed");
     }
     Ok(ids)
 }

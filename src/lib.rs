@@ -34,11 +34,11 @@
 //! - [`maintenance`]: the background loops: dispatcher, reaper, pruner.
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
 //! - [`status`]: the `courier status` report.
-//! - [`target`]: a local User.com-like HTTP target for the demo, tests and benchmarks.
-//! - [`bench`]: `courier bench <scenario>`, measured runs with a report and a plot.
-//! - [`demo`]: `courier demo`, the end-to-end showcase.
+//!
+//! The tooling is not part of this library: the `courier` binary with its demo and
+//! benchmarks is `crates/courier-cli`, the local User.com-like target
+//! `crates/courier-target` (a dev-dependency of the tests here).
 
-pub mod bench;
 pub mod blocks;
 pub mod breaker;
 pub mod catalog;
@@ -46,7 +46,6 @@ pub mod chain;
 pub mod clock;
 pub mod config;
 pub mod db;
-pub mod demo;
 pub mod engine;
 pub mod enqueue;
 pub mod health;
@@ -57,7 +56,6 @@ pub mod queue;
 pub mod retry;
 pub mod runs;
 pub mod status;
-pub mod target;
 pub mod throttle;
 pub mod worker;
 pub mod writer;

@@ -11,16 +11,10 @@ use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
     status,
-    target::Target,
     worker::{self, Engine},
 };
+use courier_target::Target;
 use serde_json::json;
-
-fn burst(prefix: &str, n: usize) -> Vec<NewDelivery> {
-    (0..n)
-        .map(|i| NewDelivery::new(format!("{prefix}:{i}"), json!({"n": i})))
-        .collect()
-}
 
 async fn set_rate(pool: &sqlx::PgPool, rpm: i32) {
     sqlx::query("UPDATE connections SET requests_per_minute = $1")
@@ -32,9 +26,7 @@ async fn set_rate(pool: &sqlx::PgPool, rpm: i32) {
 
 #[tokio::test]
 async fn each_call_takes_one_slot_and_suppressed_or_held_take_none() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 50, 4).await;
+    let (db, target) = shop(&["customers"], 50, 4).await;
     set_rate(&db.pool, 600).await;
     let engine = engine(&db.pool, settings(&db.url));
     let mut held = NewDelivery::new("c:held", json!({}));
@@ -63,7 +55,6 @@ async fn each_call_takes_one_slot_and_suppressed_or_held_take_none() {
     let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
     assert_eq!(report.connections[0].requests_per_minute, 600);
     assert_eq!(report.connections[0].used_last_minute, 4);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -101,7 +92,6 @@ async fn slots_are_spaced_across_processes_and_budgets_are_independent() {
         "{other} vs {}",
         a.clock.now()
     );
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -184,14 +174,11 @@ async fn a_block_holds_every_connection_of_its_budget_key_in_every_process() {
             ("rule-z", "idle", None)
         ]
     );
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn rules_with_equal_backlogs_share_the_budget_evenly() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "prices"], 25, 8).await;
+    let (db, target) = shop(&["customers", "prices"], 25, 8).await;
     set_rate(&db.pool, 3_000).await; // 50 calls/s
     // The first rule's backlog is in first; the second one's follows.
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 300))
@@ -218,16 +205,13 @@ async fn rules_with_equal_backlogs_share_the_budget_evenly() {
         (0.4..=0.6).contains(&share),
         "customers got {a}, prices {b}"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_short_wait_goes_through_the_real_queue_and_resumes_the_same_run() {
     // The apalis path of a sat-out wait: the next job is queued for the block's end and a
     // real worker picks it up then. If an apalis upgrade breaks scheduled jobs, this fails.
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
@@ -281,14 +265,11 @@ async fn a_short_wait_goes_through_the_real_queue_and_resumes_the_same_run() {
     assert_eq!(attempts, vec![1, 1, 1], "the 429 spent no attempt");
     engine.shutdown.cancel();
     handle.await.unwrap().unwrap();
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_429_slows_this_process_down_and_answers_bring_it_back() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     set_rate(&db.pool, 600).await;
     let engine = engine(&db.pool, settings(&db.url));
     let key: String = sqlx::query_scalar("SELECT courier_budget_key(c) FROM connections c")
@@ -312,5 +293,4 @@ async fn a_429_slows_this_process_down_and_answers_bring_it_back() {
         engine.pacer.speed(&key) > 0.5,
         "answered calls speed it up again"
     );
-    db.drop_db().await;
 }

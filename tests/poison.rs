@@ -5,7 +5,8 @@
 mod common;
 
 use common::*;
-use courier::{enqueue, enqueue::NewDelivery, target::Target};
+use courier::{enqueue, enqueue::NewDelivery};
+use courier_target::Target;
 use proptest::prelude::*;
 use serde_json::json;
 

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use chrono::Duration as Span;
 use common::*;
 use courier::{
@@ -12,25 +10,17 @@ use courier::{
     enqueue::{self, NewDelivery},
     runs::RunStatus,
     status,
-    target::Target,
 };
+use courier_target::Target;
 use serde_json::json;
 
 type At = chrono::DateTime<chrono::Utc>;
 
-fn three() -> Vec<NewDelivery> {
-    (0..3)
-        .map(|i| NewDelivery::new(format!("c:{i}"), json!({"n": i})))
-        .collect()
-}
-
 #[tokio::test]
 async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let (db, target) = shop(&["customers", "orders"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    let ids = enqueue::enqueue_many(&db.pool, "customers", three())
+    let ids = enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     target.respond_with(429, Some("30"));
@@ -97,7 +87,6 @@ async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
         .await
         .unwrap();
     assert_eq!(runs, vec![("completed".into(), 3), ("completed".into(), 1)]);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -112,11 +101,9 @@ async fn short_waits_are_sat_out_and_long_ones_throttle() {
         (None, 60, RunStatus::Waiting),
     ];
     for (header, secs, expected) in cases {
-        let db = TestDb::new().await;
-        let target = Target::start(0).await.unwrap();
-        setup(&db.pool, &target, &["customers"], 10, 1).await;
+        let (db, target) = shop(&["customers"], 10, 1).await;
         let engine = engine(&db.pool, settings(&db.url));
-        enqueue::enqueue_many(&db.pool, "customers", three())
+        enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
             .await
             .unwrap();
         target.respond_with(429, header);
@@ -142,17 +129,14 @@ async fn short_waits_are_sat_out_and_long_ones_throttle() {
             1,
             "{header:?}: one call, then the block holds"
         );
-        db.drop_db().await;
     }
 }
 
 #[tokio::test]
 async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let (db, target) = shop(&["customers", "orders"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", three())
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     target.respond_with(429, Some("10"));
@@ -215,16 +199,13 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
             .await
             .unwrap();
     assert_eq!(attempts, vec![("delivered".to_string(), 1); 3]);
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn a_waiting_chain_is_never_reaped_as_stale() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", three())
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     // A run that has been going for a while meets the longest wait it may sit out.
@@ -244,16 +225,13 @@ async fn a_waiting_chain_is_never_reaped_as_stale() {
         .await
         .unwrap();
     assert_eq!(status, "waiting");
-    db.drop_db().await;
 }
 
 #[tokio::test]
 async fn fifty_429s_never_open_the_circuit_nor_spend_attempts() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let (db, target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    let ids = enqueue::enqueue_many(&db.pool, "customers", three())
+    let ids = enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     target.respond_with(429, Some("1"));
@@ -276,24 +254,6 @@ async fn fifty_429s_never_open_the_circuit_nor_spend_attempts() {
     for &id in &ids {
         assert_eq!(delivery(&db.pool, id).await, ("delivered".into(), 1));
     }
-    db.drop_db().await;
-}
-
-#[test]
-fn the_worker_refuses_a_wait_bound_beyond_the_staleness_window() {
-    let out = Command::new(env!("CARGO_BIN_EXE_courier"))
-        .arg("worker")
-        .env("COURIER_THROTTLE_MAX_WAIT_SECONDS", "900")
-        .env("COURIER_CHAIN_STALE_AFTER_SECONDS", "600")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("COURIER_THROTTLE_MAX_WAIT_SECONDS")
-            && stderr.contains("COURIER_CHAIN_STALE_AFTER_SECONDS"),
-        "{stderr}"
-    );
 }
 
 #[tokio::test]
@@ -302,7 +262,7 @@ async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waitin
     let target = Target::start(0).await.unwrap();
     setup(&db.pool, &target, &["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", three())
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     courier::maintenance::dispatcher::Dispatcher::new(&engine)
@@ -330,7 +290,7 @@ async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waitin
         async move { engine.blocks.until(&key) == Some(until) }
     })
     .await;
-    let job = take_jobs(&db.pool).await.remove(0);
+    let job = take_jobs(&engine).await.remove(0);
     assert_eq!(run_job(&engine, &job).await, JobOutcome::Waiting(until));
     assert_eq!(
         target.counters().requests,
@@ -370,7 +330,7 @@ async fn a_chain_job_is_bound_to_its_run_not_to_its_payload() {
     let target = Target::start(0).await.unwrap();
     setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", three())
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await
         .unwrap();
     enqueue::enqueue(&db.pool, "orders", NewDelivery::new("o:1", json!({})))
@@ -380,7 +340,7 @@ async fn a_chain_job_is_bound_to_its_run_not_to_its_payload() {
         .run_once()
         .await
         .unwrap();
-    let mut jobs = take_jobs(&db.pool).await;
+    let mut jobs = take_jobs(&engine).await;
     jobs.sort_by_key(|j| j.job.run_id);
     // Run A's job claiming to be rule B's.
     let mut forged = jobs[0].clone();

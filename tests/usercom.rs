@@ -10,15 +10,24 @@ use common::{TestDb, drive, engine, settings};
 use courier::{
     catalog::{self, Connection, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
-    target::{Faults, RetryAfterMode, Target, TargetConfig, WorkspaceConfig},
     writer::{
         Outgoing, WriteError, Writer,
         usercom::{ACCEPT_VERSION_2, UserComWriter},
     },
 };
+use courier_target::{Faults, RetryAfterMode, Target, TargetConfig, WorkspaceConfig};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "test-token-0123456789";
+
+#[test]
+fn the_target_counts_appends_by_the_field_the_writer_fills() {
+    // courier-target does not depend on the engine, so it keeps its own copy.
+    assert_eq!(
+        courier::writer::usercom::DELIVERY_ID_FIELD,
+        courier_target::DELIVERY_ID_FIELD
+    );
+}
 
 async fn target(config: TargetConfig) -> Target {
     Target::start_with(TargetConfig {
@@ -417,5 +426,4 @@ async fn the_engine_delivers_through_a_usercom_connection() {
     }
     let c = t.counters();
     assert_eq!((c.workspaces["shop"].users, c.duplicates), (3, 0));
-    db.drop_db().await;
 }

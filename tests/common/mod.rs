@@ -1,9 +1,11 @@
-//! Test helpers: a fresh database per test, an engine with a manual clock, a local target,
-//! and a driver that executes a run's chain jobs step by step.
+//! Test helpers, one copy for every test file (the command line's tests include it too):
+//! a fresh database per test, dropped with it; an engine with a manual clock; a local
+//! target with a connection and rules; bursts of deliveries; and a driver that executes a
+//! run's chain jobs step by step.
 
 #![allow(dead_code)]
 
-use std::{str::FromStr, sync::Arc};
+use std::sync::Arc;
 
 use apalis::prelude::{Task, TaskBuilder, TaskId};
 use chrono::Utc;
@@ -13,26 +15,43 @@ use courier::{
     clock::Clock,
     config::Settings,
     db,
+    enqueue::NewDelivery,
     maintenance::dispatcher::Dispatcher,
     queue::{CHAIN_QUEUE, ChainJob},
-    target::Target,
     worker::{self, Engine},
 };
-use sqlx::{PgPool, postgres::PgConnectOptions};
+use courier_target::Target;
+use sqlx::{Connection, PgConnection, PgPool};
 use tower::{Service, ServiceExt};
 
 /// The server tests create their databases on: `COURIER_TEST_DATABASE_URL`, else the
-/// local default.
+/// local default. The default turns TLS off: PostgreSQL's packages enable it, and a TLS
+/// handshake in an unoptimised test build takes about 100 ms per connection, which the
+/// suite pays thousands of times over loopback for nothing.
 pub fn server_url() -> String {
     std::env::var("COURIER_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable".into())
 }
 
-/// A database of its own for one test, migrated like a real one.
+/// The URL of database `name` on [`server_url`]'s server.
+pub fn database_url(name: &str) -> String {
+    let server = server_url();
+    let (server, query) = match server.split_once('?') {
+        Some((s, q)) => (s, format!("?{q}")),
+        None => (server.as_str(), String::new()),
+    };
+    let base = server.rsplit_once('/').expect("URL has a database").0;
+    format!("{base}/{name}{query}")
+}
+
+/// A database of its own for one test, migrated like a real one. It is dropped when the
+/// value goes out of scope, unless the test is failing: then it is kept for a look, and
+/// its name is printed with the test's output.
 pub struct TestDb {
     pub pool: PgPool,
     pub url: String,
-    name: String,
+    /// Declared last: fields drop in order, so the pool is gone before the database.
+    _drop: DropDatabase,
 }
 
 impl TestDb {
@@ -43,27 +62,79 @@ impl TestDb {
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .try_init();
         let name = format!("courier_test_{:016x}", rand::random::<u64>());
-        let server = server_url();
-        let base = server.rsplit_once('/').expect("URL has a database").0;
-        let url = format!("{base}/{name}");
+        let url = database_url(&name);
+        // Armed before anything can fail, so a failed migration keeps the database too.
+        let drop = DropDatabase::new(&name);
+        db::create_database(&url).await.expect("test database");
         let pool = db::connect(&url, 10).await.expect("test database");
         db::migrate(&pool).await.expect("migrations apply");
-        Self { pool, url, name }
+        Self {
+            pool,
+            url,
+            _drop: drop,
+        }
     }
+}
 
-    /// Closes the pool and drops the database.
-    pub async fn drop_db(self) {
-        self.pool.close().await;
-        let admin = PgPool::connect_with(PgConnectOptions::from_str(&server_url()).unwrap())
-            .await
-            .unwrap();
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&admin)
-        .await;
+/// Drops the database it names when it goes out of scope; while the thread is panicking
+/// (a failing test) it keeps it and prints its name instead.
+pub struct DropDatabase {
+    name: String,
+}
+
+impl DropDatabase {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+        }
     }
+}
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "test failed: keeping its database {} ({})",
+                self.name,
+                database_url(&self.name)
+            );
+            return;
+        }
+        // Drop cannot await, and the test's runtime may be a current-thread one that
+        // blocking here would stall: a fresh thread with a runtime of its own does it.
+        // WITH (FORCE) ends the connections of pools still alive in the test's tasks.
+        let name = self.name.clone();
+        let dropped = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the test database")
+                .block_on(async {
+                    let mut admin = PgConnection::connect(&server_url()).await?;
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                    )))
+                    .execute(&mut admin)
+                    .await?;
+                    admin.close().await
+                })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
+            Err(_) => eprintln!("dropping test database {} panicked", self.name),
+        }
+    }
+}
+
+/// A test database with connection `shop` on a fresh local target, and `rules` on it
+/// (see [`setup`]).
+pub async fn shop(rules: &[&str], batch: i32, in_flight: i32) -> (TestDb, Target) {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.expect("local target");
+    setup(&db.pool, &target, rules, batch, in_flight).await;
+    (db, target)
 }
 
 /// An engine on `pool` with a manual clock a little ahead of the database's `now()`, so
@@ -71,6 +142,13 @@ impl TestDb {
 pub fn engine(pool: &PgPool, settings: Settings) -> Arc<Engine> {
     let clock = Clock::manual(Utc::now() + chrono::Duration::seconds(5));
     Arc::new(Engine::with_clock(pool.clone(), settings, clock))
+}
+
+/// `n` deliveries with record keys `{prefix}:0` .. and small payloads `{"n": i}`.
+pub fn burst(prefix: &str, n: usize) -> Vec<NewDelivery> {
+    (0..n)
+        .map(|i| NewDelivery::new(format!("{prefix}:{i}"), serde_json::json!({"n": i})))
+        .collect()
 }
 
 /// Settings for tests: defaults with a fast poll.
@@ -148,9 +226,9 @@ pub async fn take_due_jobs(pool: &PgPool, now: chrono::DateTime<Utc>) -> Vec<Job
         .collect()
 }
 
-/// Takes every queued chain job that is due now.
-pub async fn take_jobs(pool: &PgPool) -> Vec<Job> {
-    take_due_jobs(pool, Utc::now() + chrono::Duration::seconds(5)).await
+/// Takes every queued chain job that is due by `engine`'s clock.
+pub async fn take_jobs(engine: &Engine) -> Vec<Job> {
+    take_due_jobs(&engine.pool, engine.clock.now()).await
 }
 
 /// An apalis task for `job`, as the queue would hand it to the worker.

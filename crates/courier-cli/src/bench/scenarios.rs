@@ -10,16 +10,16 @@ use apalis::prelude::{
     BackendExt, BoxDynError, TaskBuilder, WorkerBuilder, WorkerBuilderExt, WorkerContext,
 };
 use apalis_postgres::{Config, PostgresStorage};
+use courier_target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig};
 use serde_json::json;
 use sqlx::PgPool;
 
 use super::{BenchConfig, Child, Report, Workers, fresh_database, machine, transactions, watch};
-use crate::{
+use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
     maintenance::dispatcher::Dispatcher,
     queue::Tick,
-    target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig},
 };
 
 /// The environment variable bench connections read their (fake) User.com key from.
@@ -349,7 +349,7 @@ async fn throughput(
 async fn apalis_noop(
     pool: &PgPool,
     n: usize,
-    settings: &crate::config::Settings,
+    settings: &courier::config::Settings,
 ) -> anyhow::Result<f64> {
     const QUEUE: &str = "courier.bench-noop";
     let mut tx = pool.begin().await?;
@@ -404,7 +404,7 @@ async fn latency(
     records: usize,
 ) -> anyhow::Result<()> {
     let target = Target::start(0).await?;
-    target.set_faults(crate::target::Faults {
+    target.set_faults(courier_target::Faults {
         latency: Some((Duration::from_millis(50), Duration::from_millis(250))),
         ..Default::default()
     });
@@ -549,7 +549,7 @@ async fn scale(
 
     // The dispatcher's pass, timed in this process: first with every rule due (it starts
     // 5,000 runs), then a pass with nothing to start.
-    let engine = crate::worker::Engine::new(pool.clone(), config.settings.clone());
+    let engine = courier::worker::Engine::new(pool.clone(), config.settings.clone());
     let t = Instant::now();
     let started_runs = Dispatcher::new(&engine).run_once().await?;
     report.figure(

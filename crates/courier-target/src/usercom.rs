@@ -10,6 +10,12 @@ use serde_json::{Map, Value, json};
 
 use super::limiter::{Limiter, PeakMeter};
 
+/// Where courier's User.com writer puts the delivery id inside an appended entry's `data`
+/// (`courier::writer::usercom::DELIVERY_ID_FIELD`; the engine's tests assert both are
+/// equal, since this crate does not depend on the engine). Appended entries are counted
+/// per delivery id, and the field is not copied into a product's attributes.
+pub const DELIVERY_ID_FIELD: &str = "courier_delivery_id";
+
 /// Standard user attributes User.com knows without declaring them.
 pub const STANDARD_USER_ATTRIBUTES: &[&str] = &[
     "custom_id",
@@ -493,7 +499,7 @@ impl Workspace {
             fields.get("data").and_then(Value::as_object),
         ) {
             for (k, v) in data {
-                if k != crate::writer::usercom::DELIVERY_ID_FIELD {
+                if k != DELIVERY_ID_FIELD {
                     obj.insert(k.clone(), v.clone());
                 }
             }
@@ -508,10 +514,7 @@ impl Workspace {
 /// The record key of an appended entry: its courier delivery id when `data` carries one,
 /// else its position (never a duplicate).
 fn append_key(kind: &str, fields: &Map<String, Value>, position: usize) -> String {
-    match fields
-        .get("data")
-        .and_then(|d| d.get(crate::writer::usercom::DELIVERY_ID_FIELD))
-    {
+    match fields.get("data").and_then(|d| d.get(DELIVERY_ID_FIELD)) {
         Some(id) => format!("{kind}:{id}"),
         None => format!("{kind}:#{position}"),
     }

@@ -1,12 +1,12 @@
 //! The local User.com target itself, over real HTTP on loopback: its limiter (fixed and
 //! sliding windows, the three `retry-after` modes), token auth, workspace routing by path
 //! prefix and Host, unknown attributes, fault modes and counters. The limiter's timing is
-//! unit-tested in `src/target/limiter.rs` with time as a parameter; here long periods keep
+//! unit-tested in `src/limiter.rs` with time as a parameter; here long periods keep
 //! every request of a test inside one window without sleeping.
 
 use std::time::{Duration, Instant, SystemTime};
 
-use courier::target::{
+use courier_target::{
     Counters, Faults, RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig,
     WorkspaceCounters,
 };

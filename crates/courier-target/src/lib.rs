@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 pub use limiter::{Limiter, PeakMeter, Window};
-pub use usercom::{Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
+pub use usercom::{DELIVERY_ID_FIELD, Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
 
 /// Requests per period a workspace allows unless configured: User.com's 10 per second.
 pub const DEFAULT_RATE: u32 = 10;

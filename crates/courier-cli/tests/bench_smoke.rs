@@ -4,10 +4,12 @@
 mod common;
 
 use common::*;
-use courier::bench::{self, BenchConfig, Scenario};
+use courier_cli::bench::{self, BenchConfig, Scenario};
 
 async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
     let database = format!("courier_test_bench_{:08x}", rand::random::<u32>());
+    // The bench creates it; dropped when the smoke passes, kept when it fails.
+    let _drop = DropDatabase::new(&database);
     let report = bench::run(
         scenario,
         BenchConfig {
@@ -25,13 +27,6 @@ async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
     assert_eq!(n("delivered"), records as f64, "{}", report.render());
     assert_eq!(n("failed outcomes"), 0.0, "{}", report.render());
     assert_eq!(n("attempts spent on 429s"), 0.0, "{}", report.render());
-    let admin = sqlx::PgPool::connect(&server_url()).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await
-    .unwrap();
     report
 }
 

@@ -1,5 +1,6 @@
 //! The `courier` command line: parses arguments, starts telemetry, loads and validates the
-//! settings, and hands over to the library.
+//! settings, and hands over to the engine library (`courier`), the local target
+//! (`courier_target`) or this crate's demo and benchmarks.
 
 use std::{io::Read, path::PathBuf, sync::Arc};
 
@@ -7,11 +8,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use courier::{
     catalog::{self, CatalogFile, NewConnection, NewRule},
-    config::Settings,
-    db, demo, enqueue, status,
-    target::{self, WorkspaceConfig},
+    config::{self, Settings},
+    db, enqueue, status,
     worker::{self, Engine},
 };
+use courier_cli::{bench, demo};
+use courier_target::{self as target, WorkspaceConfig};
 
 /// Delivers shop records into marketing and CRM targets through a PostgreSQL job queue.
 #[derive(Parser)]
@@ -25,6 +27,9 @@ struct Cli {
 enum Command {
     /// Apply courier's and apalis' migrations (the worker does this at start too).
     Migrate,
+    /// Manage the database itself.
+    #[command(subcommand)]
+    Db(DbCmd),
     /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C.
     Worker,
     /// Enqueue deliveries for a rule from NDJSON (stdin or a file), all or nothing.
@@ -69,7 +74,7 @@ enum Command {
     /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
     Bench {
         /// pacing, throughput, latency, multi-worker, storm, idle-throttled or scale.
-        scenario: courier::bench::Scenario,
+        scenario: bench::Scenario,
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]
         records: Option<usize>,
@@ -116,6 +121,14 @@ struct TargetArgs {
     /// Share (0..1) of requests whose connection is closed without an answer.
     #[arg(long, default_value_t = 0.0)]
     reset: f64,
+}
+
+#[derive(Subcommand)]
+enum DbCmd {
+    /// Create the database DATABASE_URL names, unless it exists (connects to the server's
+    /// `postgres` database for that; the role needs CREATEDB). No other command creates
+    /// it or connects anywhere but DATABASE_URL.
+    Create,
 }
 
 #[derive(Subcommand)]
@@ -212,6 +225,14 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
     let pool = || db::connect(&settings.database_url, settings.db_max_connections);
     match cli.command {
+        Command::Db(DbCmd::Create) => {
+            let url = config::redact_url(&settings.database_url);
+            if db::create_database(&settings.database_url).await? {
+                println!("database created: {url}");
+            } else {
+                println!("database exists already: {url}");
+            }
+        }
         Command::Migrate => {
             db::migrate(&pool().await?).await?;
             println!("migrations applied");
@@ -395,9 +416,9 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             workers,
             out,
         } => {
-            let report = courier::bench::run(
+            let report = bench::run(
                 scenario,
-                courier::bench::BenchConfig {
+                bench::BenchConfig {
                     server_url: settings.database_url.clone(),
                     database: "courier_bench".into(),
                     records,

@@ -16,14 +16,14 @@ use std::{
 };
 
 use anyhow::Context;
+use courier_target::{Target, TargetConfig, WorkspaceConfig};
 use sqlx::{Connection, postgres::PgConnectOptions};
 
-use crate::{
+use courier::{
     catalog::{self, NewConnection, NewRule},
     config::{Settings, redact_url},
     db,
     enqueue::{self, NewDelivery},
-    target::{Target, TargetConfig, WorkspaceConfig},
     worker::{self, Engine},
 };
 
@@ -77,12 +77,10 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     .execute(&admin)
     .await?;
     admin.close().await;
-    let url = {
-        let base = server_url.rsplit_once('/').map_or("", |(b, _)| b);
-        format!("{base}/{DEMO_DATABASE}")
-    };
+    let url = crate::database_url(&server_url, DEMO_DATABASE);
     settings.database_url = url.clone();
     println!("demo database: {DEMO_DATABASE} (fresh)");
+    db::create_database(&url).await?;
     let pool = db::connect(&url, settings.db_max_connections).await?;
     db::migrate(&pool).await?;
 

@@ -1,5 +1,5 @@
 //! `courier bench <scenario>`: measured runs of the whole system, against a fresh database
-//! on the PostgreSQL server `DATABASE_URL` names and the local [`crate::target`]. Each run
+//! on the PostgreSQL server `DATABASE_URL` names and the local [`courier_target`]. Each run
 //! prints a table, writes `bench-results/<scenario>.json` and draws
 //! `bench-results/<scenario>.svg`: calls per second over time against the declared rate,
 //! with 429s and blocks marked. `BENCHMARKS.md` explains every figure.
@@ -18,7 +18,9 @@ use anyhow::Context;
 use serde::Serialize;
 use sqlx::{PgPool, postgres::PgConnectOptions};
 
-use crate::{config::Settings, db, target::Target};
+use courier_target::Target;
+
+use courier::{config::Settings, db};
 
 pub use scenarios::Scenario;
 
@@ -116,7 +118,7 @@ impl Report {
             self.scenario,
             self.machine,
             self.at,
-            crate::status::table(&["figure", "value"], &rows)
+            courier::status::table(&["figure", "value"], &rows)
         )
     }
 }
@@ -148,11 +150,8 @@ async fn fresh_database(config: &BenchConfig) -> anyhow::Result<(PgPool, String)
     .execute(&admin)
     .await?;
     admin.close().await;
-    let base = config
-        .server_url
-        .rsplit_once('/')
-        .map_or(config.server_url.as_str(), |(b, _)| b);
-    let url = format!("{base}/{}", config.database);
+    let url = crate::database_url(&config.server_url, &config.database);
+    db::create_database(&url).await?;
     let pool = db::connect(&url, 20).await?;
     db::migrate(&pool).await?;
     Ok((pool, url))
@@ -293,7 +292,7 @@ impl Child {
 /// Workers for a run: in this process, or child processes.
 enum Workers {
     InProcess(
-        Arc<crate::worker::Engine>,
+        Arc<courier::worker::Engine>,
         tokio::task::JoinHandle<anyhow::Result<()>>,
     ),
     Children(Vec<Child>),
@@ -301,8 +300,8 @@ enum Workers {
 
 impl Workers {
     fn in_process(pool: &PgPool, settings: &Settings) -> Self {
-        let engine = Arc::new(crate::worker::Engine::new(pool.clone(), settings.clone()));
-        let handle = tokio::spawn(crate::worker::run(engine.clone()));
+        let engine = Arc::new(courier::worker::Engine::new(pool.clone(), settings.clone()));
+        let handle = tokio::spawn(courier::worker::run(engine.clone()));
         Workers::InProcess(engine, handle)
     }
 
