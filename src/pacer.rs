@@ -131,6 +131,9 @@ struct Budget {
     /// Share of the declared rate this process paces at (as f64 bits): halved by a 429,
     /// grown back by [`RECOVERY_PER_CALL`] per answered call, never above 1.
     speed: AtomicU64,
+    /// The shared budget's next free slot as of this process's last lease: how far other
+    /// processes have booked it.
+    booked_until: Mutex<Option<DateTime<Utc>>>,
 }
 
 #[derive(Default)]
@@ -191,6 +194,7 @@ impl Pacer {
                     granted: AtomicU64::new(0),
                     lookahead_us: AtomicU64::new(0),
                     speed: AtomicU64::new(1.0f64.to_bits()),
+                    booked_until: Mutex::new(None),
                 });
                 budgets.insert(key.to_owned(), b.clone());
                 b
@@ -228,6 +232,25 @@ impl Pacer {
             .expect("pacer mutex")
             .get(key)
             .map_or(1.0, |b| f64::from_bits(b.speed.load(Ordering::Relaxed)))
+    }
+
+    /// The earliest a new request on budget `key` could go out, as far as this process
+    /// knows without asking the database: its first unserved leased slot, or else the time
+    /// its last lease found the shared budget booked until (by other processes). `None`
+    /// while requests of this process wait for the key (a new one joins them in fair
+    /// turn) or when nothing is known. The throttle layer lets a chain job wait for a
+    /// time far ahead in the queue instead of in a worker slot.
+    pub fn next_free(&self, key: &str) -> Option<DateTime<Utc>> {
+        let budget = self.budgets.lock().expect("pacer mutex").get(key)?.clone();
+        let st = budget.state.lock().expect("budget mutex");
+        if !st.queue.is_empty() || st.leasing {
+            return None;
+        }
+        let free = match st.slots.front() {
+            Some(&slot) => slot,
+            None => (*budget.booked_until.lock().expect("budget mutex"))?,
+        };
+        Some(free).filter(|&t| t > self.clock.now())
     }
 
     /// Slots this process has handed out for budget `key` (one per writer call).
@@ -337,6 +360,7 @@ impl Pacer {
             key: budget.key.clone(),
             source,
         })?;
+        *budget.booked_until.lock().expect("budget mutex") = Some(start + len);
         let round_trip = asked.elapsed().min(MAX_LOOKAHEAD / 2);
         budget
             .lookahead_us

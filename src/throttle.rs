@@ -24,7 +24,7 @@ use crate::{
         settle::{self, Next, Tally},
     },
     engine::Engine,
-    queue::ChainJob,
+    queue::{self, ChainJob},
     runs::RunStatus,
 };
 
@@ -53,6 +53,10 @@ pub fn decide(until: Option<DateTime<Utc>>, now: DateTime<Utc>, max_wait: Durati
         _ => Decision::Proceed,
     }
 }
+
+/// A budget booked by other processes further ahead than this makes a job wait for it in
+/// the queue; it is let go half this long before the budget is free again.
+pub const PACING_SNOOZE_AFTER: chrono::Duration = chrono::Duration::seconds(2);
 
 /// What the throttle hands the chain job: its run, read and cleared to call.
 #[derive(Clone, Debug)]
@@ -174,13 +178,23 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
         .blocks
         .ensure_listening(&engine.pool, &engine.shutdown)
         .await?;
+    let now = engine.clock.now();
     let blocked = engine.blocks.until(&ctx.connection.budget_key);
-    let next = match decide(
-        blocked,
-        engine.clock.now(),
-        engine.settings.throttle_max_wait,
-    ) {
+    let next = match decide(blocked, now, engine.settings.throttle_max_wait) {
         Decision::Proceed => {
+            // The pacing window: a budget other processes have booked well ahead leaves
+            // nothing to call with until then; wait for it in the queue, not in a worker
+            // slot. The run stays running: this is pace, not a block.
+            if let Some(free) = engine
+                .pacer
+                .next_free(&ctx.connection.budget_key)
+                .filter(|&t| t - now > PACING_SNOOZE_AFTER)
+            {
+                let at = free - PACING_SNOOZE_AFTER / 2;
+                queue::snooze(&engine.pool, &task_id, at).await?;
+                queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);
+                return Ok(Gate::Done(JobOutcome::Rescheduled(at)));
+            }
             return Ok(Gate::Pass(Admitted {
                 ctx: Arc::new(ctx),
                 task_id,

@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use chrono::Duration as Span;
 use common::*;
+use courier::chain::JobOutcome;
 use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
@@ -293,4 +294,51 @@ async fn a_429_slows_this_process_down_and_answers_bring_it_back() {
         engine.pacer.speed(&key) > 0.5,
         "answered calls speed it up again"
     );
+}
+
+#[tokio::test]
+async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_queue() {
+    let (db, target) = shop(&["customers"], 10, 1).await;
+    sqlx::query("UPDATE connections SET requests_per_minute = 60")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    let key: String = sqlx::query_scalar("SELECT courier_budget_key(c) FROM connections c")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // Other processes have booked the shared budget 30 s ahead; this one learns it with
+    // its first lease.
+    let booked = engine.clock.now() + Span::seconds(30);
+    sqlx::query("INSERT INTO budgets (budget_key, tat, updated_at) VALUES ($1, $2, now())")
+        .bind(&key)
+        .bind(booked)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let slot = engine.pacer.acquire(&key, 60, 1, 1).await.unwrap();
+    assert!(slot >= booked - Span::milliseconds(1), "{slot} vs {booked}");
+
+    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    let job = take_jobs(&engine).await.remove(0);
+    let outcome = run_job(&engine, &job).await;
+    let JobOutcome::Rescheduled(at) = outcome else {
+        panic!("expected the job to wait in the queue, got {outcome:?}");
+    };
+    assert!(at > engine.clock.now() + Span::seconds(25), "{at}");
+    assert_eq!(target.counters().requests, 0);
+    let (status, run): (String, String) =
+        sqlx::query_as("SELECT j.status, r.status FROM apalis.jobs j, runs r WHERE j.id = $1")
+            .bind(&job.id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), run.as_str()), ("Pending", "running"));
 }
