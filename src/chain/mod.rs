@@ -25,15 +25,23 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
+use std::sync::Arc;
+
 use self::{
     call::Stop,
-    claim::ClaimScope,
+    claim::{ClaimScope, Claimed},
     classify::Classified,
     context::JobContext,
     settle::{Next, Tally, Unusable},
     triage::DependencyTimeout,
 };
-use crate::{engine::Engine, queue, runs::RunStatus, writer};
+use crate::{
+    breaker::Circuit,
+    engine::Engine,
+    queue,
+    runs::RunStatus,
+    writer::{self, Writer},
+};
 
 /// How long a job waits before trying again when another job holds its rule's lease.
 const LEASE_BUSY_RETRY: Duration = Duration::seconds(1);
@@ -101,10 +109,11 @@ fn lease_length(engine: &Engine) -> Duration {
     Duration::from_std(engine.settings.chain_stale_after).unwrap_or(Duration::MAX)
 }
 
-/// Why this run may not call the target now, as the way its run ends.
-fn admit(ctx: &JobContext, now: DateTime<Utc>) -> Option<Next> {
+/// Whether this run may call the target now: the writer to call with, or how the run
+/// ends instead.
+fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dyn Writer>, Next> {
     if !ctx.rule_enabled {
-        return Some(Next::Finish {
+        return Err(Next::Finish {
             status: RunStatus::Completed,
             error: Some("rule disabled".into()),
             until: None,
@@ -112,9 +121,18 @@ fn admit(ctx: &JobContext, now: DateTime<Utc>) -> Option<Next> {
     }
     // Half-open: one run probes; every other run of the connection ends as if open.
     if !ctx.circuit_allows(now) {
-        return Some(Next::finish(RunStatus::CircuitOpen));
+        return Err(Next::finish(RunStatus::CircuitOpen));
     }
-    None
+    let writer = writer::build(&ctx.connection, &engine.http).map_err(|e| {
+        tracing::error!(error = %e, "cannot build the connection's writer; leaving it alone until it changes");
+        Next::Unusable(Unusable::Connection, e.to_string())
+    })?;
+    // A bad path leaves the backlog pending, untouched: the rule is wrong, not its records.
+    writer::check_path(&ctx.connection.writer, &ctx.path).map_err(|e| {
+        tracing::error!(error = %e, "the rule's path is unusable; leaving it alone until it changes");
+        Next::Unusable(Unusable::Rule, format!("rule path {:?}: {e}", ctx.path))
+    })?;
+    Ok(writer)
 }
 
 async fn run_batch(
@@ -125,24 +143,10 @@ async fn run_batch(
 ) -> Result<JobOutcome, ChainError> {
     let settle = |tally, cursor, next| settle::settle(engine, ctx, task_id, tally, cursor, next);
     let now = engine.clock.now();
-    if let Some(end) = admit(ctx, now) {
-        return Ok(settle(Tally::default(), 0, end).await?);
-    }
-    let writer = match writer::build(&ctx.connection, &engine.http) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build the connection's writer; leaving it alone until it changes");
-            let next = Next::Unusable(Unusable::Connection, e.to_string());
-            return Ok(settle(Tally::default(), 0, next).await?);
-        }
+    let writer = match admit(engine, ctx, now) {
+        Ok(writer) => writer,
+        Err(end) => return Ok(settle(Tally::default(), 0, end).await?),
     };
-    if let Err(e) = writer::check_path(&ctx.connection.writer, &ctx.path) {
-        // The backlog stays pending, untouched: the rule is wrong, not its records.
-        tracing::error!(error = %e, "the rule's path is unusable; leaving it alone until it changes");
-        let next = Next::Unusable(Unusable::Rule, format!("rule path {:?}: {e}", ctx.path));
-        return Ok(settle(Tally::default(), 0, next).await?);
-    }
-
     let scope = ClaimScope {
         rule_id: ctx.rule_id,
         connection_id: ctx.connection.id,
@@ -153,98 +157,154 @@ async fn run_batch(
     if claimed.is_empty() {
         return Ok(settle(Tally::default(), 0, Next::finish(RunStatus::Completed)).await?);
     }
-
     let timeout = chrono::Duration::from_std(engine.settings.dependency_timeout)
         .unwrap_or(chrono::Duration::MAX);
     let sorted = triage::triage(&claimed, &ctx.retry, DependencyTimeout(timeout), now);
     let mut tally = Tally::default();
     tally.decided(sorted.decided);
-
-    // Call the writer with no transaction open. A 429 or a call that opens the circuit
-    // stops the rest of the batch; so does a shutdown (calls already in flight finish).
-    let stop = Stop::default();
-    let mut calls = std::pin::pin!(call::calls(
+    let job = Job {
         engine,
         ctx,
-        writer.as_ref(),
-        &claimed,
-        sorted.to_send,
-        &stop
-    ));
-    let mut live_circuit = ctx.circuit.clone();
-    let mut not_attempted = Vec::new();
-    let mut run_ended = false;
-    // The job's heartbeat on its run (and its lease), a few times per liveness window.
-    let mut renewal = tokio::time::interval(engine.settings.heartbeat_every());
-    renewal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    renewal.tick().await; // the first tick is immediate; the lease was just taken
-    loop {
-        let next = tokio::select! {
-            next = calls.next() => next,
-            _ = renewal.tick() => {
-                let until = engine.clock.now() + lease_length(engine);
-                match lease::renew(&engine.pool, ctx, task_id, owner, until, engine.clock.now()).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        // Reaped, or resumed elsewhere: stop calling.
-                        run_ended = true;
+        task_id,
+        owner,
+    };
+    let called = job
+        .deliver(writer.as_ref(), &claimed, sorted.to_send, &mut tally)
+        .await?;
+    let (cursor, next) = called.next_step(&claimed, ctx, engine.clock.now());
+    Ok(settle(tally, cursor, next).await?)
+}
+
+/// The job at hand, for the stages that need all of it.
+struct Job<'a> {
+    engine: &'a Engine,
+    ctx: &'a JobContext,
+    task_id: &'a str,
+    owner: &'a str,
+}
+
+/// What the call stage leaves behind.
+#[derive(Debug)]
+struct Called {
+    /// Deliveries not called (a stop, a 429, no slot): they stay pending, untouched.
+    not_attempted: Vec<i64>,
+    /// The run was reaped, or resumed by another job, meanwhile.
+    run_ended: bool,
+    /// The circuit as the batch's answers left it.
+    circuit: Circuit,
+}
+
+impl Job<'_> {
+    /// Calls the writer for `to_send` with no transaction open, classifying each answer
+    /// into `tally` and committing it as it comes, while beating on the run. A 429 or a
+    /// call that opens the circuit stops the rest of the batch; so does a shutdown (calls
+    /// already in flight finish).
+    async fn deliver(
+        &self,
+        writer: &dyn Writer,
+        claimed: &[Claimed],
+        to_send: Vec<usize>,
+        tally: &mut Tally,
+    ) -> Result<Called, ChainError> {
+        let (engine, ctx) = (self.engine, self.ctx);
+        let stop = Stop::default();
+        let mut calls = std::pin::pin!(call::calls(engine, ctx, writer, claimed, to_send, &stop));
+        let mut called = Called {
+            not_attempted: Vec::new(),
+            run_ended: false,
+            circuit: ctx.circuit.clone(),
+        };
+        let mut beat = tokio::time::interval(engine.settings.heartbeat_every());
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        beat.tick().await; // the first tick is immediate; the lease was just taken
+        loop {
+            let next = tokio::select! {
+                next = calls.next() => next,
+                _ = beat.tick() => {
+                    if !self.renew().await {
+                        called.run_ended = true;
                         stop.stop();
                     }
-                    Err(e) => tracing::warn!(error = %e, "could not renew the lease and heartbeat"),
+                    continue;
                 }
+            };
+            let Some((i, answer)) = next else { break };
+            let d = &claimed[i];
+            let Some((result, elapsed)) = answer else {
+                called.not_attempted.push(d.id);
                 continue;
-            }
-        };
-        let Some((i, answer)) = next else { break };
-        let d = &claimed[i];
-        let Some((result, elapsed)) = answer else {
-            not_attempted.push(d.id);
-            continue;
-        };
-        let at = engine.clock.now();
-        match classify::classify(d, result, elapsed, &ctx.retry, at, rand::random()) {
-            Classified::RateLimited { wait, raw } => {
-                // Not a failure of the record: nothing is recorded against it.
-                tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
-                engine.pacer.throttled(&ctx.connection.budget_key);
-                tally.rate_limited(wait, raw);
-                stop.stop();
-                not_attempted.push(d.id);
-            }
-            Classified::Outcome { entry, reachable } => {
-                if let Some(r) = reachable {
-                    engine.pacer.answered(&ctx.connection.budget_key, 1);
-                    if live_circuit.observe(r, &engine.settings.breaker, at) {
-                        stop.stop();
-                    }
+            };
+            let at = engine.clock.now();
+            match classify::classify(d, result, elapsed, &ctx.retry, at, rand::random()) {
+                Classified::RateLimited { wait, raw } => {
+                    // Not a failure of the record: nothing is recorded against it.
+                    tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
+                    engine.pacer.throttled(&ctx.connection.budget_key);
+                    tally.rate_limited(wait, raw);
+                    stop.stop();
+                    called.not_attempted.push(d.id);
                 }
-                tally.answered(entry, reachable);
+                Classified::Outcome { entry, reachable } => {
+                    if let Some(r) = reachable {
+                        engine.pacer.answered(&ctx.connection.budget_key, 1);
+                        if called.circuit.observe(r, &engine.settings.breaker, at) {
+                            stop.stop();
+                        }
+                    }
+                    tally.answered(entry, reachable);
+                }
+            }
+            if tally.due() && !settle::flush(engine, ctx, self.task_id, tally).await? {
+                // Reaped or resumed elsewhere: stop calling; what is committed stays.
+                called.run_ended = true;
+                stop.stop();
             }
         }
-        if tally.due() && !settle::flush(engine, ctx, task_id, &mut tally).await? {
-            // Reaped meanwhile: stop calling; what is committed stays.
-            run_ended = true;
-            stop.stop();
-        }
+        Ok(called)
     }
 
-    // Deliveries not attempted stay pending and untouched; the cursor stops below them so
-    // the run (or the next one) visits them again.
-    let cursor = match not_attempted.iter().min() {
-        Some(min) => min - 1,
-        None => claimed.last().map_or(ctx.cursor_id, |d| d.id),
-    };
-    let next = if run_ended {
-        Next::finish(RunStatus::Stale)
-    } else if !live_circuit.allows_calls(engine.clock.now()) {
-        Next::finish(RunStatus::CircuitOpen)
-    } else if not_attempted.is_empty() && (claimed.len() as i32) < ctx.batch_size {
-        Next::finish(RunStatus::Completed)
-    } else {
-        // A 429 met here is settled as a block; the next job meets it in the throttle layer.
-        Next::Continue
-    };
-    Ok(settle(tally, cursor, next).await?)
+    /// Beats on the run and extends the lease; false when the run is over or carried by
+    /// another job (a failed statement is only logged: the next beat tries again).
+    async fn renew(&self) -> bool {
+        let now = self.engine.clock.now();
+        let until = now + lease_length(self.engine);
+        let renewed = lease::renew(
+            &self.engine.pool,
+            self.ctx,
+            self.task_id,
+            self.owner,
+            until,
+            now,
+        )
+        .await;
+        renewed.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not renew the lease and heartbeat");
+            true
+        })
+    }
+}
+
+impl Called {
+    /// Where the run's cursor moves and what the chain does next (pure). Deliveries not
+    /// attempted keep the cursor below them, so the run (or the next one) visits them
+    /// again; a 429 met here was settled as a block, which the next job meets in the
+    /// throttle layer.
+    fn next_step(&self, claimed: &[Claimed], ctx: &JobContext, now: DateTime<Utc>) -> (i64, Next) {
+        let cursor = match self.not_attempted.iter().min() {
+            Some(min) => min - 1,
+            None => claimed.last().map_or(ctx.cursor_id, |d| d.id),
+        };
+        let next = if self.run_ended {
+            Next::finish(RunStatus::Stale)
+        } else if !self.circuit.allows_calls(now) {
+            Next::finish(RunStatus::CircuitOpen)
+        } else if self.not_attempted.is_empty() && (claimed.len() as i32) < ctx.batch_size {
+            Next::finish(RunStatus::Completed)
+        } else {
+            Next::Continue
+        };
+        (cursor, next)
+    }
 }
 
 /// The rule's lease: which job may execute for the rule now.
