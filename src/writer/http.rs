@@ -10,6 +10,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use super::{
     DEFAULT_REQUESTS_PER_MINUTE, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer,
     WriterConfigError,
+    secrets::{Secrets, is_secret_header},
 };
 use crate::catalog::Connection;
 
@@ -36,6 +37,8 @@ pub struct Endpoint {
     pub requests_per_minute: u32,
     /// Calls in flight at once.
     pub max_in_flight: usize,
+    /// The key and secret header values, hidden in every error text a target sends back.
+    pub secrets: Secrets,
 }
 
 impl Endpoint {
@@ -48,20 +51,27 @@ impl Endpoint {
     ) -> Result<Self, WriterConfigError> {
         let invalid = |reason: String| invalid(conn, reason);
         let mut headers = HeaderMap::new();
+        let mut secrets = Secrets::default();
         if let Some(map) = conn.headers.as_object() {
             for (name, value) in map {
                 let value = value
                     .as_str()
                     .ok_or_else(|| invalid(format!("header {name:?} must be a string")))?;
+                let mut header = HeaderValue::try_from(value)
+                    .map_err(|_| invalid(format!("bad value for header {name:?}")))?;
+                if is_secret_header(name) {
+                    secrets.add(value);
+                    header.set_sensitive(true);
+                }
                 headers.insert(
                     HeaderName::try_from(name.as_str())
                         .map_err(|_| invalid(format!("bad header name {name:?}")))?,
-                    HeaderValue::try_from(value)
-                        .map_err(|_| invalid(format!("bad value for header {name:?}")))?,
+                    header,
                 );
             }
         }
         if let Some(authorization) = authorization {
+            secrets.add(&authorization);
             let mut value = HeaderValue::try_from(authorization)
                 .map_err(|_| invalid("the API key holds characters a header cannot".into()))?;
             value.set_sensitive(true);
@@ -76,6 +86,7 @@ impl Endpoint {
                 .requests_per_minute
                 .map_or(DEFAULT_REQUESTS_PER_MINUTE, |r| r.max(1) as u32),
             max_in_flight: conn.max_in_flight.max(1) as usize,
+            secrets,
         })
     }
 
@@ -91,9 +102,28 @@ impl Endpoint {
             .timeout(self.timeout)
             .send()
             .await;
-        match response {
+        let result = match response {
             Ok(r) => classify_response(r, reset_headers, &self.connection).await,
             Err(e) => Err(classify_transport(e)),
+        };
+        result.map_err(|e| self.redact(e))
+    }
+
+    /// `e` with every secret of the connection hidden in the text the target sent.
+    fn redact(&self, e: WriteError) -> WriteError {
+        match e {
+            WriteError::RateLimited { wait, raw } => WriteError::RateLimited {
+                wait,
+                raw: raw.map(|r| self.secrets.redact(&r)),
+            },
+            WriteError::Permanent { status, message } => WriteError::Permanent {
+                status,
+                message: self.secrets.redact(&message),
+            },
+            WriteError::Transient { status, message } => WriteError::Transient {
+                status,
+                message: self.secrets.redact(&message),
+            },
         }
     }
 }

@@ -6,6 +6,7 @@
 //! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace.
 
 pub mod http;
+pub mod secrets;
 pub mod usercom;
 
 use std::{sync::Arc, time::Duration};
