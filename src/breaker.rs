@@ -38,7 +38,8 @@ impl State {
 pub struct Circuit {
     /// Closed, open or half-open.
     pub state: State,
-    /// Unreachable failures since the last reachable answer.
+    /// Unreachable failures since the last reachable answer (kept while open: the
+    /// failures that opened it, and any failed probe since).
     pub consecutive_failures: i32,
     /// Openings since the circuit last closed: the cooldown's exponent.
     pub times_opened: i32,
@@ -85,7 +86,6 @@ impl Circuit {
             .saturating_mul(factor)
             .min(settings.max_cooldown);
         self.state = State::Open;
-        self.consecutive_failures = 0;
         self.times_opened += 1;
         self.open_until = Some(now + chrono::Duration::from_std(cooldown).expect("cooldown fits"));
     }

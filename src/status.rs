@@ -49,7 +49,8 @@ pub struct RuleStatus {
     pub due: i64,
     /// Pending deliveries held until their `depends_on` is delivered.
     pub waiting_on_dependency: i64,
-    /// `running`, `waiting`, `throttled` (its connection is blocked), `stale`, or `idle`.
+    /// `running`, `waiting`, `disabled`, `throttled` (its connection is blocked), `stale`,
+    /// or `idle`.
     pub state: String,
     /// While waiting: when its run resumes.
     pub resume_at: Option<DateTime<Utc>>,

@@ -337,6 +337,15 @@ async fn breaker_opens_skips_and_recovers_through_half_open() {
     .await
     .unwrap();
     assert_eq!(untouched, 5, "deliveries not attempted keep their attempts");
+    // Status reads true: an open circuit shows the failures that opened it.
+    let report = courier::status::report(&db.pool, engine.clock.now())
+        .await
+        .unwrap();
+    let shop = &report.connections[0];
+    assert_eq!(
+        (shop.circuit.as_str(), shop.consecutive_failures),
+        ("open", 5)
+    );
 
     // Open: the dispatcher skips every rule of the connection.
     enqueue::enqueue(&db.pool, "orders", NewDelivery::new("o:1", json!({})))
@@ -748,6 +757,31 @@ async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
         JobOutcome::Finished(RunStatus::Completed)
     ));
     assert_eq!(target.counters().requests, 2);
+}
+
+#[tokio::test]
+async fn a_disabled_rule_reads_disabled_even_on_a_blocked_connection() {
+    let (db, _target) = shop(&["customers", "orders"], 10, 1).await;
+    sqlx::raw_sql(
+        "UPDATE rules SET enabled = false WHERE name = 'orders';
+         INSERT INTO connection_blocks (budget_key, blocked_until, set_at)
+         SELECT courier_budget_key(c), now() + interval '1 hour', now() FROM connections c",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let report = courier::status::report(&db.pool, chrono::Utc::now())
+        .await
+        .unwrap();
+    let states: Vec<(&str, &str)> = report
+        .rules
+        .iter()
+        .map(|r| (r.name.as_str(), r.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![("customers", "throttled"), ("orders", "disabled")]
+    );
 }
 
 #[tokio::test]
