@@ -123,6 +123,8 @@ impl Blocks {
                 let pool = pool.clone();
                 let shutdown = shutdown.clone();
                 tokio::spawn(async move {
+                    // Said once per outage, not once a second while it lasts.
+                    let mut failing = false;
                     loop {
                         let received = tokio::select! {
                             r = listener.recv() => r,
@@ -135,13 +137,20 @@ impl Blocks {
                             // The connection was lost: notifications may have been missed
                             // (recv reconnects on the next call).
                             Err(e) => {
-                                tracing::warn!(error = %e, "blocks listener lost its connection; reloading");
+                                if !failing {
+                                    tracing::warn!(error = %e, "blocks listener lost its connection; reloading");
+                                }
                                 blocks.reload(&pool).await
                             }
                         };
-                        if let Err(e) = refreshed {
-                            tracing::warn!(error = %e, "could not refresh rate-limit blocks");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        match refreshed {
+                            Ok(()) => failing = false,
+                            Err(e) => {
+                                if !std::mem::replace(&mut failing, true) {
+                                    tracing::warn!(error = %e, "could not refresh rate-limit blocks; retrying every second");
+                                }
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
                         }
                     }
                 });

@@ -190,7 +190,13 @@ impl<'a> Dispatcher<'a> {
                 _ = shutdown.cancelled() => return Ok(()),
                 n = listener.recv() => {
                     if let Err(e) = n {
-                        tracing::warn!(error = %e, "dispatcher lost its LISTEN connection; reconnecting");
+                        // recv reconnects on its next call; while the database is away,
+                        // try once a second rather than in a hot loop.
+                        super::failed(&self.engine.health, "dispatcher LISTEN", &e);
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        }
                     }
                     // A burst of notifications (thousands of runs finishing) is one pass.
                     while listener.next_buffered().is_some() {}
@@ -202,14 +208,15 @@ impl<'a> Dispatcher<'a> {
 
     /// One pass and the time of the next one due; errors are logged, not fatal.
     async fn pass(&self) -> Option<DateTime<Utc>> {
+        let health = &self.engine.health;
         if let Err(e) = self.run_once().await {
-            tracing::error!(error = %e, "dispatch pass failed");
+            super::failed(health, "dispatch", &e);
             return None;
         }
         match self.next_due().await {
             Ok(at) => at,
             Err(e) => {
-                tracing::error!(error = %e, "dispatcher could not read the next due time");
+                super::failed(health, "dispatcher's next-due", &e);
                 None
             }
         }

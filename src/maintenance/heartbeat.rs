@@ -40,7 +40,10 @@ impl<'a> Heartbeat<'a> {
     /// Beats every `heartbeat_every` until `shutdown`, then removes this process's row.
     pub async fn run(self, shutdown: CancellationToken) {
         let period = self.engine.settings.heartbeat_every();
-        super::every("heartbeat", period, shutdown, || self.run_once()).await;
+        super::every("heartbeat", period, &self.engine.health, shutdown, || {
+            self.run_once()
+        })
+        .await;
         let gone = sqlx::query!(
             "DELETE FROM workers WHERE name = $1",
             self.engine.worker_name

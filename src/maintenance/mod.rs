@@ -18,11 +18,15 @@ use std::{future::Future, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-/// Repeats `pass` every `period` until `shutdown`; a failed pass is logged and the next
-/// one tried at its time (a database outage must not end the loop).
+use crate::health::{Health, is_outage};
+
+/// Repeats `pass` every `period` until `shutdown`; a failed pass is logged (an outage
+/// once, through `health`) and the next one tried at its time: a database outage must
+/// not end the loop.
 pub(crate) async fn every<F, Fut, T>(
     what: &str,
     period: Duration,
+    health: &Health,
     shutdown: CancellationToken,
     mut pass: F,
 ) where
@@ -37,7 +41,16 @@ pub(crate) async fn every<F, Fut, T>(
             _ = tick.tick() => {}
         }
         if let Err(e) = pass().await {
-            tracing::error!(error = %e, "{what} pass failed");
+            failed(health, what, &e);
         }
+    }
+}
+
+/// Logs a failed pass: an outage once for the whole process, anything else every time.
+pub(crate) fn failed(health: &Health, what: &str, e: &sqlx::Error) {
+    if is_outage(e) {
+        health.failed(e);
+    } else {
+        tracing::error!(error = %e, "{what} pass failed");
     }
 }

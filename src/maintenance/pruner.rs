@@ -34,6 +34,9 @@ impl<'a> Pruner<'a> {
 
     /// Runs passes every [`PRUNE_EVERY`] until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        super::every("pruner", PRUNE_EVERY, shutdown, || self.run_once()).await;
+        super::every("pruner", PRUNE_EVERY, &self.engine.health, shutdown, || {
+            self.run_once()
+        })
+        .await;
     }
 }

@@ -35,6 +35,9 @@ impl<'a> Reaper<'a> {
     /// Runs passes every `reaper_interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         let period = self.engine.settings.reaper_interval;
-        super::every("reaper", period, shutdown, || self.run_once()).await;
+        super::every("reaper", period, &self.engine.health, shutdown, || {
+            self.run_once()
+        })
+        .await;
     }
 }

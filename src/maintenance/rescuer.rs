@@ -105,12 +105,18 @@ impl<'a> Rescuer<'a> {
     /// has been reaching the database for a whole `worker_dead_after` window.
     pub async fn run(self, shutdown: CancellationToken) {
         let settings = &self.engine.settings;
-        super::every("rescuer", settings.heartbeat_every(), shutdown, || async {
-            if self.engine.health.healthy_for(settings.worker_dead_after) {
-                self.run_once().await?;
-            }
-            Ok(())
-        })
+        super::every(
+            "rescuer",
+            settings.heartbeat_every(),
+            &self.engine.health,
+            shutdown,
+            || async {
+                if self.engine.health.healthy_for(settings.worker_dead_after) {
+                    self.run_once().await?;
+                }
+                Ok(())
+            },
+        )
         .await;
     }
 }
