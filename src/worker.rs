@@ -104,10 +104,14 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
     // without a beat would be taken for a dead one's.
     Heartbeat::new(&engine).run_once().await?;
     crate::breaker::forget_unusable(&engine.pool).await?;
+    // The beat goes on until the jobs in flight have finished (a stop waits for them):
+    // a process that stopped beating first would see them taken for a dead one's.
+    let beat_stop = tokio_util::sync::CancellationToken::new();
+    let beat = {
+        let (engine, token) = (engine.clone(), beat_stop.clone());
+        tokio::spawn(async move { Heartbeat::new(&engine).run(token).await })
+    };
     let loops = [
-        spawn_loop(&engine, |e, token| async move {
-            Heartbeat::new(&e).run(token).await
-        }),
         spawn_loop(&engine, |e, token| async move {
             Rescuer::new(&e).run(token).await
         }),
@@ -179,6 +183,8 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
     for handle in loops {
         handle.await?;
     }
+    beat_stop.cancel();
+    beat.await?;
     match failure {
         Some(reason) => Err(reason),
         None => {
