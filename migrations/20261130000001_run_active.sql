@@ -12,10 +12,13 @@ CREATE UNIQUE INDEX runs_one_active_per_rule ON runs (rule_id) WHERE active;
 DROP INDEX runs_active_heartbeat;
 CREATE INDEX runs_active_heartbeat ON runs (heartbeat_at) WHERE active;
 
+-- rule_states reads the column too, and a disabled rule reads `disabled`, never
+-- `throttled` or `idle`.
 CREATE OR REPLACE VIEW rule_states AS
 SELECT r.id AS rule_id, r.name AS rule, c.id AS connection_id, c.name AS connection,
        courier_budget_key(c) AS budget_key, r.enabled,
        CASE WHEN lr.active THEN lr.status
+            WHEN NOT r.enabled THEN 'disabled'
             WHEN b.blocked_until > now() THEN 'throttled'
             WHEN lr.status = 'stale' THEN 'stale'
             ELSE 'idle' END AS state,

@@ -857,15 +857,7 @@ async fn held_by_dead_process(
 
 #[tokio::test]
 async fn a_dead_processes_job_resumes_the_same_run_once_its_heartbeat_lapses() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
-        .await
-        .unwrap();
-    Dispatcher::new(&engine).run_once().await.unwrap();
-    let job = take_jobs(&engine).await.remove(0);
+    let (db, _target, engine, job) = one_run(&["customers"], 3).await;
     let rescuer = courier::maintenance::rescuer::Rescuer::new(&engine);
 
     // Beat 14 s ago: within the 15 s window, so still alive.
@@ -899,15 +891,7 @@ async fn a_dead_processes_job_resumes_the_same_run_once_its_heartbeat_lapses() {
 
 #[tokio::test]
 async fn a_run_whose_job_failed_for_good_gets_a_new_job_and_the_old_one_can_never_move_it() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
-        .await
-        .unwrap();
-    Dispatcher::new(&engine).run_once().await.unwrap();
-    let old = take_jobs(&engine).await.remove(0);
+    let (db, target, engine, old) = one_run(&["customers"], 3).await;
     // Every attempt failed while the database was away.
     sqlx::query("UPDATE apalis.jobs SET status = 'Failed', attempts = max_attempts WHERE id = $1")
         .bind(&old.id)

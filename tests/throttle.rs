@@ -11,7 +11,6 @@ use courier::{
     runs::RunStatus,
     status,
 };
-use courier_target::Target;
 use serde_json::json;
 
 type At = chrono::DateTime<chrono::Utc>;
@@ -258,17 +257,7 @@ async fn fifty_429s_never_open_the_circuit_nor_spend_attempts() {
 
 #[tokio::test]
 async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waiting() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
-        .await
-        .unwrap();
-    courier::maintenance::dispatcher::Dispatcher::new(&engine)
-        .run_once()
-        .await
-        .unwrap();
+    let (db, target, engine, job) = one_run(&["customers"], 3).await;
     // A block written by another process (plain SQL): the layer hears of it by NOTIFY.
     engine
         .blocks
@@ -290,7 +279,6 @@ async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waitin
         async move { engine.blocks.until(&key) == Some(until) }
     })
     .await;
-    let job = take_jobs(&engine).await.remove(0);
     assert_eq!(run_job(&engine, &job).await, JobOutcome::Waiting(until));
     assert_eq!(
         target.counters().requests,
@@ -326,9 +314,7 @@ async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waitin
 
 #[tokio::test]
 async fn a_chain_job_is_bound_to_its_run_not_to_its_payload() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers", "orders"], 10, 1).await;
+    let (db, target) = shop(&["customers", "orders"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
         .await

@@ -137,6 +137,20 @@ pub async fn shop(rules: &[&str], batch: i32, in_flight: i32) -> (TestDb, Target
     (db, target)
 }
 
+/// A shop whose first rule has `n` deliveries and a run started, with that run's first
+/// chain job taken out of the queue (batch 10, one call in flight): the start of every
+/// test that drives one job by hand.
+pub async fn one_run(rules: &[&str], n: usize) -> (TestDb, Target, Arc<Engine>, Job) {
+    let (db, target) = shop(rules, 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    courier::enqueue::enqueue_many(&db.pool, rules[0], burst("c", n))
+        .await
+        .expect("enqueue");
+    Dispatcher::new(&engine).run_once().await.expect("dispatch");
+    let job = take_jobs(&engine).await.remove(0);
+    (db, target, engine, job)
+}
+
 /// An engine on `pool` with a manual clock a little ahead of the database's `now()`, so
 /// rows inserted with default timestamps are due.
 pub fn engine(pool: &PgPool, settings: Settings) -> Arc<Engine> {
