@@ -1,12 +1,15 @@
-//! Validation at the door: what the library refuses when a connection, a rule or a
-//! delivery is saved, and what the schema refuses for plain SQL. Against the real
-//! PostgreSQL.
+//! Validation at the door and bounded waits on the database: what the library refuses when
+//! a connection, a rule or a delivery is saved (and what the schema refuses for plain SQL),
+//! and that connecting and every statement have a time limit. Against the real PostgreSQL.
 
 mod common;
+
+use std::time::{Duration, Instant};
 
 use common::*;
 use courier::{
     catalog::{self, CatalogError, CatalogFile, NewConnection, NewRule},
+    db::{self, DbError, PoolSettings},
     enqueue::{self, EnqueueError, NewDelivery},
 };
 use serde_json::json;
@@ -346,4 +349,104 @@ async fn blank_keys_and_self_dependencies_are_refused_at_enqueue() {
     enqueue::enqueue(&db.pool, "customers", other)
         .await
         .unwrap();
+}
+
+/// A loopback port that accepts TCP connections and never says a word on them.
+async fn silent_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_connect_nothing_answers_fails_in_time_naming_host_and_port() {
+    let port = silent_port().await;
+    let url = format!("postgres://courier:hunter2@127.0.0.1:{port}/courier");
+    let settings = PoolSettings {
+        connect_timeout: Duration::from_secs(1),
+        ..PoolSettings::default()
+    };
+    let started = Instant::now();
+    let e = db::connect_with(&url, &settings).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(e, DbError::ConnectTimeout { .. }), "{e:?}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let m = e.to_string();
+    assert!(m.contains(&format!("127.0.0.1:{port}")), "{m}");
+    assert!(!m.contains("hunter2"), "{m}");
+
+    // `courier db create` connects elsewhere on that server: bounded the same way.
+    let started = Instant::now();
+    let e = db::create_database_within(&url, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+
+    // An HTTP server is not PostgreSQL either: refused in time, naming where.
+    let target = courier_target::Target::start(0).await.unwrap();
+    let http_port = target
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    let url = format!("postgres://courier:hunter2@127.0.0.1:{http_port}/courier");
+    let started = Instant::now();
+    let e = db::connect_with(&url, &settings).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let m = e.to_string();
+    assert!(m.contains(&format!("127.0.0.1:{http_port}")), "{m}");
+    assert!(!m.contains("hunter2"), "{m}");
+}
+
+#[tokio::test]
+async fn every_pooled_connection_has_a_statement_timeout_and_migrations_none() {
+    let db = TestDb::new().await;
+    let settings = PoolSettings {
+        max_connections: 3,
+        statement_timeout: Duration::from_millis(500),
+        ..PoolSettings::default()
+    };
+    let pool = db::connect_with(&db.url, &settings).await.unwrap();
+    // Migrating borrows a connection without the limit; none such goes back to the pool.
+    db::migrate(&pool).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = pool.acquire().await.unwrap();
+        let limit: String = sqlx::query_scalar("SHOW statement_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(limit, "500ms");
+        held.push(conn);
+    }
+    drop(held);
+    let started = Instant::now();
+    let e = sqlx::query("SELECT pg_sleep(5)")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("57014"),
+        "cancelled by statement_timeout: {e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // The default is a minute.
+    let limit: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(limit, "1min");
 }
