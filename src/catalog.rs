@@ -1,9 +1,16 @@
 //! Target connections and rules (tables `connections` and `rules`): creating and listing
-//! them. SQL users may insert into both tables directly; the check constraints there hold
-//! them to the same rules as this module.
+//! them. What is saved here is checked first, so a mistake is refused with a message that
+//! names the connection or rule, the field and the problem, instead of failing later at
+//! delivery: a base URL must be an absolute http(s) URL with a host, headers real HTTP
+//! headers, a rule's path one its connection's writer can serve (for `usercom`, one of the
+//! User.com operations). SQL users may insert into both tables directly; check constraints
+//! there refuse what SQL can check cheaply (the URL's shape, the headers), and a rule path
+//! its writer cannot serve fails its run once with the reason, leaving its backlog pending.
 
 use serde::{Deserialize, Serialize};
-use sqlx::PgExecutor;
+use sqlx::{Acquire, PgConnection, PgExecutor, Postgres};
+
+use crate::{config::redact_url, writer};
 
 /// Which writer a connection uses.
 pub const WRITERS: &[&str] = &["http_json", "usercom"];
@@ -134,19 +141,71 @@ fn explain(e: sqlx::Error, what: &str) -> CatalogError {
     CatalogError::Sql(e)
 }
 
-/// Creates a connection, or updates the one with the same name; returns its id.
-pub async fn upsert_connection(
-    db: impl PgExecutor<'_>,
-    c: &NewConnection,
-) -> Result<i64, CatalogError> {
+/// Checks a connection before it is saved: its writer kind, its key variable's name (a
+/// `usercom` connection needs one), its base URL and its headers. The error names the
+/// connection, the field and the problem; it never repeats a header's value nor a password
+/// in the URL.
+pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
+    let invalid = |what: String| CatalogError::Invalid(format!("connection {:?}: {what}", c.name));
     if !WRITERS.contains(&c.writer.as_str()) {
-        return Err(CatalogError::Invalid(format!(
-            "connection {:?}: writer {:?} is not one of {}",
-            c.name,
+        return Err(invalid(format!(
+            "writer {:?} is not one of {}",
             c.writer,
             WRITERS.join(", ")
         )));
     }
+    match c.api_key_env.as_deref() {
+        // Not echoed: a key given in place of its variable's name would be.
+        Some(var) if !is_variable_name(var) => {
+            return Err(invalid(
+                "api_key_env is not the name of an environment variable (letters, digits and \
+                 _, not starting with a digit); it names the variable holding the key, never \
+                 the key itself"
+                    .into(),
+            ));
+        }
+        None if c.writer == "usercom" => {
+            return Err(invalid(
+                "a usercom connection needs api_key_env (the variable holding its key)".into(),
+            ));
+        }
+        _ => {}
+    }
+    writer::check_base_url(&c.base_url).map_err(|reason| {
+        invalid(format!(
+            "base_url {:?} {reason} (expected an absolute URL such as \
+             https://crm.example.com/api/)",
+            redact_url(&c.base_url)
+        ))
+    })?;
+    writer::http::header_map(&serde_json::Value::Object(c.headers.clone())).map_err(invalid)?;
+    Ok(())
+}
+
+/// What the schema accepts as `api_key_env`: `^[A-Za-z_][A-Za-z0-9_]*$`.
+fn is_variable_name(s: &str) -> bool {
+    s.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Creates a connection, or updates the one with the same name; returns its id. It is
+/// checked first ([`check_connection`]); changing its writer is refused while one of its
+/// rules has a path the new writer cannot serve (the error names the rule).
+pub async fn upsert_connection<'c>(
+    db: impl Acquire<'c, Database = Postgres>,
+    c: &NewConnection,
+) -> Result<i64, CatalogError> {
+    check_connection(c)?;
+    let mut tx = db.begin().await?;
+    let id = save_connection(&mut tx, c).await?;
+    check_rules_of(&mut tx, id, c).await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64, CatalogError> {
     sqlx::query_scalar!(
         r#"INSERT INTO connections
              (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
@@ -174,9 +233,67 @@ pub async fn upsert_connection(
     .map_err(|e| explain(e, &format!("connection {:?}", c.name)))
 }
 
-/// Creates a rule, or updates the one with the same name; returns its id.
-pub async fn upsert_rule(db: impl PgExecutor<'_>, r: &NewRule) -> Result<i64, CatalogError> {
-    sqlx::query_scalar!(
+/// Refuses connection `c` (saved as `id`) when its writer cannot serve one of its rules'
+/// paths, naming every such rule.
+async fn check_rules_of(
+    db: &mut PgConnection,
+    id: i64,
+    c: &NewConnection,
+) -> Result<(), CatalogError> {
+    let rules = sqlx::query!(
+        "SELECT name, path FROM rules WHERE connection_id = $1 ORDER BY name",
+        id
+    )
+    .fetch_all(db)
+    .await?;
+    let bad: Vec<String> = rules
+        .iter()
+        .filter_map(|r| {
+            writer::check_path(&c.writer, &r.path)
+                .err()
+                .map(|e| format!("rule {:?} (path {:?}): {e}", r.name, r.path))
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(CatalogError::Invalid(format!(
+        "connection {:?}: writer {} cannot serve {} of its rules; change their paths first \
+         (or in the same `courier apply` file): {}",
+        c.name,
+        c.writer,
+        bad.len(),
+        bad.join("; ")
+    )))
+}
+
+/// Creates a rule, or updates the one with the same name; returns its id. Its path is
+/// checked against its connection's writer first ([`writer::check_path`]): a `usercom`
+/// rule's path must name one of the User.com operations.
+pub async fn upsert_rule<'c>(
+    db: impl Acquire<'c, Database = Postgres>,
+    r: &NewRule,
+) -> Result<i64, CatalogError> {
+    let mut tx = db.begin().await?;
+    // FOR SHARE: the connection's writer cannot change under the check (an update of the
+    // connection waits, then checks this rule in turn).
+    let writer = sqlx::query_scalar!(
+        "SELECT writer FROM connections WHERE name = $1 FOR SHARE",
+        r.connection
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(|| CatalogError::NotFound {
+        kind: "connection",
+        name: r.connection.clone(),
+    })?;
+    writer::check_path(&writer, &r.path).map_err(|e| {
+        CatalogError::Invalid(format!(
+            "rule {:?} on connection {:?} (writer {writer}): {e}",
+            r.name, r.connection
+        ))
+    })?;
+    let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
               enabled, weight)
@@ -199,13 +316,11 @@ pub async fn upsert_rule(db: impl PgExecutor<'_>, r: &NewRule) -> Result<i64, Ca
         r.enabled,
         r.weight,
     )
-    .fetch_optional(db)
+    .fetch_one(&mut *tx)
     .await
-    .map_err(|e| explain(e, &format!("rule {:?}", r.name)))?
-    .ok_or_else(|| CatalogError::NotFound {
-        kind: "connection",
-        name: r.connection.clone(),
-    })
+    .map_err(|e| explain(e, &format!("rule {:?}", r.name)))?;
+    tx.commit().await?;
+    Ok(id)
 }
 
 /// Turns a rule on or off.
@@ -268,14 +383,24 @@ pub struct CatalogFile {
     pub rules: Vec<NewRule>,
 }
 
-/// Applies a whole catalog file in one transaction: all of it or nothing.
+/// Applies a whole catalog file in one transaction: all of it or nothing. Everything is
+/// checked as [`upsert_connection`] and [`upsert_rule`] check it; a connection's rules are
+/// checked against its writer after the file's rules are saved, so one file may change a
+/// connection's writer and its rules' paths together.
 pub async fn apply(pool: &sqlx::PgPool, file: &CatalogFile) -> Result<(), CatalogError> {
-    let mut tx = pool.begin().await?;
     for c in &file.connections {
-        upsert_connection(&mut *tx, c).await?;
+        check_connection(c)?;
+    }
+    let mut tx = pool.begin().await?;
+    let mut saved = Vec::with_capacity(file.connections.len());
+    for c in &file.connections {
+        saved.push((save_connection(&mut tx, c).await?, c));
     }
     for r in &file.rules {
         upsert_rule(&mut *tx, r).await?;
+    }
+    for (id, c) in saved {
+        check_rules_of(&mut tx, id, c).await?;
     }
     tx.commit().await?;
     Ok(())

@@ -41,6 +41,48 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_THROTTLE_MAX_WAIT_SECS: u64 = 300;
 /// Connections in the worker's database pool.
 pub const DEFAULT_DB_MAX_CONNECTIONS: u32 = 10;
+/// Default `COURIER_DB_CONNECT_TIMEOUT_SECONDS`: a connect to the database that has not
+/// completed by then fails, naming host and port.
+pub const DEFAULT_DB_CONNECT_TIMEOUT_SECS: u64 = 10;
+/// Default `COURIER_DB_STATEMENT_TIMEOUT_SECONDS`: PostgreSQL cancels any statement of
+/// courier's that runs longer (migrations excepted).
+pub const DEFAULT_DB_STATEMENT_TIMEOUT_SECS: u64 = 60;
+/// Default `COURIER_LOG`: the log filter (tracing `EnvFilter` syntax).
+pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,apalis=warn";
+
+/// Every variable courier's settings are read from ([`Settings::from_lookup`] reads these
+/// and no others; a unit test holds it to that). A `COURIER_*` variable in neither this
+/// list nor [`TOOLING_VARIABLES`] is warned about at start ([`unknown_variables`]).
+pub const KNOWN_VARIABLES: &[&str] = &[
+    "DATABASE_URL",
+    "COURIER_LOG",
+    "COURIER_DB_MAX_CONNECTIONS",
+    "COURIER_DB_CONNECT_TIMEOUT_SECONDS",
+    "COURIER_DB_STATEMENT_TIMEOUT_SECONDS",
+    "COURIER_WORKER_CONCURRENCY",
+    "COURIER_QUEUE_BATCH_SIZE",
+    "COURIER_QUEUE_POLL_MS",
+    "COURIER_DISPATCH_INTERVAL_MS",
+    "COURIER_CHAIN_STALE_AFTER_SECONDS",
+    "COURIER_REAPER_INTERVAL_SECONDS",
+    "COURIER_DEPENDENCY_TIMEOUT_SECONDS",
+    "COURIER_WORKER_DEAD_AFTER_SECONDS",
+    "COURIER_THROTTLE_MAX_WAIT_SECONDS",
+    "COURIER_BREAKER_FAILURE_THRESHOLD",
+    "COURIER_BREAKER_COOLDOWN_SECONDS",
+    "COURIER_BREAKER_MAX_COOLDOWN_SECONDS",
+    "COURIER_SHUTDOWN_TIMEOUT_SECONDS",
+];
+
+/// `COURIER_*` variables that are not settings but are read by courier's tooling: the
+/// demo's and the benchmarks' API keys, the tests' server, `scripts/sqlx-prepare`'s server.
+pub const TOOLING_VARIABLES: &[&str] = &[
+    "COURIER_DEMO_USERCOM_KEY",
+    "COURIER_BENCH_USERCOM_KEY",
+    "COURIER_TEST_DATABASE_URL",
+    "COURIER_TEST_USERCOM_KEY",
+    "COURIER_ADMIN_URL",
+];
 /// The largest value any numeric setting takes (30 days in seconds; far beyond any sane
 /// count or duration, and small enough that no time arithmetic overflows).
 pub const MAX_SETTING: u64 = 2_592_000;
@@ -67,6 +109,14 @@ pub struct Settings {
     pub database_url: String,
     /// `COURIER_DB_MAX_CONNECTIONS`: size of the process's connection pool.
     pub db_max_connections: u32,
+    /// `COURIER_DB_CONNECT_TIMEOUT_SECONDS`: the longest a connect to the database may take.
+    pub db_connect_timeout: Duration,
+    /// `COURIER_DB_STATEMENT_TIMEOUT_SECONDS`: PostgreSQL's `statement_timeout` on every
+    /// connection of the pool.
+    pub db_statement_timeout: Duration,
+    /// `COURIER_LOG`: the log filter. The binary that installs the log subscriber checks
+    /// its syntax and refuses an invalid one.
+    pub log_filter: String,
     /// `COURIER_WORKER_CONCURRENCY`: chain jobs (one per rule) executed at once.
     pub worker_concurrency: usize,
     /// `COURIER_QUEUE_BATCH_SIZE`: chain jobs fetched per queue poll.
@@ -120,6 +170,9 @@ impl Default for Settings {
         Self {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             db_max_connections: DEFAULT_DB_MAX_CONNECTIONS,
+            db_connect_timeout: Duration::from_secs(DEFAULT_DB_CONNECT_TIMEOUT_SECS),
+            db_statement_timeout: Duration::from_secs(DEFAULT_DB_STATEMENT_TIMEOUT_SECS),
+            log_filter: DEFAULT_LOG_FILTER.to_owned(),
             worker_concurrency: DEFAULT_WORKER_CONCURRENCY,
             queue_batch_size: DEFAULT_QUEUE_BATCH_SIZE,
             queue_poll: Duration::from_millis(DEFAULT_QUEUE_POLL_MS),
@@ -140,6 +193,15 @@ impl Settings {
     /// `worker_dead_after` window.
     pub fn heartbeat_every(&self) -> Duration {
         self.worker_dead_after / 5
+    }
+
+    /// How this process's database pool is set up: its size and timeouts.
+    pub fn pool(&self) -> crate::db::PoolSettings {
+        crate::db::PoolSettings {
+            max_connections: self.db_max_connections,
+            connect_timeout: self.db_connect_timeout,
+            statement_timeout: self.db_statement_timeout,
+        }
     }
 
     /// Reads `.env` (if present) and the process environment.
@@ -178,6 +240,20 @@ impl Settings {
                 d.db_max_connections.into(),
                 2,
             )? as u32,
+            db_connect_timeout: secs(
+                "COURIER_DB_CONNECT_TIMEOUT_SECONDS",
+                d.db_connect_timeout,
+                1,
+            )?,
+            db_statement_timeout: secs(
+                "COURIER_DB_STATEMENT_TIMEOUT_SECONDS",
+                d.db_statement_timeout,
+                1,
+            )?,
+            // Blank means unset; the syntax is checked where the subscriber is built.
+            log_filter: get("COURIER_LOG")
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or(d.log_filter),
             worker_concurrency: number(
                 &get,
                 "COURIER_WORKER_CONCURRENCY",
@@ -276,6 +352,63 @@ fn number(
     Ok(n)
 }
 
+/// One warning for every `COURIER_*` name in `names` that courier does not know (neither a
+/// setting, [`KNOWN_VARIABLES`], nor read by its tooling, [`TOOLING_VARIABLES`]), naming
+/// the nearest known name: a typo is ignored otherwise, silently.
+pub fn unknown_variables<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Vec<String> {
+    let mut unknown: Vec<String> = names
+        .into_iter()
+        .map(|n| n.as_ref().to_owned())
+        .filter(|n| n.starts_with("COURIER_"))
+        .filter(|n| {
+            !KNOWN_VARIABLES.contains(&n.as_str()) && !TOOLING_VARIABLES.contains(&n.as_str())
+        })
+        .collect();
+    unknown.sort();
+    unknown.dedup();
+    unknown
+        .into_iter()
+        .map(|name| {
+            let (nearest, distance) = KNOWN_VARIABLES
+                .iter()
+                .map(|k| (*k, edit_distance(&name, k)))
+                .min_by_key(|(_, d)| *d)
+                .expect("the list is not empty");
+            // A few edits per ten characters of the part after `COURIER_`, or a known
+            // name cut short (`..._TIMEOUT` for `..._TIMEOUT_SECONDS`), is a typo; further
+            // away it is more likely a variable of the user's own (an API key a
+            // connection's `api_key_env` names).
+            let suffix = name.len().saturating_sub("COURIER_".len());
+            if distance <= (suffix / 4).max(2) || nearest.starts_with(&name) {
+                format!("unknown setting {name} is ignored: did you mean {nearest}?")
+            } else {
+                format!(
+                    "{name} is not a courier setting and is ignored (the nearest is {nearest}); \
+                     fine if a connection's api_key_env names it"
+                )
+            }
+        })
+        .collect()
+}
+
+/// Levenshtein distance: single-character insertions, deletions and substitutions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 /// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -336,6 +469,70 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.name, "COURIER_THROTTLE_MAX_WAIT_SECONDS");
         assert!(e.reason.contains("COURIER_CHAIN_STALE_AFTER_SECONDS"));
+    }
+
+    #[test]
+    fn every_variable_the_settings_read_is_known() {
+        let read = std::cell::RefCell::new(Vec::new());
+        Settings::from_lookup(|name| {
+            read.borrow_mut().push(name.to_owned());
+            None
+        })
+        .unwrap();
+        let read = read.into_inner();
+        for name in &read {
+            assert!(
+                KNOWN_VARIABLES.contains(&name.as_str()),
+                "{name} is not in KNOWN_VARIABLES"
+            );
+        }
+        for name in KNOWN_VARIABLES {
+            assert!(
+                read.iter().any(|r| r == name),
+                "{name} is listed but never read"
+            );
+        }
+        assert!(unknown_variables(KNOWN_VARIABLES.iter().chain(TOOLING_VARIABLES)).is_empty());
+    }
+
+    #[test]
+    fn an_unknown_variable_is_warned_about_with_the_nearest_name() {
+        let warnings = unknown_variables([
+            "COURIER_WORKER_CONCURENCY",
+            "PATH",
+            "COURIER_LOG",
+            "COURIER_DB_STATEMENT_TIMEOUT",
+            "COURIER_SHOP_CRM_API_KEY",
+        ]);
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(
+            warnings[0].contains("COURIER_DB_STATEMENT_TIMEOUT ")
+                && warnings[0].contains("did you mean COURIER_DB_STATEMENT_TIMEOUT_SECONDS?"),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[1].contains("COURIER_SHOP_CRM_API_KEY is not a courier setting"),
+            "{warnings:?}"
+        );
+        assert_eq!(
+            warnings[2],
+            "unknown setting COURIER_WORKER_CONCURENCY is ignored: did you mean \
+             COURIER_WORKER_CONCURRENCY?"
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
+
+    #[test]
+    fn database_timeouts_and_log_filter_have_defaults_and_bounds() {
+        let s = load(&[("COURIER_LOG", " ")]).unwrap();
+        assert_eq!(s.log_filter, DEFAULT_LOG_FILTER);
+        assert_eq!(s.db_connect_timeout, Duration::from_secs(10));
+        assert_eq!(s.db_statement_timeout, Duration::from_secs(60));
+        let s = load(&[("COURIER_DB_STATEMENT_TIMEOUT_SECONDS", "5")]).unwrap();
+        assert_eq!(s.pool().statement_timeout, Duration::from_secs(5));
+        let e = load(&[("COURIER_DB_CONNECT_TIMEOUT_SECONDS", "0")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_DB_CONNECT_TIMEOUT_SECONDS");
     }
 
     #[test]

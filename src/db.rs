@@ -2,7 +2,7 @@
 //! create`, the demo, the benchmarks), and applying both schemas: courier's own
 //! (`migrations/`) and apalis' (schema `apalis`).
 
-use std::str::FromStr;
+use std::{str::FromStr, time::Duration};
 
 use apalis_postgres::PostgresStorage;
 use sqlx::{
@@ -10,7 +10,37 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 
-use crate::config::redact_url;
+use crate::config::{
+    DEFAULT_DB_CONNECT_TIMEOUT_SECS, DEFAULT_DB_MAX_CONNECTIONS, DEFAULT_DB_STATEMENT_TIMEOUT_SECS,
+    redact_url,
+};
+
+/// The longest a statement waits for a free connection of the pool (or for a new one to
+/// open) once the pool is up.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a pool is set up: its size and how long anything may wait on the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Connections in the pool.
+    pub max_connections: u32,
+    /// The longest connecting may take: a server that accepts the TCP connection but never
+    /// answers like PostgreSQL fails the connect after this, naming host and port.
+    pub connect_timeout: Duration,
+    /// `statement_timeout` of every connection: PostgreSQL cancels a statement running
+    /// longer (waiting for a lock included). Migrations run without it.
+    pub statement_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_DB_MAX_CONNECTIONS,
+            connect_timeout: Duration::from_secs(DEFAULT_DB_CONNECT_TIMEOUT_SECS),
+            statement_timeout: Duration::from_secs(DEFAULT_DB_STATEMENT_TIMEOUT_SECS),
+        }
+    }
+}
 
 /// Failure to reach or prepare the database.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +64,20 @@ pub enum DbError {
         /// The database's name.
         name: String,
     },
+    /// Connecting did not complete in time: nothing that speaks PostgreSQL answered.
+    #[error(
+        "database {url}: no answer from {address} within {} s (is a PostgreSQL server \
+         listening there? COURIER_DB_CONNECT_TIMEOUT_SECONDS sets the limit)",
+        .after.as_secs_f64()
+    )]
+    ConnectTimeout {
+        /// The URL with any password masked.
+        url: String,
+        /// `host:port`, or the Unix socket's path.
+        address: String,
+        /// How long it waited.
+        after: Duration,
+    },
     /// Connecting or querying failed.
     #[error("database {url}: {source}")]
     Sql {
@@ -47,17 +91,51 @@ pub enum DbError {
     Migrate(String),
 }
 
+/// Opens a pool on the database `url` names, with `max_connections` connections and the
+/// default timeouts ([`PoolSettings::default`]); see [`connect_with`].
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    connect_with(
+        url,
+        &PoolSettings {
+            max_connections,
+            ..PoolSettings::default()
+        },
+    )
+    .await
+}
+
 /// Opens a pool on the database `url` names. It connects nowhere else and never creates
 /// the database (production roles often may not): [`create_database`] does that, called
-/// only by `courier db create`, the demo and the benchmarks.
-pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+/// only by `courier db create`, the demo and the benchmarks. Nothing here waits forever:
+/// the first connection must be made within `settings.connect_timeout` (the error names
+/// host and port, never the password), later ones within [`ACQUIRE_TIMEOUT`], and every
+/// statement on the pool's connections within `settings.statement_timeout`.
+pub async fn connect_with(url: &str, settings: &PoolSettings) -> Result<PgPool, DbError> {
     let options = parse(url)?;
     let name = options.get_database().map(str::to_owned);
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .connect_with(options)
-        .await
-        .map_err(|source| match name {
+    let statement_timeout = format!("{}ms", settings.statement_timeout.as_millis().max(1));
+    let pool = PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT.max(settings.connect_timeout))
+        .after_connect(move |conn, _| {
+            let statement_timeout = statement_timeout.clone();
+            Box::pin(async move {
+                sqlx::query("SELECT set_config('statement_timeout', $1, false)")
+                    .bind(statement_timeout)
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_with(options.clone());
+    match tokio::time::timeout(settings.connect_timeout, pool).await {
+        Ok(Ok(pool)) => Ok(pool),
+        Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) => Err(DbError::ConnectTimeout {
+            url: redact_url(url),
+            address: address(&options),
+            after: settings.connect_timeout,
+        }),
+        Ok(Err(source)) => Err(match name {
             Some(name) if is_code(&source, "3D000") => DbError::Missing {
                 url: redact_url(url),
                 name,
@@ -66,22 +144,42 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
                 url: redact_url(url),
                 source,
             },
-        })
+        }),
+    }
+}
+
+/// Where `options` connect to: `host:port`, or the Unix socket's path.
+fn address(options: &PgConnectOptions) -> String {
+    match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    }
 }
 
 /// Creates the database `url` names when the server has none by that name, connecting
 /// through the server's `postgres` database to do so (the role needs CREATEDB). Returns
-/// whether it created it; a database that exists already is left alone.
+/// whether it created it; a database that exists already is left alone. Connecting is
+/// bounded as in [`connect`], by the default connect timeout.
 pub async fn create_database(url: &str) -> Result<bool, DbError> {
+    create_database_within(url, Duration::from_secs(DEFAULT_DB_CONNECT_TIMEOUT_SECS)).await
+}
+
+/// [`create_database`], with the connect bounded by `connect_timeout`.
+pub async fn create_database_within(url: &str, connect_timeout: Duration) -> Result<bool, DbError> {
     let options = parse(url)?;
     let Some(name) = options.get_database().map(str::to_owned) else {
         return Ok(false);
     };
-    ensure_database(&options, &name)
+    ensure_database(&options, &name, connect_timeout)
         .await
         .map_err(|source| DbError::Sql {
             url: redact_url(url),
             source,
+        })?
+        .ok_or_else(|| DbError::ConnectTimeout {
+            url: redact_url(url),
+            address: address(&options),
+            after: connect_timeout,
         })
 }
 
@@ -99,8 +197,18 @@ fn is_code(e: &sqlx::Error, code: &str) -> bool {
         .is_some_and(|c| c == code)
 }
 
-async fn ensure_database(options: &PgConnectOptions, name: &str) -> Result<bool, sqlx::Error> {
-    let mut admin = PgConnection::connect_with(&options.clone().database("postgres")).await?;
+/// `None` when connecting took longer than `connect_timeout`.
+async fn ensure_database(
+    options: &PgConnectOptions,
+    name: &str,
+    connect_timeout: Duration,
+) -> Result<Option<bool>, sqlx::Error> {
+    let admin = options.clone().database("postgres");
+    let Ok(admin) = tokio::time::timeout(connect_timeout, PgConnection::connect_with(&admin)).await
+    else {
+        return Ok(None);
+    };
+    let mut admin = admin?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
             .bind(name)
@@ -123,17 +231,23 @@ async fn ensure_database(options: &PgConnectOptions, name: &str) -> Result<bool,
         }
     }
     admin.close().await?;
-    Ok(created)
+    Ok(Some(created))
 }
 
-/// Applies apalis' migrations (schema `apalis`) and then courier's.
+/// Applies apalis' migrations (schema `apalis`) and then courier's. Courier's run on a
+/// connection taken out of the pool without the statement timeout (an index built on a
+/// large table may take longer), which is closed afterwards.
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     PostgresStorage::<()>::setup(pool)
         .await
         .map_err(|e| DbError::Migrate(format!("apalis: {e}")))?;
-    sqlx::migrate!("./migrations")
-        .run(pool)
+    let courier = |e: sqlx::Error| DbError::Migrate(format!("courier: {e}"));
+    let mut conn = pool.acquire().await.map_err(courier)?.detach();
+    sqlx::query("SELECT set_config('statement_timeout', '0', false)")
+        .execute(&mut conn)
         .await
-        .map_err(|e| DbError::Migrate(format!("courier: {e}")))?;
-    Ok(())
+        .map_err(courier)?;
+    let migrated = sqlx::migrate!("./migrations").run(&mut conn).await;
+    let _ = conn.close().await;
+    migrated.map_err(|e| DbError::Migrate(format!("courier: {e}")))
 }

@@ -57,10 +57,11 @@ pub enum EnqueueError {
     Sql(#[from] sqlx::Error),
 }
 
-/// One refused line of NDJSON input.
+/// One refused line of NDJSON input, or one refused delivery of a list given to
+/// [`enqueue_many`].
 #[derive(Debug, PartialEq, Eq)]
 pub struct LineError {
-    /// 1-based line number.
+    /// 1-based line number (NDJSON), or 1-based position in the list ([`enqueue_many`]).
     pub line: usize,
     /// What is wrong with it.
     pub reason: String,
@@ -73,6 +74,32 @@ fn render(errors: &[LineError]) -> String {
         .map(|e| format!("  line {}: {}", e.line, e.reason))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Checks one delivery before it is enqueued: its record key must hold a character that is
+/// not blank, and its `depends_on`, when given, must not be blank nor the delivery's own
+/// key (a delivery cannot wait for itself). The table's check constraints refuse the same
+/// for plain SQL.
+pub fn check_delivery(d: &NewDelivery) -> Result<(), String> {
+    if d.record_key.trim().is_empty() {
+        return Err(if d.record_key.is_empty() {
+            "record_key is empty".into()
+        } else {
+            "record_key is blank (it must hold a character that is not blank)".into()
+        });
+    }
+    match d.depends_on.as_deref() {
+        Some(dep) if dep.trim().is_empty() => Err(format!(
+            "record_key {:?}: depends_on is blank (leave it out for no dependency)",
+            d.record_key
+        )),
+        Some(dep) if dep == d.record_key => Err(format!(
+            "record_key {:?}: depends_on names the delivery's own key (a delivery cannot \
+             wait for itself)",
+            d.record_key
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Looks up a rule's id by name.
@@ -93,13 +120,28 @@ pub async fn enqueue(
 }
 
 /// Enqueues many deliveries for the rule named `rule` in one transaction, a few thousand
-/// rows per statement; returns their ids in input order. An error means nothing was
+/// rows per statement; returns their ids in input order. Every delivery is checked first
+/// ([`check_delivery`]): any refused one is reported by its position in the list
+/// ([`EnqueueError::BadInput`]) and nothing is inserted. An error means nothing was
 /// inserted: once the transaction commits, the call succeeds.
 pub async fn enqueue_many(
     pool: &PgPool,
     rule: &str,
     deliveries: Vec<NewDelivery>,
 ) -> Result<Vec<i64>, EnqueueError> {
+    let errors: Vec<LineError> = deliveries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| {
+            check_delivery(d).err().map(|reason| LineError {
+                line: i + 1,
+                reason,
+            })
+        })
+        .collect();
+    if !errors.is_empty() {
+        return Err(EnqueueError::BadInput(errors));
+    }
     let mut tx = pool.begin().await?;
     let rule_id = rule_id(&mut *tx, rule).await?;
     let mut ids = Vec::with_capacity(deliveries.len());
@@ -156,11 +198,13 @@ pub fn parse_ndjson(input: &str) -> Result<Vec<NewDelivery>, EnqueueError> {
             continue;
         }
         match serde_json::from_str::<NewDelivery>(line) {
-            Ok(d) if d.record_key.is_empty() => errors.push(LineError {
-                line: i + 1,
-                reason: "record_key is empty".into(),
-            }),
-            Ok(d) => out.push(d),
+            Ok(d) => match check_delivery(&d) {
+                Ok(()) => out.push(d),
+                Err(reason) => errors.push(LineError {
+                    line: i + 1,
+                    reason,
+                }),
+            },
             Err(e) => errors.push(LineError {
                 line: i + 1,
                 reason: e.to_string(),
@@ -187,6 +231,34 @@ mod tests {
         let lines: Vec<usize> = errors.iter().map(|e| e.line).collect();
         assert_eq!(lines, vec![3, 4, 5]);
         assert!(errors[1].reason.contains("record_key"), "{:?}", errors[1]);
+    }
+
+    #[test]
+    fn blank_keys_and_self_dependencies_are_named_by_line() {
+        let input = "{\"record_key\":\"  \",\"payload\":{}}\n\
+                     {\"record_key\":\"a\",\"payload\":{}}\n\
+                     {\"record_key\":\"c:1\",\"payload\":{},\"depends_on\":\"c:1\"}\n\
+                     {\"record_key\":\"c:2\",\"payload\":{},\"depends_on\":\" \"}\n\
+                     {\"record_key\":\"c:3\",\"payload\":{},\"depends_on\":\"c:1\"}\n";
+        let Err(EnqueueError::BadInput(errors)) = parse_ndjson(input) else {
+            panic!("expected bad input");
+        };
+        let lines: Vec<usize> = errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![1, 3, 4]);
+        assert!(errors[0].reason.contains("blank"), "{:?}", errors[0]);
+        assert!(
+            errors[1].reason.contains("c:1") && errors[1].reason.contains("own key"),
+            "{:?}",
+            errors[1]
+        );
+        assert!(
+            errors[2].reason.contains("depends_on is blank"),
+            "{:?}",
+            errors[2]
+        );
+        // Blanks of every kind count, not only spaces.
+        assert!(check_delivery(&NewDelivery::new("\t\u{a0}\n", serde_json::json!({}))).is_err());
+        assert!(check_delivery(&NewDelivery::new(" k ", serde_json::json!({}))).is_ok());
     }
 
     #[test]

@@ -50,24 +50,11 @@ impl Endpoint {
         authorization: Option<String>,
     ) -> Result<Self, WriterConfigError> {
         let invalid = |reason: String| invalid(conn, reason);
-        let mut headers = HeaderMap::new();
+        let mut headers = header_map(&conn.headers).map_err(invalid)?;
         let mut secrets = Secrets::default();
-        if let Some(map) = conn.headers.as_object() {
-            for (name, value) in map {
-                let value = value
-                    .as_str()
-                    .ok_or_else(|| invalid(format!("header {name:?} must be a string")))?;
-                let mut header = HeaderValue::try_from(value)
-                    .map_err(|_| invalid(format!("bad value for header {name:?}")))?;
-                if is_secret_header(name) {
-                    secrets.add(value);
-                    header.set_sensitive(true);
-                }
-                headers.insert(
-                    HeaderName::try_from(name.as_str())
-                        .map_err(|_| invalid(format!("bad header name {name:?}")))?,
-                    header,
-                );
+        for (name, value) in conn.headers.as_object().into_iter().flatten() {
+            if let Some(value) = value.as_str().filter(|_| is_secret_header(name)) {
+                secrets.add(value);
             }
         }
         if let Some(authorization) = authorization {
@@ -126,6 +113,40 @@ impl Endpoint {
             },
         }
     }
+}
+
+/// A connection's extra headers (a JSON object of strings) as HTTP headers. The same
+/// function checks them when a connection is saved and builds them for its writer, so what
+/// is accepted is what can be sent. An error names the header and what is wrong with it,
+/// never its value (it may be a secret). Secret headers (see [`is_secret_header`]) are
+/// marked sensitive.
+pub fn header_map(headers: &serde_json::Value) -> Result<HeaderMap, String> {
+    let map = headers
+        .as_object()
+        .ok_or("headers must be a JSON object of names and string values")?;
+    let mut out = HeaderMap::with_capacity(map.len());
+    for (name, value) in map {
+        let header = HeaderName::try_from(name.as_str()).map_err(|_| {
+            format!(
+                "header name {name:?} is not a valid HTTP header name (letters, digits and \
+                 !#$%&'*+-.^_`|~ only, not empty)"
+            )
+        })?;
+        let value = value
+            .as_str()
+            .ok_or_else(|| format!("header {name:?}: its value must be a string"))?;
+        let mut value = HeaderValue::try_from(value).map_err(|_| {
+            let what = if value.contains(['\r', '\n']) {
+                "a line break"
+            } else {
+                "a control character"
+            };
+            format!("header {name:?}: its value holds {what} (only tabs are allowed)")
+        })?;
+        value.set_sensitive(is_secret_header(name));
+        out.insert(header, value);
+    }
+    Ok(out)
 }
 
 /// A configuration error about `conn`.

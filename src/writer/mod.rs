@@ -138,11 +138,41 @@ pub fn check_path(writer: &str, path: &str) -> Result<(), String> {
     }
 }
 
+/// Checks a connection's base URL: an absolute `http://` or `https://` URL with a host,
+/// and no blank, line break or control character anywhere (the URL parser would quietly
+/// drop some of them). The error says what is wrong; it never repeats the URL, which may
+/// carry a password.
+pub fn check_base_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err("must start with http:// or https://".into());
+    }
+    if url.contains(['\r', '\n']) {
+        return Err("holds a line break".into());
+    }
+    if url.chars().any(char::is_control) {
+        return Err("holds a control character".into());
+    }
+    if url.chars().any(char::is_whitespace) {
+        return Err("holds a blank (write it %20)".into());
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("is not a valid URL: {e}"))?;
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("names no host".into());
+    }
+    Ok(())
+}
+
 /// Builds the writer a connection asks for, reading its API key from the environment.
 pub fn build(
     conn: &Connection,
     client: &reqwest::Client,
 ) -> Result<Arc<dyn Writer>, WriterConfigError> {
+    // The same check as at the door: a connection stored by plain SQL before it existed
+    // fails its run once with the reason instead of failing every call.
+    check_base_url(&conn.base_url).map_err(|reason| WriterConfigError::Invalid {
+        connection: conn.name.clone(),
+        reason: format!("base_url {reason}"),
+    })?;
     let key = match &conn.api_key_env {
         None => None,
         Some(var) => Some(
@@ -159,5 +189,68 @@ pub fn build(
             connection: conn.name.clone(),
             reason: format!("unknown writer {other:?}"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection(base_url: &str, headers: serde_json::Value) -> Connection {
+        Connection {
+            id: 1,
+            name: "crm".into(),
+            writer: "http_json".into(),
+            base_url: base_url.into(),
+            api_key_env: None,
+            headers,
+            requests_per_minute: None,
+            max_in_flight: 1,
+            timeout_ms: 1_000,
+            budget_key: "connection:1".into(),
+        }
+    }
+
+    #[test]
+    fn base_urls_must_be_absolute_http_with_a_host() {
+        for good in [
+            "https://crm.example.com/api/",
+            "http://127.0.0.1:8080",
+            "http://user:pw@[::1]:1/x?y=1",
+        ] {
+            assert_eq!(check_base_url(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("http://", "host"),
+            ("http://exa mple/", "blank"),
+            ("http://exa\tmple/", "control"),
+            ("https://crm.example.com/\r\n", "line break"),
+            ("https://crm.example.com/\u{0}", "control"),
+            ("HTTPS://crm.example.com/", "http:// or https://"),
+            ("mailto:a@b", "http:// or https://"),
+            ("/api/", "http:// or https://"),
+            ("http://:80/", "host"),
+        ] {
+            let e = check_base_url(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_writer_refuses_what_the_door_refuses() {
+        let client = reqwest::Client::new();
+        for writer in ["http_json", "usercom"] {
+            let mut conn = connection("http://", serde_json::json!({}));
+            conn.writer = writer.into();
+            let e = build(&conn, &client).err().expect("refused").to_string();
+            assert!(e.contains("\"crm\"") && e.contains("base_url"), "{e}");
+            let mut conn = connection("http://h/", serde_json::json!({"X-Key": "a\nSECRET"}));
+            conn.writer = writer.into();
+            // A variable every environment has: the key is read before the headers.
+            conn.api_key_env = Some("PATH".into());
+            let e = build(&conn, &client).err().expect("refused").to_string();
+            assert!(e.contains("X-Key") && e.contains("line break"), "{e}");
+            assert!(!e.contains("SECRET"), "{e}");
+        }
     }
 }

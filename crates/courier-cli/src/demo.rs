@@ -81,7 +81,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     settings.database_url = url.clone();
     println!("demo database: {DEMO_DATABASE} (fresh)");
     db::create_database(&url).await?;
-    let pool = db::connect(&url, settings.db_max_connections).await?;
+    let pool = db::connect_with(&url, &settings.pool()).await?;
     db::migrate(&pool).await?;
 
     let token = match std::env::var(KEY_VAR) {

@@ -206,13 +206,29 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    // An invalid filter is refused like any other invalid setting, not replaced by the
+    // default without a word.
+    let filter = match tracing_subscriber::EnvFilter::try_new(&settings.log_filter) {
+        Ok(filter) => filter,
+        Err(e) => {
+            let e = config::ConfigError {
+                name: "COURIER_LOG".into(),
+                value: settings.log_filter.clone(),
+                reason: format!("not a log filter ({e}); e.g. info or info,courier=debug"),
+            };
+            eprintln!("courier: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("COURIER_LOG")
-                .unwrap_or_else(|_| "info,sqlx=warn,apalis=warn".into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // A mistyped variable would be ignored silently: say so, with the nearest known name.
+    let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for warning in config::unknown_variables(names) {
+        tracing::warn!("{warning}");
+    }
     match run(Cli::parse(), settings).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -223,11 +239,14 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
-    let pool = || db::connect(&settings.database_url, settings.db_max_connections);
+    let pool_settings = settings.pool();
+    let pool = || db::connect_with(&settings.database_url, &pool_settings);
     match cli.command {
         Command::Db(DbCmd::Create) => {
             let url = config::redact_url(&settings.database_url);
-            if db::create_database(&settings.database_url).await? {
+            if db::create_database_within(&settings.database_url, settings.db_connect_timeout)
+                .await?
+            {
                 println!("database created: {url}");
             } else {
                 println!("database exists already: {url}");
@@ -284,10 +303,14 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             budget_key,
         }) => {
             let mut map = serde_json::Map::new();
-            for h in headers {
-                let (k, v) = h
-                    .split_once(':')
-                    .with_context(|| format!("header {h:?} is not `Name: value`"))?;
+            for (i, h) in headers.iter().enumerate() {
+                // Never echo the text: it may be a secret given without its name.
+                let (k, v) = h.split_once(':').with_context(|| {
+                    format!(
+                        "connection {name:?}: --header number {} is not `Name: value` (no colon)",
+                        i + 1
+                    )
+                })?;
                 map.insert(k.trim().to_owned(), v.trim().into());
             }
             let id = catalog::upsert_connection(

@@ -1,0 +1,272 @@
+//! The command line refuses mistakes at the door, naming what is wrong: rule paths its
+//! connection's writer cannot serve, bad headers and base URLs, blank record keys and
+//! self-dependencies, unknown variables and an invalid log filter, and a database that
+//! never answers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Runs the binary on `url` with `args`; returns (success, stderr).
+fn run(url: &str, args: &[&str]) -> (bool, String) {
+    let out = courier()
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env_remove("COURIER_LOG")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn temp_file(contents: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("courier-door-{:016x}", rand::random::<u64>()));
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn rule_add_and_apply_refuse_a_path_that_is_no_usercom_operation() {
+    let db = TestDb::new().await;
+    let (ok, err) = run(
+        &db.url,
+        &[
+            "connection",
+            "add",
+            "--name",
+            "uc",
+            "--writer",
+            "usercom",
+            "--base-url",
+            "https://shop.user.com/api/public/",
+            "--api-key-env",
+            "SHOP_USERCOM_KEY",
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, err) = run(
+        &db.url,
+        &[
+            "rule",
+            "add",
+            "--name",
+            "customers",
+            "--connection",
+            "uc",
+            "--path",
+            "user_upsertt",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("\"customers\"")
+            && err.contains("\"user_upsertt\"")
+            && err.contains("user_upsert, user_attributes, mass_update_custom_attributes"),
+        "{err}"
+    );
+    let file = temp_file(
+        r#"{"rules": [{"name": "customers", "connection": "uc", "path": "user_upsert"},
+                      {"name": "orders", "connection": "uc", "path": "deal_upsertt"}]}"#,
+    );
+    let (ok, err) = run(&db.url, &["apply", file.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("\"orders\"") && err.contains("\"deal_upsertt\""),
+        "{err}"
+    );
+    let rules: i64 = sqlx::query_scalar("SELECT count(*) FROM rules")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rules, 0, "the file is applied whole or not at all");
+    let (ok, err) = run(
+        &db.url,
+        &[
+            "rule",
+            "add",
+            "--name",
+            "customers",
+            "--connection",
+            "uc",
+            "--path",
+            "user_upsert",
+        ],
+    );
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn connection_add_and_apply_refuse_bad_headers_and_base_urls_naming_the_field() {
+    let db = TestDb::new().await;
+    let add = |extra: &[&str]| {
+        let mut args = vec!["connection", "add", "--name", "crm"];
+        args.extend_from_slice(extra);
+        run(&db.url, &args)
+    };
+    let url = ["--base-url", "https://crm.example.com/api/"];
+    for (args, expected) in [
+        (
+            vec!["--base-url", "http://"],
+            &["\"crm\"", "base_url", "host"][..],
+        ),
+        (
+            vec!["--base-url", "http://exa mple/"],
+            &["\"crm\"", "base_url", "blank"],
+        ),
+        (
+            vec![
+                url[0],
+                url[1],
+                "--header",
+                "X-Api-Key: SECRET123\nX-Injected: 1",
+            ],
+            &["\"crm\"", "header \"X-Api-Key\"", "line break"],
+        ),
+        (
+            vec![url[0], url[1], "--header", "Bearer SECRET123"],
+            &["\"crm\"", "--header number 1", "Name: value"],
+        ),
+        (
+            vec![url[0], url[1], "--header", "X Tenant: shop"],
+            &["\"crm\"", "header name \"X Tenant\""],
+        ),
+    ] {
+        let (ok, err) = add(&args);
+        assert!(!ok, "{args:?} was accepted");
+        for e in expected {
+            assert!(err.contains(e), "{args:?}: {err:?} should say {e:?}");
+        }
+        assert!(!err.contains("SECRET123"), "{err}");
+    }
+    let file = temp_file(
+        r#"{"connections": [{"name": "crm", "writer": "http_json",
+                             "base_url": "https://crm.example.com/api/",
+                             "headers": {"X-Tenant": "shop\r\nX-Injected: 1"}}]}"#,
+    );
+    let (ok, err) = run(&db.url, &["apply", file.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("header \"X-Tenant\"") && err.contains("line break"),
+        "{err}"
+    );
+    let connections: i64 = sqlx::query_scalar("SELECT count(*) FROM connections")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(connections, 0);
+    let (ok, err) = add(&[url[0], url[1], "--header", "X-Tenant: shop"]);
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn enqueue_refuses_blank_keys_and_self_dependencies_by_line() {
+    let (db, _target) = shop(&["customers"], 10, 1).await;
+    let file = temp_file(
+        "{\"record_key\":\"c:1\",\"payload\":{}}\n\
+         \n\
+         {\"record_key\":\"   \",\"payload\":{}}\n\
+         {\"record_key\":\"c:2\",\"payload\":{},\"depends_on\":\"c:2\"}\n",
+    );
+    let (ok, err) = run(
+        &db.url,
+        &[
+            "enqueue",
+            "--rule",
+            "customers",
+            "--file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("line 3: record_key is blank"), "{err}");
+    assert!(
+        err.contains("line 4: record_key \"c:2\": depends_on names"),
+        "{err}"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn unknown_variables_are_warned_about_and_an_invalid_log_filter_is_refused() {
+    let db = TestDb::new().await;
+    let out = courier()
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .env_remove("COURIER_LOG")
+        .env("COURIER_WORKER_CONCURENCY", "4")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("COURIER_WORKER_CONCURENCY")
+            && err.contains("did you mean COURIER_WORKER_CONCURRENCY?"),
+        "{err}"
+    );
+
+    let out = courier()
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .env("COURIER_LOG", "[[[")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("COURIER_LOG") && err.contains("[[["), "{err}");
+    let out = courier()
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .env("COURIER_LOG", "warn,courier=debug")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_database_that_never_answers_fails_the_command_in_time() {
+    // Accepts connections and never says a word on them.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        courier()
+            .arg("status")
+            .env(
+                "DATABASE_URL",
+                format!("postgres://courier:hunter2@127.0.0.1:{port}/courier"),
+            )
+            .env("COURIER_DB_CONNECT_TIMEOUT_SECONDS", "1")
+            .env_remove("COURIER_LOG")
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
