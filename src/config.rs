@@ -50,12 +50,22 @@ pub const DEFAULT_DB_STATEMENT_TIMEOUT_SECS: u64 = 60;
 /// Default `COURIER_LOG`: the log filter (tracing `EnvFilter` syntax).
 pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,apalis=warn";
 
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines; colour only when the output is a terminal.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// Every variable courier's settings are read from ([`Settings::from_lookup`] reads these
 /// and no others; a unit test holds it to that). A `COURIER_*` variable in neither this
 /// list nor [`TOOLING_VARIABLES`] is warned about at start ([`unknown_variables`]).
 pub const KNOWN_VARIABLES: &[&str] = &[
     "DATABASE_URL",
     "COURIER_LOG",
+    "COURIER_LOG_FORMAT",
     "COURIER_DB_MAX_CONNECTIONS",
     "COURIER_DB_CONNECT_TIMEOUT_SECONDS",
     "COURIER_DB_STATEMENT_TIMEOUT_SECONDS",
@@ -117,6 +127,9 @@ pub struct Settings {
     /// `COURIER_LOG`: the log filter. The binary that installs the log subscriber checks
     /// its syntax and refuses an invalid one.
     pub log_filter: String,
+    /// `COURIER_LOG_FORMAT`: `text` (colour only on a terminal) or `json` (one object per
+    /// line, for log shippers).
+    pub log_format: LogFormat,
     /// `COURIER_WORKER_CONCURRENCY`: chain jobs (one per rule) executed at once.
     pub worker_concurrency: usize,
     /// `COURIER_QUEUE_BATCH_SIZE`: chain jobs fetched per queue poll.
@@ -173,6 +186,7 @@ impl Default for Settings {
             db_connect_timeout: Duration::from_secs(DEFAULT_DB_CONNECT_TIMEOUT_SECS),
             db_statement_timeout: Duration::from_secs(DEFAULT_DB_STATEMENT_TIMEOUT_SECS),
             log_filter: DEFAULT_LOG_FILTER.to_owned(),
+            log_format: LogFormat::Text,
             worker_concurrency: DEFAULT_WORKER_CONCURRENCY,
             queue_batch_size: DEFAULT_QUEUE_BATCH_SIZE,
             queue_poll: Duration::from_millis(DEFAULT_QUEUE_POLL_MS),
@@ -254,6 +268,17 @@ impl Settings {
             log_filter: get("COURIER_LOG")
                 .filter(|v| !v.trim().is_empty())
                 .unwrap_or(d.log_filter),
+            log_format: match get("COURIER_LOG_FORMAT").as_deref().map(str::trim) {
+                None | Some("") | Some("text") => LogFormat::Text,
+                Some("json") => LogFormat::Json,
+                Some(other) => {
+                    return Err(ConfigError {
+                        name: "COURIER_LOG_FORMAT".into(),
+                        value: other.to_owned(),
+                        reason: "must be text or json".into(),
+                    });
+                }
+            },
             worker_concurrency: number(
                 &get,
                 "COURIER_WORKER_CONCURRENCY",

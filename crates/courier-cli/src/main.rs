@@ -220,10 +220,16 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
+    // Colour only on a terminal: log files and pipes get plain text (or JSON lines).
+    let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match settings.log_format {
+        config::LogFormat::Json => subscriber.json().init(),
+        config::LogFormat::Text => subscriber
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     // A mistyped variable would be ignored silently: say so, with the nearest known name.
     let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
     for warning in config::unknown_variables(names) {

@@ -214,6 +214,35 @@ async fn unknown_variables_are_warned_about_and_an_invalid_log_filter_is_refused
             && err.contains("did you mean COURIER_WORKER_CONCURRENCY?"),
         "{err}"
     );
+    // Written to a pipe: plain text, no colour codes.
+    assert!(!err.contains('\u{1b}'), "ANSI codes in piped logs: {err:?}");
+
+    // For log shippers: one JSON object per line.
+    let out = courier()
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .env_remove("COURIER_LOG")
+        .env("COURIER_LOG_FORMAT", "json")
+        .env("COURIER_WORKER_CONCURENCY", "4")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for line in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(v.get("level").is_some(), "{line}");
+    }
+    let out = courier()
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .env("COURIER_LOG_FORMAT", "xml")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("COURIER_LOG_FORMAT"));
 
     let out = courier()
         .arg("status")
