@@ -47,7 +47,7 @@ impl NewDelivery {
 #[derive(Debug, thiserror::Error)]
 pub enum EnqueueError {
     /// No rule has that name.
-    #[error("unknown rule {0:?}")]
+    #[error("unknown rule {0:?} (--rule): `courier rule list` shows the rules")]
     UnknownRule(String),
     /// Lines of NDJSON input that could not be accepted.
     #[error("{} bad line(s) in input, nothing was enqueued:\n{}", .0.len(), render(.0))]
@@ -81,6 +81,23 @@ fn render(errors: &[LineError]) -> String {
 /// key (a delivery cannot wait for itself). The table's check constraints refuse the same
 /// for plain SQL.
 pub fn check_delivery(d: &NewDelivery) -> Result<(), String> {
+    // PostgreSQL's text and jsonb cannot hold U+0000: say where it is, before the
+    // database refuses the whole statement without saying which row.
+    if d.record_key.contains('\0') {
+        return Err(
+            "record_key holds a NUL character (\\u0000), which PostgreSQL cannot store".into(),
+        );
+    }
+    if d.depends_on.as_deref().is_some_and(|k| k.contains('\0')) {
+        return Err(
+            "depends_on holds a NUL character (\\u0000), which PostgreSQL cannot store".into(),
+        );
+    }
+    if let Some(at) = nul_in(&d.payload, "payload") {
+        return Err(format!(
+            "{at} holds a NUL character (\\u0000), which PostgreSQL cannot store"
+        ));
+    }
     if d.record_key.trim().is_empty() {
         return Err(if d.record_key.is_empty() {
             "record_key is empty".into()
@@ -186,6 +203,70 @@ async fn insert_chunk(
     .await
 }
 
+/// Where in `value` a string (or an object key) holds U+0000, as a path like
+/// `payload.items[2].name`.
+fn nul_in(value: &serde_json::Value, path: &str) -> Option<String> {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if s.contains('\0') => Some(path.to_owned()),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| nul_in(v, &format!("{path}[{i}]"))),
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            if k.contains('\0') {
+                Some(format!("a key of {path}"))
+            } else {
+                nul_in(v, &format!("{path}.{k}"))
+            }
+        }),
+        _ => None,
+    }
+}
+
+/// Reads one NDJSON line into a delivery, naming the field when a value is wrong.
+fn parse_line(line: &str) -> Result<NewDelivery, String> {
+    use serde_json::Value;
+    let value: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let Value::Object(mut fields) = value else {
+        return Err("not a JSON object (expected {\"record_key\": ..., \"payload\": ...})".into());
+    };
+    const FIELDS: [&str; 4] = ["record_key", "payload", "hold_until", "depends_on"];
+    if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field {unknown:?} (the fields are {})",
+            FIELDS.join(", ")
+        ));
+    }
+    let text = |fields: &mut serde_json::Map<String, Value>, name: &str| match fields.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(format!("field {name}: expected a string, got {other}")),
+    };
+    let record_key =
+        text(&mut fields, "record_key")?.ok_or_else(|| "field record_key is missing".to_owned())?;
+    let payload = fields
+        .remove("payload")
+        .ok_or_else(|| "field payload is missing".to_owned())?;
+    let hold_until = match text(&mut fields, "hold_until")? {
+        None => None,
+        Some(raw) => Some(
+            DateTime::parse_from_rfc3339(&raw)
+                .map_err(|e| {
+                    format!("field hold_until: {raw:?} is not an RFC 3339 time ({e}), e.g. 2030-01-01T00:00:00Z")
+                })?
+                .with_timezone(&Utc),
+        ),
+    };
+    let depends_on = text(&mut fields, "depends_on")?;
+    Ok(NewDelivery {
+        record_key,
+        payload,
+        hold_until,
+        depends_on,
+    })
+}
+
 /// Parses NDJSON: one JSON object per line with `record_key`, `payload` and optionally
 /// `hold_until` (RFC 3339) and `depends_on`. Blank lines are skipped. Every bad line is
 /// reported with its number; any bad line refuses the whole input.
@@ -197,17 +278,11 @@ pub fn parse_ndjson(input: &str) -> Result<Vec<NewDelivery>, EnqueueError> {
         if line.is_empty() {
             continue;
         }
-        match serde_json::from_str::<NewDelivery>(line) {
-            Ok(d) => match check_delivery(&d) {
-                Ok(()) => out.push(d),
-                Err(reason) => errors.push(LineError {
-                    line: i + 1,
-                    reason,
-                }),
-            },
-            Err(e) => errors.push(LineError {
+        match parse_line(line).and_then(|d| check_delivery(&d).map(|()| d)) {
+            Ok(d) => out.push(d),
+            Err(reason) => errors.push(LineError {
                 line: i + 1,
-                reason: e.to_string(),
+                reason,
             }),
         }
     }
@@ -231,6 +306,34 @@ mod tests {
         let lines: Vec<usize> = errors.iter().map(|e| e.line).collect();
         assert_eq!(lines, vec![3, 4, 5]);
         assert!(errors[1].reason.contains("record_key"), "{:?}", errors[1]);
+    }
+
+    #[test]
+    fn every_error_names_the_line_and_the_field() {
+        let input = "{\"record_key\":\"a\",\"payload\":{},\"hold_until\":\"tomorrow\"}\n\
+                     {\"record_key\":\"b\",\"payload\":{\"items\":[{\"name\":\"x\\u0000y\"}]}}\n\
+                     {\"record_key\":\"c\",\"payload\":{},\"max_inflight\":3}\n\
+                     {\"record_key\":7,\"payload\":{}}\n\
+                     {\"record_key\":\"d\\u0000\",\"payload\":{}}\n";
+        let Err(EnqueueError::BadInput(errors)) = parse_ndjson(input) else {
+            panic!("expected bad input");
+        };
+        let got: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.reason.as_str())).collect();
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert!(
+            got[0].1.contains("field hold_until") && got[0].1.contains("\"tomorrow\""),
+            "{got:?}"
+        );
+        assert!(
+            got[1].1.contains("payload.items[0].name") && got[1].1.contains("NUL"),
+            "{got:?}"
+        );
+        assert!(
+            got[2].1.contains("unknown field \"max_inflight\""),
+            "{got:?}"
+        );
+        assert!(got[3].1.contains("field record_key"), "{got:?}");
+        assert!(got[4].1.contains("record_key holds a NUL"), "{got:?}");
     }
 
     #[test]

@@ -148,11 +148,11 @@ enum ConnectionCmd {
         /// Extra header, `Name: value` (repeatable).
         #[arg(long = "header")]
         headers: Vec<String>,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
         requests_per_minute: Option<i32>,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
         max_in_flight: Option<i32>,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=600_000))]
         timeout_ms: Option<i32>,
         /// Share one budget and one rate-limit block with connections naming the same key
         /// (e.g. the workspace).
@@ -174,19 +174,19 @@ enum RuleCmd {
         /// Path under the connection's base URL.
         #[arg(long, default_value = "")]
         path: String,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=10_000))]
         batch_size: Option<i32>,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
         max_attempts: Option<i32>,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
         backoff_base_ms: Option<i32>,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
         backoff_max_ms: Option<i32>,
         /// Create it disabled.
         #[arg(long)]
         disabled: bool,
         /// Its share of the connection's budget against other busy rules (default 1).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
         weight: Option<i32>,
     },
     /// List rules.

@@ -171,7 +171,8 @@ async fn enqueue_refuses_blank_keys_and_self_dependencies_by_line() {
         "{\"record_key\":\"c:1\",\"payload\":{}}\n\
          \n\
          {\"record_key\":\"   \",\"payload\":{}}\n\
-         {\"record_key\":\"c:2\",\"payload\":{},\"depends_on\":\"c:2\"}\n",
+         {\"record_key\":\"c:2\",\"payload\":{},\"depends_on\":\"c:2\"}\n\
+         {\"record_key\":\"c:3\",\"payload\":{\"note\":\"a\\u0000b\"}}\n",
     );
     let (ok, err) = run(
         &db.url,
@@ -189,6 +190,8 @@ async fn enqueue_refuses_blank_keys_and_self_dependencies_by_line() {
         err.contains("line 4: record_key \"c:2\": depends_on names"),
         "{err}"
     );
+    // What the database would refuse without naming a row is named before it is asked.
+    assert!(err.contains("line 5: payload.note holds a NUL"), "{err}");
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
         .fetch_one(&db.pool)
         .await
@@ -298,4 +301,43 @@ async fn a_database_that_never_answers_fails_the_command_in_time() {
     assert!(took < Duration::from_secs(5), "{took:?}");
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn numeric_options_name_the_option_and_the_allowed_range() {
+    let out = courier()
+        .args(["connection", "add", "--name", "x", "--writer", "http_json"])
+        .args([
+            "--base-url",
+            "http://127.0.0.1:1/",
+            "--requests-per-minute",
+            "-5",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--requests-per-minute") && err.contains("-5 is not in 1.."),
+        "{err}"
+    );
+    let out = courier()
+        .args([
+            "rule",
+            "add",
+            "--name",
+            "r",
+            "--connection",
+            "x",
+            "--weight",
+            "5000",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--weight") && err.contains("1..=1000"),
+        "{err}"
+    );
 }
