@@ -45,6 +45,17 @@ impl Default for PoolSettings {
 /// Failure to reach or prepare the database.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
+    /// courier's migrations have not all been applied to this database.
+    #[error(
+        "the database is not migrated ({pending} of {total} courier migrations not applied): \
+         run `courier migrate` first"
+    )]
+    NotMigrated {
+        /// Migrations not applied yet.
+        pending: usize,
+        /// Migrations this build knows.
+        total: usize,
+    },
     /// The URL could not be parsed.
     #[error("DATABASE_URL {url} is not a valid PostgreSQL URL: {source}")]
     BadUrl {
@@ -232,6 +243,39 @@ async fn ensure_database(
     }
     admin.close().await?;
     Ok(Some(created))
+}
+
+/// Fails with [`DbError::NotMigrated`] unless every migration this build knows has been
+/// applied (a command that reads or writes courier's tables checks this first, instead of
+/// failing on a missing table).
+pub async fn ensure_migrated(pool: &PgPool) -> Result<(), DbError> {
+    let known: Vec<i64> = sqlx::migrate!("./migrations")
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    let applied: Vec<i64> = sqlx::query_scalar(
+        "SELECT version FROM _sqlx_migrations WHERE success
+         AND to_regclass('public._sqlx_migrations') IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
+    .or_else(|e| {
+        if is_code(&e, "42P01") {
+            Ok(Vec::new())
+        } else {
+            Err(e)
+        }
+    })
+    .map_err(|e| DbError::Migrate(format!("reading the applied migrations: {e}")))?;
+    let pending = known.iter().filter(|v| !applied.contains(v)).count();
+    if pending == 0 {
+        Ok(())
+    } else {
+        Err(DbError::NotMigrated {
+            pending,
+            total: known.len(),
+        })
+    }
 }
 
 /// Applies apalis' migrations (schema `apalis`) and then courier's. Courier's run on a

@@ -238,15 +238,43 @@ async fn main() -> std::process::ExitCode {
     match run(Cli::parse(), settings).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("courier: {e:#}");
+            eprintln!("courier: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
     }
 }
 
+/// An error and its causes on one line, each said once; a database error by PostgreSQL's
+/// own message (not sqlx's rendering, which repeats it with the server's source line).
+fn describe(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let (text, last) = match cause.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Database(db)) => (db.message().to_owned(), true),
+            _ => match cause.downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                Some(db) => (db.message().to_owned(), true),
+                None => (cause.to_string(), false),
+            },
+        };
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        if last {
+            break;
+        }
+    }
+    parts.join(": ")
+}
+
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
     let pool_settings = settings.pool();
-    let pool = || db::connect_with(&settings.database_url, &pool_settings);
+    let connect = || db::connect_with(&settings.database_url, &pool_settings);
+    // Commands that read or write courier's tables need them all: say so in one line.
+    let pool = || async {
+        let pool = connect().await?;
+        db::ensure_migrated(&pool).await?;
+        Ok::<_, db::DbError>(pool)
+    };
     match cli.command {
         Command::Db(DbCmd::Create) => {
             let url = config::redact_url(&settings.database_url);
@@ -259,11 +287,11 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             }
         }
         Command::Migrate => {
-            db::migrate(&pool().await?).await?;
+            db::migrate(&connect().await?).await?;
             println!("migrations applied");
         }
         Command::Worker => {
-            let pool = pool().await?;
+            let pool = connect().await?;
             db::migrate(&pool).await?;
             let engine = Arc::new(Engine::new(pool, settings));
             worker::cancel_on_signal(engine.shutdown.clone());

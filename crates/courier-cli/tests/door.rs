@@ -341,3 +341,41 @@ fn numeric_options_name_the_option_and_the_allowed_range() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn an_unmigrated_database_gets_one_line_naming_courier_migrate() {
+    // A database that exists but was never migrated.
+    let name = format!("courier_test_{:016x}", rand::random::<u64>());
+    let _drop = DropDatabase::new(&name);
+    let url = database_url(&name);
+    courier::db::create_database(&url).await.unwrap();
+    for args in [&["status"][..], &["connection", "list"], &["rule", "list"]] {
+        let out = courier()
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("courier:")).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(lines[0].contains("run `courier migrate` first"), "{err}");
+        assert!(!err.contains("at line"), "{err}");
+    }
+    let out = courier()
+        .arg("migrate")
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // A database error is said once, by PostgreSQL's own message.
+    let out = courier()
+        .args(["connection", "add", "--name", "x", "--writer", "http_json"])
+        .args(["--base-url", "http://127.0.0.1:1/", "--budget-key", ""])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!err.contains("at line"), "{err}");
+}
