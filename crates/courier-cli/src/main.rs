@@ -376,7 +376,10 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                         "base url",
                         "key env",
                         "rate/min",
-                        "in flight"
+                        "in flight",
+                        "timeout ms",
+                        "budget",
+                        "headers"
                     ],
                     &rows
                         .iter()
@@ -389,6 +392,15 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                             c.requests_per_minute
                                 .map_or("default".into(), |r| r.to_string()),
                             c.max_in_flight.to_string(),
+                            c.timeout_ms.to_string(),
+                            c.budget_key.clone(),
+                            // Names only: a header's value may be a secret.
+                            c.headers
+                                .as_object()
+                                .filter(|h| !h.is_empty())
+                                .map_or("-".into(), |h| {
+                                    h.keys().cloned().collect::<Vec<_>>().join(", ")
+                                }),
                         ])
                         .collect::<Vec<_>>()
                 )

@@ -379,3 +379,44 @@ async fn an_unmigrated_database_gets_one_line_naming_courier_migrate() {
     assert!(!out.status.success());
     assert!(!err.contains("at line"), "{err}");
 }
+
+#[tokio::test]
+async fn connection_list_shows_budget_timeout_and_header_names_never_values() {
+    let db = TestDb::new().await;
+    let (ok, err) = run(
+        &db.url,
+        &[
+            "connection",
+            "add",
+            "--name",
+            "crm",
+            "--writer",
+            "http_json",
+            "--base-url",
+            "http://127.0.0.1:1/",
+            "--timeout-ms",
+            "2500",
+            "--budget-key",
+            "crm-workspace",
+            "--header",
+            "X-Api-Key: s3cr3t-value",
+            "--header",
+            "X-Source: shop",
+        ],
+    );
+    assert!(ok, "{err}");
+    let out = courier()
+        .args(["connection", "list"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{list}");
+    for shown in ["2500", "crm-workspace", "X-Api-Key", "X-Source"] {
+        assert!(list.contains(shown), "{shown} missing from:\n{list}");
+    }
+    assert!(
+        !list.contains("s3cr3t-value") && !list.contains("shop\n"),
+        "{list}"
+    );
+}
