@@ -16,7 +16,8 @@ use crate::{config::redact_url, writer};
 pub const WRITERS: &[&str] = &["http_json", "usercom"];
 
 /// A new target connection.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct NewConnection {
     /// Unique name, used by rules and the CLI.
     pub name: String,
@@ -66,7 +67,8 @@ pub struct Connection {
 }
 
 /// A new rule.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct NewRule {
     /// Unique name, used by `courier enqueue --rule`.
     pub name: String,
@@ -374,6 +376,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
 
 /// The declarative form the CLI applies: `courier apply FILE`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct CatalogFile {
     /// Connections to create or update.
     #[serde(default)]
@@ -388,20 +391,235 @@ pub struct CatalogFile {
 /// checked against its writer after the file's rules are saved, so one file may change a
 /// connection's writer and its rules' paths together.
 pub async fn apply(pool: &sqlx::PgPool, file: &CatalogFile) -> Result<(), CatalogError> {
+    let mut tx = pool.begin().await?;
+    save_all(&mut tx, file).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Checks and saves a whole file inside the caller's transaction.
+async fn save_all(tx: &mut PgConnection, file: &CatalogFile) -> Result<(), CatalogError> {
     for c in &file.connections {
         check_connection(c)?;
     }
-    let mut tx = pool.begin().await?;
     let mut saved = Vec::with_capacity(file.connections.len());
     for c in &file.connections {
-        saved.push((save_connection(&mut tx, c).await?, c));
+        saved.push((save_connection(&mut *tx, c).await?, c));
     }
     for r in &file.rules {
         upsert_rule(&mut *tx, r).await?;
     }
     for (id, c) in saved {
-        check_rules_of(&mut tx, id, c).await?;
+        check_rules_of(&mut *tx, id, c).await?;
     }
-    tx.commit().await?;
     Ok(())
+}
+
+/// How [`apply_file`] treats what a file leaves out, and whether it saves.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ApplyOptions {
+    /// Fields a file leaves out take their defaults instead of keeping their stored values.
+    pub replace: bool,
+    /// Check and report the changes, save nothing.
+    pub dry_run: bool,
+}
+
+/// What applying a file did (or would do) to one connection or rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// `connection` or `rule`.
+    pub kind: &'static str,
+    /// Its name.
+    pub name: String,
+    /// `None`: created. `Some(empty)`: left alone. Otherwise `field: old -> new` lines
+    /// (header values are never shown, only which headers changed).
+    pub fields: Option<Vec<String>>,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.fields {
+            None => write!(f, "{} {:?}: created", self.kind, self.name),
+            Some(fields) if fields.is_empty() => {
+                write!(f, "{} {:?}: unchanged", self.kind, self.name)
+            }
+            Some(fields) => write!(
+                f,
+                "{} {:?}: changed {}",
+                self.kind,
+                self.name,
+                fields.join("; ")
+            ),
+        }
+    }
+}
+
+/// The raw entries of a catalog file, before they are merged with what is stored.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    connections: Vec<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    rules: Vec<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Applies a catalog file's text (`courier apply`): unknown keys are refused by name;
+/// fields a file leaves out keep their stored values unless `opts.replace`; everything is
+/// checked and saved in one transaction (rolled back for `opts.dry_run`). Returns what
+/// changed, entry by entry.
+pub async fn apply_file(
+    pool: &sqlx::PgPool,
+    text: &str,
+    opts: ApplyOptions,
+) -> Result<Vec<Change>, CatalogError> {
+    let raw: RawFile = serde_json::from_str(text)
+        .map_err(|e| CatalogError::Invalid(format!("not a catalog file: {e}")))?;
+    let mut tx = pool.begin().await?;
+    let mut changes = Vec::new();
+    let mut file = CatalogFile::default();
+    for entry in raw.connections {
+        let name = entry_name(&entry, "connection")?;
+        let stored = stored_connection(&mut tx, &name).await?;
+        let c: NewConnection = merged(&entry, stored.as_ref(), opts, "connection", &name)?;
+        changes.push(change("connection", &name, stored.as_ref(), &c));
+        file.connections.push(c);
+    }
+    for entry in raw.rules {
+        let name = entry_name(&entry, "rule")?;
+        let stored = stored_rule(&mut tx, &name).await?;
+        let r: NewRule = merged(&entry, stored.as_ref(), opts, "rule", &name)?;
+        changes.push(change("rule", &name, stored.as_ref(), &r));
+        file.rules.push(r);
+    }
+    save_all(&mut tx, &file).await?;
+    if opts.dry_run {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(changes)
+}
+
+fn entry_name(
+    entry: &serde_json::Map<String, serde_json::Value>,
+    kind: &str,
+) -> Result<String, CatalogError> {
+    entry
+        .get("name")
+        .and_then(|n| n.as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| CatalogError::Invalid(format!("a {kind} without a \"name\"")))
+}
+
+/// The file's entry over the stored one (unless `replace`), read as `T`, whose unknown
+/// fields are refused by name.
+fn merged<T: serde::de::DeserializeOwned + Serialize>(
+    entry: &serde_json::Map<String, serde_json::Value>,
+    stored: Option<&T>,
+    opts: ApplyOptions,
+    kind: &str,
+    name: &str,
+) -> Result<T, CatalogError> {
+    let mut fields = match (stored, opts.replace) {
+        (Some(s), false) => match serde_json::to_value(s) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        },
+        _ => serde_json::Map::new(),
+    };
+    fields.extend(entry.clone());
+    serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| CatalogError::Invalid(format!("{kind} {name:?}: {e}")))
+}
+
+/// What saving `new` over `stored` changes, field by field.
+fn change<T: Serialize>(kind: &'static str, name: &str, stored: Option<&T>, new: &T) -> Change {
+    let Some(stored) = stored else {
+        return Change {
+            kind,
+            name: name.to_owned(),
+            fields: None,
+        };
+    };
+    let (old, new) = (
+        serde_json::to_value(stored).unwrap_or_default(),
+        serde_json::to_value(new).unwrap_or_default(),
+    );
+    let mut fields = Vec::new();
+    if let (Some(old), Some(new)) = (old.as_object(), new.as_object()) {
+        for (key, value) in new {
+            let before = old.get(key).unwrap_or(&serde_json::Value::Null);
+            if before == value {
+                continue;
+            }
+            if key == "headers" {
+                // Values may be secrets: say which headers changed, not to what.
+                let names = |v: &serde_json::Value| {
+                    v.as_object()
+                        .map(|m| m.keys().cloned().collect::<Vec<_>>())
+                        .unwrap_or_default()
+                };
+                fields.push(format!(
+                    "headers: [{}] -> [{}]",
+                    names(before).join(", "),
+                    names(value).join(", ")
+                ));
+            } else {
+                fields.push(format!("{key}: {before} -> {value}"));
+            }
+        }
+    }
+    Change {
+        kind,
+        name: name.to_owned(),
+        fields: Some(fields),
+    }
+}
+
+async fn stored_connection(
+    db: &mut PgConnection,
+    name: &str,
+) -> Result<Option<NewConnection>, sqlx::Error> {
+    let row = sqlx::query!(
+        "SELECT name, writer, base_url, api_key_env, headers, requests_per_minute,
+                max_in_flight, timeout_ms, budget_key
+         FROM connections WHERE name = $1",
+        name
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| NewConnection {
+        name: r.name,
+        writer: r.writer,
+        base_url: r.base_url,
+        api_key_env: r.api_key_env,
+        headers: r.headers.as_object().cloned().unwrap_or_default(),
+        requests_per_minute: r.requests_per_minute,
+        max_in_flight: Some(r.max_in_flight),
+        timeout_ms: Some(r.timeout_ms),
+        budget_key: r.budget_key,
+    }))
+}
+
+async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule>, sqlx::Error> {
+    let row = sqlx::query!(
+        "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
+                r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight
+         FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
+        name
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| NewRule {
+        name: r.name,
+        connection: r.connection,
+        path: r.path,
+        batch_size: Some(r.batch_size),
+        max_attempts: Some(r.max_attempts),
+        backoff_base_ms: Some(r.backoff_base_ms),
+        backoff_max_ms: Some(r.backoff_max_ms),
+        enabled: Some(r.enabled),
+        weight: Some(r.weight),
+    }))
 }

@@ -7,7 +7,7 @@ use std::{io::Read, path::PathBuf, sync::Arc};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use courier::{
-    catalog::{self, CatalogFile, NewConnection, NewRule},
+    catalog::{self, NewConnection, NewRule},
     config::{self, Settings},
     db, enqueue, status,
     worker::{self, Engine},
@@ -41,10 +41,18 @@ enum Command {
         #[arg(long)]
         file: Option<PathBuf>,
     },
-    /// Create or update connections and rules from a JSON file, all or nothing.
+    /// Create or update connections and rules from a JSON file, all or nothing; prints what
+    /// it created, changed and left alone. Fields the file leaves out keep their stored
+    /// values.
     Apply {
         /// `{"connections": [...], "rules": [...]}`
         file: PathBuf,
+        /// Check the file and print the changes without saving anything.
+        #[arg(long)]
+        dry_run: bool,
+        /// Fields the file leaves out take their defaults instead of their stored values.
+        #[arg(long)]
+        replace: bool,
     },
     /// Manage target connections.
     #[command(subcommand)]
@@ -313,17 +321,23 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             enqueue::enqueue_many(&pool().await?, &rule, deliveries).await?;
             println!("enqueued {n} deliveries for rule {rule}");
         }
-        Command::Apply { file } => {
+        Command::Apply {
+            file,
+            dry_run,
+            replace,
+        } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let catalog: CatalogFile = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not a valid catalog file", file.display()))?;
-            catalog::apply(&pool().await?, &catalog).await?;
-            println!(
-                "applied {} connection(s) and {} rule(s)",
-                catalog.connections.len(),
-                catalog.rules.len()
-            );
+            let opts = catalog::ApplyOptions { replace, dry_run };
+            let changes = catalog::apply_file(&pool().await?, &text, opts)
+                .await
+                .with_context(|| format!("{}: nothing was applied", file.display()))?;
+            for change in &changes {
+                println!("{change}");
+            }
+            if dry_run {
+                println!("dry run: nothing was saved");
+            }
         }
         Command::Connection(ConnectionCmd::Add {
             name,

@@ -23,6 +23,22 @@ fn run(url: &str, args: &[&str]) -> (bool, String) {
     )
 }
 
+/// Like [`run`], with standard output and standard error together.
+fn both(url: &str, args: &[&str]) -> (bool, String) {
+    let out = courier()
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env_remove("COURIER_LOG")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 fn temp_file(contents: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("courier-door-{:016x}", rand::random::<u64>()));
     std::fs::write(&path, contents).unwrap();
@@ -419,4 +435,73 @@ async fn connection_list_shows_budget_timeout_and_header_names_never_values() {
         !list.contains("s3cr3t-value") && !list.contains("shop\n"),
         "{list}"
     );
+}
+
+#[tokio::test]
+async fn apply_refuses_unknown_keys_keeps_what_a_file_leaves_out_and_says_what_changed() {
+    let db = TestDb::new().await;
+    let full = temp_file(
+        r#"{"connections": [{"name": "crm", "writer": "http_json", "base_url": "http://127.0.0.1:1/",
+                              "headers": {"X-Source": "shop"}, "max_in_flight": 3}],
+            "rules": [{"name": "customers", "connection": "crm", "path": "contacts/", "batch_size": 200}]}"#,
+    );
+    let (ok, out) = both(&db.url, &["apply", full.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let (ok, out) = both(&db.url, &["rule", "disable", "customers"]);
+    assert!(ok, "{out}");
+
+    // A typo is refused by name, and nothing is applied.
+    let typo = temp_file(
+        r#"{"connections": [{"name": "crm", "writer": "http_json", "base_url": "http://127.0.0.1:1/", "max_inflight": 5}]}"#,
+    );
+    let (ok, out) = both(&db.url, &["apply", typo.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        out.contains("max_inflight") && out.contains("connection \"crm\""),
+        "{out}"
+    );
+
+    // A partial file changes only what it names; a dry run saves nothing.
+    let partial =
+        temp_file(r#"{"rules": [{"name": "customers", "connection": "crm", "path": "people/"}]}"#);
+    let (ok, out) = both(&db.url, &["apply", "--dry-run", partial.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(r#"rule "customers": changed path: "contacts/" -> "people/""#),
+        "{out}"
+    );
+    assert!(out.contains("dry run"), "{out}");
+    let path: String = sqlx::query_scalar("SELECT path FROM rules")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(path, "contacts/");
+    let (ok, out) = both(&db.url, &["apply", partial.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let (path, batch, enabled): (String, i32, bool) =
+        sqlx::query_as("SELECT path, batch_size, enabled FROM rules")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((path.as_str(), batch, enabled), ("people/", 200, false));
+    let (ok, out) = both(&db.url, &["apply", full.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.contains(r#"connection "crm": unchanged"#), "{out}");
+    let in_flight: i32 = sqlx::query_scalar("SELECT max_in_flight FROM connections")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(in_flight, 3);
+
+    // --replace: what the file leaves out takes its default.
+    let (ok, out) = both(&db.url, &["apply", "--replace", partial.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let (batch, enabled): (i32, bool) = sqlx::query_as("SELECT batch_size, enabled FROM rules")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!((batch, enabled), (100, true));
+    for f in [full, typo, partial] {
+        let _ = std::fs::remove_file(f);
+    }
 }
