@@ -1,0 +1,263 @@
+//! The front door cannot drift from the binary: every code block of README.md is either run
+//! here against a fresh database (each `courier` command through the real binary, each SQL
+//! snippet through PostgreSQL) or named below as not runnable, with the reason. A block this
+//! test does not know fails it, so a new README example must come with its check.
+
+mod common;
+
+use std::{io::Write, process::Stdio, time::Duration};
+
+use common::*;
+
+const README: &str = include_str!("../../../README.md");
+
+/// A fenced code block: its language, its text, the README line it starts on.
+struct Block {
+    lang: String,
+    text: String,
+    line: usize,
+}
+
+fn blocks() -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut open: Option<Block> = None;
+    for (i, line) in README.lines().enumerate() {
+        if let Some(fence) = line.strip_prefix("```") {
+            match open.take() {
+                Some(block) => out.push(block),
+                None => {
+                    open = Some(Block {
+                        lang: fence.trim().to_owned(),
+                        text: String::new(),
+                        line: i + 1,
+                    })
+                }
+            }
+        } else if let Some(block) = open.as_mut() {
+            block.text.push_str(line);
+            block.text.push('\n');
+        }
+    }
+    out
+}
+
+/// The commands of a shell block: continuations joined, comments and blank lines dropped.
+fn commands(text: &str) -> Vec<String> {
+    let joined = text.replace("\\\n", " ");
+    joined
+        .lines()
+        .map(|l| match l.find("  #").or_else(|| l.find(" # ")) {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Splits a command line into words, honouring single quotes (all the README uses).
+fn words(command: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for ch in command.chars() {
+        match ch {
+            '\'' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+            }
+            _ => word.push(ch),
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+/// Runs one `courier ...` command line (with `< file` as stdin) and asserts it succeeds.
+fn run_courier(url: &str, command: &str, stdin: Option<&str>) -> String {
+    let (command, input) = match command.split_once(" < ") {
+        Some((c, _file)) => (c, stdin),
+        None => (command, None),
+    };
+    let args = words(command);
+    assert_eq!(args[0], "courier", "{command}");
+    let mut child = courier()
+        .args(&args[1..])
+        .env("DATABASE_URL", url)
+        .env_remove("COURIER_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    if let Some(input) = input {
+        pipe.write_all(input.as_bytes()).unwrap();
+    }
+    drop(pipe);
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "README command `{command}` failed:\n{text}"
+    );
+    text
+}
+
+/// A fresh, migrated database.
+async fn migrated() -> TestDb {
+    TestDb::new().await
+}
+
+#[tokio::test]
+async fn every_readme_example_runs_as_written() {
+    // The SQL catalog is where the later SQL and enqueue examples run (they name its rule).
+    let sql_db = migrated().await;
+    let mut covered = 0;
+    for block in blocks() {
+        let first = block.text.trim_start();
+        let at = format!("README.md line {}", block.line);
+        match block.lang.as_str() {
+            "sh" if first.starts_with("cargo run") => {
+                // The quick start: `cargo test` is what runs this test, and CI runs the
+                // demo's smoke form (bench_smoke); the full demo takes a minute.
+            }
+            "sh" if first.starts_with("courier db create") => {
+                // A database that does not exist yet: create, migrate, run the worker.
+                let name = format!("courier_test_{:016x}", rand::random::<u64>());
+                let _drop = DropDatabase::new(&name);
+                let url = database_url(&name);
+                for command in commands(&block.text) {
+                    if command == "courier worker" {
+                        worker_runs_and_stops(&url).await;
+                    } else {
+                        run_courier(&url, &command, None);
+                    }
+                }
+            }
+            "sh" if first.starts_with("courier connection add") => {
+                let db = migrated().await;
+                for command in commands(&block.text) {
+                    run_courier(&db.url, &command, None);
+                }
+            }
+            "sh" if first.starts_with("courier enqueue") => {
+                // The comment under it shows a line's shape; `{...}` stands for a payload.
+                let example = block
+                    .text
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("# "))
+                    .expect("an example NDJSON line")
+                    .replace("{...}", r#"{"email": "ann@example.com"}"#);
+                for command in commands(&block.text) {
+                    run_courier(&sql_db.url, &command, Some(&format!("{example}\n")));
+                }
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM deliveries WHERE record_key = 'customer:1'",
+                )
+                .fetch_one(&sql_db.pool)
+                .await
+                .unwrap();
+                assert_eq!(n, 1, "{at}");
+            }
+            "sh" if first.starts_with("courier target") => {
+                target_answers(&commands(&block.text)).await;
+            }
+            "json" if first.starts_with("{\n  \"connections\"") => {
+                let db = migrated().await;
+                let file = std::env::temp_dir().join(format!(
+                    "courier-readme-{:016x}.json",
+                    rand::random::<u64>()
+                ));
+                std::fs::write(&file, &block.text).unwrap();
+                run_courier(&db.url, &format!("courier apply {}", file.display()), None);
+                let _ = std::fs::remove_file(file);
+            }
+            "json" if first.starts_with("{\"custom_id\"") => {
+                // Payload → request body pairs of the User.com writer, not a program: the
+                // writer's unit tests and tests/usercom.rs check each mapping.
+            }
+            "rust" => {
+                // The library API (enqueue, enqueue_many, NewDelivery) as the engine's own
+                // tests call it on every run.
+            }
+            "sql" => {
+                // Catalog first, then deliveries, then the inspection queries: each runs
+                // against the same database, in README order.
+                sqlx::raw_sql(sqlx::AssertSqlSafe(block.text.clone()))
+                    .execute(&sql_db.pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{at}: {e}"));
+            }
+            _ => panic!("{at}: a {:?} block this test does not cover", block.lang),
+        }
+        covered += 1;
+    }
+    assert!(covered >= 12, "only {covered} blocks found");
+}
+
+/// `courier worker` starts, and stops with status 0 on SIGTERM.
+async fn worker_runs_and_stops(url: &str) {
+    let child = courier()
+        .arg("worker")
+        .env("DATABASE_URL", url)
+        .env_remove("COURIER_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "courier worker: {err}");
+    assert!(err.contains("worker started"), "{err}");
+}
+
+/// `courier target` as the README starts it (on a free port instead of 8080), then the
+/// counters the README reads with curl.
+async fn target_answers(commands: &[String]) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let start = &commands[0];
+    let args = words(&start.replace("--port 8080", &format!("--port {port}")));
+    let mut child = courier()
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(commands[1].starts_with("curl -s localhost:8080/_counters"));
+    let mut body = None;
+    for _ in 0..100 {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::Read;
+            s.write_all(b"GET /_counters HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut text = String::new();
+            let _ = s.read_to_string(&mut text);
+            body = Some(text);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill();
+    let body = body.expect("courier target answers");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+}
