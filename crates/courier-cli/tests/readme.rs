@@ -258,6 +258,7 @@ async fn target_answers(commands: &[String]) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = child.kill();
+    let _ = child.wait();
     let body = body.expect("courier target answers");
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
 }
