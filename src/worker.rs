@@ -19,8 +19,8 @@ pub use crate::engine::{Engine, unique_worker_name};
 use crate::{
     chain::{self, JobOutcome},
     maintenance::{
-        dispatcher::Dispatcher, heartbeat::Heartbeat, pruner::Pruner, reaper::Reaper,
-        rescuer::Rescuer,
+        dispatcher::Dispatcher, heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine,
+        reaper::Reaper, rescuer::Rescuer,
     },
     queue::{CHAIN_QUEUE, Tick},
     throttle::{Admitted, ThrottleLayer},
@@ -116,6 +116,9 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
         }),
         spawn_loop(&engine, |e, token| async move {
             Pruner::new(&e).run(token).await
+        }),
+        spawn_loop(&engine, |e, token| async move {
+            Quarantine::new(&e).run(token).await
         }),
     ];
     let mut dispatcher = {

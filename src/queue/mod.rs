@@ -144,3 +144,45 @@ pub fn wake_fetchers_at(pool: sqlx::PgPool, clock: crate::clock::Clock, at: Date
         }
     });
 }
+/// A row of the chain queue set aside because apalis cannot read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetAside {
+    /// The row's id, as stored.
+    pub id: String,
+    /// What is wrong with it (also in its `last_result`).
+    pub reason: String,
+}
+
+/// Sets aside, in one statement, every waiting row of the chain queue (`Pending`, `Queued`
+/// or `Failed`) that apalis cannot read (SQL function `courier_job_unreadable`: an id that
+/// is not a ULID, a payload that is not UTF-8 JSON, a NULL metadata value, a timestamp
+/// before 1970): status `Killed`, done now, the reason in `last_result`. Such a row would
+/// fail every batch it is fetched in, and the worker with it. Each row is logged here, once:
+/// a row set aside is never looked at again, by this or any other process.
+pub async fn set_aside_unreadable(db: impl PgExecutor<'_>) -> Result<Vec<SetAside>, sqlx::Error> {
+    let set_aside = sqlx::query_as!(
+        SetAside,
+        r#"WITH bad AS (
+               SELECT j.id, courier_job_unreadable(j) AS reason FROM apalis.jobs j
+               WHERE j.job_type = $1 AND j.status IN ('Pending', 'Queued', 'Failed')
+           )
+           UPDATE apalis.jobs j
+           SET status = 'Killed', done_at = now(),
+               last_result = jsonb_build_object('Err', $2 || bad.reason)
+           FROM bad
+           WHERE j.id = bad.id AND bad.reason IS NOT NULL
+             AND j.status IN ('Pending', 'Queued', 'Failed')
+           RETURNING j.id AS "id!", bad.reason AS "reason!""#,
+        CHAIN_QUEUE,
+        UNREADABLE
+    )
+    .fetch_all(db)
+    .await?;
+    for row in &set_aside {
+        tracing::error!(job = %row.id, reason = %row.reason, "{UNREADABLE}set aside (status Killed)");
+    }
+    Ok(set_aside)
+}
+
+/// How `last_result` (and the log) introduce the reason a job was set aside.
+pub const UNREADABLE: &str = "courier cannot read this job: ";
