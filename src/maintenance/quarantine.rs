@@ -3,7 +3,9 @@
 //! are set aside once, status `Killed` with the reason in `last_result`, and logged once,
 //! instead of failing every batch they are fetched in and the worker with it, in a loop.
 //!
-//! This loop looks the queue over at start and every [`SWEEP_EVERY`].
+//! The queue worker sets such rows aside itself when a fetch meets one, and before it
+//! starts or restarts ([`ChainStorage`](crate::queue::backend::ChainStorage)); this loop
+//! also finds the ones no fetch has met yet (scheduled for later, or failed).
 
 use std::time::Duration;
 
