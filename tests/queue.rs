@@ -486,6 +486,41 @@ async fn an_announcement_during_a_fetch_that_cannot_see_its_job_gets_another_fet
     handle.await.unwrap().unwrap();
 }
 
+#[tokio::test]
+async fn a_job_scheduled_for_later_by_a_process_now_gone_is_fetched_when_due() {
+    let (db, target) = shop(&["customers"], 10, 2).await;
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 10))
+        .await
+        .unwrap();
+    let mut settings = settings(&db.url);
+    settings.queue_poll = LONG_POLL;
+    let engine = Arc::new(Engine::new(db.pool.clone(), settings));
+    // The run's job, scheduled 2 s ahead (a busy lease, a short wait) by a process that
+    // died before its timer announced it: no insert, no NOTIFY.
+    assert_eq!(Dispatcher::new(&engine).run_once().await.unwrap(), 1);
+    sqlx::query("UPDATE apalis.jobs SET run_at = now() + interval '2 seconds'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let fetcher = Fetcher::new();
+    let handle = tokio::spawn(worker::run_with(engine.clone(), fetcher.clone()));
+    let took = first_call_within(&target, Duration::from_secs(6)).await;
+    println!("first call {took:?} after the start, the job due 2 s after it");
+    assert!(
+        start.elapsed() >= Duration::from_millis(1500),
+        "not before it was due"
+    );
+    let pool = db.pool.clone();
+    eventually("all 10 delivered", || {
+        let pool = pool.clone();
+        async move { delivered(&pool).await == 10 }
+    })
+    .await;
+    engine.shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}
+
 /// A throwaway PostgreSQL cluster on a free loopback port, in a temporary directory,
 /// stopped and removed on drop (as `courier demo` makes one).
 struct Cluster {

@@ -15,13 +15,17 @@
 //!   the failed worker held, sets aside unreadable rows, and registers without apalis'
 //!   advisory lock (worker names are unique per process);
 //! - reports every fetch to the [`Fetcher`], and [`ChainBackend`] fetches again whenever
-//!   the fetcher was rung after the last fetch started: a wake is never lost.
+//!   the fetcher was rung after the last fetch started: a wake is never lost;
+//! - after an empty fetch, reads when the next job scheduled for later falls due, and
+//!   fetches then: such a job is announced by no insert, and the process that scheduled it
+//!   may be gone before its own timer announces it.
 //!
 //! [`RESTART_PAUSE_MAX`]: super::fetcher::RESTART_PAUSE_MAX
 
 use std::{
     collections::HashSet,
     panic::AssertUnwindSafe,
+    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
@@ -46,6 +50,9 @@ const APALIS_HEARTBEAT: Duration = Duration::from_secs(30);
 /// Missed apalis heartbeats before another worker of the queue takes this one's jobs for
 /// orphans (courier's own rescuer acts much sooner, on its process heartbeat).
 const APALIS_MISSED_HEARTBEATS: usize = 10;
+/// Added to the wait for a job scheduled for later: `get_jobs` takes only jobs whose
+/// `run_at` is before its transaction began.
+const DUE_MARGIN: Duration = Duration::from_millis(5);
 /// How `apalis.workers.storage_name` names this backend (as apalis' own does).
 const STORAGE_NAME: &str = "PgStorage";
 
@@ -56,9 +63,12 @@ pub struct ChainBackend {
     persisted: Persisted<ChainStorage>,
     /// Rings to answer; shared with the listener and the next restart.
     fetcher: Arc<Fetcher>,
-    /// The safety-net poll (`COURIER_QUEUE_POLL_MS`): finds jobs scheduled for later, which
-    /// no insert announces, if nothing woke the fetcher when they fell due.
+    /// The safety-net poll (`COURIER_QUEUE_POLL_MS`).
     poll: Tick,
+    /// When the next job scheduled for later falls due, as the last empty fetch saw it: no
+    /// insert announces such a job, and the process that scheduled it (and its timer to
+    /// announce it) may be gone.
+    due: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ChainBackend {
@@ -77,6 +87,7 @@ impl ChainBackend {
             }),
             fetcher: fetcher.clone(),
             poll: Tick::every(engine.settings.queue_poll),
+            due: None,
         }
     }
 }
@@ -103,8 +114,25 @@ impl Backend for ChainBackend {
         if self.poll.poll_fired(cx) {
             self.fetcher.ring_quietly();
         }
+        if self
+            .due
+            .as_mut()
+            .is_some_and(|due| due.as_mut().poll(cx).is_ready())
+        {
+            self.due = None;
+            self.fetcher.ring_quietly();
+        }
         // Any wake makes `Persisted` fetch unless a fetch is in flight or tasks are buffered.
         let next = self.persisted.poll_next(cx, worker);
+        if let Some(at) = self.fetcher.take_due() {
+            let mut due = Box::pin(tokio::time::sleep_until(at));
+            if due.as_mut().poll(cx).is_ready() {
+                self.fetcher.ring_quietly();
+                cx.waker().wake_by_ref();
+            } else {
+                self.due = Some(due);
+            }
+        }
         if next.is_pending() && self.fetcher.owes_fetch() {
             // Rung while the last fetch was in flight: that fetch may not have seen the job.
             cx.waker().wake_by_ref();
@@ -216,6 +244,23 @@ impl ChainStorage {
                     ids.push(id);
                     reasons.push(format!("payload is not UTF-8 JSON: {e}"));
                 }
+            }
+        }
+        if readable.is_empty() {
+            // By the database's clock, which decides what `get_jobs` finds due.
+            let due_in = sqlx::query_scalar!(
+                r#"SELECT EXTRACT(EPOCH FROM min(run_at) - now())::float8 AS "secs"
+                   FROM apalis.jobs
+                   WHERE job_type = $1 AND run_at >= now()
+                     AND (status = 'Pending' OR (status = 'Failed' AND attempts < max_attempts))"#,
+                self.queue()
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            if let Some(secs) = due_in {
+                let wait = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+                self.fetcher
+                    .due_in(wait.min(self.engine.settings.queue_poll) + DUE_MARGIN);
             }
         }
         if !ids.is_empty() {

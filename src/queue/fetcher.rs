@@ -46,6 +46,9 @@ pub struct Fetcher {
     restarts: AtomicU64,
     /// Consecutive restarts and when the worker last registered, for the restart pause.
     streak: Mutex<(u32, Option<Instant>)>,
+    /// When the next job scheduled for later falls due, as the last empty fetch saw it
+    /// (taken by the backend, which sets its timer).
+    due: Mutex<Option<tokio::time::Instant>>,
     /// Tests only: each subscription of the listener takes a permit first, so a test can
     /// hold the listener back and force the orderings that are races in production.
     gate: Option<Arc<Semaphore>>,
@@ -73,6 +76,7 @@ impl Fetcher {
             fetches: watch::Sender::new(0),
             restarts: AtomicU64::new(0),
             streak: Mutex::new((0, None)),
+            due: Mutex::new(None),
             gate,
         }
     }
@@ -107,6 +111,16 @@ impl Fetcher {
             fetcher: self,
             rung: self.rung.load(Ordering::SeqCst),
         }
+    }
+
+    /// The next job scheduled for later falls due in `wait`.
+    pub(super) fn due_in(&self, wait: Duration) {
+        *self.due.lock().expect("fetcher lock") = Some(tokio::time::Instant::now() + wait);
+    }
+
+    /// When the next job scheduled for later falls due, if a fetch saw one since last asked.
+    pub(super) fn take_due(&self) -> Option<tokio::time::Instant> {
+        self.due.lock().expect("fetcher lock").take()
     }
 
     /// The listener listens (again): rings, since jobs may have been announced unheard.
