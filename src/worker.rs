@@ -1,16 +1,19 @@
 //! The worker process: the chain-job service stack (the [`throttle`](crate::throttle)
-//! layer around the chain job), the apalis worker that executes it, the maintenance loops,
-//! and a graceful stop on SIGTERM or Ctrl-C (stop taking work, let in-flight calls finish
-//! within the shutdown timeout, record them).
+//! layer around the chain job), the apalis worker that executes it, the queue listener,
+//! the maintenance loops, and a graceful stop on SIGTERM or Ctrl-C (stop taking work, let
+//! in-flight calls finish within the shutdown timeout, record them).
+//!
+//! Start-up order: the first heartbeat; then the loops, the queue listener and the apalis
+//! worker (which fetches once it registered, and again each time the listener subscribes);
+//! the dispatcher only once the listener listens, so no job it pushes is announced to
+//! nobody. "worker started" is logged then.
 
 use std::{
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
 };
 
-use apalis::prelude::{BackendExt, BoxDynError, Monitor, Task, WorkerBuilder, WorkerBuilderExt};
-use apalis_postgres::{Config, PostgresStorage};
+use apalis::prelude::{BoxDynError, Monitor, Task, WorkerBuilder, WorkerBuilderExt};
 use futures::{FutureExt, future::BoxFuture};
 use std::panic::AssertUnwindSafe;
 use tower::{Service, ServiceBuilder};
@@ -19,10 +22,10 @@ pub use crate::engine::{Engine, unique_worker_name};
 use crate::{
     chain::{self, JobOutcome},
     maintenance::{
-        dispatcher::Dispatcher, heartbeat::Heartbeat, pruner::Pruner, reaper::Reaper,
-        rescuer::Rescuer,
+        dispatcher::Dispatcher, heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine,
+        reaper::Reaper, rescuer::Rescuer,
     },
-    queue::{CHAIN_QUEUE, Tick},
+    queue::{self, ChainBackend, Fetcher},
     throttle::{Admitted, ThrottleLayer},
 };
 
@@ -99,6 +102,12 @@ pub fn chain_service(
 /// A loop that cannot start (or the queue worker failing for good) stops the process with
 /// the reason.
 pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
+    run_with(engine, Fetcher::new()).await
+}
+
+/// [`run`] with the queue's [`Fetcher`] given: tests hold its listener back, or watch its
+/// fetches and restarts.
+pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Result<()> {
     let shutdown = engine.shutdown.clone();
     // The first beat precedes any job this process takes: a job locked by a process
     // without a beat would be taken for a dead one's.
@@ -121,37 +130,46 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
         spawn_loop(&engine, |e, token| async move {
             Pruner::new(&e).run(token).await
         }),
+        spawn_loop(&engine, |e, token| async move {
+            Quarantine::new(&e).run(token).await
+        }),
+        tokio::spawn(queue::listen(
+            engine.pool.clone(),
+            fetcher.clone(),
+            shutdown.clone(),
+        )),
     ];
     let mut dispatcher = {
         let engine = engine.clone();
         let token = shutdown.clone();
-        tokio::spawn(async move { Dispatcher::new(&engine).run(token).await })
+        let fetcher = fetcher.clone();
+        tokio::spawn(async move {
+            // A job pushed before the queue listener listens would be announced to nobody.
+            tokio::select! {
+                _ = fetcher.listening() => {}
+                _ = token.cancelled() => return Ok(()),
+            }
+            tracing::info!(worker = %engine.worker_name, "worker started");
+            Dispatcher::new(&engine).run(token).await
+        })
     };
 
-    let factory_engine = engine.clone();
+    let (factory_engine, factory_fetcher) = (engine.clone(), fetcher.clone());
     let monitor = Monitor::new()
         .register(move |_restarts| {
             let e = factory_engine.clone();
-            let config = Config::default()
-                .queue(CHAIN_QUEUE)
-                .batch_size(e.settings.queue_batch_size)
-                .heartbeat_interval(Duration::from_secs(30))
-                .missed_heartbeats(10);
-            let storage = PostgresStorage::<serde_json::Value>::new(&e.pool)
-                .with_config(config)
-                .with_pubsub()
-                .poll_with_strategy(Tick::every(e.settings.queue_poll));
             WorkerBuilder::new(e.worker_name.clone())
-                .backend(storage)
+                .backend(ChainBackend::new(&e, &factory_fetcher))
                 .concurrency(e.settings.worker_concurrency)
                 .build(chain_service(e.clone()))
         })
-        .should_restart(|_ctx, error| {
-            tracing::error!(%error, "chain worker stopped; restarting");
+        .should_restart(move |_ctx, error| {
+            // The restarted worker pauses before it registers again (doubling, capped).
+            fetcher.restarted();
+            tracing::error!(%error, "chain worker stopped; restarting it after a pause");
             true
         })
         .shutdown_timeout(engine.settings.shutdown_timeout);
-    tracing::info!(worker = %engine.worker_name, "worker started");
     let token = shutdown.clone();
     let monitor = monitor.run_with_signal(async move {
         token.cancelled().await;

@@ -7,10 +7,12 @@
 //! - [`rescuer`]: resumes the runs of dead processes, and runs whose job was lost.
 //! - [`reaper`]: ends runs whose heartbeat went quiet for the whole staleness window.
 //! - [`pruner`]: forgets call counts and dead processes nobody reads any more.
+//! - [`quarantine`]: sets aside rows of the chain queue apalis cannot read.
 
 pub mod dispatcher;
 pub mod heartbeat;
 pub mod pruner;
+pub mod quarantine;
 pub mod reaper;
 pub mod rescuer;
 

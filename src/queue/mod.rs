@@ -1,5 +1,18 @@
 //! apalis wiring: the chain queue's name, its job payload, pushing a job inside the caller's
-//! transaction, and re-scheduling a running job for later without counting a failure.
+//! transaction, re-scheduling a running job for later without counting a failure, and how
+//! this process consumes the queue:
+//!
+//! - [`backend`]: the apalis backend of the chain worker: apalis-postgres' queries behind a
+//!   persistence of courier's that sets aside rows it cannot read instead of failing, keeps
+//!   its worker through database outages, and pauses before a restart.
+//! - [`fetcher`]: what wakes the fetcher (announcements, the poll, each subscription of the
+//!   listener) and the bookkeeping that makes a wake never get lost.
+//! - [`listener`]: LISTEN on apalis' insert channel, subscribing again when the connection
+//!   is lost.
+
+pub mod backend;
+pub mod fetcher;
+pub mod listener;
 
 use std::{
     task::{Context, Poll},
@@ -10,6 +23,10 @@ use apalis::prelude::{PollSnapshot, PollStrategy, TaskBuilder, TaskId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgExecutor};
+
+pub use backend::ChainBackend;
+pub use fetcher::Fetcher;
+pub use listener::listen;
 
 /// apalis-postgres' channel announcing inserted jobs (its trigger's name for it).
 pub const INSERT_CHANNEL: &str = "apalis::job::insert";
@@ -91,26 +108,33 @@ pub async fn snooze(
 /// out a block) are fetched when due: PostgreSQL's notify trigger only announces jobs due
 /// at insert time. apalis-core 1.0's own `IntervalStrategy` fires once and then never
 /// re-arms its timer (it returns `Ready` with a fresh, never-polled delay), so scheduled
-/// jobs waited for the 30 s worker heartbeat; this one re-arms every time.
+/// jobs waited for the 30 s worker heartbeat; this one re-arms every time. The chain
+/// worker's [`ChainBackend`] polls it directly; it is also a poll strategy for plain
+/// apalis workers (the benchmarks' no-op drain).
 pub struct Tick(tokio::time::Interval);
 
 impl Tick {
-    /// A tick every `period`; missed ticks are not made up in a burst.
+    /// A tick every `period`, the first at once; missed ticks are not made up in a burst.
     pub fn every(period: Duration) -> Self {
         let mut interval = tokio::time::interval(period);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self(interval)
     }
-}
 
-impl PollStrategy for Tick {
-    fn poll_drive(&mut self, cx: &mut Context<'_>, _: &PollSnapshot) -> Poll<Option<()>> {
+    /// Whether a tick is due; the waker is registered for the next one either way.
+    pub fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
         let mut fired = false;
         // Drain ready ticks until the timer is pending again, which registers the waker.
         while self.0.poll_tick(cx).is_ready() {
             fired = true;
         }
-        if fired {
+        fired
+    }
+}
+
+impl PollStrategy for Tick {
+    fn poll_drive(&mut self, cx: &mut Context<'_>, _: &PollSnapshot) -> Poll<Option<()>> {
+        if self.poll_fired(cx) {
             Poll::Ready(Some(()))
         } else {
             Poll::Pending
@@ -144,3 +168,46 @@ pub fn wake_fetchers_at(pool: sqlx::PgPool, clock: crate::clock::Clock, at: Date
         }
     });
 }
+
+/// A row of the chain queue set aside because apalis cannot read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetAside {
+    /// The row's id, as stored.
+    pub id: String,
+    /// What is wrong with it (also in its `last_result`).
+    pub reason: String,
+}
+
+/// Sets aside, in one statement, every waiting row of the chain queue (`Pending`, `Queued`
+/// or `Failed`) that apalis cannot read (SQL function `courier_job_unreadable`: an id that
+/// is not a ULID, a payload that is not UTF-8 JSON, a NULL metadata value, a timestamp
+/// before 1970): status `Killed`, done now, the reason in `last_result`. Such a row would
+/// fail every batch it is fetched in, and the worker with it. Each row is logged here, once:
+/// a row set aside is never looked at again, by this or any other process.
+pub async fn set_aside_unreadable(db: impl PgExecutor<'_>) -> Result<Vec<SetAside>, sqlx::Error> {
+    let set_aside = sqlx::query_as!(
+        SetAside,
+        r#"WITH bad AS (
+               SELECT j.id, courier_job_unreadable(j) AS reason FROM apalis.jobs j
+               WHERE j.job_type = $1 AND j.status IN ('Pending', 'Queued', 'Failed')
+           )
+           UPDATE apalis.jobs j
+           SET status = 'Killed', done_at = now(),
+               last_result = jsonb_build_object('Err', $2 || bad.reason)
+           FROM bad
+           WHERE j.id = bad.id AND bad.reason IS NOT NULL
+             AND j.status IN ('Pending', 'Queued', 'Failed')
+           RETURNING j.id AS "id!", bad.reason AS "reason!""#,
+        CHAIN_QUEUE,
+        UNREADABLE
+    )
+    .fetch_all(db)
+    .await?;
+    for row in &set_aside {
+        tracing::error!(job = %row.id, reason = %row.reason, "{UNREADABLE}set aside (status Killed)");
+    }
+    Ok(set_aside)
+}
+
+/// How `last_result` (and the log) introduce the reason a job was set aside.
+pub const UNREADABLE: &str = "courier cannot read this job: ";
