@@ -38,6 +38,13 @@ impl<'a> Quarantine<'a> {
 
     /// Sweeps every [`SWEEP_EVERY`] until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        super::every("quarantine", SWEEP_EVERY, shutdown, || self.run_once()).await;
+        super::every(
+            "quarantine",
+            SWEEP_EVERY,
+            &self.engine.health,
+            shutdown,
+            || self.run_once(),
+        )
+        .await;
     }
 }
