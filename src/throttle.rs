@@ -149,7 +149,12 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
     let Some(task_id) = task.task_id().map(ToString::to_string) else {
         return Err(Box::new(AbortError::new("a chain job without a task id")));
     };
-    let Some(ctx) = context::load(&engine.pool, job.run_id).await? else {
+    // Like every statement a job needs to keep its place, this rides out a database
+    // restart: the job goes on a moment after the database answers again.
+    let loaded = engine
+        .retry_outage(|| context::load(&engine.pool, job.run_id))
+        .await?;
+    let Some(ctx) = loaded else {
         return Ok(Gate::Done(JobOutcome::Skipped));
     };
     if !ctx.run_status.is_active() {

@@ -81,7 +81,10 @@ pub async fn execute(
     // the next job of the chain, even in this process, waits for it.
     let owner = format!("{}/{task_id}", engine.worker_name);
     let lease_for = lease_length(engine);
-    if !lease::acquire(&engine.pool, ctx, task_id, &owner, now, lease_for).await? {
+    let leased = engine
+        .retry_outage(|| lease::acquire(&engine.pool, ctx, task_id, &owner, now, lease_for))
+        .await?;
+    if !leased {
         let at = now + LEASE_BUSY_RETRY;
         queue::snooze(&engine.pool, task_id, at).await?;
         queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);
@@ -153,7 +156,9 @@ async fn run_batch(
         after_id: ctx.cursor_id,
         limit: ctx.batch_size,
     };
-    let claimed = claim::claim(&engine.pool, scope, now).await?;
+    let claimed = engine
+        .retry_outage(|| claim::claim(&engine.pool, scope, now))
+        .await?;
     if claimed.is_empty() {
         return Ok(settle(Tally::default(), 0, Next::finish(RunStatus::Completed)).await?);
     }
