@@ -8,8 +8,6 @@
 //! achieved against the declared one.
 
 use std::{
-    path::{Path, PathBuf},
-    process::Command,
     str::FromStr,
     sync::Arc,
     time::{Duration, Instant},
@@ -18,6 +16,8 @@ use std::{
 use anyhow::Context;
 use courier_target::{Target, TargetConfig, WorkspaceConfig};
 use sqlx::{Connection, postgres::PgConnectOptions};
+
+use crate::cluster::{Cluster, server_binaries};
 
 use courier::{
     catalog::{self, NewConnection, NewRule},
@@ -363,125 +363,5 @@ async fn find_server(database_url: &str) -> anyhow::Result<(String, Option<Clust
         cluster.dir.display(),
         cluster.port
     );
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port);
-    Ok((url, Some(cluster)))
-}
-
-/// The newest `/usr/lib/postgresql/<version>/bin` holding `initdb` and `pg_ctl`.
-fn server_binaries() -> Option<PathBuf> {
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            (bin.join("initdb").is_file() && bin.join("pg_ctl").is_file()).then_some((version, bin))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, bin)| bin)
-}
-
-/// A throwaway PostgreSQL cluster in a temporary directory, stopped and removed on drop.
-struct Cluster {
-    /// `pg_ctl` of the installation that created it.
-    pg_ctl: PathBuf,
-    /// The data directory (also the unix socket directory), removed on drop.
-    dir: PathBuf,
-    /// The loopback port it listens on.
-    port: u16,
-    /// Whether its commands run as the `postgres` user (PostgreSQL refuses to run as root).
-    as_postgres: bool,
-}
-
-impl Cluster {
-    fn start(bin: &Path) -> anyhow::Result<Self> {
-        let as_postgres = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-        let dir = std::env::temp_dir().join(format!(
-            "courier-demo-pg-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir)?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let cluster = Self {
-            pg_ctl: bin.join("pg_ctl"),
-            dir: dir.clone(),
-            port,
-            as_postgres,
-        };
-        if as_postgres {
-            run_command(Command::new("chown").arg("postgres").arg(&dir))?;
-        }
-        let data = dir.join("data");
-        run_command(
-            cluster
-                .command(&bin.join("initdb"))
-                .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "-D"])
-                .arg(&data),
-        )?;
-        run_command(
-            cluster
-                .command(&cluster.pg_ctl)
-                .arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(dir.join("log"))
-                .arg("-o")
-                .arg(format!(
-                    "-p {port} -c listen_addresses=127.0.0.1 -k {}",
-                    dir.display()
-                ))
-                .args(["-w", "start"]),
-        )?;
-        Ok(cluster)
-    }
-
-    fn command(&self, program: &Path) -> Command {
-        if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(program);
-            c
-        } else {
-            Command::new(program)
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let stopped = self
-            .command(&self.pg_ctl)
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-m", "fast", "-w", "stop"])
-            .output();
-        if let Err(e) = stopped {
-            eprintln!("courier demo: stopping the private cluster failed: {e}");
-        }
-        match std::fs::remove_dir_all(&self.dir) {
-            Ok(()) => println!("private cluster stopped and {} removed", self.dir.display()),
-            Err(e) => eprintln!("courier demo: could not remove {}: {e}", self.dir.display()),
-        }
-    }
-}
-
-/// Runs a command, failing with its output when it fails.
-fn run_command(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {:?}", cmd.get_program()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{:?} failed: {}{}",
-        cmd.get_program(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    Ok((cluster.url(), Some(cluster)))
 }

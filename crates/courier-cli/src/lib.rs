@@ -1,10 +1,11 @@
 //! The tooling of the `courier` command line that is more than a call into the engine:
-//! the end-to-end [`demo`] and the [`bench`] harness. The binary (`src/main.rs`) parses
-//! arguments and hands over to the engine library (`courier`), the local target
-//! (`courier_target`) or these modules; they are a library so this crate's tests can run
-//! them.
+//! the end-to-end [`demo`], the [`bench`] harness and the private PostgreSQL [`cluster`]
+//! they may start. The binary (`src/main.rs`) parses arguments and hands over to the
+//! engine library (`courier`), the local target (`courier_target`) or these modules; they
+//! are a library so this crate's tests can run them.
 
 pub mod bench;
+pub mod cluster;
 pub mod demo;
 
 /// `server_url` with its database replaced by `name`, keeping its parameters

@@ -81,14 +81,30 @@ enum Command {
     /// `DATABASE_URL` names) with a local target; prints a table and writes
     /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
     Bench {
-        /// pacing, throughput, latency, multi-worker, storm, idle-throttled or scale.
+        /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale or chaos.
         scenario: bench::Scenario,
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]
         records: Option<usize>,
-        /// Worker processes for multi-worker (default 3).
+        /// Worker processes for multi-worker (default 3) and chaos (default 2).
         #[arg(long)]
         workers: Option<usize>,
+        /// chaos: SIGKILLs of a busy worker during the first burst (default 10).
+        #[arg(long)]
+        kills: Option<usize>,
+        /// chaos: seconds the database stays down in the outage phase (default 30; 0
+        /// skips it).
+        #[arg(long)]
+        outage_seconds: Option<u64>,
+        /// chaos: leave out the apalis job whose id is not a ULID.
+        #[arg(long)]
+        skip_apalis_poison: bool,
+        /// chaos: seed of the victim choice (random unless given).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// chaos: the phases to run, of kill, restart, outage, poison, apalis (default: all).
+        #[arg(long, value_delimiter = ',')]
+        phases: Option<Vec<String>>,
         /// Where results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -497,6 +513,11 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             scenario,
             records,
             workers,
+            kills,
+            outage_seconds,
+            skip_apalis_poison,
+            seed,
+            phases,
             out,
         } => {
             let report = bench::run(
@@ -508,6 +529,13 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                     workers,
                     out_dir: Some(out),
                     settings,
+                    chaos: bench::ChaosKnobs {
+                        kills,
+                        outage: outage_seconds.map(std::time::Duration::from_secs),
+                        skip_apalis_poison,
+                        seed,
+                        phases,
+                    },
                 },
             )
             .await?;

@@ -19,6 +19,7 @@ async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
             workers: None,
             out_dir: None,
             settings: settings(&server_url()),
+            chaos: Default::default(),
         },
     )
     .await

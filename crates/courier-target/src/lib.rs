@@ -55,6 +55,9 @@ pub const DEFAULT_PERIOD: Duration = Duration::from_secs(1);
 pub const DEFAULT_HANG: Duration = Duration::from_secs(120);
 /// Requests kept in the log [`Target::requests`] returns (the oldest are dropped).
 pub const REQUEST_LOG_LIMIT: usize = 10_000;
+/// Accepted writes kept in the log [`Target::accepted_log`] returns (the oldest are
+/// dropped).
+pub const ACCEPTED_LOG_LIMIT: usize = 200_000;
 
 /// What a 429 says about when to come back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,6 +181,15 @@ pub struct RecordedRequest {
     pub body: serde_json::Value,
 }
 
+/// One accepted (2xx) write: its key and when its request arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptedWrite {
+    /// When the request arrived (before any injected latency).
+    pub arrived: Instant,
+    /// The key it was accepted under (see [`Target::accepted`]).
+    pub key: String,
+}
+
 /// Shared state of a running target.
 pub struct TargetState {
     /// Status code every request is answered with (0 means: handle normally).
@@ -195,6 +207,8 @@ pub struct TargetState {
     /// Accepted (2xx) writes per key: `Idempotency-Key` on generic paths, record keys of
     /// the workspaces' endpoints.
     accepted: Mutex<HashMap<String, u32>>,
+    /// Every accepted write in arrival order, with its arrival time.
+    accepted_log: Mutex<VecDeque<AcceptedWrite>>,
     /// Requests per path.
     paths: Mutex<HashMap<String, u64>>,
     /// Faults in force.
@@ -287,6 +301,7 @@ impl Target {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             accepted: Mutex::new(HashMap::new()),
+            accepted_log: Mutex::new(VecDeque::new()),
             paths: Mutex::new(HashMap::new()),
             faults: Mutex::new(config.faults.clone()),
             inner: Mutex::new(Inner {
@@ -348,6 +363,18 @@ impl Target {
     /// `event:<delivery id>`.
     pub fn accepted(&self, key: &str) -> u32 {
         lock(&self.state.accepted).get(key).copied().unwrap_or(0)
+    }
+
+    /// The most recent accepted writes (at most [`ACCEPTED_LOG_LIMIT`]), each with the time
+    /// its request arrived, in the order they were accepted: when each record arrived, and
+    /// when a duplicate did.
+    pub fn accepted_log(&self) -> Vec<AcceptedWrite> {
+        lock(&self.state.accepted_log).iter().cloned().collect()
+    }
+
+    /// Requests in progress now.
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::SeqCst)
     }
 
     /// The most recent requests received, oldest first.
@@ -556,6 +583,7 @@ async fn handle(
         };
     }
 
+    let arrived = Instant::now();
     s.requests.fetch_add(1, Ordering::SeqCst);
     let _in_flight = InFlight::enter(&s);
     *lock(&s.paths).entry(path.clone()).or_default() += 1;
@@ -640,7 +668,7 @@ async fn handle(
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
-        Route::Generic => generic(&s, &headers, parsed.is_some()),
+        Route::Generic => generic(&s, &headers, parsed.is_some(), arrived),
         Route::Workspace(name, api) => {
             let authorization = headers
                 .get(axum::http::header::AUTHORIZATION)
@@ -672,11 +700,8 @@ async fn handle(
                 );
             };
             let reply = w.apply(method.as_str(), &api, &body);
-            if !reply.accepted.is_empty() {
-                let mut accepted = lock(&s.accepted);
-                for key in &reply.accepted {
-                    *accepted.entry(key.clone()).or_default() += 1;
-                }
+            for key in &reply.accepted {
+                accept(&s, key, arrived);
             }
             json_reply(reply.status, reply.body)
         }
@@ -715,12 +740,25 @@ fn forced_response(s: &TargetState, status: u16, workspace: Option<&str>) -> Res
 }
 
 /// The generic sink: any JSON body is accepted and counted per `Idempotency-Key`.
-fn generic(s: &TargetState, headers: &HeaderMap, is_json: bool) -> Response {
+fn generic(s: &TargetState, headers: &HeaderMap, is_json: bool, arrived: Instant) -> Response {
     if !is_json {
         return (StatusCode::BAD_REQUEST, "body is not JSON").into_response();
     }
     if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
-        *lock(&s.accepted).entry(key.to_owned()).or_default() += 1;
+        accept(s, key, arrived);
     }
     (StatusCode::OK, Json(serde_json::json!({"ok": true}))).into_response()
+}
+
+/// Counts an accepted write under `key` and logs when its request arrived.
+fn accept(s: &TargetState, key: &str, arrived: Instant) {
+    *lock(&s.accepted).entry(key.to_owned()).or_default() += 1;
+    let mut log = lock(&s.accepted_log);
+    if log.len() >= ACCEPTED_LOG_LIMIT {
+        log.pop_front();
+    }
+    log.push_back(AcceptedWrite {
+        arrived,
+        key: key.to_owned(),
+    });
 }

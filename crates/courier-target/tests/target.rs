@@ -331,3 +331,25 @@ async fn counters_are_served_as_json() {
     );
     assert_eq!(shop.accepted["user:c1"], 2);
 }
+
+#[tokio::test]
+async fn accepted_writes_are_logged_with_their_arrival() {
+    let t = start(TargetConfig::default()).await;
+    let before = Instant::now();
+    assert_eq!(upsert(&t, "c1").await.status(), 200);
+    let between = Instant::now();
+    assert_eq!(upsert(&t, "c1").await.status(), 200);
+    let after = Instant::now();
+    t.respond_with(500, None);
+    assert_eq!(upsert(&t, "c2").await.status(), 500);
+    let log = t.accepted_log();
+    let keys: Vec<&str> = log.iter().map(|w| w.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["user:c1", "user:c1"],
+        "refused writes are not logged"
+    );
+    assert!(before <= log[0].arrived && log[0].arrived <= between);
+    assert!(between <= log[1].arrived && log[1].arrived <= after);
+    assert_eq!(t.in_flight(), 0);
+}

@@ -4,6 +4,7 @@
 //! `bench-results/<scenario>.svg`: calls per second over time against the declared rate,
 //! with 429s and blocks marked. `BENCHMARKS.md` explains every figure.
 
+pub mod chaos;
 mod plot;
 mod scenarios;
 
@@ -33,12 +34,40 @@ pub struct BenchConfig {
     pub database: String,
     /// Records to enqueue; `None` takes the scenario's default.
     pub records: Option<usize>,
-    /// Worker processes for `multi-worker`; `None` takes three.
+    /// Worker processes for `multi-worker` (`None` takes three) and `chaos` (two).
     pub workers: Option<usize>,
     /// Where the JSON and SVG go; `None` writes nothing.
     pub out_dir: Option<PathBuf>,
     /// Worker settings (concurrency, polls) for in-process and child workers.
     pub settings: Settings,
+    /// What `chaos` does (the other scenarios ignore it).
+    pub chaos: ChaosKnobs,
+}
+
+/// The knobs of `courier bench chaos` beyond records and workers.
+#[derive(Clone, Debug, Default)]
+pub struct ChaosKnobs {
+    /// SIGKILLs during the kill phase (`None`: ten).
+    pub kills: Option<usize>,
+    /// The outage's length (`None`: 30 s; zero skips the outage).
+    pub outage: Option<Duration>,
+    /// Leave the apalis job whose id is not a ULID out of the poison rows.
+    pub skip_apalis_poison: bool,
+    /// Seed of the victim choice (`None`: random, printed in the report).
+    pub seed: Option<u64>,
+    /// The phases to run, of `kill`, `restart`, `outage`, `poison`, `apalis` (`None`: all).
+    pub phases: Option<Vec<String>>,
+}
+
+/// A fault marked on the plot: a line at `t`, a shaded span to `until`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Mark {
+    /// Seconds since the burst was enqueued.
+    pub t: f64,
+    /// The end of the span, if the fault lasted.
+    pub until: Option<f64>,
+    /// What happened.
+    pub label: String,
 }
 
 /// One sample of the run's progress, taken every [`SAMPLE_EVERY`].
@@ -74,6 +103,9 @@ pub struct Report {
     pub declared_per_second: Option<f64>,
     /// Progress samples.
     pub timeline: Vec<Sample>,
+    /// Faults to mark on the plot (chaos only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<Mark>,
 }
 
 impl Report {
@@ -85,6 +117,7 @@ impl Report {
             figures: Vec::new(),
             declared_per_second: None,
             timeline: Vec::new(),
+            marks: Vec::new(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The plot of a run: delivered calls per second over time against the declared rate,
-//! 429s as red bars, rate-limit blocks shaded. Plain SVG, no plotting library.
+//! 429s as red bars, rate-limit blocks shaded, faults (chaos) marked. Plain SVG, no
+//! plotting library.
 
 use std::fmt::Write;
 
@@ -62,6 +63,28 @@ pub fn svg(report: &Report) -> String {
                 H - TOP - BOTTOM
             );
         }
+    }
+    // Faults: a span shaded grey while it lasted, a line and a label where it struck.
+    for (i, m) in report.marks.iter().enumerate() {
+        if let Some(until) = m.until {
+            let _ = writeln!(
+                s,
+                r##"<rect x="{:.1}" y="{TOP}" width="{:.1}" height="{:.1}" fill="#e2e2e2"/>"##,
+                x(m.t),
+                (x(until) - x(m.t)).max(1.0),
+                H - TOP - BOTTOM
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<line x1="{:.1}" x2="{:.1}" y1="{TOP}" y2="{:.1}" stroke="#ff7f0e" stroke-width="1.5"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#ff7f0e">{}</text>"##,
+            x(m.t),
+            x(m.t),
+            H - BOTTOM,
+            x(m.t) + 2.0,
+            TOP + 10.0 + (i % 3) as f64 * 11.0,
+            m.label
+        );
     }
     // Axes and grid.
     for k in 0..=5 {

@@ -14,7 +14,11 @@ use courier_target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConf
 use serde_json::json;
 use sqlx::PgPool;
 
-use super::{BenchConfig, Child, Report, Workers, fresh_database, machine, transactions, watch};
+use super::{
+    BenchConfig, Child, Report, Workers,
+    chaos::{self, ChaosOptions},
+    fresh_database, machine, transactions, watch,
+};
 use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
@@ -47,11 +51,14 @@ pub enum Scenario {
     IdleThrottled,
     /// 1,000 connections, 5 rules each, 200,000 deliveries.
     Scale,
+    /// Real worker processes on a private PostgreSQL cluster: kill -9, database restart
+    /// and outage, poison rows.
+    Chaos,
 }
 
 impl Scenario {
     /// Every scenario, in BENCHMARKS.md's order.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Pacing,
         Scenario::Throughput,
         Scenario::Latency,
@@ -59,6 +66,7 @@ impl Scenario {
         Scenario::Storm,
         Scenario::IdleThrottled,
         Scenario::Scale,
+        Scenario::Chaos,
     ];
 
     /// Its name on the command line and in result files.
@@ -71,6 +79,7 @@ impl Scenario {
             Scenario::Storm => "storm",
             Scenario::IdleThrottled => "idle-throttled",
             Scenario::Scale => "scale",
+            Scenario::Chaos => "chaos",
         }
     }
 
@@ -83,6 +92,7 @@ impl Scenario {
             Scenario::Storm => 300,
             Scenario::IdleThrottled => 10_000,
             Scenario::Scale => 200_000,
+            Scenario::Chaos => 600,
         }
     }
 }
@@ -107,6 +117,42 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         unsafe { std::env::set_var(KEY_VAR, TOKEN) };
     }
     let records = config.records.unwrap_or(scenario.default_records());
+    if scenario == Scenario::Chaos {
+        // Its own private cluster, not the server DATABASE_URL names: it restarts it.
+        let knobs = &config.chaos;
+        let mut options = ChaosOptions::bench(std::env::current_exe()?);
+        options.records = records;
+        options.workers = config.workers.unwrap_or(2).max(1);
+        options.kills = knobs.kills.unwrap_or(10);
+        options.outage = match knobs.outage {
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
+            None => Some(Duration::from_secs(30)),
+        };
+        options.poison_apalis = !knobs.skip_apalis_poison;
+        if let Some(seed) = knobs.seed {
+            options.seed = seed;
+        }
+        if let Some(phases) = &knobs.phases {
+            for p in phases {
+                anyhow::ensure!(
+                    ["kill", "restart", "outage", "poison", "apalis"].contains(&p.as_str()),
+                    "unknown chaos phase {p:?}; phases are kill, restart, outage, poison, apalis"
+                );
+            }
+            let on = |p: &str| phases.iter().any(|x| x == p);
+            if !on("kill") {
+                options.kills = 0;
+            }
+            options.restart = on("restart");
+            if !on("outage") {
+                options.outage = None;
+            }
+            options.poison = on("poison");
+            options.poison_apalis &= on("apalis");
+        }
+        return chaos::bench(options).await;
+    }
     let (pool, url) = fresh_database(config).await?;
     let mut report = Report::new(scenario.name(), machine(&pool).await);
     report.figure("records", records as u64);
@@ -121,6 +167,7 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         Scenario::Storm => storm(&mut report, config, &pool, records).await?,
         Scenario::IdleThrottled => idle(&mut report, config, &pool, &url, records).await?,
         Scenario::Scale => scale(&mut report, config, &pool, &url, records).await?,
+        Scenario::Chaos => unreachable!("chaos returned above"),
     }
     pool.close().await;
     Ok(report)
