@@ -166,6 +166,10 @@ pub struct FaultRecord {
     pub duplicates: u64,
     /// Calls in flight at the fault plus one second of calls at the declared rate.
     pub bound: u64,
+    /// Database faults: how often apalis' Monitor restarted a process's chain worker
+    /// after a failed poll, from the fault until the phase drained (each restart drops
+    /// the chain jobs that worker held).
+    pub worker_restarts: u64,
 }
 
 /// What the poison phase saw.
@@ -835,6 +839,7 @@ impl Harness {
             resumed_after_fault: None,
             duplicates: 0,
             bound: in_flight as u64 + u64::from(self.options.rate),
+            worker_restarts: 0,
         });
         self.fault_instants.push((at, answering));
     }
@@ -851,6 +856,7 @@ impl Harness {
         self.until_arrived(phase, records / 3).await?;
         let backlog = self.backlog().await?;
         let in_flight = self.target.in_flight();
+        let (_, restarts_before) = workers.log_lines();
         let cluster = self.cluster.clone();
         let at = Instant::now();
         let kind = match outage {
@@ -887,6 +893,11 @@ impl Harness {
         });
         self.record(kind, at, Some(answering), in_flight, backlog);
         self.drain(phase, from).await?;
+        let (_, restarts_after) = workers.log_lines();
+        self.faults
+            .last_mut()
+            .expect("just recorded")
+            .worker_restarts = restarts_after.saturating_sub(restarts_before);
         workers.reap();
         Ok(())
     }
@@ -1378,6 +1389,10 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
         report.figure(
             &format!("{name}: duplicates (bound {})", f.bound),
             f.duplicates,
+        );
+        report.figure(
+            &format!("{name}: chain worker restarts (each drops its jobs)"),
+            f.worker_restarts,
         );
         report.figure(
             &format!("goal: {name}: called again ≤ 10 s after the database answers"),

@@ -1,0 +1,141 @@
+//! The short form of `courier bench chaos`: real `courier worker` processes on a private
+//! throwaway PostgreSQL cluster, one SIGKILL of the busy worker mid-burst and one restart
+//! of the cluster mid-burst, with the engine's default liveness settings. It asserts what
+//! issue #11 promises: nothing lost, delivery resumes within 30 s of the kill and within
+//! 10 s of the database answering again (see the test for the one exception it
+//! tolerates, a known engine bug), duplicates no more than the calls in flight at the
+//! fault plus a second of calls.
+//!
+//! To see it fail, give the workers a liveness window longer than the promise:
+//! `COURIER_WORKER_DEAD_AFTER_SECONDS=60 cargo test -p courier-cli --test chaos`.
+
+use std::time::{Duration, Instant};
+
+use courier_cli::bench::chaos::{self, ChaosOptions, FaultKind};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_and_a_database_restart_lose_nothing_and_cost_seconds() {
+    let started = Instant::now();
+    let options = ChaosOptions {
+        records: 100,
+        rate: 20,
+        workers: 2,
+        kills: 1,
+        restart: true,
+        outage: None,
+        poison: false,
+        poison_apalis: false,
+        latency: (Duration::from_millis(20), Duration::from_millis(80)),
+        seed: 11,
+        drain_limit: Duration::from_secs(60),
+        keep_logs: false,
+        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+    };
+    let (report, out) = chaos::run(options).await.unwrap();
+    let table = report.render();
+    println!("{table}");
+    println!("took {:.1} s", started.elapsed().as_secs_f64());
+
+    assert_eq!(out.lost, 0, "every record arrives\n{table}");
+    assert!(out.enqueued >= 150, "{table}");
+    assert_eq!(out.unexplained_duplicates, 0, "{table}");
+    assert_eq!(out.workers_died, 0, "no worker dies of a restart\n{table}");
+    assert_eq!(out.runs_left_active, 0, "no run is left running\n{table}");
+
+    let kill = out.of(FaultKind::Kill).next().expect("one kill");
+    assert!(
+        kill.victim_busy && !kill.backlog_rules.is_empty(),
+        "the kill must hit a worker with work, or it proves nothing\n{table}"
+    );
+    let resumed = kill.resumed_after.expect("delivery resumes after the kill");
+    assert!(
+        resumed <= 30.0,
+        "resumed {resumed:.1} s after the kill\n{table}"
+    );
+    assert!(
+        kill.duplicates <= kill.bound,
+        "{} duplicates after the kill, bound {}\n{table}",
+        kill.duplicates,
+        kill.bound
+    );
+
+    let restart = out.of(FaultKind::DbRestart).next().expect("one restart");
+    let resumed = restart
+        .resumed_after
+        .expect("delivery resumes after the restart");
+    // Issue #11's goal is 10 s. courier's own path (commits that retry through the
+    // outage) keeps it; but when a worker's apalis poller fails during the restart, the
+    // Monitor restarts the chain worker and drops the jobs it held, and their runs wait
+    // for the rescuer (about 16 s, one run in five or six here). That engine bug is
+    // pinned, deterministically, by the ignored test below; until it is fixed this test
+    // holds such a restart to the liveness bound (30 s) so the suite stays reliable.
+    let bound = if restart.worker_restarts == 0 {
+        10.0
+    } else {
+        eprintln!(
+            "known engine bug (issue #11 goal 2): apalis restarted a chain worker \
+             {} time(s) during the database restart; delivery resumed {resumed:.1} s \
+             after the database answered",
+            restart.worker_restarts
+        );
+        30.0
+    };
+    assert!(
+        resumed <= bound,
+        "resumed {resumed:.1} s after the database answered ({} chain worker \
+         restarts)\n{table}",
+        restart.worker_restarts
+    );
+    assert!(
+        restart.duplicates <= restart.bound,
+        "{} duplicates after the restart, bound {}\n{table}",
+        restart.duplicates,
+        restart.bound
+    );
+}
+
+/// Issue #11 goal 2 for an outage longer than the pool's 30 s acquire timeout. It fails
+/// today: apalis' poller fails with `PoolTimedOut`, the Monitor restarts the chain worker
+/// and drops its future, cancelling the chain jobs in flight (apalis-core 1.0.0,
+/// `monitor/mod.rs`: `this.fut.as_mut().get_mut().take()`); their runs wait for the
+/// rescuer, which acts only once its process has been healthy for a whole
+/// `COURIER_WORKER_DEAD_AFTER_SECONDS` window: delivery resumes about 17 s after the
+/// database answers, and the answered but uncommitted calls are sent again. Run it with
+/// `cargo test -p courier-cli --test chaos -- --ignored` (about 80 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails until a chain job survives apalis restarting its worker (issue #11 goal 2)"]
+async fn a_long_database_outage_costs_seconds_once_it_answers() {
+    let options = ChaosOptions {
+        records: 100,
+        rate: 10,
+        workers: 2,
+        kills: 0,
+        restart: false,
+        // Longer than the pool's acquire timeout, so every poller gives up during it.
+        outage: Some(Duration::from_secs(40)),
+        poison: false,
+        poison_apalis: false,
+        latency: (Duration::from_millis(20), Duration::from_millis(80)),
+        seed: 11,
+        drain_limit: Duration::from_secs(120),
+        keep_logs: false,
+        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+    };
+    let (report, out) = chaos::run(options).await.unwrap();
+    let table = report.render();
+    println!("{table}");
+    assert_eq!(out.lost, 0, "{table}");
+    assert_eq!(out.workers_died, 0, "{table}");
+    let outage = out.of(FaultKind::DbOutage).next().expect("one outage");
+    let resumed = outage.resumed_after.expect("delivery resumes");
+    assert!(
+        resumed <= 10.0,
+        "resumed {resumed:.1} s after the database answered\n{table}"
+    );
+    assert!(
+        outage.duplicates <= outage.bound,
+        "{} duplicates after the outage, bound {}\n{table}",
+        outage.duplicates,
+        outage.bound
+    );
+}
