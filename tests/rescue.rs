@@ -18,7 +18,6 @@ use courier_target::Target;
 /// `Running` (src/maintenance/rescuer.rs, the `stalled` query), so such a run waits for
 /// the reaper: `COURIER_CHAIN_STALE_AFTER_SECONDS` (600 s).
 #[tokio::test]
-#[ignore = "fails: the rescuer leaves a run whose job sits Queued in a live process"]
 async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
     let db = TestDb::new().await;
     let target = Target::start(0).await.unwrap();

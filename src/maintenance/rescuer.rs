@@ -4,9 +4,9 @@
 //!    (`worker_dead_after`), with its id unchanged, and frees the rule leases such
 //!    processes held: the same run resumes in a live process with the same job;
 //! 2. gives a new job to every running run whose heartbeat has lapsed while its current
-//!    job ended without moving it on (failed past its attempts during a database outage,
-//!    killed, lost): the run's `job_id` names the new job, so the old one can never move
-//!    the run again.
+//!    job ended without moving it on (failed during a database outage, killed, lost, or
+//!    fetched by a live process that dropped it before starting it): the run's `job_id`
+//!    names the new job, so the old one can never move the run again.
 //!
 //! A pass only judges others after this process has reached the database for a whole
 //! window itself (see [`Health`](crate::health::Health)): right after an outage every
@@ -53,7 +53,7 @@ impl<'a> Rescuer<'a> {
             r#"SELECT r.id, r.rule_id FROM runs r
                LEFT JOIN apalis.jobs j ON j.id = r.job_id
                WHERE r.status = 'running' AND r.heartbeat_at < $1
-                 AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed', 'Running'))
+                 AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed', 'Running', 'Queued'))
                FOR UPDATE OF r SKIP LOCKED"#,
             cutoff
         )
