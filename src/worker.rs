@@ -201,6 +201,19 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
     for handle in loops {
         handle.await?;
     }
+    match Rescuer::new(&engine).release_own().await {
+        Ok(jobs) if !jobs.is_empty() => {
+            tracing::info!(
+                jobs = jobs.len(),
+                "unfinished chain jobs put back in the queue"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "could not put this worker's unfinished jobs back; the rescuer of another will"
+        ),
+    }
     beat_stop.cancel();
     beat.await?;
     match failure {

@@ -1,6 +1,5 @@
-//! Gaps in liveness by process found by the chaos suite (`courier bench chaos`), as
-//! engine-level tests. They are ignored until the engine closes them; run them with
-//! `cargo test -p courier --test rescue -- --ignored`.
+//! Gaps in liveness by process found by the chaos suite (`courier bench chaos`) and by
+//! `courier bench cold-start`, as engine-level tests.
 
 mod common;
 
@@ -61,5 +60,68 @@ async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
         rescued.resumed,
         vec![job.job.run_id],
         "the run's heartbeat lapsed 16 s ago and its job will never start"
+    );
+}
+
+/// A process stopping cleanly (a deploy) while it holds a chain job it fetched but did not
+/// finish puts the job back under the same id and frees its lease, so the next process
+/// resumes the run at once instead of after another process's rescuer window (seen in
+/// `courier bench cold-start`: a worker stopped during a retry wait left the run idle for
+/// 15 s).
+#[tokio::test]
+async fn a_cleanly_stopping_process_puts_back_what_it_holds() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let job = take_jobs(&engine).await.remove(0);
+    // This process registered with apalis and fetched the job.
+    sqlx::query(
+        "INSERT INTO apalis.workers (id, worker_type, storage_name) VALUES ($1, 'courier.chain', 'pg')",
+    )
+    .bind(&engine.worker_name)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE apalis.jobs SET status = 'Queued', done_at = NULL, lock_by = $2, lock_at = now()
+         WHERE id = $1",
+    )
+    .bind(&job.id)
+    .bind(&engine.worker_name)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE rules SET lease_owner = $1 || '/run', lease_until = now() + interval '1 hour'",
+    )
+    .bind(&engine.worker_name)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert!(take_jobs(&engine).await.is_empty(), "held by this process");
+
+    let released = Rescuer::new(&engine).release_own().await.unwrap();
+    assert_eq!(released, vec![job.id.clone()]);
+    let leased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM rules WHERE lease_owner IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(leased, 0, "the lease is free");
+    let again = take_jobs(&engine).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, job.id, "the same job, so the same run resumes");
+    assert!(
+        Rescuer::new(&engine)
+            .release_own()
+            .await
+            .unwrap()
+            .is_empty(),
+        "a job no longer held is not touched"
     );
 }

@@ -54,11 +54,14 @@ pub enum Scenario {
     /// Real worker processes on a private PostgreSQL cluster: kill -9, database restart
     /// and outage, poison rows.
     Chaos,
+    /// Twenty worker processes started one after another, each with a backlog already in
+    /// the database: time from the process's start to the target's first call.
+    ColdStart,
 }
 
 impl Scenario {
     /// Every scenario, in BENCHMARKS.md's order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Pacing,
         Scenario::Throughput,
         Scenario::Latency,
@@ -67,6 +70,7 @@ impl Scenario {
         Scenario::IdleThrottled,
         Scenario::Scale,
         Scenario::Chaos,
+        Scenario::ColdStart,
     ];
 
     /// Its name on the command line and in result files.
@@ -80,6 +84,7 @@ impl Scenario {
             Scenario::IdleThrottled => "idle-throttled",
             Scenario::Scale => "scale",
             Scenario::Chaos => "chaos",
+            Scenario::ColdStart => "cold-start",
         }
     }
 
@@ -93,6 +98,7 @@ impl Scenario {
             Scenario::IdleThrottled => 10_000,
             Scenario::Scale => 200_000,
             Scenario::Chaos => 600,
+            Scenario::ColdStart => 300,
         }
     }
 }
@@ -167,6 +173,7 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         Scenario::Storm => storm(&mut report, config, &pool, records).await?,
         Scenario::IdleThrottled => idle(&mut report, config, &pool, &url, records).await?,
         Scenario::Scale => scale(&mut report, config, &pool, &url, records).await?,
+        Scenario::ColdStart => cold_start(&mut report, config, &pool, &url, records).await?,
         Scenario::Chaos => unreachable!("chaos returned above"),
     }
     pool.close().await;
@@ -625,6 +632,61 @@ async fn scale(
     report.figure(
         "dispatcher pass after the drain (ms)",
         t.elapsed().as_secs_f64() * 1e3,
+    );
+    Ok(())
+}
+
+/// Worker starts measured by `cold-start`.
+const COLD_STARTS: usize = 20;
+
+/// `COLD_STARTS` times: enqueue a backlog of `records` while no worker runs, start a worker
+/// process, wait for the target's first call, stop the worker (SIGTERM). The backlog left
+/// behind stays for the next start, as after a deploy; the figures are the time from
+/// spawning the process to the first call.
+async fn cold_start(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    url: &str,
+    records: usize,
+) -> anyhow::Result<()> {
+    let target = usercom_target(10, Window::Sliding).await?;
+    connection(
+        pool,
+        "workspace",
+        "usercom",
+        target.workspace_url("bench"),
+        600,
+        8,
+    )
+    .await?;
+    rule(pool, "customers", "workspace", "user_upsert", 100).await?;
+    let mut firsts = Vec::with_capacity(COLD_STARTS);
+    for i in 0..COLD_STARTS {
+        enqueue::enqueue_many(pool, "customers", users(&format!("start{i}"), records)).await?;
+        let before = target.counters().requests;
+        let spawned = Instant::now();
+        let child = Child::spawn(url, &config.settings)?;
+        while target.counters().requests == before {
+            anyhow::ensure!(
+                spawned.elapsed() < Duration::from_secs(60),
+                "start {i}: no call within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let first = spawned.elapsed().as_secs_f64();
+        child.stop()?;
+        println!("start {:>2}: first call after {first:.3} s", i + 1);
+        firsts.push(first);
+    }
+    firsts.sort_by(f64::total_cmp);
+    report.figure("worker starts", COLD_STARTS as u64);
+    report.figure("start → first call, best (s)", firsts[0]);
+    report.figure("start → first call, median (s)", firsts[COLD_STARTS / 2]);
+    report.figure("start → first call, worst (s)", firsts[COLD_STARTS - 1]);
+    report.figure(
+        "queue poll interval (s)",
+        config.settings.queue_poll.as_secs_f64(),
     );
     Ok(())
 }
