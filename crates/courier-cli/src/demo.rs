@@ -17,7 +17,10 @@ use anyhow::Context;
 use courier_target::{Target, TargetConfig, WorkspaceConfig};
 use sqlx::{Connection, postgres::PgConnectOptions};
 
-use crate::cluster::{Cluster, server_binaries};
+use crate::{
+    cluster::{Cluster, server_binaries},
+    progress::Progress,
+};
 
 use courier::{
     catalog::{self, NewConnection, NewRule},
@@ -209,12 +212,17 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     worker::cancel_on_signal(engine.shutdown.clone());
     let handle = tokio::spawn(worker::run(engine.clone()));
 
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    // The current rate is the target's view: calls per second (deliveries are committed
-    // in batches, so their count moves in steps).
+    let progress = Progress::new(opts.records as u64);
+    let mut watch = Watch::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut last = (Instant::now(), 0u64);
+    let mut rate = 0.0;
+    let mut next_line = Duration::ZERO;
     loop {
         tick.tick().await;
+        for line in watch.events(&pool).await? {
+            progress.event(&line);
+        }
         let row = sqlx::query!(
             r#"SELECT count(*) FILTER (WHERE status = 'pending') AS "pending!",
                       count(*) FILTER (WHERE status = 'delivered') AS "delivered!",
@@ -225,26 +233,35 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         )
         .fetch_one(&pool)
         .await?;
+        // The current rate is the target's view: calls per second over the last second.
         let now = Instant::now();
         let counters = target.counters();
-        let rate = (counters.requests - last.1) as f64 / (now - last.0).as_secs_f64();
-        last = (now, counters.requests);
-        let met = counters.throttled;
-        println!(
-            "[{:5.1}s] delivered {:>6}  pending {:>6}  failed {:>3}  runs waiting {:>2} throttled {:>2}  429s met {:>4}  calls {:>5.1}/s",
-            started.elapsed().as_secs_f64(),
-            row.delivered,
-            row.pending,
-            row.failed,
-            row.waiting,
-            row.throttled,
-            met,
-            rate
-        );
-        if row.pending == 0 || engine.shutdown.is_cancelled() {
+        if now - last.0 >= Duration::from_secs(1) {
+            rate = (counters.requests - last.1) as f64 / (now - last.0).as_secs_f64();
+            last = (now, counters.requests);
+        }
+        let elapsed = started.elapsed();
+        let done = row.pending == 0 || engine.shutdown.is_cancelled();
+        // Piped output gets a plain line a second (and the last one).
+        if progress.is_live() || elapsed >= next_line || done {
+            next_line = elapsed + Duration::from_secs(1);
+            let message = format!(
+                "pending {}  failed {}  runs waiting {} throttled {}  429s met {}  calls {rate:.1}/s",
+                row.pending, row.failed, row.waiting, row.throttled, counters.throttled
+            );
+            progress.update(row.delivered as u64, &message, || {
+                format!(
+                    "[{:5.1}s] delivered {:>6}  {message}",
+                    elapsed.as_secs_f64(),
+                    row.delivered
+                )
+            });
+        }
+        if done {
             break;
         }
     }
+    progress.finish();
     engine.shutdown.cancel();
     handle.await??;
 
@@ -364,4 +381,76 @@ async fn find_server(database_url: &str) -> anyhow::Result<(String, Option<Clust
         cluster.port
     );
     Ok((cluster.url(), Some(cluster)))
+}
+
+/// What the demo has shown of blocks and waiting runs, to print each change once.
+#[derive(Default)]
+struct Watch {
+    /// The newest block's `set_at` printed so far.
+    block_seen: Option<chrono::DateTime<chrono::Utc>>,
+    /// Runs seen waiting, by id.
+    waiting: std::collections::BTreeSet<i64>,
+}
+
+impl Watch {
+    /// Lines for the blocks set and the runs that started or stopped waiting since the
+    /// last call.
+    async fn events(&mut self, pool: &sqlx::PgPool) -> anyhow::Result<Vec<String>> {
+        let mut lines = Vec::new();
+        let blocks = sqlx::query!(
+            r#"SELECT b.set_at, b.blocked_until, b.retry_after_raw, r.name AS "rule?", c.name AS "connection?"
+               FROM connection_blocks b
+               LEFT JOIN rules r ON r.id = b.rule_id
+               LEFT JOIN connections c ON c.id = b.connection_id
+               WHERE b.set_at > coalesce($1::timestamptz, '-infinity') ORDER BY b.set_at"#,
+            self.block_seen
+        )
+        .fetch_all(pool)
+        .await?;
+        for b in blocks {
+            self.block_seen = Some(b.set_at);
+            lines.push(format!(
+                "429 met: connection {} blocked until {} (retry-after {:?}, met by rule {}); \
+                 no attempt spent, no failure recorded",
+                b.connection.as_deref().unwrap_or("?"),
+                b.blocked_until.format("%H:%M:%S%.3f"),
+                b.retry_after_raw.as_deref().unwrap_or(""),
+                b.rule.as_deref().unwrap_or("?"),
+            ));
+        }
+        let runs = sqlx::query!(
+            r#"SELECT r.id, r.status, r.resume_at, ru.name
+               FROM runs r JOIN rules ru ON ru.id = r.rule_id
+               WHERE r.status = 'waiting' OR r.id = ANY($1)"#,
+            &self.waiting.iter().copied().collect::<Vec<_>>()
+        )
+        .fetch_all(pool)
+        .await?;
+        for r in runs {
+            let was = self.waiting.contains(&r.id);
+            match (was, r.status.as_str()) {
+                (false, "waiting") => {
+                    self.waiting.insert(r.id);
+                    lines.push(format!(
+                        "run {} ({}) waiting{}",
+                        r.id,
+                        r.name,
+                        r.resume_at
+                            .map(|t| format!(" until {}", t.format("%H:%M:%S%.3f")))
+                            .unwrap_or_default()
+                    ));
+                }
+                (true, "waiting") => {}
+                (true, status) => {
+                    self.waiting.remove(&r.id);
+                    lines.push(match status {
+                        "running" => format!("run {} ({}) resumed", r.id, r.name),
+                        _ => format!("run {} ({}) ended {status}", r.id, r.name),
+                    });
+                }
+                (false, _) => {}
+            }
+        }
+        Ok(lines)
+    }
 }

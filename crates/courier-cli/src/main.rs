@@ -247,7 +247,7 @@ async fn main() -> std::process::ExitCode {
     // Colour only on a terminal: log files and pipes get plain text (or JSON lines).
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(courier_cli::progress::LogWriter);
     match settings.log_format {
         config::LogFormat::Json => subscriber.json().init(),
         config::LogFormat::Text => subscriber

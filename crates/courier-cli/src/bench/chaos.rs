@@ -1472,7 +1472,8 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
         report.figure("apalis row: its state", a.row.clone());
         report.figure(
             "apalis row: deleted by the harness; burst delivered after (s)",
-            secs(a.drained_after_removal),
+            a.drained_after_removal
+                .map_or(json!("not needed"), |s| secs(Some(s))),
         );
         report.figure(
             "goal: an apalis row courier cannot read stops nothing",
