@@ -12,7 +12,7 @@ use super::{
     WriterConfigError,
     secrets::{Secrets, is_secret_header},
 };
-use crate::catalog::Connection;
+use crate::{catalog::Connection, rate_headers::ResetKind};
 
 /// Longest response body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 300;
@@ -191,6 +191,12 @@ impl Writer for HttpJsonWriter {
 
     fn max_in_flight(&self) -> usize {
         self.endpoint.max_in_flight
+    }
+
+    /// A generic target's reset is read as a delta (seconds), as the IETF drafts and most
+    /// vendors send it; a connection setting could name epoch targets if one ever needs it.
+    fn reset_kind(&self) -> ResetKind {
+        ResetKind::Delta
     }
 
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {

@@ -13,7 +13,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 
-use crate::catalog::Connection;
+use crate::{catalog::Connection, rate_headers::ResetKind};
 
 /// Requests per minute a writer declares when it knows nothing better.
 pub const DEFAULT_REQUESTS_PER_MINUTE: u32 = 600;
@@ -103,6 +103,11 @@ pub trait Writer: Send + Sync {
     fn requests_per_minute(&self) -> u32;
     /// How many calls may be in flight at once.
     fn max_in_flight(&self) -> usize;
+    /// How the target means `X-RateLimit-Reset` (see [`crate::rate_headers`]): a delta
+    /// unless the writer knows its target sends epoch seconds.
+    fn reset_kind(&self) -> ResetKind {
+        ResetKind::Delta
+    }
     /// Delivers one record. Each call is exactly one request to the target.
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>>;
 }
