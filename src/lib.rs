@@ -50,6 +50,7 @@ pub mod db;
 pub mod engine;
 pub mod enqueue;
 pub mod health;
+pub mod learned;
 pub mod ledger;
 pub mod maintenance;
 pub mod pacer;

@@ -56,9 +56,15 @@ pub fn calls<'a>(
             // One request of the budget per call, in fair turn with other rules.
             let key = &ctx.connection.budget_key;
             let slot = async {
-                let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
-                engine.clock.sleep_until(at).await;
-                Ok::<_, crate::pacer::PacerError>(())
+                loop {
+                    let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
+                    engine.clock.sleep_until(at).await;
+                    // The target said its budget is spent until later than this slot
+                    // (remaining 0): a new slot, from then on.
+                    if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
+                        return Ok::<_, crate::pacer::PacerError>(());
+                    }
+                }
             };
             // A stop does not wait for slots: the delivery stays pending, untouched.
             tokio::select! {

@@ -38,10 +38,19 @@ use self::{
 use crate::{
     breaker::Circuit,
     engine::Engine,
-    queue,
+    learned, queue, rate_headers,
     runs::RunStatus,
-    writer::{self, Writer},
+    writer::{self, Receipt, WriteError, Writer},
 };
+
+/// The rate-limit headers an answer carries, if it carries any.
+fn rate_headers_of(result: &Result<Receipt, WriteError>) -> Option<&reqwest::header::HeaderMap> {
+    match result {
+        Ok(receipt) => Some(&receipt.rate_headers),
+        Err(WriteError::RateLimited { rate_headers, .. }) => Some(&**rate_headers),
+        Err(_) => None,
+    }
+}
 
 /// How long a job waits before trying again when another job holds its rule's lease.
 const LEASE_BUSY_RETRY: Duration = Duration::seconds(1);
@@ -240,11 +249,43 @@ impl Job<'_> {
                 continue;
             };
             let at = engine.clock.now();
+            // What the target states about its budget, read before the answer is used.
+            let statement = rate_headers_of(&result)
+                .filter(|h| !h.is_empty())
+                .map(|h| rate_headers::read(h, writer.reset_kind(), at))
+                .unwrap_or_default();
+            let key = &ctx.connection.budget_key;
+            if let Some(rpm) = statement.quota_per_minute() {
+                engine.pacer.advertised(key, rpm);
+            }
+            let limited = matches!(result, Err(WriteError::RateLimited { .. }));
+            if let Some(until) = learned::spent_until(&statement, at).filter(|_| !limited) {
+                // Nothing left until the reset: wait for it before any 429, without
+                // counting one. A short wait is sat out by the pacer within the batch.
+                let wait = (until - at).to_std().unwrap_or_default();
+                tracing::debug!(
+                    delivery = d.id,
+                    ?wait,
+                    "the target's budget is spent until its reset"
+                );
+                engine.pacer.hold(key, until);
+                tally.spent(
+                    wait,
+                    format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
+                );
+                if wait > learned::HOLD_IN_BATCH {
+                    stop.stop();
+                }
+            }
             match classify::classify(d, result, elapsed, &ctx.retry, at, rand::random()) {
                 Classified::RateLimited { wait, raw } => {
-                    // Not a failure of the record: nothing is recorded against it.
+                    // Not a failure of the record: nothing is recorded against it. A wait
+                    // the response named (Retry-After) goes before its headers' reset.
+                    let wait = wait.or(statement.reset);
                     tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
-                    engine.pacer.throttled(&ctx.connection.budget_key);
+                    if let Err(e) = engine.pacer.throttled(&ctx.connection.budget_key).await {
+                        tracing::warn!(error = %e, "could not record what the 429 taught the budget");
+                    }
                     tally.rate_limited(wait, raw);
                     stop.stop();
                     called.not_attempted.push(d.id);

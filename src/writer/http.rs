@@ -99,9 +99,14 @@ impl Endpoint {
     /// `e` with every secret of the connection hidden in the text the target sent.
     fn redact(&self, e: WriteError) -> WriteError {
         match e {
-            WriteError::RateLimited { wait, raw } => WriteError::RateLimited {
+            WriteError::RateLimited {
+                wait,
+                raw,
+                rate_headers,
+            } => WriteError::RateLimited {
                 wait,
                 raw: raw.map(|r| self.secrets.redact(&r)),
+                rate_headers,
             },
             WriteError::Permanent { status, message } => WriteError::Permanent {
                 status,
@@ -227,11 +232,16 @@ pub async fn classify_response(
     if response.status().is_success() {
         return Ok(Receipt {
             http_status: Some(status),
+            rate_headers: super::rate_limit_headers(response.headers()),
         });
     }
     if status == 429 {
         let (wait, raw) = rate_limit_wait(response.headers(), reset_headers, SystemTime::now());
-        return Err(WriteError::RateLimited { wait, raw });
+        return Err(WriteError::RateLimited {
+            wait,
+            raw,
+            rate_headers: Box::new(super::rate_limit_headers(response.headers())),
+        });
     }
     let body = response.text().await.unwrap_or_default();
     let message = snippet(&body);

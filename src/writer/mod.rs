@@ -40,6 +40,21 @@ pub struct Outgoing<'a> {
 pub struct Receipt {
     /// The HTTP status the target answered with.
     pub http_status: Option<u16>,
+    /// The response's rate-limit headers ([`rate_limit_headers`]), read by the pacer.
+    pub rate_headers: reqwest::header::HeaderMap,
+}
+
+/// The rate-limit headers of a response (`RateLimit*`, `X-RateLimit-*`), the only ones a
+/// receipt keeps: what the target states about its budget.
+pub fn rate_limit_headers(headers: &reqwest::header::HeaderMap) -> reqwest::header::HeaderMap {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let n = name.as_str();
+            n.starts_with("ratelimit") || n.starts_with("x-ratelimit")
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
 }
 
 /// Why a write did not deliver.
@@ -53,6 +68,9 @@ pub enum WriteError {
         wait: Option<Duration>,
         /// The raw header value that named the wait, for the operator.
         raw: Option<String>,
+        /// The response's rate-limit headers ([`rate_limit_headers`]), boxed: an error
+        /// stays small.
+        rate_headers: Box<reqwest::header::HeaderMap>,
     },
     /// Retrying will not help (400, 401, 403, 404, 422, ...).
     #[error("permanent failure{}: {message}", status_suffix(*.status))]
