@@ -482,3 +482,28 @@ async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_
             .unwrap();
     assert_eq!((status.as_str(), run.as_str()), ("Pending", "running"));
 }
+
+#[tokio::test]
+async fn one_job_claims_the_next_batch_while_the_tail_is_in_flight() {
+    let (db, target) = shop(&["customers"], 10, 4).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let batches = courier::chain::BATCHES_PER_JOB;
+    // One batch more than a job takes: the chain needs a second job for it.
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 10 * batches + 5))
+        .await
+        .unwrap();
+    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    let job = take_jobs(&engine).await.remove(0);
+    assert_eq!(run_job(&engine, &job).await, JobOutcome::Continued);
+    assert_eq!(delivered(&db.pool).await, 10 * batches as i64);
+    assert_eq!(target.counters().requests, 10 * batches as u64);
+    let outcomes = drive(&engine).await;
+    assert_eq!(
+        outcomes,
+        vec![JobOutcome::Finished(courier::runs::RunStatus::Completed)]
+    );
+    assert_eq!(delivered(&db.pool).await, 10 * batches as i64 + 5);
+}
