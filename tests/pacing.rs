@@ -507,3 +507,82 @@ async fn one_job_claims_the_next_batch_while_the_tail_is_in_flight() {
     );
     assert_eq!(delivered(&db.pool).await, 10 * batches as i64 + 5);
 }
+
+#[tokio::test]
+async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
+    const KEY_VAR: &str = "COURIER_PACING_TEST_USERCOM_KEY";
+    const TOKEN: &str = "pacing-token";
+    // SAFETY: the only test in this binary that touches the environment.
+    unsafe { std::env::set_var(KEY_VAR, TOKEN) };
+    let db = TestDb::new().await;
+    // 4 requests a minute, stated in the IETF draft's fields with every answer.
+    let target = Target::start_with(courier_target::TargetConfig {
+        workspaces: vec![courier_target::WorkspaceConfig::new("shop", TOKEN)],
+        rate: 4,
+        period: std::time::Duration::from_secs(60),
+        window: courier_target::Window::Fixed,
+        rate_headers: courier_target::RateHeaders::Ietf,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    catalog::upsert_connection(
+        &db.pool,
+        &NewConnection {
+            name: "shop".into(),
+            writer: "usercom".into(),
+            base_url: target.workspace_url("shop"),
+            api_key_env: Some(KEY_VAR.into()),
+            requests_per_minute: Some(600),
+            max_in_flight: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "customers".into(),
+            connection: "shop".into(),
+            path: "user_upsert".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let users = (0..6)
+        .map(|i| NewDelivery::new(&format!("u{i}"), json!({"custom_id": format!("u{i}")})))
+        .collect();
+    enqueue::enqueue_many(&db.pool, "customers", users)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let counters = target.counters();
+    assert_eq!(
+        (counters.requests, counters.throttled),
+        (4, 0),
+        "the fourth answer said 0 left: no fifth call, no 429"
+    );
+    assert_eq!(delivered(&db.pool).await, 4);
+    // The block is recorded like a 429's, until the stated reset (about a minute).
+    let (until, raw): (DateTime<Utc>, String) =
+        sqlx::query_as("SELECT blocked_until, retry_after_raw FROM connection_blocks")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let left = until - engine.clock.now();
+    assert!(
+        left > Span::seconds(50) && left <= Span::seconds(61),
+        "{left}"
+    );
+    assert!(raw.starts_with("remaining 0"), "{raw}");
+    let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
+    assert_eq!(report.rules[0].state, "waiting");
+    // No 429 was met: nothing learned; the stated quota (4/min) is the advertised rate.
+    let key = budget_key(&db.pool).await;
+    let (_, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
+    assert_eq!((learned, effective), (None, 4.0));
+    assert_eq!(report.connections[0].advertised_rpm, Some(4.0));
+}
