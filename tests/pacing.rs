@@ -552,7 +552,7 @@ async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
     .await
     .unwrap();
     let users = (0..6)
-        .map(|i| NewDelivery::new(&format!("u{i}"), json!({"custom_id": format!("u{i}")})))
+        .map(|i| NewDelivery::new(format!("u{i}"), json!({"custom_id": format!("u{i}")})))
         .collect();
     enqueue::enqueue_many(&db.pool, "customers", users)
         .await
