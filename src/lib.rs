@@ -24,6 +24,7 @@
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
 //! - [`pacer`]: the request budget per connection or budget key (table `budgets`), fair
 //!   between rules, shared across processes.
+//! - [`rate_headers`]: what a response's headers say about the rate limit (pure).
 //! - [`blocks`]: 429s as budget blocks (table `connection_blocks`), kept in memory too.
 //! - [`throttle`]: the tower layer on the chain-job service: wait out a block or throttle.
 //! - [`retry`]: a rule's retry policy (attempts, backoff).
@@ -49,10 +50,12 @@ pub mod db;
 pub mod engine;
 pub mod enqueue;
 pub mod health;
+pub mod learned;
 pub mod ledger;
 pub mod maintenance;
 pub mod pacer;
 pub mod queue;
+pub mod rate_headers;
 pub mod retry;
 pub mod runs;
 pub mod status;

@@ -26,17 +26,14 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::clock::Clock;
+use crate::{clock::Clock, learned};
 
 /// Slots leased per statement: about a quarter second's worth, at least 1, at most this.
 pub const MAX_SLICE: u32 = 50;
 
-/// After a 429 a process paces the budget at this share of its previous speed...
-pub const SLOWDOWN: f64 = 0.5;
-/// ...never slower than this share of the declared rate...
-pub const MIN_SPEED: f64 = 0.05;
-/// ...and grows back by this share per call the target answered without a 429.
-pub const RECOVERY_PER_CALL: f64 = 0.002;
+/// A budget whose slots all lay this far in the past was idle: the count of accepted
+/// calls a 429 estimates the real rate from starts afresh.
+pub const IDLE_AFTER: Duration = Duration::from_secs(5);
 
 /// A slot may still be spent this late (or a tenth of an interval, if longer).
 pub const MIN_STALE_TOLERANCE: Duration = Duration::from_millis(1);
@@ -51,7 +48,14 @@ pub const HEADROOM: f64 = 0.02;
 
 /// The time between two requests of a budget declaring `requests_per_minute`.
 pub fn emission_interval(requests_per_minute: u32) -> Duration {
-    let exact = 60.0 / (f64::from(requests_per_minute.max(1)) * (1.0 - HEADROOM));
+    interval_for(f64::from(requests_per_minute))
+}
+
+/// The time between two requests of a budget paced at `rpm` requests per minute (the
+/// effective rate, see [`learned`](crate::learned)), [`HEADROOM`] wider; PostgreSQL's
+/// `courier_slot_interval` is the same formula.
+pub fn interval_for(rpm: f64) -> Duration {
+    let exact = 60.0 / (rpm.max(1.0) * (1.0 - HEADROOM));
     // Whole microseconds: what PostgreSQL's interval and timestamp types hold.
     Duration::from_micros((exact * 1e6).ceil() as u64)
 }
@@ -128,9 +132,18 @@ struct Budget {
     /// How far ahead of now a lease starts (microseconds): twice the last lease's round
     /// trip, so the slots are still fresh when they arrive, however fast the rate.
     lookahead_us: AtomicU64,
-    /// Share of the declared rate this process paces at (as f64 bits): halved by a 429,
-    /// grown back by [`RECOVERY_PER_CALL`] per answered call, never above 1.
-    speed: AtomicU64,
+    /// The declared rate (requests per minute).
+    declared: u32,
+    /// The effective rate the last lease paced at (as f64 bits): the least of declared,
+    /// learned and advertised, as the shared budget row stood.
+    effective: AtomicU64,
+    /// Calls the target accepted (answered other than 429) not yet reported to the budget
+    /// row; the next lease adds them.
+    accepted: AtomicU64,
+    /// The rate the target's headers advertised, not yet reported to the budget row.
+    advertised: Mutex<Option<f64>>,
+    /// No slot before this time: the target said its budget is spent until then.
+    hold: Mutex<Option<DateTime<Utc>>>,
     /// The shared budget's next free slot as of this process's last lease: how far other
     /// processes have booked it.
     booked_until: Mutex<Option<DateTime<Utc>>>,
@@ -193,7 +206,11 @@ impl Pacer {
                     state: Mutex::new(BudgetState::default()),
                     granted: AtomicU64::new(0),
                     lookahead_us: AtomicU64::new(0),
-                    speed: AtomicU64::new(1.0f64.to_bits()),
+                    declared: requests_per_minute.max(1),
+                    effective: AtomicU64::new(f64::from(requests_per_minute.max(1)).to_bits()),
+                    accepted: AtomicU64::new(0),
+                    advertised: Mutex::new(None),
+                    hold: Mutex::new(None),
                     booked_until: Mutex::new(None),
                 });
                 budgets.insert(key.to_owned(), b.clone());
@@ -202,36 +219,129 @@ impl Pacer {
         }
     }
 
-    /// A call on budget `key` met a 429: the target allows less than declared, so this
-    /// process slows down (multiplicative decrease) instead of meeting 429 after 429.
-    pub fn throttled(&self, key: &str) {
-        if let Some(b) = self.budgets.lock().expect("pacer mutex").get(key) {
-            let speed = (f64::from_bits(b.speed.load(Ordering::Relaxed)) * SLOWDOWN).max(MIN_SPEED);
-            b.speed.store(speed.to_bits(), Ordering::Relaxed);
-            // Slots leased at the old pace fall inside the block the 429 set anyway.
-            b.state.lock().expect("budget mutex").slots.clear();
-            tracing::info!(budget = key, speed, "slowing down after a 429");
-        }
+    fn known(&self, key: &str) -> Option<Arc<Budget>> {
+        self.budgets.lock().expect("pacer mutex").get(key).cloned()
     }
 
-    /// `calls` calls on budget `key` were answered without a 429 (additive increase).
+    /// A call on budget `key` met a 429: the target allows less than the pace. The
+    /// budget's learned rate (shared by every process, in its row) is set from what the
+    /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
+    /// process leased at the old pace are dropped.
+    pub async fn throttled(&self, key: &str) -> Result<(), PacerError> {
+        let Some(b) = self.known(key) else {
+            return Ok(());
+        };
+        b.state.lock().expect("budget mutex").slots.clear();
+        let pending = b.accepted.swap(0, Ordering::Relaxed) as i64;
+        let now = self.clock.now();
+        let lease_err = |source| PacerError::Lease {
+            key: key.to_owned(),
+            source,
+        };
+        let mut tx = self.pool.begin().await.map_err(lease_err)?;
+        let row = sqlx::query!(
+            r#"SELECT declared_rpm, learned_rpm, learned_at, advertised_rpm, advertised_at,
+                      last_429_at, accepted, accepted_since
+               FROM budgets WHERE budget_key = $1 FOR UPDATE"#,
+            key
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(lease_err)?;
+        let Some(row) = row else {
+            return Ok(());
+        };
+        if row
+            .last_429_at
+            .is_some_and(|t| t > now - learned::ONE_CUT_PER)
+        {
+            // The same exhausted window, met by another call in flight: one cut is enough.
+            sqlx::query!(
+                "UPDATE budgets SET accepted = accepted + $2 WHERE budget_key = $1",
+                key,
+                pending
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(lease_err)?;
+            tx.commit().await.map_err(lease_err)?;
+            return Ok(());
+        }
+        let declared = row.declared_rpm.map_or(b.declared, |d| d.max(1) as u32);
+        let paced = learned::effective(
+            declared,
+            learned::learned_now(row.learned_rpm, row.learned_at, declared, now),
+            learned::advertised_now(row.advertised_rpm, row.advertised_at, now),
+        );
+        let accepted = learned::accepted_rpm(row.accepted + pending, row.accepted_since, now);
+        let rpm = learned::after_429(paced, accepted, declared);
+        sqlx::query!(
+            "UPDATE budgets SET learned_rpm = $2, learned_at = $3, last_429_at = $3,
+                                accepted = 0, accepted_since = $3
+             WHERE budget_key = $1",
+            key,
+            rpm,
+            now
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(lease_err)?;
+        tx.commit().await.map_err(lease_err)?;
+        b.effective.store(rpm.to_bits(), Ordering::Relaxed);
+        tracing::info!(
+            budget = key,
+            paced,
+            accepted,
+            learned = rpm,
+            "a 429: the budget's learned rate is lowered"
+        );
+        Ok(())
+    }
+
+    /// `calls` calls on budget `key` were answered other than 429: the target accepted
+    /// them. Counted for the budget with this process's next lease.
     pub fn answered(&self, key: &str, calls: u32) {
-        if let Some(b) = self.budgets.lock().expect("pacer mutex").get(key) {
-            let speed = f64::from_bits(b.speed.load(Ordering::Relaxed));
-            if speed < 1.0 {
-                let speed = (speed + RECOVERY_PER_CALL * f64::from(calls)).min(1.0);
-                b.speed.store(speed.to_bits(), Ordering::Relaxed);
-            }
+        if let Some(b) = self.known(key) {
+            b.accepted.fetch_add(u64::from(calls), Ordering::Relaxed);
         }
     }
 
-    /// The share of the declared rate this process paces budget `key` at.
-    pub fn speed(&self, key: &str) -> f64 {
-        self.budgets
-            .lock()
-            .expect("pacer mutex")
-            .get(key)
-            .map_or(1.0, |b| f64::from_bits(b.speed.load(Ordering::Relaxed)))
+    /// The target's headers stated a quota of `rpm` requests per minute for budget `key`:
+    /// reported to the budget row with this process's next lease.
+    pub fn advertised(&self, key: &str, rpm: f64) {
+        if let Some(b) = self.known(key) {
+            *b.advertised.lock().expect("budget mutex") = Some(rpm);
+        }
+    }
+
+    /// The target said budget `key` is spent until `until` (a remaining count of 0): this
+    /// process hands out no slot before then, and its next lease books the shared budget
+    /// from then on.
+    pub fn hold(&self, key: &str, until: DateTime<Utc>) {
+        if let Some(b) = self.known(key) {
+            let mut hold = b.hold.lock().expect("budget mutex");
+            *hold = Some(hold.map_or(until, |h| h.max(until)));
+            b.state
+                .lock()
+                .expect("budget mutex")
+                .slots
+                .retain(|&s| s >= until);
+        }
+    }
+
+    /// Until when this process holds budget `key` back (see [`Pacer::hold`]), if later
+    /// than now: a slot granted before then is given up for a new one.
+    pub fn held_until(&self, key: &str) -> Option<DateTime<Utc>> {
+        let b = self.known(key)?;
+        let hold = *b.hold.lock().expect("budget mutex");
+        hold.filter(|&h| h > self.clock.now())
+    }
+
+    /// The rate (requests per minute) this process paces budget `key` at, as its last
+    /// lease (or 429) found the shared budget: declared, learned and advertised, the least.
+    pub fn effective_rpm(&self, key: &str) -> Option<f64> {
+        self.known(key)
+            .map(|b| f64::from_bits(b.effective.load(Ordering::Relaxed)))
     }
 
     /// The earliest a new request on budget `key` could go out, as far as this process
@@ -340,27 +450,65 @@ impl Pacer {
         let asked = std::time::Instant::now();
         let lookahead = budget.lookahead_us.load(Ordering::Relaxed) as i64;
         let now = self.clock.now() + chrono::Duration::microseconds(lookahead);
-        let speed = f64::from_bits(budget.speed.load(Ordering::Relaxed));
-        let spaced =
-            Duration::from_micros((budget.interval.as_micros() as f64 / speed).ceil() as u64);
-        let interval = chrono::Duration::from_std(spaced).expect("fits");
-        let len = interval * budget.slice as i32;
-        let start = sqlx::query_scalar!(
-            r#"INSERT INTO budgets AS b (budget_key, tat, updated_at) VALUES ($1, $2::timestamptz + $3::interval, $2)
-               ON CONFLICT (budget_key) DO UPDATE
-                 SET tat = GREATEST(b.tat, EXCLUDED.updated_at) + $3::interval, updated_at = EXCLUDED.updated_at
-               RETURNING tat - $3::interval AS "start!""#,
+        let accepted = budget.accepted.swap(0, Ordering::Relaxed);
+        let advertised = budget.advertised.lock().expect("budget mutex").take();
+        let hold = {
+            let mut hold = budget.hold.lock().expect("budget mutex");
+            hold.take_if(|h| *h <= now);
+            *hold
+        };
+        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
+        // One statement: books the slice at the budget's effective rate (declared, learned,
+        // advertised: the least) and reports what this process saw since its last lease.
+        let leased = sqlx::query!(
+            r#"INSERT INTO budgets AS b (budget_key, tat, updated_at, declared_rpm, accepted,
+                                         accepted_since, advertised_rpm, advertised_at)
+               VALUES ($1, GREATEST($2::timestamptz, $7::timestamptz)
+                           + $3::int * courier_slot_interval(least($4::int::float8, $6::float8)),
+                       $2, $4, $5, $2, $6, CASE WHEN $6::float8 IS NOT NULL THEN $2 END)
+               ON CONFLICT (budget_key) DO UPDATE SET
+                 tat = GREATEST(b.tat, EXCLUDED.updated_at, $7::timestamptz)
+                       + $3::int * courier_slot_interval(courier_effective_rpm(
+                           EXCLUDED.declared_rpm, b.learned_rpm, b.learned_at,
+                           COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
+                           COALESCE(EXCLUDED.advertised_at, b.advertised_at), EXCLUDED.updated_at)),
+                 updated_at = EXCLUDED.updated_at,
+                 declared_rpm = EXCLUDED.declared_rpm,
+                 accepted = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
+                                 THEN EXCLUDED.accepted ELSE b.accepted + EXCLUDED.accepted END,
+                 accepted_since = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
+                                       THEN EXCLUDED.updated_at ELSE b.accepted_since END,
+                 advertised_rpm = COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
+                 advertised_at = COALESCE(EXCLUDED.advertised_at, b.advertised_at)
+               RETURNING tat AS "tat!",
+                         courier_effective_rpm(b.declared_rpm, b.learned_rpm, b.learned_at,
+                             b.advertised_rpm, b.advertised_at, b.updated_at) AS "effective!""#,
             budget.key,
             now,
-            sqlx::postgres::types::PgInterval::try_from(len).expect("interval fits"),
+            budget.slice as i32,
+            budget.declared as i32,
+            accepted as i64,
+            advertised,
+            hold,
+            sqlx::postgres::types::PgInterval::try_from(idle).expect("interval fits"),
         )
         .fetch_one(&self.pool)
         .await
-        .map_err(|source| PacerError::Lease {
-            key: budget.key.clone(),
-            source,
+        .map_err(|source| {
+            // Not counted yet: the next lease reports them.
+            budget.accepted.fetch_add(accepted, Ordering::Relaxed);
+            PacerError::Lease {
+                key: budget.key.clone(),
+                source,
+            }
         })?;
-        *budget.booked_until.lock().expect("budget mutex") = Some(start + len);
+        budget
+            .effective
+            .store(leased.effective.to_bits(), Ordering::Relaxed);
+        let interval = chrono::Duration::from_std(interval_for(leased.effective)).expect("fits");
+        let len = interval * budget.slice as i32;
+        let start = leased.tat - len;
+        *budget.booked_until.lock().expect("budget mutex") = Some(leased.tat);
         let round_trip = asked.elapsed().min(MAX_LOOKAHEAD / 2);
         budget
             .lookahead_us

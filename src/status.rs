@@ -20,6 +20,14 @@ pub struct ConnectionStatus {
     pub requests_per_minute: i32,
     /// Calls made against its budget in the last 60 s (429s included).
     pub used_last_minute: i64,
+    /// The rate its budget learned from 429s, while below the declared rate.
+    pub learned_rpm: Option<f64>,
+    /// The rate the target's rate-limit headers state, while the statement holds.
+    pub advertised_rpm: Option<f64>,
+    /// The rate its budget paces at: the least of declared, learned and advertised.
+    pub effective_rpm: f64,
+    /// The last 429 met on its budget.
+    pub last_429_at: Option<DateTime<Utc>>,
     /// `closed`, `open` or `half_open`.
     pub circuit: String,
     /// When an open circuit allows a probe.
@@ -127,6 +135,13 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
                   COALESCE((SELECT sum(u.calls) FROM budget_calls u
                             WHERE u.budget_key = courier_budget_key(c)
                               AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
+                  courier_learned_rpm(bu.learned_rpm, bu.learned_at,
+                                      COALESCE(c.requests_per_minute, $2), $1) AS learned_rpm,
+                  courier_advertised_rpm(bu.advertised_rpm, bu.advertised_at, $1) AS advertised_rpm,
+                  courier_effective_rpm(COALESCE(c.requests_per_minute, $2), bu.learned_rpm,
+                                        bu.learned_at, bu.advertised_rpm, bu.advertised_at, $1)
+                      AS "effective_rpm!",
+                  courier_ts(bu.last_429_at) AS "last_429_at?",
                   ci.state AS circuit, courier_ts(ci.open_until) AS open_until, ci.consecutive_failures,
                   courier_ts(b.blocked_until) AS "blocked_until?", br.name AS "blocked_by?",
                   b.retry_after_raw AS "retry_after_raw?"
@@ -134,6 +149,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
            LEFT JOIN connection_blocks b
                   ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
            LEFT JOIN rules br ON br.id = b.rule_id
+           LEFT JOIN budgets bu ON bu.budget_key = courier_budget_key(c)
            ORDER BY c.name"#,
         now,
         crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
@@ -220,6 +236,11 @@ fn time(t: Option<DateTime<Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// A rate per minute, or `-`.
+fn rate(rpm: Option<f64>) -> String {
+    rpm.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
+}
+
 impl Report {
     /// The report as tables.
     pub fn render(&self) -> String {
@@ -230,6 +251,9 @@ impl Report {
                 "writer",
                 "budget",
                 "rate/min",
+                "learned",
+                "advertised",
+                "pace/min",
                 "used/min",
                 "circuit",
                 "open until",
@@ -247,6 +271,9 @@ impl Report {
                         c.writer.clone(),
                         c.budget_key.clone(),
                         c.requests_per_minute.to_string(),
+                        rate(c.learned_rpm),
+                        rate(c.advertised_rpm),
+                        format!("{:.0}", c.effective_rpm),
                         c.used_last_minute.to_string(),
                         c.circuit.clone(),
                         time(c.open_until),

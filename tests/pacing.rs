@@ -5,7 +5,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use chrono::Duration as Span;
+use chrono::{DateTime, Duration as Span, Utc};
 use common::*;
 use courier::chain::JobOutcome;
 use courier::{
@@ -268,32 +268,172 @@ async fn a_short_wait_goes_through_the_real_queue_and_resumes_the_same_run() {
     handle.await.unwrap().unwrap();
 }
 
+/// The budget's key (the tests' one connection).
+async fn budget_key(pool: &sqlx::PgPool) -> String {
+    sqlx::query_scalar("SELECT courier_budget_key(c) FROM connections c")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Declared, learned and effective rate as the view `budget_rates` shows them now... at
+/// `at` (the engine's manual clock), through the same SQL functions.
+async fn rates(pool: &sqlx::PgPool, key: &str, at: DateTime<Utc>) -> (i32, Option<f64>, f64) {
+    sqlx::query_as(
+        "SELECT declared_rpm, courier_learned_rpm(learned_rpm, learned_at, declared_rpm, $2),
+                courier_effective_rpm(declared_rpm, learned_rpm, learned_at, advertised_rpm,
+                                      advertised_at, $2)
+         FROM budgets WHERE budget_key = $1",
+    )
+    .bind(key)
+    .bind(at)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// `n` more deliveries answered 200, then the clock moves `secs` on.
+async fn accepted_for(engine: &Arc<Engine>, target: &Target, prefix: &str, n: usize, secs: i64) {
+    target.respond_with(200, None);
+    enqueue::enqueue_many(&engine.pool, "customers", burst(prefix, n))
+        .await
+        .unwrap();
+    drive(engine).await;
+    engine.clock.advance(Span::seconds(secs));
+}
+
+/// One delivery answered 429 (`retry-after: 1`), then the clock moves past the block.
+async fn one_429(engine: &Arc<Engine>, target: &Target, prefix: &str) {
+    target.respond_with(429, Some("1"));
+    enqueue::enqueue_many(&engine.pool, "customers", burst(prefix, 1))
+        .await
+        .unwrap();
+    drive(engine).await;
+    engine.clock.advance(Span::milliseconds(1_100));
+}
+
 #[tokio::test]
-async fn a_429_slows_this_process_down_and_answers_bring_it_back() {
-    let (db, target) = shop(&["customers"], 10, 1).await;
+async fn a_sporadic_429_costs_a_percent_of_the_pace_not_half() {
+    let (db, target) = shop(&["customers"], 100, 1).await;
     set_rate(&db.pool, 600).await;
     let engine = engine(&db.pool, settings(&db.url));
-    let key: String = sqlx::query_scalar("SELECT courier_budget_key(c) FROM connections c")
+    let key = budget_key(&db.pool).await;
+    // 98 calls accepted over 10 s (98% of 10/s), then one 429.
+    accepted_for(&engine, &target, "a", 98, 10).await;
+    one_429(&engine, &target, "b").await;
+    let (declared, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
+    assert_eq!(declared, 600);
+    let learned = learned.expect("a 429 teaches the budget");
+    assert!((590.0..600.0).contains(&learned), "{learned}");
+    assert_eq!(effective, learned);
+    assert_eq!(engine.pacer.effective_rpm(&key), Some(learned));
+    // The process's next slots are spaced at the learned rate, no wider.
+    let a = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
+    let b = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
+    let gap = (b - a).to_std().unwrap();
+    assert_eq!(gap, courier::pacer::interval_for(learned), "{a} {b}");
+    assert!(gap < std::time::Duration::from_millis(105), "{gap:?}");
+    // The 429 cost no attempt and no failure.
+    let attempts: i64 = sqlx::query_scalar("SELECT sum(attempts) FROM deliveries")
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
-        .await
-        .unwrap();
-    target.respond_with(429, Some("1"));
-    drive(&engine).await;
-    assert_eq!(engine.pacer.speed(&key), 0.5);
-    // Slots leased now are spaced twice as wide.
-    let a = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
-    let b = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
-    assert!(b - a >= Span::milliseconds(200), "{a} {b}");
-    target.respond_with(200, None);
-    engine.clock.advance(Span::seconds(2));
-    drive(&engine).await;
-    assert!(
-        engine.pacer.speed(&key) > 0.5,
-        "answered calls speed it up again"
+    assert_eq!(
+        attempts, 98,
+        "the delivery that met the 429 spent no attempt"
     );
+}
+
+#[tokio::test]
+async fn a_rate_declared_five_times_too_high_converges_to_what_the_target_accepts() {
+    let (db, target) = shop(&["customers"], 100, 1).await;
+    set_rate(&db.pool, 3_000).await; // 50/s declared
+    let engine = engine(&db.pool, settings(&db.url));
+    let key = budget_key(&db.pool).await;
+    // The target accepts 10 a second: each second 10 answered, then a 429 and its block.
+    let mut seen = Vec::new();
+    for round in 0..8 {
+        accepted_for(&engine, &target, &format!("r{round}-"), 10, 1).await;
+        one_429(&engine, &target, &format!("x{round}-")).await;
+        seen.push(rates(&db.pool, &key, engine.clock.now()).await.2);
+    }
+    // 11 accepted per 2.1 s of stretch: about 314/min; the pace converges there from
+    // 3,000/min in steps of at most 30%, and never below.
+    let real = 11.0 * 60.0 / 2.1;
+    let converged = seen
+        .iter()
+        .position(|&r| r < real * 1.15)
+        .expect("converges");
+    assert!(converged <= 6, "{seen:?}");
+    for r in &seen[converged..] {
+        assert!(*r >= real * 0.95 && *r < real * 1.15, "{seen:?}");
+    }
+    for pair in seen.windows(2) {
+        assert!(
+            pair[1] >= pair[0] * 0.7 - 1e-9,
+            "cut by more than 30%: {seen:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up() {
+    let (db, target) = shop(&["customers"], 100, 1).await;
+    set_rate(&db.pool, 600).await;
+    let first = engine(&db.pool, settings(&db.url));
+    let key = budget_key(&db.pool).await;
+    // Nothing accepted before the 429: the deepest cut, to 70% of 600/min.
+    one_429(&first, &target, "a").await;
+    let (_, learned, _) = rates(&db.pool, &key, first.clock.now()).await;
+    assert_eq!(learned, Some(420.0));
+
+    let second = engine(&db.pool, settings(&db.url));
+    second.clock.advance(first.clock.now() - second.clock.now());
+    let a = second.pacer.acquire(&key, 600, 1, 1).await.unwrap();
+    let b = second.pacer.acquire(&key, 600, 1, 1).await.unwrap();
+    assert_eq!(
+        (b - a).to_std().unwrap(),
+        courier::pacer::interval_for(420.0),
+        "the new process paces at the learned rate from its first lease"
+    );
+    assert_eq!(second.pacer.effective_rpm(&key), Some(420.0));
+    let report = status::report(&db.pool, second.clock.now()).await.unwrap();
+    assert_eq!(report.connections[0].learned_rpm, Some(420.0));
+    assert_eq!(report.connections[0].effective_rpm, 420.0);
+    assert!(report.connections[0].last_429_at.is_some());
+    assert!(report.render().contains("420"), "{}", report.render());
+
+    // Quiet for the quiet period: still 420; then it probes upward, and after long
+    // enough it is back at the declared rate and forgotten.
+    let quiet = Span::seconds(courier::learned::QUIET as i64);
+    let learned_at: DateTime<Utc> =
+        sqlx::query_scalar("SELECT learned_at FROM budgets WHERE budget_key = $1")
+            .bind(&key)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let later = |s: i64| learned_at + quiet + Span::seconds(s);
+    assert_eq!(rates(&db.pool, &key, later(-1)).await.1, Some(420.0));
+    let probed = rates(&db.pool, &key, later(10)).await.2;
+    assert!(probed > 420.0 && probed < 480.0, "{probed}");
+    let (_, learned, effective) = rates(&db.pool, &key, later(40)).await;
+    assert_eq!((learned, effective), (None, 600.0));
+    // The Rust formula and the SQL one agree.
+    for s in [0, 5, 17, 33] {
+        let at = later(s);
+        let sql = rates(&db.pool, &key, at).await.1;
+        let row: (Option<f64>, Option<DateTime<Utc>>) =
+            sqlx::query_as("SELECT learned_rpm, learned_at FROM budgets WHERE budget_key = $1")
+                .bind(&key)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        let rust = courier::learned::learned_now(row.0, row.1, 600, at);
+        match (sql, rust) {
+            (Some(x), Some(y)) => assert!((x - y).abs() < 1e-6, "{x} {y}"),
+            (x, y) => assert_eq!(x, y),
+        }
+    }
 }
 
 #[tokio::test]
@@ -341,4 +481,108 @@ async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_
             .await
             .unwrap();
     assert_eq!((status.as_str(), run.as_str()), ("Pending", "running"));
+}
+
+#[tokio::test]
+async fn one_job_claims_the_next_batch_while_the_tail_is_in_flight() {
+    let (db, target) = shop(&["customers"], 10, 4).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let batches = courier::chain::BATCHES_PER_JOB;
+    // One batch more than a job takes: the chain needs a second job for it.
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 10 * batches + 5))
+        .await
+        .unwrap();
+    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    let job = take_jobs(&engine).await.remove(0);
+    assert_eq!(run_job(&engine, &job).await, JobOutcome::Continued);
+    assert_eq!(delivered(&db.pool).await, 10 * batches as i64);
+    assert_eq!(target.counters().requests, 10 * batches as u64);
+    let outcomes = drive(&engine).await;
+    assert_eq!(
+        outcomes,
+        vec![JobOutcome::Finished(courier::runs::RunStatus::Completed)]
+    );
+    assert_eq!(delivered(&db.pool).await, 10 * batches as i64 + 5);
+}
+
+#[tokio::test]
+async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
+    const KEY_VAR: &str = "COURIER_PACING_TEST_USERCOM_KEY";
+    const TOKEN: &str = "pacing-token";
+    // SAFETY: the only test in this binary that touches the environment.
+    unsafe { std::env::set_var(KEY_VAR, TOKEN) };
+    let db = TestDb::new().await;
+    // 4 requests a minute, stated in the IETF draft's fields with every answer.
+    let target = Target::start_with(courier_target::TargetConfig {
+        workspaces: vec![courier_target::WorkspaceConfig::new("shop", TOKEN)],
+        rate: 4,
+        period: std::time::Duration::from_secs(60),
+        window: courier_target::Window::Fixed,
+        rate_headers: courier_target::RateHeaders::Ietf,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    catalog::upsert_connection(
+        &db.pool,
+        &NewConnection {
+            name: "shop".into(),
+            writer: "usercom".into(),
+            base_url: target.workspace_url("shop"),
+            api_key_env: Some(KEY_VAR.into()),
+            requests_per_minute: Some(600),
+            max_in_flight: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "customers".into(),
+            connection: "shop".into(),
+            path: "user_upsert".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let users = (0..6)
+        .map(|i| NewDelivery::new(format!("u{i}"), json!({"custom_id": format!("u{i}")})))
+        .collect();
+    enqueue::enqueue_many(&db.pool, "customers", users)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let counters = target.counters();
+    assert_eq!(
+        (counters.requests, counters.throttled),
+        (4, 0),
+        "the fourth answer said 0 left: no fifth call, no 429"
+    );
+    assert_eq!(delivered(&db.pool).await, 4);
+    // The block is recorded like a 429's, until the stated reset (about a minute).
+    let (until, raw): (DateTime<Utc>, String) =
+        sqlx::query_as("SELECT blocked_until, retry_after_raw FROM connection_blocks")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let left = until - engine.clock.now();
+    assert!(
+        left > Span::seconds(50) && left <= Span::seconds(61),
+        "{left}"
+    );
+    assert!(raw.starts_with("remaining 0"), "{raw}");
+    let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
+    assert_eq!(report.rules[0].state, "waiting");
+    // No 429 was met: nothing learned; the stated quota (4/min) is the advertised rate.
+    let key = budget_key(&db.pool).await;
+    let (_, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
+    assert_eq!((learned, effective), (None, 4.0));
+    assert_eq!(report.connections[0].advertised_rpm, Some(4.0));
 }

@@ -276,7 +276,7 @@ async fn throttling_maps_to_rate_limited_with_the_wait_it_names() {
         let e = write(&w, 2, "user_upsert", json!({"custom_id": "b"}))
             .await
             .unwrap_err();
-        let WriteError::RateLimited { wait, raw } = e else {
+        let WriteError::RateLimited { wait, raw, .. } = e else {
             panic!("{mode:?}: {e:?}")
         };
         match mode {

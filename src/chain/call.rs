@@ -4,11 +4,14 @@
 //! process is stopping, and those deliveries come back as not attempted.
 
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use futures::{Stream, StreamExt, stream};
+use futures::{Stream, StreamExt};
 
 use super::{claim::Claimed, context::JobContext};
 use crate::{
@@ -29,36 +32,43 @@ impl Stop {
         self.0.store(true, Ordering::Relaxed);
     }
 
-    fn stopped(&self) -> bool {
+    /// Whether calls were told to stop.
+    pub fn stopped(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 }
 
-/// Calls the writer for `claimed[i]` for every `i` in `to_send`, yielding each delivery's
-/// index with its answer in completion order.
+/// Calls the writer for each delivery `source` yields (its index in the job's claimed
+/// deliveries, and the delivery), yielding each index with its answer in completion order.
+/// The source may be fed while calls go on (the next batch, claimed during this one's
+/// tail); the stream ends when the source does and every call has answered.
 pub fn calls<'a>(
     engine: &'a Engine,
     ctx: &'a JobContext,
     writer: &'a dyn Writer,
-    claimed: &'a [Claimed],
-    to_send: Vec<usize>,
+    source: impl Stream<Item = (usize, Arc<Claimed>)> + 'a,
     stop: &'a Stop,
 ) -> impl Stream<Item = (usize, Answer)> + 'a {
     let rpm = writer.requests_per_minute();
     let weight = ctx.weight.max(1) as u32;
     let halted = move || stop.stopped() || engine.shutdown.is_cancelled();
-    stream::iter(to_send)
-        .map(move |i| async move {
-            let d = &claimed[i];
+    source
+        .map(move |(i, d)| async move {
             if halted() {
                 return (i, None);
             }
             // One request of the budget per call, in fair turn with other rules.
             let key = &ctx.connection.budget_key;
             let slot = async {
-                let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
-                engine.clock.sleep_until(at).await;
-                Ok::<_, crate::pacer::PacerError>(())
+                loop {
+                    let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
+                    engine.clock.sleep_until(at).await;
+                    // The target said its budget is spent until later than this slot
+                    // (remaining 0): a new slot, from then on.
+                    if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
+                        return Ok::<_, crate::pacer::PacerError>(());
+                    }
+                }
             };
             // A stop does not wait for slots: the delivery stays pending, untouched.
             tokio::select! {

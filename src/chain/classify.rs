@@ -59,7 +59,7 @@ pub fn classify(
             entry: entry(Outcome::Delivered, receipt.http_status, None, None),
             reachable: Some(true),
         },
-        Err(WriteError::RateLimited { wait, raw }) => Classified::RateLimited { wait, raw },
+        Err(WriteError::RateLimited { wait, raw, .. }) => Classified::RateLimited { wait, raw },
         Err(e) => {
             let reachable = match &e {
                 WriteError::Permanent { status: None, .. } => None,
@@ -123,6 +123,7 @@ mod tests {
         let ms = Duration::from_millis(5);
         let ok = Ok(Receipt {
             http_status: Some(200),
+            rate_headers: Default::default(),
         });
         let transient = || {
             Err(WriteError::Transient {
@@ -168,6 +169,7 @@ mod tests {
         let limited = Err(WriteError::RateLimited {
             wait: Some(Duration::from_secs(3)),
             raw: Some("3".into()),
+            rate_headers: Default::default(),
         });
         assert_eq!(
             c(delivery(0), limited),

@@ -38,10 +38,19 @@ use self::{
 use crate::{
     breaker::Circuit,
     engine::Engine,
-    queue,
+    learned, queue, rate_headers,
     runs::RunStatus,
-    writer::{self, Writer},
+    writer::{self, Receipt, WriteError, Writer},
 };
+
+/// The rate-limit headers an answer carries, if it carries any.
+fn rate_headers_of(result: &Result<Receipt, WriteError>) -> Option<&reqwest::header::HeaderMap> {
+    match result {
+        Ok(receipt) => Some(&receipt.rate_headers),
+        Err(WriteError::RateLimited { rate_headers, .. }) => Some(&**rate_headers),
+        Err(_) => None,
+    }
+}
 
 /// How long a job waits before trying again when another job holds its rule's lease.
 const LEASE_BUSY_RETRY: Duration = Duration::seconds(1);
@@ -162,11 +171,7 @@ async fn run_batch(
     if claimed.is_empty() {
         return Ok(settle(Tally::default(), 0, Next::finish(RunStatus::Completed)).await?);
     }
-    let timeout = chrono::Duration::from_std(engine.settings.dependency_timeout)
-        .unwrap_or(chrono::Duration::MAX);
-    let sorted = triage::triage(&claimed, &ctx.retry, DependencyTimeout(timeout), now);
     let mut tally = Tally::default();
-    tally.decided(sorted.decided);
     let job = Job {
         engine,
         ctx,
@@ -174,11 +179,16 @@ async fn run_batch(
         owner,
     };
     let called = job
-        .deliver(writer.as_ref(), &claimed, sorted.to_send, &mut tally)
+        .deliver(writer.as_ref(), claimed, scope, &mut tally)
         .await?;
-    let (cursor, next) = called.next_step(&claimed, ctx, engine.clock.now());
+    let (cursor, next) = called.next_step(ctx, engine.clock.now());
     Ok(settle(tally, cursor, next).await?)
 }
+
+/// Batches one job claims at most: the next one is claimed while the tail of the current
+/// one is in flight, so a slow target's latency does not leave the budget unused between
+/// batches; after this many the job settles and the chain goes on with a new job.
+pub const BATCHES_PER_JOB: usize = 4;
 
 /// The job at hand, for the stages that need all of it.
 struct Job<'a> {
@@ -191,6 +201,10 @@ struct Job<'a> {
 /// What the call stage leaves behind.
 #[derive(Debug)]
 struct Called {
+    /// The last delivery claimed.
+    last_claimed: Option<i64>,
+    /// Whether the last claim found a full batch (more may be due).
+    last_full: bool,
     /// Deliveries not called (a stop, a 429, no slot): they stay pending, untouched.
     not_attempted: Vec<i64>,
     /// The run was reaped, or resumed by another job, meanwhile.
@@ -200,29 +214,85 @@ struct Called {
 }
 
 impl Job<'_> {
-    /// Calls the writer for `to_send` with no transaction open, classifying each answer
-    /// into `tally` and committing it as it comes, while beating on the run. A 429 or a
-    /// call that opens the circuit stops the rest of the batch; so does a shutdown (calls
-    /// already in flight finish).
+    /// Calls the writer for the deliveries of `first` (the job's first batch) with no
+    /// transaction open, classifying each answer into `tally` and committing it as it
+    /// comes, while beating on the run. Once every call of the batch has started (the
+    /// tail is in flight) the next batch is claimed and its calls follow, up to
+    /// [`BATCHES_PER_JOB`]. A 429 or a call that opens the circuit stops the rest; so does
+    /// a shutdown (calls already in flight finish).
     async fn deliver(
         &self,
         writer: &dyn Writer,
-        claimed: &[Claimed],
-        to_send: Vec<usize>,
+        first: Vec<Claimed>,
+        scope: ClaimScope,
         tally: &mut Tally,
     ) -> Result<Called, ChainError> {
         let (engine, ctx) = (self.engine, self.ctx);
         let stop = Stop::default();
-        let mut calls = std::pin::pin!(call::calls(engine, ctx, writer, claimed, to_send, &stop));
+        let (feed, source) = futures::channel::mpsc::unbounded::<(usize, Arc<Claimed>)>();
+        let pulled = std::sync::atomic::AtomicUsize::new(0);
+        let source = source.inspect(|_| {
+            pulled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        let mut calls = std::pin::pin!(call::calls(engine, ctx, writer, source, &stop));
         let mut called = Called {
+            last_claimed: None,
+            last_full: false,
             not_attempted: Vec::new(),
             run_ended: false,
             circuit: ctx.circuit.clone(),
         };
+        let mut claimed: Vec<Arc<Claimed>> = Vec::new();
+        let mut feed = Some(feed);
+        let mut queued = 0;
+        let mut batches = 0;
+        let mut next_batch = Some(first);
+        let timeout = chrono::Duration::from_std(engine.settings.dependency_timeout)
+            .unwrap_or(chrono::Duration::MAX);
         let mut beat = tokio::time::interval(engine.settings.heartbeat_every());
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         beat.tick().await; // the first tick is immediate; the lease was just taken
         loop {
+            // Every queued call has started or waits for its slot: feed the next batch,
+            // or close the source when there is none to claim.
+            while feed.is_some() && pulled.load(std::sync::atomic::Ordering::Relaxed) == queued {
+                let batch = match next_batch.take() {
+                    Some(batch) => batch,
+                    None if batches < BATCHES_PER_JOB
+                        && called.last_full
+                        && !stop.stopped()
+                        && !engine.shutdown.is_cancelled() =>
+                    {
+                        let scope = ClaimScope {
+                            after_id: called.last_claimed.unwrap_or(scope.after_id),
+                            ..scope
+                        };
+                        let now = engine.clock.now();
+                        engine
+                            .retry_outage(|| claim::claim(&engine.pool, scope, now))
+                            .await?
+                    }
+                    None => Vec::new(),
+                };
+                if batch.is_empty() {
+                    feed = None; // the calls stream ends once the queued ones answer
+                    break;
+                }
+                batches += 1;
+                called.last_full = batch.len() as i32 >= scope.limit;
+                called.last_claimed = batch.last().map(|d| d.id);
+                let now = engine.clock.now();
+                let sorted = triage::triage(&batch, &ctx.retry, DependencyTimeout(timeout), now);
+                tally.decided(sorted.decided);
+                let offset = claimed.len();
+                claimed.extend(batch.into_iter().map(Arc::new));
+                let tx = feed.as_ref().expect("checked");
+                for i in sorted.to_send {
+                    queued += 1;
+                    // The receiver lives in `calls`, as long as this loop does.
+                    let _ = tx.unbounded_send((offset + i, claimed[offset + i].clone()));
+                }
+            }
             let next = tokio::select! {
                 next = calls.next() => next,
                 _ = beat.tick() => {
@@ -240,11 +310,43 @@ impl Job<'_> {
                 continue;
             };
             let at = engine.clock.now();
+            // What the target states about its budget, read before the answer is used.
+            let statement = rate_headers_of(&result)
+                .filter(|h| !h.is_empty())
+                .map(|h| rate_headers::read(h, writer.reset_kind(), at))
+                .unwrap_or_default();
+            let key = &ctx.connection.budget_key;
+            if let Some(rpm) = statement.quota_per_minute() {
+                engine.pacer.advertised(key, rpm);
+            }
+            let limited = matches!(result, Err(WriteError::RateLimited { .. }));
+            if let Some(until) = learned::spent_until(&statement, at).filter(|_| !limited) {
+                // Nothing left until the reset: wait for it before any 429, without
+                // counting one. A short wait is sat out by the pacer within the batch.
+                let wait = (until - at).to_std().unwrap_or_default();
+                tracing::debug!(
+                    delivery = d.id,
+                    ?wait,
+                    "the target's budget is spent until its reset"
+                );
+                engine.pacer.hold(key, until);
+                tally.spent(
+                    wait,
+                    format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
+                );
+                if wait > learned::HOLD_IN_BATCH {
+                    stop.stop();
+                }
+            }
             match classify::classify(d, result, elapsed, &ctx.retry, at, rand::random()) {
                 Classified::RateLimited { wait, raw } => {
-                    // Not a failure of the record: nothing is recorded against it.
+                    // Not a failure of the record: nothing is recorded against it. A wait
+                    // the response named (Retry-After) goes before its headers' reset.
+                    let wait = wait.or(statement.reset);
                     tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
-                    engine.pacer.throttled(&ctx.connection.budget_key);
+                    if let Err(e) = engine.pacer.throttled(&ctx.connection.budget_key).await {
+                        tracing::warn!(error = %e, "could not record what the 429 taught the budget");
+                    }
                     tally.rate_limited(wait, raw);
                     stop.stop();
                     called.not_attempted.push(d.id);
@@ -294,16 +396,16 @@ impl Called {
     /// attempted keep the cursor below them, so the run (or the next one) visits them
     /// again; a 429 met here was settled as a block, which the next job meets in the
     /// throttle layer.
-    fn next_step(&self, claimed: &[Claimed], ctx: &JobContext, now: DateTime<Utc>) -> (i64, Next) {
+    fn next_step(&self, ctx: &JobContext, now: DateTime<Utc>) -> (i64, Next) {
         let cursor = match self.not_attempted.iter().min() {
             Some(min) => min - 1,
-            None => claimed.last().map_or(ctx.cursor_id, |d| d.id),
+            None => self.last_claimed.unwrap_or(ctx.cursor_id),
         };
         let next = if self.run_ended {
             Next::finish(RunStatus::Stale)
         } else if !self.circuit.allows_calls(now) {
             Next::finish(RunStatus::CircuitOpen)
-        } else if self.not_attempted.is_empty() && (claimed.len() as i32) < ctx.batch_size {
+        } else if self.not_attempted.is_empty() && !self.last_full {
             Next::finish(RunStatus::Completed)
         } else {
             Next::Continue

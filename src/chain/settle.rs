@@ -37,6 +37,9 @@ pub struct Tally {
     calls: i32,
     /// A 429 met: the wait it asked for and the raw header.
     rate_limited: Option<(Option<std::time::Duration>, Option<String>)>,
+    /// The target's headers said its budget is spent (remaining 0): the wait until their
+    /// reset, and what they said.
+    spent: Option<(std::time::Duration, String)>,
     /// When the tally was last committed.
     since: Instant,
 }
@@ -49,6 +52,7 @@ impl Default for Tally {
             last_error: None,
             calls: 0,
             rate_limited: None,
+            spent: None,
             since: Instant::now(),
         }
     }
@@ -79,9 +83,17 @@ impl Tally {
         self.rate_limited = Some((wait, raw));
     }
 
+    /// Adds a statement of the target that its budget is spent for `wait` (remaining 0):
+    /// a block like a 429's, but no 429 met and no call counted.
+    pub fn spent(&mut self, wait: std::time::Duration, raw: String) {
+        if self.spent.as_ref().is_none_or(|(w, _)| *w < wait) {
+            self.spent = Some((wait, raw));
+        }
+    }
+
     /// Whether it is time to commit what was collected.
     pub fn due(&self) -> bool {
-        !self.entries.is_empty()
+        (!self.entries.is_empty() || self.spent.is_some())
             && (self.entries.len() >= FLUSH_AFTER || self.since.elapsed() >= FLUSH_EVERY)
     }
 
@@ -115,15 +127,20 @@ impl Tally {
         .await?;
         pacer::record_calls(&mut *tx, &conn.budget_key, self.calls, now).await?;
         let mut blocked = None;
+        let cause = || blocks::Cause {
+            budget_key: &conn.budget_key,
+            connection_id: conn.id,
+            rule_id: ctx.rule_id,
+            run_id: ctx.run_id,
+        };
         if let Some((wait, raw)) = &self.rate_limited {
-            let cause = blocks::Cause {
-                budget_key: &conn.budget_key,
-                connection_id: conn.id,
-                rule_id: ctx.rule_id,
-                run_id: ctx.run_id,
-            };
             let length = blocks::block_length(*wait);
-            blocked = Some(blocks::block(&mut *tx, &cause, length, raw.as_deref(), now).await?);
+            blocked = Some(blocks::block(&mut *tx, &cause(), length, raw.as_deref(), now).await?);
+        }
+        if let Some((wait, raw)) = &self.spent {
+            let length = (*wait).clamp(blocks::MIN_SPENT_BLOCK, crate::writer::MAX_RATE_LIMIT_WAIT);
+            let until = blocks::block(&mut *tx, &cause(), length, Some(raw), now).await?;
+            blocked = Some(blocked.map_or(until, |b: DateTime<Utc>| b.max(until)));
         }
         Ok(blocked)
     }

@@ -12,7 +12,7 @@ use super::{
     WriterConfigError,
     secrets::{Secrets, is_secret_header},
 };
-use crate::catalog::Connection;
+use crate::{catalog::Connection, rate_headers::ResetKind};
 
 /// Longest response body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 300;
@@ -99,9 +99,14 @@ impl Endpoint {
     /// `e` with every secret of the connection hidden in the text the target sent.
     fn redact(&self, e: WriteError) -> WriteError {
         match e {
-            WriteError::RateLimited { wait, raw } => WriteError::RateLimited {
+            WriteError::RateLimited {
+                wait,
+                raw,
+                rate_headers,
+            } => WriteError::RateLimited {
                 wait,
                 raw: raw.map(|r| self.secrets.redact(&r)),
+                rate_headers,
             },
             WriteError::Permanent { status, message } => WriteError::Permanent {
                 status,
@@ -193,6 +198,12 @@ impl Writer for HttpJsonWriter {
         self.endpoint.max_in_flight
     }
 
+    /// A generic target's reset is read as a delta (seconds), as the IETF drafts and most
+    /// vendors send it; a connection setting could name epoch targets if one ever needs it.
+    fn reset_kind(&self) -> ResetKind {
+        ResetKind::Delta
+    }
+
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
         async move {
             let url = format!("{}{}", self.base_url, out.path.trim_start_matches('/'));
@@ -221,11 +232,16 @@ pub async fn classify_response(
     if response.status().is_success() {
         return Ok(Receipt {
             http_status: Some(status),
+            rate_headers: super::rate_limit_headers(response.headers()),
         });
     }
     if status == 429 {
         let (wait, raw) = rate_limit_wait(response.headers(), reset_headers, SystemTime::now());
-        return Err(WriteError::RateLimited { wait, raw });
+        return Err(WriteError::RateLimited {
+            wait,
+            raw,
+            rate_headers: Box::new(super::rate_limit_headers(response.headers())),
+        });
     }
     let body = response.text().await.unwrap_or_default();
     let message = snippet(&body);

@@ -13,7 +13,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 
-use crate::catalog::Connection;
+use crate::{catalog::Connection, rate_headers::ResetKind};
 
 /// Requests per minute a writer declares when it knows nothing better.
 pub const DEFAULT_REQUESTS_PER_MINUTE: u32 = 600;
@@ -40,6 +40,21 @@ pub struct Outgoing<'a> {
 pub struct Receipt {
     /// The HTTP status the target answered with.
     pub http_status: Option<u16>,
+    /// The response's rate-limit headers ([`rate_limit_headers`]), read by the pacer.
+    pub rate_headers: reqwest::header::HeaderMap,
+}
+
+/// The rate-limit headers of a response (`RateLimit*`, `X-RateLimit-*`), the only ones a
+/// receipt keeps: what the target states about its budget.
+pub fn rate_limit_headers(headers: &reqwest::header::HeaderMap) -> reqwest::header::HeaderMap {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let n = name.as_str();
+            n.starts_with("ratelimit") || n.starts_with("x-ratelimit")
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
 }
 
 /// Why a write did not deliver.
@@ -53,6 +68,9 @@ pub enum WriteError {
         wait: Option<Duration>,
         /// The raw header value that named the wait, for the operator.
         raw: Option<String>,
+        /// The response's rate-limit headers ([`rate_limit_headers`]), boxed: an error
+        /// stays small.
+        rate_headers: Box<reqwest::header::HeaderMap>,
     },
     /// Retrying will not help (400, 401, 403, 404, 422, ...).
     #[error("permanent failure{}: {message}", status_suffix(*.status))]
@@ -103,6 +121,11 @@ pub trait Writer: Send + Sync {
     fn requests_per_minute(&self) -> u32;
     /// How many calls may be in flight at once.
     fn max_in_flight(&self) -> usize;
+    /// How the target means `X-RateLimit-Reset` (see [`crate::rate_headers`]): a delta
+    /// unless the writer knows its target sends epoch seconds.
+    fn reset_kind(&self) -> ResetKind {
+        ResetKind::Delta
+    }
     /// Delivers one record. Each call is exactly one request to the target.
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>>;
 }

@@ -21,7 +21,7 @@ use super::{
     Outgoing, Receipt, WriteError, Writer, WriterConfigError,
     http::{Endpoint, invalid},
 };
-use crate::catalog::Connection;
+use crate::{catalog::Connection, rate_headers::ResetKind};
 
 /// The `Accept` header User.com's clients send to select API version 2.
 pub const ACCEPT_VERSION_2: &str = "*/*; version=2";
@@ -324,6 +324,13 @@ impl Writer for UserComWriter {
 
     fn max_in_flight(&self) -> usize {
         self.endpoint.max_in_flight
+    }
+
+    /// User.com documents no `X-RateLimit-*` headers (its 429 carries `retry-after` only):
+    /// should it send a reset, it is read as a delta, and an epoch would be far beyond the
+    /// longest reset read, so ignored rather than misread.
+    fn reset_kind(&self) -> ResetKind {
+        ResetKind::Delta
     }
 
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {

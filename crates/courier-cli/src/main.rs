@@ -127,9 +127,21 @@ struct TargetArgs {
     /// Requests per second each workspace allows.
     #[arg(long, default_value_t = target::DEFAULT_RATE)]
     rate: u32,
-    /// Limiter window: fixed (1 s) or sliding (log).
-    #[arg(long, default_value = "fixed")]
+    /// Limiter kind: fixed (1 s windows), sliding (log), gcra (leaky bucket, no burst
+    /// unless --burst) or token-bucket (a burst of --burst, else one second's worth).
+    #[arg(long = "limiter", visible_alias = "window", default_value = "fixed")]
     window: target::Window,
+    /// The burst of a gcra or token-bucket limiter.
+    #[arg(long)]
+    burst: Option<u32>,
+    /// Changes of the limit while running, AFTER:LIMIT[,...]: `10s:5` makes the limit 5
+    /// per second from 10 s after the start (as if another client started using it).
+    #[arg(long)]
+    limit_schedule: Option<String>,
+    /// Rate-limit headers every answer carries: none, ietf (RateLimit-Policy and
+    /// RateLimit), x-ratelimit (reset in seconds) or x-ratelimit-epoch.
+    #[arg(long, default_value = "none")]
+    rate_headers: target::RateHeaders,
     /// What a 429 carries: seconds, http-date or none.
     #[arg(long, default_value = "seconds")]
     retry_after: target::RetryAfterMode,
@@ -555,6 +567,12 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                     "{name} must be between 0 and 1"
                 );
             }
+            anyhow::ensure!(args.burst != Some(0), "--burst must be at least 1");
+            let limit_schedule = match &args.limit_schedule {
+                None => Vec::new(),
+                Some(s) => target::parse_limit_schedule(s)
+                    .map_err(|e| anyhow::anyhow!("--limit-schedule: {e}"))?,
+            };
             let names: Vec<String> = args.workspaces.iter().map(|w| w.name.clone()).collect();
             let config = target::TargetConfig {
                 bind: args.bind,
@@ -562,6 +580,9 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                 workspaces: args.workspaces,
                 rate: args.rate.max(1),
                 window: args.window,
+                burst: args.burst,
+                limit_schedule,
+                rate_headers: args.rate_headers,
                 retry_after: args.retry_after,
                 faults: target::Faults {
                     share_5xx: args.fault_5xx,

@@ -4,9 +4,15 @@
 //! - **Workspaces** are told apart by the Host subdomain (`shop.localhost` serves
 //!   `/api/public/...` of workspace `shop`) or by a path prefix (`/ws/shop/api/public/...`).
 //!   Each checks `Authorization: Token <token>` (401 with a DRF `{"detail": ...}` body),
-//!   has its own rate limiter ([`limiter`], default 10 requests/s, fixed or sliding window)
-//!   answering 429 with `retry-after` in whole seconds rounded up (or an HTTP-date, or no
-//!   header), and keeps the state of the User.com endpoints ([`usercom`]).
+//!   has its own rate limiter ([`limiter`], default 10 requests/s: a fixed or sliding
+//!   window, GCRA with no burst, or a token bucket) answering 429 with `retry-after` in
+//!   whole seconds rounded up (or an HTTP-date, or no header), optionally states what it
+//!   has left in rate-limit headers ([`RateHeaders`]: the IETF draft's or `X-RateLimit-*`),
+//!   and keeps the state of the User.com endpoints ([`usercom`]).
+//! - The **limit changes while running**, as when another client starts using the
+//!   workspace: on a schedule ([`TargetConfig::limit_schedule`]), from Rust
+//!   ([`Target::set_limit`]) or over HTTP (`POST /_limit` or `/ws/<name>/_limit` with
+//!   `{"limit": N}`; `GET` reads the limits in force).
 //! - Any other path keeps the generic behaviour the `http_json` writer's tests rely on: a
 //!   JSON POST is accepted and counted per `Idempotency-Key`.
 //! - **Faults** on demand, for every path: a share of 500/502/504, a uniform latency
@@ -17,7 +23,8 @@
 //! # Layout
 //! - this file: configuration, the server (a hyper accept loop around an axum router, so
 //!   a handler can ask for its connection to be dropped), routing, faults, counters.
-//! - [`limiter`]: the rate limiter and the peak meter, with time as a parameter.
+//! - [`limiter`]: the rate limiter kinds, the rate-limit headers and the peak meter, with
+//!   time as a parameter.
 //! - [`usercom`]: one workspace: its endpoints and their state.
 
 pub mod limiter;
@@ -44,7 +51,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-pub use limiter::{Limiter, PeakMeter, Window};
+pub use limiter::{Budget, Limiter, PeakMeter, RateHeaders, Window, parse_limit_schedule};
 pub use usercom::{DELIVERY_ID_FIELD, Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
 
 /// Requests per period a workspace allows unless configured: User.com's 10 per second.
@@ -143,8 +150,16 @@ pub struct TargetConfig {
     pub rate: u32,
     /// The limiter's period.
     pub period: Duration,
-    /// The limiter's window kind.
+    /// The limiter's kind.
     pub window: Window,
+    /// The burst of a GCRA or token bucket limiter (`None`: GCRA none, token bucket one
+    /// period's worth).
+    pub burst: Option<u32>,
+    /// Changes of every workspace's limit, each `(after, limit)`: from `after` since the
+    /// start, `limit` per period.
+    pub limit_schedule: Vec<(Duration, u32)>,
+    /// The rate-limit headers every workspace's answers carry.
+    pub rate_headers: RateHeaders,
     /// What a 429 says about when to come back.
     pub retry_after: RetryAfterMode,
     /// Faults injected from the start.
@@ -160,6 +175,9 @@ impl Default for TargetConfig {
             rate: DEFAULT_RATE,
             period: DEFAULT_PERIOD,
             window: Window::Fixed,
+            burst: None,
+            limit_schedule: Vec::new(),
+            rate_headers: RateHeaders::None,
             retry_after: RetryAfterMode::Seconds,
             faults: Faults::default(),
         }
@@ -285,12 +303,22 @@ impl Target {
     pub async fn start_with(config: TargetConfig) -> std::io::Result<Self> {
         let listener = TcpListener::bind((config.bind, config.port)).await?;
         let addr = listener.local_addr()?;
+        let started = Instant::now();
         let workspaces = config
             .workspaces
             .iter()
             .map(|w| {
-                let limiter = Limiter::new(config.rate, config.period, config.window);
-                (w.name.clone(), usercom::Workspace::new(w.clone(), limiter))
+                let limiter = Limiter::new(config.rate, config.period, config.window)
+                    .with_burst(config.burst)
+                    .with_schedule(
+                        config
+                            .limit_schedule
+                            .iter()
+                            .map(|&(after, limit)| (started + after, limit)),
+                    );
+                let mut workspace = usercom::Workspace::new(w.clone(), limiter);
+                workspace.rate_headers = config.rate_headers;
+                (w.name.clone(), workspace)
             })
             .collect();
         let state = Arc::new(TargetState {
@@ -353,6 +381,28 @@ impl Target {
         *lock(&self.state.retry_after_mode) = mode;
     }
 
+    /// Changes the limit per period of workspace `name` (every workspace when `None`) from
+    /// now on; answers how many workspaces it changed.
+    pub fn set_limit(&self, name: Option<&str>, limit: u32) -> usize {
+        set_limits(&self.state, name, limit)
+    }
+
+    /// Changes which rate-limit headers workspace `name` (every workspace when `None`)
+    /// sends; answers how many workspaces it changed.
+    pub fn set_rate_headers(&self, name: Option<&str>, mode: RateHeaders) -> usize {
+        let mut inner = lock(&self.state.inner);
+        let mut changed = 0;
+        for (_, w) in inner
+            .workspaces
+            .iter_mut()
+            .filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
+        {
+            w.rate_headers = mode;
+            changed += 1;
+        }
+        changed
+    }
+
     /// A snapshot of the counters.
     pub fn counters(&self) -> Counters {
         snapshot(&self.state)
@@ -395,6 +445,53 @@ impl Target {
 /// target's counters).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets the limit of workspace `name` (all when `None`); answers how many it changed.
+fn set_limits(s: &TargetState, name: Option<&str>, limit: u32) -> usize {
+    let now = Instant::now();
+    let mut inner = lock(&s.inner);
+    let mut changed = 0;
+    for (_, w) in inner
+        .workspaces
+        .iter_mut()
+        .filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
+    {
+        w.limiter.set_limit(limit, now);
+        changed += 1;
+    }
+    changed
+}
+
+/// `GET`/`POST /_limit` and `/ws/<name>/_limit`: reads the limits in force, or sets them
+/// from `{"limit": N}`.
+fn limit_route(s: &TargetState, method: &Method, name: Option<&str>, body: &[u8]) -> Response {
+    if *method == Method::POST || *method == Method::PUT {
+        let limit = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("limit").and_then(serde_json::Value::as_u64));
+        match limit {
+            Some(limit @ 1..=1_000_000) => {
+                set_limits(s, name, limit as u32);
+            }
+            _ => {
+                return json_reply(
+                    400,
+                    serde_json::json!({"limit": ["must be a whole number from 1 to 1000000, as {\"limit\": N}"]}),
+                );
+            }
+        }
+    } else if *method != Method::GET {
+        return json_reply(405, serde_json::json!({"detail": "GET or POST only."}));
+    }
+    let inner = lock(&s.inner);
+    let limits: BTreeMap<&String, u32> = inner
+        .workspaces
+        .iter()
+        .filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
+        .map(|(n, w)| (n, w.limiter.limit()))
+        .collect();
+    Json(limits).into_response()
 }
 
 /// Accepts connections and serves each with hyper, so that a response marked
@@ -489,6 +586,8 @@ impl Drop for InFlight<'_> {
 enum Route {
     /// Counters of the whole target or of one workspace.
     Counters(Option<String>),
+    /// The limits of every workspace or of one.
+    Limit(Option<String>),
     /// A workspace's API: its name and the path after `api/public/`.
     Workspace(String, String),
     /// `/ws/<name>/...` naming no workspace.
@@ -501,6 +600,9 @@ fn route(inner: &Inner, path: &str, host: Option<&str>) -> Route {
     if path == "/_counters" {
         return Route::Counters(None);
     }
+    if path == "/_limit" {
+        return Route::Limit(None);
+    }
     if let Some(rest) = path.strip_prefix("/ws/") {
         let (name, rest) = rest.split_once('/').unwrap_or((rest, ""));
         if !inner.workspaces.contains_key(name) {
@@ -508,6 +610,9 @@ fn route(inner: &Inner, path: &str, host: Option<&str>) -> Route {
         }
         if rest == "_counters" {
             return Route::Counters(Some(name.to_owned()));
+        }
+        if rest == "_limit" {
+            return Route::Limit(Some(name.to_owned()));
         }
         return match rest.strip_prefix("api/public/") {
             Some(api) => Route::Workspace(name.to_owned(), api.to_owned()),
@@ -581,6 +686,10 @@ async fn handle(
                 Json(counters.workspaces.get(n).cloned().unwrap_or_default()).into_response()
             }
         };
+    }
+
+    if let Route::Limit(name) = &route {
+        return limit_route(&s, &method, name.as_deref(), &body);
     }
 
     let arrived = Instant::now();
@@ -664,7 +773,7 @@ async fn handle(
     }
 
     match route {
-        Route::Counters(_) => Json(snapshot(&s)).into_response(),
+        Route::Counters(_) | Route::Limit(_) => Json(snapshot(&s)).into_response(),
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
@@ -688,22 +797,34 @@ async fn handle(
                 );
                 return r;
             }
-            if let Err(wait) = w.limiter.check(Instant::now()) {
+            // What the limiter has left is read at the same instant it admits or refuses,
+            // so the headers state exactly what the next request meets.
+            let now = Instant::now();
+            let admitted = w.limiter.check(now);
+            let stated =
+                limiter::rate_headers(&w.limiter.budget(now), w.rate_headers, SystemTime::now());
+            let mut response = if let Err(wait) = admitted {
                 w.counters.throttled += 1;
                 inner.throttled += 1;
-                return throttled_response(wait, mode);
-            }
-            let Some(body) = parsed else {
-                return json_reply(
+                throttled_response(wait, mode)
+            } else if let Some(body) = parsed {
+                let reply = w.apply(method.as_str(), &api, &body);
+                for key in &reply.accepted {
+                    accept(&s, key, arrived);
+                }
+                json_reply(reply.status, reply.body)
+            } else {
+                json_reply(
                     400,
                     serde_json::json!({"detail": "JSON parse error - the body is not JSON."}),
-                );
+                )
             };
-            let reply = w.apply(method.as_str(), &api, &body);
-            for key in &reply.accepted {
-                accept(&s, key, arrived);
+            for (name, value) in stated {
+                if let Ok(value) = axum::http::HeaderValue::try_from(value) {
+                    response.headers_mut().insert(name, value);
+                }
             }
-            json_reply(reply.status, reply.body)
+            response
         }
     }
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::limiter::{Limiter, PeakMeter};
+use super::limiter::{Limiter, PeakMeter, RateHeaders};
 
 /// Where courier's User.com writer puts the delivery id inside an appended entry's `data`
 /// (`courier::writer::usercom::DELIVERY_ID_FIELD`; the engine's tests assert both are
@@ -133,6 +133,8 @@ pub struct WorkspaceCounters {
     pub unauthorized: u64,
     /// Injected faults (5xx, resets, hangs) on its requests.
     pub faults: u64,
+    /// The limit per period in force (as of its last request, for a scheduled change).
+    pub limit: u32,
     /// Most requests seen in any sliding second.
     pub peak_per_second: u64,
     /// Most requests seen in any sliding minute.
@@ -197,6 +199,8 @@ pub struct Workspace {
     pub config: WorkspaceConfig,
     /// Its own rate limiter.
     pub limiter: Limiter,
+    /// The rate-limit headers its answers carry.
+    pub rate_headers: RateHeaders,
     /// Its peak request rates.
     pub peaks: PeakMeter,
     /// Its counters (peaks and per-key counts are filled in at snapshot time).
@@ -213,6 +217,7 @@ impl Workspace {
         Self {
             config,
             limiter,
+            rate_headers: RateHeaders::None,
             peaks: PeakMeter::default(),
             counters: WorkspaceCounters::default(),
             data: WorkspaceData::default(),
@@ -237,6 +242,7 @@ impl Workspace {
         let mut c = self.counters.clone();
         c.peak_per_second = self.peaks.per_second;
         c.peak_per_minute = self.peaks.per_minute;
+        c.limit = self.limiter.limit();
         c.accepted_keys = c.accepted.len();
         c.duplicates = c
             .accepted

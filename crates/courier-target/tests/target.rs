@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use courier_target::{
-    Counters, Faults, RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig,
+    Counters, Faults, RateHeaders, RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig,
     WorkspaceCounters,
 };
 use serde_json::{Value, json};
@@ -352,4 +352,139 @@ async fn accepted_writes_are_logged_with_their_arrival() {
     assert!(before <= log[0].arrived && log[0].arrived <= between);
     assert!(between <= log[1].arrived && log[1].arrived <= after);
     assert_eq!(t.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn gcra_and_token_bucket_refuse_over_http_with_the_gap_as_the_wait() {
+    // 3 per minute: GCRA spaces requests 20 s apart, with no burst.
+    let t = start(TargetConfig {
+        rate: 3,
+        period: Duration::from_secs(60),
+        window: Window::Gcra,
+        ..TargetConfig::default()
+    })
+    .await;
+    assert_eq!(upsert(&t, "c0").await.status(), 200);
+    let r = upsert(&t, "c1").await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        r.headers()["retry-after"],
+        "20",
+        "the remaining gap, rounded up"
+    );
+
+    // A token bucket with a burst of 2 at the same rate: two at once, then the gap.
+    let t = start(TargetConfig {
+        rate: 3,
+        period: Duration::from_secs(60),
+        window: Window::TokenBucket,
+        burst: Some(2),
+        ..TargetConfig::default()
+    })
+    .await;
+    for i in 0..2 {
+        assert_eq!(upsert(&t, &format!("c{i}")).await.status(), 200);
+    }
+    let r = upsert(&t, "c2").await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "20");
+    assert_eq!(t.counters().workspaces["shop"].throttled, 1);
+}
+
+#[tokio::test]
+async fn rate_headers_state_what_the_limiter_has_left() {
+    let t = start(TargetConfig {
+        rate: 2,
+        period: Duration::from_secs(60),
+        rate_headers: RateHeaders::Ietf,
+        ..TargetConfig::default()
+    })
+    .await;
+    let r = upsert(&t, "c0").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["ratelimit-policy"], "\"default\";q=2;w=60");
+    assert_eq!(r.headers()["ratelimit"], "\"default\";r=1;t=60");
+    let r = upsert(&t, "c1").await;
+    assert_eq!(r.headers()["ratelimit"], "\"default\";r=0;t=60");
+    let r = upsert(&t, "c2").await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["ratelimit"], "\"default\";r=0;t=60");
+    // Another workspace setting: the common X- fields, the reset as an epoch second.
+    assert_eq!(
+        t.set_rate_headers(Some("shop"), RateHeaders::XRateLimitEpoch),
+        1
+    );
+    let r = upsert(&t, "c3").await;
+    assert_eq!(r.headers()["x-ratelimit-limit"], "2");
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
+    let epoch: u64 = r.headers()["x-ratelimit-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!((now + 55..=now + 61).contains(&epoch), "{epoch} vs {now}");
+    assert!(r.headers().get("ratelimit").is_none());
+    // The default sends none, as User.com.
+    let t = start(TargetConfig::default()).await;
+    let r = upsert(&t, "c0").await;
+    assert!(
+        !r.headers().keys().any(|k| k.as_str().contains("ratelimit")),
+        "{:?}",
+        r.headers()
+    );
+}
+
+#[tokio::test]
+async fn the_limit_changes_while_running_by_schedule_and_over_http() {
+    // Scheduled from the start: the limit is 1 per minute before the first request.
+    let t = start(TargetConfig {
+        rate: 3,
+        period: Duration::from_secs(60),
+        limit_schedule: vec![(Duration::ZERO, 1)],
+        ..TargetConfig::default()
+    })
+    .await;
+    assert_eq!(upsert(&t, "c0").await.status(), 200);
+    assert_eq!(upsert(&t, "c1").await.status(), 429);
+    assert_eq!(t.counters().workspaces["shop"].limit, 1);
+
+    // The admin route: raise it again, read it back, refuse nonsense.
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{}_limit", t.url()))
+        .json(&json!({"limit": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"shop": 3}));
+    assert_eq!(upsert(&t, "c2").await.status(), 200, "room again");
+    for bad in [json!({"limit": 0}), json!({"limit": "5"}), json!({})] {
+        let r = client
+            .post(format!("{}ws/shop/_limit", t.url()))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+        let body: Value = r.json().await.unwrap();
+        assert!(
+            body["limit"][0].as_str().unwrap().contains("whole number"),
+            "{body}"
+        );
+    }
+    let r = client
+        .get(format!("{}ws/shop/_limit", t.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"shop": 3}));
+    assert_eq!(t.set_limit(Some("shop"), 7), 1);
+    assert_eq!(t.set_limit(Some("nope"), 7), 0);
+    assert_eq!(t.counters().workspaces["shop"].limit, 7);
+    assert_eq!(t.counters().requests, 3, "admin calls are not requests");
 }
