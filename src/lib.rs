@@ -34,6 +34,7 @@
 //! - [`maintenance`]: the background loops: dispatcher, reaper, pruner.
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
 //! - [`status`]: the `courier status` report.
+//! - [`metrics`]: Prometheus counters of the process and gauges read from the database.
 //!
 //! The tooling is not part of this library: the `courier` binary with its demo and
 //! benchmarks is `crates/courier-cli`, the local User.com-like target
@@ -51,6 +52,7 @@ pub mod enqueue;
 pub mod health;
 pub mod ledger;
 pub mod maintenance;
+pub mod metrics;
 pub mod pacer;
 pub mod queue;
 pub mod retry;

@@ -127,7 +127,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
                   COALESCE((SELECT sum(u.calls) FROM budget_calls u
                             WHERE u.budget_key = courier_budget_key(c)
                               AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
-                  ci.state AS circuit, courier_ts(ci.open_until) AS open_until, ci.consecutive_failures,
+                  ci.state AS circuit, (CASE WHEN ci.open_until IS NOT NULL THEN courier_ts(ci.open_until) END) AS open_until, ci.consecutive_failures,
                   courier_ts(b.blocked_until) AS "blocked_until?", br.name AS "blocked_by?",
                   b.retry_after_raw AS "retry_after_raw?"
            FROM connections c JOIN circuits ci ON ci.connection_id = c.id
@@ -145,8 +145,8 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
                   COALESCE(p.dependency, 0) AS "waiting_on_dependency!",
-                  s.state AS "state!", courier_ts(s.resume_at) AS resume_at,
-                  courier_ts(s.blocked_until) AS blocked_until, s.blocked_by_rule,
+                  s.state AS "state!", (CASE WHEN s.resume_at IS NOT NULL THEN courier_ts(s.resume_at) END) AS resume_at,
+                  (CASE WHEN s.blocked_until IS NOT NULL THEN courier_ts(s.blocked_until) END) AS blocked_until, s.blocked_by_rule,
                   s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
            FROM rule_states s
            LEFT JOIN LATERAL (
@@ -165,7 +165,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         RunLine,
         r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
                 x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
-                courier_ts(x.heartbeat_at) AS "heartbeat_at!", courier_ts(x.finished_at) AS finished_at
+                courier_ts(x.heartbeat_at) AS "heartbeat_at!", (CASE WHEN x.finished_at IS NOT NULL THEN courier_ts(x.finished_at) END) AS finished_at
          FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"#
     )
     .fetch_all(pool)
@@ -333,4 +333,84 @@ impl Report {
         );
         out
     }
+}
+
+/// Calls per budget over time, for the dashboard's chart: one point per `step_secs`
+/// bucket (its start, in Unix seconds) with the calls counted in it, the last
+/// `window_secs` before `now`; buckets without calls are left out.
+#[derive(Debug, Serialize)]
+pub struct RatePoint {
+    /// The budget.
+    pub budget_key: String,
+    /// The bucket's start (Unix seconds).
+    pub bucket: i64,
+    /// Calls in the bucket (429s included).
+    pub calls: i64,
+}
+
+/// Reads [`RatePoint`]s from `budget_calls` (kept for an hour by the pruner).
+pub async fn rate_series(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    window_secs: i32,
+    step_secs: i32,
+) -> Result<Vec<RatePoint>, sqlx::Error> {
+    sqlx::query_as!(
+        RatePoint,
+        r#"SELECT budget_key,
+                  (floor(extract(epoch FROM at) / $3::integer) * $3::integer)::bigint AS "bucket!",
+                  sum(calls)::bigint AS "calls!"
+           FROM budget_calls
+           WHERE at > $1::timestamptz - make_interval(secs => $2) AND at <= $1
+           GROUP BY 1, 2 ORDER BY 1, 2"#,
+        now,
+        f64::from(window_secs),
+        step_secs
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// One outcome in the history of a record key.
+#[derive(Debug, Serialize)]
+pub struct HistoryLine {
+    /// The delivery.
+    pub delivery_id: i64,
+    /// Its rule.
+    pub rule: String,
+    /// The delivery's current status.
+    pub status: String,
+    /// When the outcome was recorded.
+    pub at: DateTime<Utc>,
+    /// The outcome.
+    pub outcome: String,
+    /// The attempt it used.
+    pub attempt: i32,
+    /// The target's status, when it answered.
+    pub http_status: Option<i16>,
+    /// What went wrong.
+    pub error: Option<String>,
+}
+
+/// The ledger of every delivery with record key `key`, oldest first (at most `limit`
+/// lines, the newest kept).
+pub async fn record_history(
+    pool: &PgPool,
+    key: &str,
+    limit: i64,
+) -> Result<Vec<HistoryLine>, sqlx::Error> {
+    let mut lines = sqlx::query_as!(
+        HistoryLine,
+        r#"SELECT d.id AS delivery_id, r.name AS rule, d.status,
+                  courier_ts(l.created_at) AS "at!", l.outcome, l.attempt, l.http_status, l.error
+           FROM deliveries d JOIN rules r ON r.id = d.rule_id
+           JOIN ledger l ON l.delivery_id = d.id
+           WHERE d.record_key = $1 ORDER BY l.id DESC LIMIT $2"#,
+        key,
+        limit
+    )
+    .fetch_all(pool)
+    .await?;
+    lines.reverse();
+    Ok(lines)
 }

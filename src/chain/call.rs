@@ -56,8 +56,10 @@ pub fn calls<'a>(
             // One request of the budget per call, in fair turn with other rules.
             let key = &ctx.connection.budget_key;
             let slot = async {
+                let asked = Instant::now();
                 let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
                 engine.clock.sleep_until(at).await;
+                engine.metrics.pacer_waited(key, asked.elapsed());
                 Ok::<_, crate::pacer::PacerError>(())
             };
             // A stop does not wait for slots: the delivery stays pending, untouched.
@@ -81,6 +83,11 @@ pub fn calls<'a>(
                     payload: &d.payload,
                 })
                 .await;
+            let status = match &result {
+                Ok(receipt) => receipt.http_status,
+                Err(e) => e.http_status(),
+            };
+            engine.metrics.call(&ctx.connection.name, status);
             (i, Some((result, started.elapsed())))
         })
         .buffer_unordered(writer.max_in_flight().max(1))

@@ -166,6 +166,11 @@ async fn run_batch(
         .unwrap_or(chrono::Duration::MAX);
     let sorted = triage::triage(&claimed, &ctx.retry, DependencyTimeout(timeout), now);
     let mut tally = Tally::default();
+    for entry in &sorted.decided {
+        engine
+            .metrics
+            .outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+    }
     tally.decided(sorted.decided);
     let job = Job {
         engine,
@@ -245,11 +250,17 @@ impl Job<'_> {
                     // Not a failure of the record: nothing is recorded against it.
                     tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
                     engine.pacer.throttled(&ctx.connection.budget_key);
+                    engine.metrics.rate_limited(&ctx.connection.budget_key);
                     tally.rate_limited(wait, raw);
                     stop.stop();
                     called.not_attempted.push(d.id);
                 }
                 Classified::Outcome { entry, reachable } => {
+                    let metrics = &engine.metrics;
+                    metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+                    if entry.outcome == crate::ledger::Outcome::Delivered {
+                        metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
+                    }
                     if let Some(r) = reachable {
                         engine.pacer.answered(&ctx.connection.budget_key, 1);
                         if called.circuit.observe(r, &engine.settings.breaker, at) {

@@ -147,6 +147,7 @@ pub async fn flush(
         .await?;
     if let Some(until) = blocked {
         engine.blocks.set(&ctx.connection.budget_key, until);
+        engine.metrics.block_set(&ctx.connection.budget_key);
     }
     tally.clear();
     Ok(active)
@@ -234,6 +235,7 @@ pub async fn settle(
         .await?;
     if let Some(until) = blocked {
         engine.blocks.set(&ctx.connection.budget_key, until);
+        engine.metrics.block_set(&ctx.connection.budget_key);
     }
     if let JobOutcome::Waiting(t) = outcome {
         queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), t);

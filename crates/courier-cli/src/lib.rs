@@ -1,12 +1,13 @@
 //! The tooling of the `courier` command line that is more than a call into the engine:
-//! the end-to-end [`demo`], the [`bench`] harness and the private PostgreSQL [`cluster`]
-//! they may start. The binary (`src/main.rs`) parses arguments and hands over to the
-//! engine library (`courier`), the local target (`courier_target`) or these modules; they
+//! the end-to-end [`demo`], the [`bench`] harness, the private PostgreSQL [`cluster`]
+//! they may start, and the worker's metrics and dashboard server ([`web`]). The binary
+//! (`src/main.rs`) parses arguments and hands over to the engine library (`courier`), the local target (`courier_target`) or these modules; they
 //! are a library so this crate's tests can run them.
 
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod web;
 
 /// `server_url` with its database replaced by `name`, keeping its parameters
 /// (`?sslmode=...`): where the demo and the benchmarks create their own database.

@@ -12,7 +12,7 @@ use courier::{
     db, enqueue, status,
     worker::{self, Engine},
 };
-use courier_cli::{bench, demo};
+use courier_cli::{bench, demo, web};
 use courier_target::{self as target, WorkspaceConfig};
 
 /// Delivers shop records into marketing and CRM targets through a PostgreSQL job queue.
@@ -318,8 +318,18 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             let pool = connect().await?;
             db::migrate(&pool).await?;
             let engine = Arc::new(Engine::new(pool, settings));
+            let server = match engine.settings.http_addr {
+                Some(addr) => Some(web::start(engine.clone(), addr).await?),
+                None => None,
+            };
+            if let Some(server) = &server {
+                tracing::info!(addr = %server.addr, "serving /metrics and the dashboard");
+            }
             worker::cancel_on_signal(engine.shutdown.clone());
             worker::run(engine).await?;
+            if let Some(server) = server {
+                let _ = server.task.await;
+            }
         }
         Command::Enqueue { rule, file } => {
             let mut input = String::new();
