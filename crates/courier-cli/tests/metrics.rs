@@ -208,3 +208,56 @@ async fn a_busy_address_is_an_error_naming_it() {
     assert!(text.contains(&addr.to_string()), "{text}");
     assert!(text.contains("COURIER_HTTP_ADDR"), "{text}");
 }
+
+/// The binary: `courier worker` serves on `COURIER_HTTP_ADDR`, and refuses to start,
+/// naming the address, when another process holds it.
+#[tokio::test]
+async fn the_worker_binary_serves_metrics_and_names_a_busy_address() {
+    let db = TestDb::new().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    let out = courier()
+        .arg("worker")
+        .env("DATABASE_URL", &db.url)
+        .env("COURIER_HTTP_ADDR", &busy)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&busy) && err.contains("COURIER_HTTP_ADDR"),
+        "{err}"
+    );
+    drop(taken);
+
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut child = courier()
+        .arg("worker")
+        .env("DATABASE_URL", &db.url)
+        .env("COURIER_HTTP_ADDR", &free)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut text = None;
+    for _ in 0..200 {
+        if let Ok(res) = reqwest::get(format!("http://{free}/metrics")).await {
+            text = Some(res.text().await.unwrap());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    let text = text.expect("the worker serves /metrics");
+    assert!(text.contains("# TYPE courier_runs gauge"), "{text}");
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    assert!(status.success(), "{status}");
+}
