@@ -47,6 +47,9 @@ pub const DEFAULT_DB_CONNECT_TIMEOUT_SECS: u64 = 10;
 /// Default `COURIER_DB_STATEMENT_TIMEOUT_SECONDS`: PostgreSQL cancels any statement of
 /// courier's that runs longer (migrations excepted).
 pub const DEFAULT_DB_STATEMENT_TIMEOUT_SECS: u64 = 60;
+/// Default `COURIER_RETENTION_DAYS`: delivered and suppressed deliveries, their ledger
+/// rows, finished runs and finished queue jobs are removed this many days after they ended.
+pub const DEFAULT_RETENTION_DAYS: u64 = 7;
 /// Default `COURIER_LOG`: the log filter (tracing `EnvFilter` syntax).
 pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,apalis=warn";
 
@@ -82,6 +85,8 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "COURIER_BREAKER_COOLDOWN_SECONDS",
     "COURIER_BREAKER_MAX_COOLDOWN_SECONDS",
     "COURIER_SHUTDOWN_TIMEOUT_SECONDS",
+    "COURIER_RETENTION_DAYS",
+    "COURIER_RETENTION_SECONDS",
 ];
 
 /// `COURIER_*` variables that are not settings but are read by courier's tooling: the
@@ -155,6 +160,10 @@ pub struct Settings {
     pub breaker: BreakerSettings,
     /// `COURIER_SHUTDOWN_TIMEOUT_SECONDS`: how long in-flight calls may finish on stop.
     pub shutdown_timeout: Duration,
+    /// How long finished rows are kept (see `maintenance::retention`): `COURIER_RETENTION_DAYS`
+    /// (0 keeps everything: `None`), or `COURIER_RETENTION_SECONDS` when set (for benches
+    /// and tests; it wins over the days).
+    pub retention: Option<Duration>,
 }
 
 /// When a connection's circuit opens and for how long.
@@ -198,6 +207,7 @@ impl Default for Settings {
             throttle_max_wait: Duration::from_secs(DEFAULT_THROTTLE_MAX_WAIT_SECS),
             breaker: BreakerSettings::default(),
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+            retention: Some(Duration::from_secs(DEFAULT_RETENTION_DAYS * 86_400)),
         }
     }
 }
@@ -317,6 +327,17 @@ impl Settings {
                 )?,
             },
             shutdown_timeout: secs("COURIER_SHUTDOWN_TIMEOUT_SECONDS", d.shutdown_timeout, 0)?,
+            retention: {
+                let days = number(&get, "COURIER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 0)?;
+                let seconds = get("COURIER_RETENTION_SECONDS")
+                    .map(|_| number(&get, "COURIER_RETENTION_SECONDS", 0, 1))
+                    .transpose()?;
+                match (seconds, days) {
+                    (Some(s), _) => Some(Duration::from_secs(s)),
+                    (None, 0) => None,
+                    (None, d) => Some(Duration::from_secs(d * 86_400)),
+                }
+            },
         };
         settings.validate()?;
         Ok(settings)
@@ -558,6 +579,30 @@ mod tests {
         assert_eq!(s.pool().statement_timeout, Duration::from_secs(5));
         let e = load(&[("COURIER_DB_CONNECT_TIMEOUT_SECONDS", "0")]).unwrap_err();
         assert_eq!(e.name, "COURIER_DB_CONNECT_TIMEOUT_SECONDS");
+    }
+
+    #[test]
+    fn retention_is_days_or_seconds_or_off() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(load(&[]).unwrap().retention, Some(7 * day));
+        assert_eq!(
+            load(&[("COURIER_RETENTION_DAYS", "30")]).unwrap().retention,
+            Some(30 * day)
+        );
+        assert_eq!(
+            load(&[("COURIER_RETENTION_DAYS", "0")]).unwrap().retention,
+            None
+        );
+        let s = load(&[
+            ("COURIER_RETENTION_DAYS", "0"),
+            ("COURIER_RETENTION_SECONDS", "5"),
+        ])
+        .unwrap();
+        assert_eq!(s.retention, Some(Duration::from_secs(5)));
+        let e = load(&[("COURIER_RETENTION_SECONDS", "0")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_RETENTION_SECONDS");
+        let e = load(&[("COURIER_RETENTION_DAYS", "a week")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_RETENTION_DAYS");
     }
 
     #[test]

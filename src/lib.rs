@@ -33,6 +33,7 @@
 //! - [`chain`]: one chain job in stages: admit, claim, triage, call, classify, settle.
 //! - [`maintenance`]: the background loops: dispatcher, reaper, pruner.
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
+//! - [`ops`]: operator actions: pause and resume, retry, unblock, a record's history.
 //! - [`status`]: the `courier status` report.
 //!
 //! The tooling is not part of this library: the `courier` binary with its demo and
@@ -51,6 +52,7 @@ pub mod enqueue;
 pub mod health;
 pub mod ledger;
 pub mod maintenance;
+pub mod ops;
 pub mod pacer;
 pub mod queue;
 pub mod retry;
