@@ -99,6 +99,16 @@ impl Blocks {
         self.until.read().expect("blocks lock").get(key).copied()
     }
 
+    /// Forgets the block on `key` if it has lapsed by `now`, returning its end: the caller
+    /// says once that it is over.
+    pub fn take_lapsed(&self, key: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let mut map = self.until.write().expect("blocks lock");
+        match map.get(key) {
+            Some(&t) if t <= now => map.remove(key),
+            _ => None,
+        }
+    }
+
     /// Records a block this process wrote (others hear of it by NOTIFY).
     pub fn set(&self, key: &str, until: DateTime<Utc>) {
         let mut map = self.until.write().expect("blocks lock");

@@ -47,6 +47,9 @@ pub const DEFAULT_DB_CONNECT_TIMEOUT_SECS: u64 = 10;
 /// Default `COURIER_DB_STATEMENT_TIMEOUT_SECONDS`: PostgreSQL cancels any statement of
 /// courier's that runs longer (migrations excepted).
 pub const DEFAULT_DB_STATEMENT_TIMEOUT_SECS: u64 = 60;
+/// Default `COURIER_RETENTION_DAYS`: delivered and suppressed deliveries, their ledger
+/// rows, finished runs and finished queue jobs are removed this many days after they ended.
+pub const DEFAULT_RETENTION_DAYS: u64 = 7;
 /// Default `COURIER_LOG`: the log filter (tracing `EnvFilter` syntax).
 pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,apalis=warn";
 /// Default `COURIER_HTTP_ADDR`: the worker's metrics and dashboard, on loopback only.
@@ -86,6 +89,8 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "COURIER_SHUTDOWN_TIMEOUT_SECONDS",
     "COURIER_HTTP_ADDR",
     "COURIER_HTTP_TOKEN",
+    "COURIER_RETENTION_DAYS",
+    "COURIER_RETENTION_SECONDS",
 ];
 
 /// `COURIER_*` variables that are not settings but are read by courier's tooling: the
@@ -159,6 +164,10 @@ pub struct Settings {
     pub breaker: BreakerSettings,
     /// `COURIER_SHUTDOWN_TIMEOUT_SECONDS`: how long in-flight calls may finish on stop.
     pub shutdown_timeout: Duration,
+    /// How long finished rows are kept (see `maintenance::retention`): `COURIER_RETENTION_DAYS`
+    /// (0 keeps everything: `None`), or `COURIER_RETENTION_SECONDS` when set (for benches
+    /// and tests; it wins over the days).
+    pub retention: Option<Duration>,
     /// `COURIER_HTTP_ADDR`: where the worker serves `/metrics` and the dashboard; `None`
     /// (the variable set empty) serves nothing.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -239,6 +248,7 @@ impl Default for Settings {
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             http_addr: Some(DEFAULT_HTTP_ADDR.parse().expect("default address parses")),
             http_token: None,
+            retention: Some(Duration::from_secs(DEFAULT_RETENTION_DAYS * 86_400)),
         }
     }
 }
@@ -376,6 +386,17 @@ impl Settings {
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
                 .map(HttpToken),
+            retention: {
+                let days = number(&get, "COURIER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 0)?;
+                let seconds = get("COURIER_RETENTION_SECONDS")
+                    .map(|_| number(&get, "COURIER_RETENTION_SECONDS", 0, 1))
+                    .transpose()?;
+                match (seconds, days) {
+                    (Some(s), _) => Some(Duration::from_secs(s)),
+                    (None, 0) => None,
+                    (None, d) => Some(Duration::from_secs(d * 86_400)),
+                }
+            },
         };
         settings.validate()?;
         Ok(settings)
@@ -641,6 +662,30 @@ mod tests {
         assert_eq!(s.pool().statement_timeout, Duration::from_secs(5));
         let e = load(&[("COURIER_DB_CONNECT_TIMEOUT_SECONDS", "0")]).unwrap_err();
         assert_eq!(e.name, "COURIER_DB_CONNECT_TIMEOUT_SECONDS");
+    }
+
+    #[test]
+    fn retention_is_days_or_seconds_or_off() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(load(&[]).unwrap().retention, Some(7 * day));
+        assert_eq!(
+            load(&[("COURIER_RETENTION_DAYS", "30")]).unwrap().retention,
+            Some(30 * day)
+        );
+        assert_eq!(
+            load(&[("COURIER_RETENTION_DAYS", "0")]).unwrap().retention,
+            None
+        );
+        let s = load(&[
+            ("COURIER_RETENTION_DAYS", "0"),
+            ("COURIER_RETENTION_SECONDS", "5"),
+        ])
+        .unwrap();
+        assert_eq!(s.retention, Some(Duration::from_secs(5)));
+        let e = load(&[("COURIER_RETENTION_SECONDS", "0")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_RETENTION_SECONDS");
+        let e = load(&[("COURIER_RETENTION_DAYS", "a week")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_RETENTION_DAYS");
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum Outcome {
     Suppressed,
     /// Not sent yet: `hold_until` is ahead or `depends_on` is not delivered.
     Held,
+    /// Made pending again by hand (`courier retry`, the dashboard) after it was exhausted
+    /// or rejected; recorded without a run, naming who asked (`ledger.actor`).
+    Retried,
 }
 
 impl Outcome {
@@ -65,6 +68,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::Suppressed => "suppressed",
             Outcome::Held => "held",
+            Outcome::Retried => "retried",
         }
     }
 
@@ -72,7 +76,7 @@ impl Outcome {
     pub fn delivery_status(self) -> DeliveryStatus {
         match self {
             Outcome::Delivered => DeliveryStatus::Delivered,
-            Outcome::Failed | Outcome::Held => DeliveryStatus::Pending,
+            Outcome::Failed | Outcome::Held | Outcome::Retried => DeliveryStatus::Pending,
             Outcome::Exhausted => DeliveryStatus::Exhausted,
             Outcome::Rejected => DeliveryStatus::Rejected,
             Outcome::Suppressed => DeliveryStatus::Suppressed,

@@ -33,6 +33,7 @@
 //! - [`chain`]: one chain job in stages: admit, claim, triage, call, classify, settle.
 //! - [`maintenance`]: the background loops: dispatcher, reaper, pruner.
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
+//! - [`ops`]: operator actions: pause and resume, retry, unblock, a record's history.
 //! - [`status`]: the `courier status` report.
 //! - [`metrics`]: Prometheus counters of the process and gauges read from the database.
 //!
@@ -53,6 +54,7 @@ pub mod health;
 pub mod ledger;
 pub mod maintenance;
 pub mod metrics;
+pub mod ops;
 pub mod pacer;
 pub mod queue;
 pub mod retry;

@@ -33,17 +33,6 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// The longest a scrape's statements may run before the scrape fails (with 503).
 pub const SCRAPE_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Every run status, so a status with no run reads 0 rather than vanishing.
-const RUN_STATUSES: [RunStatus; 7] = [
-    RunStatus::Running,
-    RunStatus::Waiting,
-    RunStatus::Completed,
-    RunStatus::CircuitOpen,
-    RunStatus::Throttled,
-    RunStatus::Stale,
-    RunStatus::Failed,
-];
-
 /// Every circuit state (one series each, 1 for the current one).
 const CIRCUIT_STATES: [breaker::State; 3] = [
     breaker::State::Closed,
@@ -306,7 +295,8 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     let budgets = sqlx::query!(
         r#"SELECT courier_budget_key(c) AS "budget!",
                   min(COALESCE(c.requests_per_minute, $2))::bigint AS "rpm!",
-                  max(courier_ts(b.blocked_until)) AS blocked_until
+                  (CASE WHEN max(b.blocked_until) IS NOT NULL
+                        THEN courier_ts(max(b.blocked_until)) END) AS blocked_until
            FROM connections c
            LEFT JOIN connection_blocks b
                   ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
@@ -362,7 +352,8 @@ pub async fn render(
     gauges.register("backlog_pending", "Pending deliveries, by rule", pending);
     gauges.register("backlog_due", "Pending deliveries due now, by rule", due);
     let runs = Family::<StatusLabel, Gauge>::default();
-    for status in RUN_STATUSES {
+    // Every status, so a status with no run reads 0 rather than vanishing.
+    for status in RunStatus::ALL {
         let n = shared
             .runs
             .iter()

@@ -210,7 +210,7 @@ impl Pacer {
             b.speed.store(speed.to_bits(), Ordering::Relaxed);
             // Slots leased at the old pace fall inside the block the 429 set anyway.
             b.state.lock().expect("budget mutex").slots.clear();
-            tracing::info!(budget = key, speed, "slowing down after a 429");
+            tracing::debug!(budget = key, speed, "slowing down after a 429");
         }
     }
 

@@ -32,6 +32,8 @@ pub struct ConnectionStatus {
     pub blocked_by: Option<String>,
     /// The raw `retry-after` value of that 429.
     pub retry_after_raw: Option<String>,
+    /// Paused by an operator: none of its rules gets a run.
+    pub paused: bool,
 }
 
 /// One rule's line.
@@ -43,14 +45,16 @@ pub struct RuleStatus {
     pub connection: String,
     /// Whether runs are started for it.
     pub enabled: bool,
+    /// Paused by an operator (`rule`, `connection`, or both), or `None`.
+    pub paused: Option<String>,
     /// Pending deliveries.
     pub pending: i64,
     /// Pending deliveries due now.
     pub due: i64,
     /// Pending deliveries held until their `depends_on` is delivered.
     pub waiting_on_dependency: i64,
-    /// `running`, `waiting`, `disabled`, `throttled` (its connection is blocked), `stale`,
-    /// or `idle`.
+    /// `running`, `waiting`, `disabled`, `paused` (it or its connection), `throttled` (its
+    /// connection is blocked), `stale`, or `idle`.
     pub state: String,
     /// While waiting: when its run resumes.
     pub resume_at: Option<DateTime<Utc>>,
@@ -129,7 +133,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
                               AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
                   ci.state AS circuit, (CASE WHEN ci.open_until IS NOT NULL THEN courier_ts(ci.open_until) END) AS open_until, ci.consecutive_failures,
                   courier_ts(b.blocked_until) AS "blocked_until?", br.name AS "blocked_by?",
-                  b.retry_after_raw AS "retry_after_raw?"
+                  b.retry_after_raw AS "retry_after_raw?", c.paused
            FROM connections c JOIN circuits ci ON ci.connection_id = c.id
            LEFT JOIN connection_blocks b
                   ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
@@ -143,6 +147,9 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
     let rules = sqlx::query_as!(
         RuleStatus,
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
+                  CASE WHEN s.rule_paused AND s.connection_paused THEN 'rule, connection'
+                       WHEN s.rule_paused THEN 'rule'
+                       WHEN s.connection_paused THEN 'connection' END AS paused,
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
                   COALESCE(p.dependency, 0) AS "waiting_on_dependency!",
                   s.state AS "state!", (CASE WHEN s.resume_at IS NOT NULL THEN courier_ts(s.resume_at) END) AS resume_at,
@@ -237,6 +244,7 @@ impl Report {
                 "blocked until",
                 "by rule",
                 "retry-after",
+                "paused",
             ],
             &self
                 .connections
@@ -254,6 +262,7 @@ impl Report {
                         time(c.blocked_until),
                         c.blocked_by.clone().unwrap_or_else(|| "-".into()),
                         c.retry_after_raw.clone().unwrap_or_else(|| "-".into()),
+                        if c.paused { "yes" } else { "-" }.into(),
                     ]
                 })
                 .collect::<Vec<_>>(),
@@ -264,6 +273,7 @@ impl Report {
                 "name",
                 "connection",
                 "enabled",
+                "paused",
                 "pending",
                 "due",
                 "on dep",
@@ -280,6 +290,7 @@ impl Report {
                         r.name.clone(),
                         r.connection.clone(),
                         r.enabled.to_string(),
+                        r.paused.clone().unwrap_or_else(|| "-".into()),
                         r.pending.to_string(),
                         r.due.to_string(),
                         r.waiting_on_dependency.to_string(),
@@ -369,48 +380,4 @@ pub async fn rate_series(
     )
     .fetch_all(pool)
     .await
-}
-
-/// One outcome in the history of a record key.
-#[derive(Debug, Serialize)]
-pub struct HistoryLine {
-    /// The delivery.
-    pub delivery_id: i64,
-    /// Its rule.
-    pub rule: String,
-    /// The delivery's current status.
-    pub status: String,
-    /// When the outcome was recorded.
-    pub at: DateTime<Utc>,
-    /// The outcome.
-    pub outcome: String,
-    /// The attempt it used.
-    pub attempt: i32,
-    /// The target's status, when it answered.
-    pub http_status: Option<i16>,
-    /// What went wrong.
-    pub error: Option<String>,
-}
-
-/// The ledger of every delivery with record key `key`, oldest first (at most `limit`
-/// lines, the newest kept).
-pub async fn record_history(
-    pool: &PgPool,
-    key: &str,
-    limit: i64,
-) -> Result<Vec<HistoryLine>, sqlx::Error> {
-    let mut lines = sqlx::query_as!(
-        HistoryLine,
-        r#"SELECT d.id AS delivery_id, r.name AS rule, d.status,
-                  courier_ts(l.created_at) AS "at!", l.outcome, l.attempt, l.http_status, l.error
-           FROM deliveries d JOIN rules r ON r.id = d.rule_id
-           JOIN ledger l ON l.delivery_id = d.id
-           WHERE d.record_key = $1 ORDER BY l.id DESC LIMIT $2"#,
-        key,
-        limit
-    )
-    .fetch_all(pool)
-    .await?;
-    lines.reverse();
-    Ok(lines)
 }

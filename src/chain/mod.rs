@@ -122,6 +122,14 @@ fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dy
             until: None,
         });
     }
+    // A pause ends the run at this batch boundary; its backlog stays pending.
+    if let Some(why) = ctx.paused {
+        return Err(Next::Finish {
+            status: RunStatus::Paused,
+            error: Some(why.into()),
+            until: None,
+        });
+    }
     // Half-open: one run probes; every other run of the connection ends as if open.
     if !ctx.circuit_allows(now) {
         return Err(Next::finish(RunStatus::CircuitOpen));
@@ -248,7 +256,7 @@ impl Job<'_> {
             match classify::classify(d, result, elapsed, &ctx.retry, at, rand::random()) {
                 Classified::RateLimited { wait, raw } => {
                     // Not a failure of the record: nothing is recorded against it.
-                    tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
+                    tracing::debug!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
                     engine.pacer.throttled(&ctx.connection.budget_key);
                     engine.metrics.rate_limited(&ctx.connection.budget_key);
                     tally.rate_limited(wait, raw);

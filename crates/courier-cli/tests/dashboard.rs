@@ -186,3 +186,175 @@ async fn the_dashboard_shows_connection_block_and_backlog_in_a_real_browser() {
     run.await.unwrap().unwrap();
     server.task.await.unwrap();
 }
+
+/// POSTs `path` with `token` as the bearer token (none: no header); status and body.
+async fn post(base: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let client = reqwest::Client::new();
+    let mut req = client.post(format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    let res = req.send().await.unwrap();
+    (res.status().as_u16(), res.text().await.unwrap())
+}
+
+async fn flag(pool: &sqlx::PgPool, sql: &'static str) -> bool {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[tokio::test]
+async fn actions_need_the_token_and_call_the_operations() {
+    let (db, _target) = shop(&["customers"], 20, 4).await;
+    // Read-only: no token configured, every action is refused.
+    let engine = Arc::new(worker::Engine::new(db.pool.clone(), settings(&db.url)));
+    let server = web::start(engine.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = format!("http://{}", server.addr);
+    let (code, body) = post(&base, "/api/rules/customers/pause", Some("anything")).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("COURIER_HTTP_TOKEN"));
+    assert!(
+        !flag(
+            &db.pool,
+            "SELECT paused FROM rules WHERE name = 'customers'"
+        )
+        .await
+    );
+    // A GET never acts.
+    let res = reqwest::get(format!("{base}/api/rules/customers/pause"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 405);
+    engine.shutdown.cancel();
+    server.task.await.unwrap();
+
+    let mut settings = settings(&db.url);
+    settings.http_token = Some(courier::config::HttpToken::new("t0ken-s3cret"));
+    let engine = Arc::new(worker::Engine::new(db.pool.clone(), settings));
+    let server = web::start(engine.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = format!("http://{}", server.addr);
+    for token in [None, Some("wrong-guess"), Some("t0ken-s3cre")] {
+        let (code, body) = post(&base, "/api/rules/customers/pause", token).await;
+        assert_eq!(code, 401, "{body}");
+        assert!(
+            !body.contains("wrong-guess") && !body.contains("s3cre"),
+            "{body}"
+        );
+    }
+    assert!(
+        !flag(
+            &db.pool,
+            "SELECT paused FROM rules WHERE name = 'customers'"
+        )
+        .await
+    );
+    let ok = Some("t0ken-s3cret");
+    let (code, body) = post(&base, "/api/rules/customers/pause", ok).await;
+    assert_eq!(
+        (code, body.trim()),
+        (200, "rule customers: active → paused")
+    );
+    assert!(
+        flag(
+            &db.pool,
+            "SELECT paused FROM rules WHERE name = 'customers'"
+        )
+        .await
+    );
+    let (code, body) = post(&base, "/api/rules/customers/resume", ok).await;
+    assert_eq!(
+        (code, body.trim()),
+        (200, "rule customers: paused → active")
+    );
+    let (code, body) = post(&base, "/api/connections/shop/pause", ok).await;
+    assert_eq!(
+        (code, body.trim()),
+        (200, "connection shop: active → paused")
+    );
+    assert!(
+        flag(
+            &db.pool,
+            "SELECT paused FROM connections WHERE name = 'shop'"
+        )
+        .await
+    );
+    let (code, _) = post(&base, "/api/connections/shop/resume", ok).await;
+    assert_eq!(code, 200);
+    assert!(
+        !flag(
+            &db.pool,
+            "SELECT paused FROM connections WHERE name = 'shop'"
+        )
+        .await
+    );
+    let (code, body) = post(&base, "/api/rules/nope/pause", ok).await;
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("nope"));
+
+    // Lift a block.
+    sqlx::query(
+        "INSERT INTO connection_blocks (budget_key, blocked_until, connection_id, retry_after_raw, set_at)
+         SELECT courier_budget_key(c), now() + interval '1 hour', c.id, '3600', now()
+         FROM connections c WHERE name = 'shop'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (code, body) = post(&base, "/api/connections/shop/unblock", ok).await;
+    assert_eq!((code, body.trim()), (200, "connection shop: block lifted"));
+    assert!(!flag(&db.pool, "SELECT EXISTS (SELECT 1 FROM connection_blocks)").await);
+
+    // Retry exhausted deliveries, named in the ledger as the dashboard's.
+    enqueue::enqueue_many(&db.pool, "customers", burst("customer", 3))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE deliveries SET status = 'exhausted', attempts = 3 WHERE record_key <> 'customer:2'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (code, body) = post(&base, "/api/rules/customers/retry?outcome=bogus", ok).await;
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = post(&base, "/api/rules/customers/retry?outcome=exhausted", ok).await;
+    assert_eq!(
+        (code, body.trim()),
+        (
+            200,
+            "rule customers: 2 exhausted deliveries made pending again"
+        )
+    );
+    assert!(
+        flag(
+            &db.pool,
+            "SELECT count(*) = 3 FROM deliveries WHERE status = 'pending' AND attempts = 0"
+        )
+        .await
+    );
+
+    // The history of one record, as JSON and on the page.
+    let h: serde_json::Value = reqwest::get(format!("{base}/api/history?key=customer:1"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lines = h["lines"].as_array().unwrap();
+    assert_eq!(lines[0]["outcome"], serde_json::Value::Null, "{h}");
+    assert_eq!(lines[1]["outcome"], "retried", "{h}");
+    assert_eq!(lines[1]["detail"], web::ACTOR, "{h}");
+    let page = reqwest::get(format!("{base}/?key=customer:1"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<td>retried</td>"), "{page}");
+    assert!(page.contains("data-actions=\"true\""));
+    assert!(!page.contains("t0ken-s3cret"));
+    engine.shutdown.cancel();
+    server.task.await.unwrap();
+}

@@ -121,11 +121,14 @@ async fn metrics_move_as_a_real_worker_delivers_and_meets_a_429() {
     let mut text = String::new();
     for _ in 0..200 {
         text = scrape(&url).await;
+        // The gauges are read before the counters are encoded: wait for both.
+        let remaining = format!(r#"courier_block_remaining_seconds{{budget="{budget}"}}"#);
         if sample(
             &text,
             &format!(r#"courier_blocks_set_total{{budget="{budget}"}}"#),
         )
         .is_some()
+            && sample(&text, &remaining).is_some_and(|s| s > 0.0)
         {
             break;
         }
@@ -137,7 +140,16 @@ async fn metrics_move_as_a_real_worker_delivers_and_meets_a_429() {
         &format!(r#"courier_block_remaining_seconds{{budget="{budget}"}}"#),
     )
     .unwrap();
-    assert!(left > 50.0 && left <= 60.0, "{left}");
+    let blocks: Vec<(String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT budget_key, blocked_until FROM connection_blocks")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        left > 50.0 && left <= 61.0,
+        "{left} {blocks:?} {}\n{text}",
+        chrono::Utc::now()
+    );
     assert_eq!(
         sample(&text, r#"courier_backlog_pending{rule="prices"}"#),
         Some(7.0)

@@ -88,7 +88,7 @@
   function draw(s) {
     const conns = s.connections.map((c) => [
       c.name, c.writer, c.budget_key, rate(c.declared_per_second), rate(c.effective_per_second),
-      String(c.used_last_minute), c.circuit, c.blocked_until ? "blocked until " + time(c.blocked_until) : "-",
+      String(c.used_last_minute), c.circuit, c.paused ? "paused" : "-", c.blocked_until ? "blocked until " + time(c.blocked_until) : "-",
     ].concat(actions ? [buttons([
       ["pause", "/api/connections/" + encodeURIComponent(c.name) + "/pause"],
       ["resume", "/api/connections/" + encodeURIComponent(c.name) + "/resume"],
@@ -104,7 +104,7 @@
       chart(svg, c, s);
       charts.appendChild(fig);
     });
-    put("connections", table(["connection", "writer", "budget", "declared", "effective", "calls last min", "circuit", "block"]
+    put("connections", table(["connection", "writer", "budget", "declared", "effective", "calls last min", "circuit", "paused", "block"]
       .concat(actions ? [""] : []), conns), charts);
     const blocked = s.connections.filter((c) => c.blocked_until);
     put("blocks", blocked.length === 0 ? el("p", "No rate-limit block in force.", "none") :
@@ -143,10 +143,11 @@
     const res = await fetch("/api/history?key=" + encodeURIComponent(key), { cache: "no-store" });
     if (!res.ok) { put("history", el("p", await res.text(), "none")); return; }
     const h = await res.json();
-    put("history", h.lines.length === 0 ? el("p", "No outcome recorded for " + h.key + ".", "none") :
-      table(["at", "rule", "delivery", "outcome", "attempt", "http", "error"],
-        h.lines.map((l) => [time(l.at), l.rule, l.delivery_id + " (" + l.status + ")", l.outcome, String(l.attempt),
-          dash(l.http_status), dash(l.error)])));
+    put("history", h.lines.length === 0 ?
+      el("p", "No delivery with record key " + h.key + " (never enqueued, or removed by retention).", "none") :
+      table(["at", "rule", "delivery", "event", "run", "attempt", "http", "detail", "status now"],
+        h.lines.map((l) => [time(l.at), l.rule, String(l.delivery_id), l.outcome || "enqueued",
+          l.run_id ? "#" + l.run_id : "-", dash(l.attempt), dash(l.http_status), dash(l.detail), l.status])));
     history.replaceState(null, "", "/?key=" + encodeURIComponent(key));
   }
   document.getElementById("history-form").addEventListener("submit", (ev) => {

@@ -15,16 +15,18 @@ use std::{net::SocketAddr, sync::Arc};
 use anyhow::Context;
 use axum::{
     Json, Router,
-    extract::{Query, State},
+    extract::{Path, Query, State},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{Html, IntoResponse, Response},
-    routing::get,
+    routing::{get, post},
 };
 use chrono::{DateTime, Utc};
 use courier::{
     engine::Engine,
+    ledger::Outcome,
     metrics,
-    status::{self, ConnectionStatus, HistoryLine, Problem, RuleStatus, RunLine},
+    ops::{self, HistoryEntry, OpsError},
+    status::{self, ConnectionStatus, Problem, RuleStatus, RunLine},
 };
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -33,8 +35,8 @@ use tokio::net::TcpListener;
 pub const CHART_WINDOW_SECS: i32 = 300;
 /// One point of the chart per this many seconds.
 pub const CHART_STEP_SECS: i32 = 5;
-/// History lines shown for one record key (the newest).
-pub const HISTORY_LIMIT: i64 = 200;
+/// Who the ledger names for a retry asked from the dashboard.
+pub const ACTOR: &str = "courier dashboard";
 
 /// A running HTTP server: where it listens.
 #[derive(Debug)]
@@ -75,6 +77,12 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/api/state", get(state_json))
         .route("/api/history", get(history_json))
+        .route("/api/rules/{name}/retry", post(retry_rule))
+        .route("/api/rules/{name}/pause", post(pause_rule))
+        .route("/api/rules/{name}/resume", post(resume_rule))
+        .route("/api/connections/{name}/pause", post(pause_connection))
+        .route("/api/connections/{name}/resume", post(resume_connection))
+        .route("/api/connections/{name}/unblock", post(unblock_connection))
         .with_state(engine)
 }
 
@@ -186,7 +194,7 @@ async fn dashboard(State(engine): State<Arc<Engine>>, Query(q): Query<KeyQuery>)
     };
     let key = q.key.filter(|k| !k.trim().is_empty());
     let history = match &key {
-        Some(k) => match status::record_history(&engine.pool, k, HISTORY_LIMIT).await {
+        Some(k) => match ops::history(&engine.pool, k).await {
             Ok(h) => Some(h),
             Err(e) => return unavailable(e),
         },
@@ -213,16 +221,175 @@ async fn state_json(State(engine): State<Arc<Engine>>) -> Response {
 pub struct HistoryView {
     /// The key asked for.
     pub key: String,
-    /// Its outcomes, oldest first.
-    pub lines: Vec<HistoryLine>,
+    /// Its deliveries, each followed by its ledger rows, oldest first.
+    pub lines: Vec<HistoryEntry>,
 }
 
 async fn history_json(State(engine): State<Arc<Engine>>, Query(q): Query<KeyQuery>) -> Response {
     let Some(key) = q.key.filter(|k| !k.trim().is_empty()) else {
         return (StatusCode::BAD_REQUEST, "give the record key as ?key=\n").into_response();
     };
-    match status::record_history(&engine.pool, &key, HISTORY_LIMIT).await {
+    match ops::history(&engine.pool, &key).await {
         Ok(lines) => Json(HistoryView { key, lines }).into_response(),
         Err(e) => unavailable(e),
     }
+}
+
+/// Why the request may not act (`None`: it may): a token is configured and the request sends it as
+/// `Authorization: Bearer <token>`. The answer never repeats what was sent.
+fn denied(engine: &Engine, headers: &HeaderMap) -> Option<Response> {
+    let Some(token) = &engine.settings.http_token else {
+        return Some(
+            (
+                StatusCode::FORBIDDEN,
+                "actions are disabled: the worker has no COURIER_HTTP_TOKEN\n",
+            )
+                .into_response(),
+        );
+    };
+    let offered = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match offered {
+        Some(t) if token.matches(t) => None,
+        _ => Some(
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "send the worker's COURIER_HTTP_TOKEN as Authorization: Bearer <token>\n",
+            )
+                .into_response(),
+        ),
+    }
+}
+
+/// An action's answer: what it changed, or why it could not.
+fn answer(what: String, result: Result<String, OpsError>) -> Response {
+    match result {
+        Ok(done) => {
+            tracing::info!(action = %what, result = %done, "dashboard action");
+            format!("{what}: {done}\n").into_response()
+        }
+        Err(e @ OpsError::NotFound { .. }) => {
+            (StatusCode::NOT_FOUND, format!("{e}\n")).into_response()
+        }
+        Err(e @ OpsError::Invalid(_)) => {
+            (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
+/// The query of a retry: which outcome (`exhausted`, the default, or `rejected`), and
+/// optionally only those that ended at or after `since` (RFC 3339).
+#[derive(Debug, Default, Deserialize)]
+pub struct RetryQuery {
+    /// `exhausted` or `rejected`.
+    pub outcome: Option<String>,
+    /// Only deliveries that ended at or after this time.
+    pub since: Option<DateTime<Utc>>,
+}
+
+async fn retry_rule(
+    State(engine): State<Arc<Engine>>,
+    Path(name): Path<String>,
+    Query(q): Query<RetryQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(denied) = denied(&engine, &headers) {
+        return denied;
+    }
+    let outcome = match q.outcome.as_deref().unwrap_or("exhausted") {
+        "exhausted" => Outcome::Exhausted,
+        "rejected" => Outcome::Rejected,
+        other => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("outcome must be exhausted or rejected, not {other:?}\n"),
+            )
+                .into_response();
+        }
+    };
+    let done = ops::retry_as(&engine.pool, &name, &[outcome], q.since, ACTOR)
+        .await
+        .map(|n| format!("{n} {} deliveries made pending again", outcome.as_str()));
+    answer(format!("rule {name}"), done)
+}
+
+async fn pause(
+    engine: &Engine,
+    headers: &HeaderMap,
+    rule: Option<&str>,
+    connection: Option<&str>,
+    paused: bool,
+) -> Response {
+    if let Some(denied) = denied(engine, headers) {
+        return denied;
+    }
+    match (rule, connection) {
+        (Some(r), _) => answer(
+            format!("rule {r}"),
+            ops::set_rule_paused(&engine.pool, r, paused)
+                .await
+                .map(|c| c.to_string()),
+        ),
+        (_, Some(c)) => answer(
+            format!("connection {c}"),
+            ops::set_connection_paused(&engine.pool, c, paused)
+                .await
+                .map(|c| c.to_string()),
+        ),
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn pause_rule(
+    State(e): State<Arc<Engine>>,
+    Path(name): Path<String>,
+    h: HeaderMap,
+) -> Response {
+    pause(&e, &h, Some(&name), None, true).await
+}
+
+async fn resume_rule(
+    State(e): State<Arc<Engine>>,
+    Path(name): Path<String>,
+    h: HeaderMap,
+) -> Response {
+    pause(&e, &h, Some(&name), None, false).await
+}
+
+async fn pause_connection(
+    State(e): State<Arc<Engine>>,
+    Path(name): Path<String>,
+    h: HeaderMap,
+) -> Response {
+    pause(&e, &h, None, Some(&name), true).await
+}
+
+async fn resume_connection(
+    State(e): State<Arc<Engine>>,
+    Path(name): Path<String>,
+    h: HeaderMap,
+) -> Response {
+    pause(&e, &h, None, Some(&name), false).await
+}
+
+async fn unblock_connection(
+    State(engine): State<Arc<Engine>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(denied) = denied(&engine, &headers) {
+        return denied;
+    }
+    let done = ops::unblock_connection(&engine.pool, &name)
+        .await
+        .map(|n| match n {
+            0 => "no block in force".to_owned(),
+            _ => "block lifted".to_owned(),
+        });
+    answer(format!("connection {name}"), done)
 }

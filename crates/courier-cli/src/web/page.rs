@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
-use courier::status::HistoryLine;
+use courier::ops::HistoryEntry;
 
 use super::DashboardState;
 
@@ -68,6 +68,7 @@ fn connections(s: &DashboardState) -> String {
                 rate(c.effective_per_second),
                 c.status.used_last_minute.to_string(),
                 c.status.circuit.clone(),
+                if c.status.paused { "paused" } else { "-" }.into(),
                 if c.status.blocked_until.is_some() {
                     format!("blocked until {}", time(c.status.blocked_until))
                 } else {
@@ -86,6 +87,7 @@ fn connections(s: &DashboardState) -> String {
             "effective",
             "calls last min",
             "circuit",
+            "paused",
             "block",
         ],
         &rows,
@@ -260,10 +262,11 @@ fn problems(s: &DashboardState) -> String {
 }
 
 /// The history table of one record key.
-pub fn history(key: &str, lines: &[HistoryLine]) -> String {
+pub fn history(key: &str, lines: &[HistoryEntry]) -> String {
     if lines.is_empty() {
         return format!(
-            "<p class=\"none\">No outcome recorded for {}.</p>",
+            "<p class=\"none\">No delivery with record key {} (never enqueued, or removed \
+             by retention).</p>",
             esc(key)
         );
     }
@@ -273,11 +276,13 @@ pub fn history(key: &str, lines: &[HistoryLine]) -> String {
             vec![
                 time(Some(l.at)),
                 l.rule.clone(),
-                format!("{} ({})", l.delivery_id, l.status),
-                l.outcome.clone(),
-                l.attempt.to_string(),
+                l.delivery_id.to_string(),
+                l.outcome.map_or("enqueued", |o| o.as_str()).to_owned(),
+                l.run_id.map_or_else(|| "-".into(), |r| format!("#{r}")),
+                l.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
                 l.http_status.map_or_else(|| "-".into(), |s| s.to_string()),
-                l.error.clone().unwrap_or_else(|| "-".into()),
+                l.detail.clone().unwrap_or_else(|| "-".into()),
+                l.status.as_str().to_owned(),
             ]
         })
         .collect();
@@ -285,7 +290,15 @@ pub fn history(key: &str, lines: &[HistoryLine]) -> String {
     table(
         &mut out,
         &[
-            "at", "rule", "delivery", "outcome", "attempt", "http", "error",
+            "at",
+            "rule",
+            "delivery",
+            "event",
+            "run",
+            "attempt",
+            "http",
+            "detail",
+            "status now",
         ],
         &rows,
     );
@@ -293,7 +306,7 @@ pub fn history(key: &str, lines: &[HistoryLine]) -> String {
 }
 
 /// The whole page.
-pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryLine]>) -> String {
+pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntry]>) -> String {
     let history_html = match (key, lines) {
         (Some(k), Some(l)) => history(k, l),
         _ => String::new(),
