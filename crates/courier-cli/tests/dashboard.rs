@@ -355,6 +355,35 @@ async fn actions_need_the_token_and_call_the_operations() {
     assert!(page.contains("<td>retried</td>"), "{page}");
     assert!(page.contains("data-actions=\"true\""));
     assert!(!page.contains("t0ken-s3cret"));
+    // In a browser, the script offers the actions (no token in the page).
+    if let Some(exe) = chromium() {
+        let profile =
+            std::env::temp_dir().join(format!("courier-chromium-{:016x}", rand::random::<u64>()));
+        let url = format!("{base}/?key=customer:1");
+        let dom = {
+            let profile = profile.clone();
+            tokio::task::spawn_blocking(move || browse(&exe, &profile, &["--dump-dom"], &url))
+                .await
+                .unwrap()
+        };
+        let _ = std::fs::remove_dir_all(&profile);
+        assert!(!dom.contains("data-refreshes=\"0\""), "{dom}");
+        for button in [
+            "lift block",
+            "retry exhausted",
+            "retry rejected",
+            "pause",
+            "resume",
+        ] {
+            assert!(
+                dom.contains(&format!(">{button}</button>")),
+                "{button}: {dom}"
+            );
+        }
+        assert!(dom.contains("id=\"token\""), "{dom}");
+        assert!(dom.contains("<td>retried</td>"), "{dom}");
+        assert!(!dom.contains("t0ken-s3cret"));
+    }
     engine.shutdown.cancel();
     server.task.await.unwrap();
 }

@@ -65,7 +65,8 @@
     const now = Date.parse(s.now) / 1000, start = now - s.chart_window;
     const byBucket = new Map(c.series.map(([t, v]) => [t, v]));
     const points = [];
-    for (let t = Math.floor(start / s.chart_step) * s.chart_step; t <= now; t += s.chart_step) {
+    // Whole buckets inside the window; the current one is still filling and is left out.
+    for (let t = Math.ceil(start / s.chart_step) * s.chart_step; t + s.chart_step <= now; t += s.chart_step) {
       points.push([t, byBucket.get(t) || 0]);
     }
     const top = Math.max(c.declared_per_second * 1.25, ...points.map((p) => p[1]), 1);

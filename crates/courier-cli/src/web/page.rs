@@ -332,7 +332,7 @@ pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntr
 <section id="problems"><div class="body">{problems}</div></section>
 <section id="runs"><h2>Recent runs</h2><div class="body">{runs}</div></section>
 <section id="history"><h2>History of a record</h2>
-<form id="history-form" method="get" action="/"><input id="history-key" name="key" placeholder="record key, e.g. customer:123" value="{key}"> <button type="submit">Show</button></form>
+<form id="history-form" method="get" action="/"><input id="history-key" name="key" size="32" placeholder="record key, e.g. customer:123" value="{key}"> <button type="submit">Show</button></form>
 <div class="body">{history_html}</div></section>
 <script>{SCRIPT}</script>
 </body></html>
