@@ -32,7 +32,8 @@ enum Command {
     /// Manage the database itself.
     #[command(subcommand)]
     Db(DbCmd),
-    /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C.
+    /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C; serves
+    /// metrics and the dashboard on COURIER_HTTP_ADDR (127.0.0.1:9187; empty: off).
     Worker,
     /// Enqueue deliveries for a rule from NDJSON (stdin or a file), all or nothing.
     Enqueue {
