@@ -84,6 +84,17 @@ pub async fn block(
     .await
 }
 
+/// Lifts the block on budget `key` (an operator's decision); returns how many were lifted
+/// (0 or 1). The trigger tells every process's copy.
+pub async fn lift(db: impl PgExecutor<'_>, key: &str) -> Result<u64, sqlx::Error> {
+    Ok(
+        sqlx::query!("DELETE FROM connection_blocks WHERE budget_key = $1", key)
+            .execute(db)
+            .await?
+            .rows_affected(),
+    )
+}
+
 /// The blocks every budget is under, as this process knows them.
 #[derive(Debug, Default)]
 pub struct Blocks {
@@ -236,8 +247,14 @@ mod tests {
         let now = Utc::now();
         let s = chrono::Duration::seconds;
         assert!(blocks.announce("k", now + s(10), now));
-        assert!(!blocks.announce("k", now + s(20), now + s(1)), "an extension");
-        assert!(blocks.announce("k", now + s(40), now + s(30)), "the last one lapsed");
+        assert!(
+            !blocks.announce("k", now + s(20), now + s(1)),
+            "an extension"
+        );
+        assert!(
+            blocks.announce("k", now + s(40), now + s(30)),
+            "the last one lapsed"
+        );
         assert_eq!(blocks.take_announced("k"), Some(now + s(40)));
         assert_eq!(blocks.take_announced("k"), None, "said once");
         assert!(blocks.announce("k", now + s(50), now + s(41)));

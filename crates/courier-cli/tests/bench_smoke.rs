@@ -68,9 +68,16 @@ async fn soak_smoke_keeps_tables_level_while_deliveries_flow() {
     let n = |name: &str| report.get(name).and_then(|v| v.as_f64()).unwrap_or(-1.0);
     let text = report.render();
     println!("{text}");
-    assert_eq!(n("records delivered (delivered_records)"), records as f64, "{text}");
+    assert_eq!(
+        n("records delivered (delivered_records)"),
+        records as f64,
+        "{text}"
+    );
     // Retention removed most of what was delivered while the feed went on...
-    assert!(n("deliveries rows at the end") < records as f64 / 2.0, "{text}");
+    assert!(
+        n("deliveries rows at the end") < records as f64 / 2.0,
+        "{text}"
+    );
     // ...and the second half never held many more rows than the first.
     let (first, second) = (
         n("deliveries rows, peak 1st half"),

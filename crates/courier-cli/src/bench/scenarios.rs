@@ -709,7 +709,10 @@ async fn soak(
             .max()
             .unwrap_or(0)
     };
-    for (i, table) in ["deliveries", "ledger", "runs", "apalis.jobs"].iter().enumerate() {
+    for (i, table) in ["deliveries", "ledger", "runs", "apalis.jobs"]
+        .iter()
+        .enumerate()
+    {
         report.figure(&format!("{table} rows, peak 1st half"), peak(0.0, half, i));
         report.figure(
             &format!("{table} rows, peak 2nd half"),
