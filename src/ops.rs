@@ -20,7 +20,9 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::{
-    ledger::{DeliveryStatus, Outcome},
+    blocks,
+    catalog::{self, Paused},
+    ledger::{self, DeliveryStatus, Outcome},
     queue, runs,
 };
 
@@ -130,41 +132,14 @@ pub async fn retry_as(
     }
     let mut tx = pool.begin().await?;
     let rule_id = rule_id(&mut tx, rule).await?;
-    // One statement: the deliveries made pending and their ledger rows. A delivery whose
-    // key has a newer one pending (it would be superseded) or delivered (it would
-    // overwrite newer data) stays as it is.
-    let n = sqlx::query_scalar!(
-        r#"WITH again AS (
-               UPDATE deliveries d SET status = 'pending', attempts = 0, next_attempt_at = now(),
-                      finished_at = NULL, updated_at = now()
-               WHERE d.rule_id = $1 AND d.status = ANY($2::text[])
-                 AND ($3::timestamptz IS NULL OR d.finished_at >= $3)
-                 AND NOT EXISTS (SELECT 1 FROM deliveries n
-                                 WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
-                                   AND n.status = 'pending')
-                 AND NOT EXISTS (SELECT 1 FROM delivered_records x
-                                 WHERE x.rule_id = d.rule_id AND x.record_key = d.record_key
-                                   AND x.delivery_id > d.id)
-               RETURNING d.id),
-           logged AS (
-               INSERT INTO ledger (run_id, rule_id, delivery_id, outcome, attempt, actor, created_at)
-               SELECT NULL, $1, again.id, 'retried', 0, $4, now() FROM again
-               RETURNING 1)
-           SELECT count(*) AS "n!" FROM logged"#,
-        rule_id,
-        &statuses as &[&str],
-        since,
-        actor
-    )
-    .fetch_one(&mut *tx)
-    .await?;
+    let n = ledger::retry(&mut tx, rule_id, &statuses, since, actor).await?;
     if n > 0 {
         // The deliveries are due now: dispatchers start a run (the trigger on deliveries
         // fires on INSERT only).
         runs::wake(&mut *tx).await?;
     }
     tx.commit().await?;
-    Ok(n as u64)
+    Ok(n)
 }
 
 async fn rule_id(tx: &mut sqlx::PgConnection, rule: &str) -> Result<i64, OpsError> {
@@ -180,29 +155,7 @@ async fn rule_id(tx: &mut sqlx::PgConnection, rule: &str) -> Result<i64, OpsErro
 /// Pauses (or resumes) rule `rule`. Resuming wakes the dispatchers, so its backlog is
 /// dispatched at once.
 pub async fn set_rule_paused(pool: &PgPool, rule: &str, paused: bool) -> Result<Changed, OpsError> {
-    let mut tx = pool.begin().await?;
-    let was = sqlx::query_scalar!("SELECT paused FROM rules WHERE name = $1 FOR UPDATE", rule)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| OpsError::NotFound {
-            kind: "rule",
-            name: rule.to_owned(),
-        })?;
-    if was != paused {
-        sqlx::query!(
-            "UPDATE rules SET paused = $2, updated_at = now() WHERE name = $1",
-            rule,
-            paused
-        )
-        .execute(&mut *tx)
-        .await?;
-        runs::wake(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(Changed {
-        was_paused: was,
-        paused,
-    })
+    set_paused(pool, Paused::Rule, rule, paused).await
 }
 
 /// Pauses (or resumes) connection `connection`: none of its rules gets a run while it is
@@ -212,25 +165,23 @@ pub async fn set_connection_paused(
     connection: &str,
     paused: bool,
 ) -> Result<Changed, OpsError> {
+    set_paused(pool, Paused::Connection, connection, paused).await
+}
+
+async fn set_paused(
+    pool: &PgPool,
+    what: Paused,
+    name: &str,
+    paused: bool,
+) -> Result<Changed, OpsError> {
     let mut tx = pool.begin().await?;
-    let was = sqlx::query_scalar!(
-        "SELECT paused FROM connections WHERE name = $1 FOR UPDATE",
-        connection
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or_else(|| OpsError::NotFound {
-        kind: "connection",
-        name: connection.to_owned(),
-    })?;
+    let was = catalog::set_paused(&mut tx, what, name, paused)
+        .await?
+        .ok_or_else(|| OpsError::NotFound {
+            kind: what.kind(),
+            name: name.to_owned(),
+        })?;
     if was != paused {
-        sqlx::query!(
-            "UPDATE connections SET paused = $2, updated_at = now() WHERE name = $1",
-            connection,
-            paused
-        )
-        .execute(&mut *tx)
-        .await?;
         runs::wake(&mut *tx).await?;
     }
     tx.commit().await?;
@@ -256,26 +207,14 @@ pub async fn unblock_connection(pool: &PgPool, connection: &str) -> Result<u64, 
         kind: "connection",
         name: connection.to_owned(),
     })?;
-    let lifted = sqlx::query!("DELETE FROM connection_blocks WHERE budget_key = $1", key)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+    let lifted = blocks::lift(&mut *tx, &key).await?;
     if lifted > 0 {
         runs::wake(&mut *tx).await?;
     }
     // Committed first, so the processes' copies hear of it before the woken jobs arrive.
     tx.commit().await?;
     if lifted > 0 {
-        sqlx::query!(
-            "UPDATE apalis.jobs j SET run_at = now()
-             FROM runs x JOIN rules r ON r.id = x.rule_id JOIN connections c ON c.id = r.connection_id
-             WHERE x.status = 'waiting' AND courier_budget_key(c) = $1
-               AND j.id = x.job_id AND j.status = 'Pending' AND j.run_at > now()",
-            key
-        )
-        .execute(pool)
-        .await?;
-        queue::wake_fetchers(pool).await?;
+        queue::wake_waiting(pool, &key).await?;
     }
     Ok(lifted)
 }

@@ -246,7 +246,7 @@ pub async fn settle(
 fn note_block(engine: &Engine, ctx: &JobContext, until: DateTime<Utc>) {
     let key = &ctx.connection.budget_key;
     let now = engine.clock.now();
-    if engine.blocks.until(key).is_none_or(|t| t <= now) {
+    if engine.blocks.announce(key, until, now) {
         tracing::info!(budget = %key, %until, rule = ctx.rule_id, "rate-limit block set by a 429");
     }
     engine.blocks.set(key, until);
