@@ -87,6 +87,17 @@ pub async fn block(
     .await
 }
 
+/// Lifts the block on budget `key` (an operator's decision); returns how many were lifted
+/// (0 or 1). The trigger tells every process's copy.
+pub async fn lift(db: impl PgExecutor<'_>, key: &str) -> Result<u64, sqlx::Error> {
+    Ok(
+        sqlx::query!("DELETE FROM connection_blocks WHERE budget_key = $1", key)
+            .execute(db)
+            .await?
+            .rows_affected(),
+    )
+}
+
 /// The blocks every budget is under, as this process knows them.
 #[derive(Debug, Default)]
 pub struct Blocks {
@@ -94,12 +105,31 @@ pub struct Blocks {
     until: RwLock<HashMap<String, DateTime<Utc>>>,
     /// Set once the listener is subscribed and the table loaded.
     listening: OnceCell<()>,
+    /// Blocks this process met and logged, until it logs their end (the copy above is
+    /// refreshed by NOTIFY, possibly before the process that wrote a block looks).
+    announced: std::sync::Mutex<HashMap<String, DateTime<Utc>>>,
 }
 
 impl Blocks {
     /// When the block on budget `key` ends, if it has one.
     pub fn until(&self, key: &str) -> Option<DateTime<Utc>> {
         self.until.read().expect("blocks lock").get(key).copied()
+    }
+
+    /// Notes a block this process's call met: true when it is a new one (none was
+    /// announced here, or the last one lapsed by `now`), the moment to log it.
+    pub fn announce(&self, key: &str, until: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+        let mut map = self.announced.lock().expect("announced lock");
+        let new = map.get(key).is_none_or(|&t| t <= now);
+        let end = map.entry(key.to_owned()).or_insert(until);
+        *end = if new { until } else { (*end).max(until) };
+        new
+    }
+
+    /// Forgets the block announced on `key`, returning its end: called when a job finds
+    /// no block in force (it lapsed, or was lifted), the moment to log that it is over.
+    pub fn take_announced(&self, key: &str) -> Option<DateTime<Utc>> {
+        self.announced.lock().expect("announced lock").remove(key)
     }
 
     /// Records a block this process wrote (others hear of it by NOTIFY).
@@ -212,5 +242,24 @@ mod tests {
         blocks.set("k", now + chrono::Duration::seconds(5));
         assert_eq!(blocks.until("k"), Some(now + chrono::Duration::seconds(10)));
         assert_eq!(blocks.until("other"), None);
+    }
+
+    #[test]
+    fn a_block_is_announced_once_until_it_is_over() {
+        let blocks = Blocks::default();
+        let now = Utc::now();
+        let s = chrono::Duration::seconds;
+        assert!(blocks.announce("k", now + s(10), now));
+        assert!(
+            !blocks.announce("k", now + s(20), now + s(1)),
+            "an extension"
+        );
+        assert!(
+            blocks.announce("k", now + s(40), now + s(30)),
+            "the last one lapsed"
+        );
+        assert_eq!(blocks.take_announced("k"), Some(now + s(40)));
+        assert_eq!(blocks.take_announced("k"), None, "said once");
+        assert!(blocks.announce("k", now + s(50), now + s(41)));
     }
 }

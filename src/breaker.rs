@@ -143,12 +143,18 @@ pub async fn record(
     if results.is_empty() {
         return Ok(circuit);
     }
+    let was = circuit.state;
     let mut opened = false;
     for &reachable in results {
         opened |= circuit.observe(reachable, settings, now);
     }
-    if opened {
+    // A fault is said once when it starts and once when it ends.
+    if opened && was == State::Closed {
         tracing::warn!(connection_id, until = ?circuit.open_until, "circuit opened");
+    } else if opened {
+        tracing::debug!(connection_id, until = ?circuit.open_until, "circuit reopened: the probe failed");
+    } else if was != State::Closed && circuit.state == State::Closed {
+        tracing::info!(connection_id, "circuit closed: the target answers again");
     }
     sqlx::query!(
         "UPDATE circuits SET state = $2, consecutive_failures = $3, times_opened = $4,

@@ -350,6 +350,74 @@ pub async fn set_rule_enabled(
     Ok(())
 }
 
+/// What an operator pauses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Paused {
+    /// One rule.
+    Rule,
+    /// A connection, and so every rule of it.
+    Connection,
+}
+
+impl Paused {
+    /// `rule` or `connection`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Paused::Rule => "rule",
+            Paused::Connection => "connection",
+        }
+    }
+}
+
+/// Sets the `paused` column of the rule or connection named `name`; returns what it was
+/// before, or `None` when there is none of that name.
+pub async fn set_paused(
+    tx: &mut sqlx::PgConnection,
+    what: Paused,
+    name: &str,
+    paused: bool,
+) -> Result<Option<bool>, sqlx::Error> {
+    // The old value under a row lock, then the change only when it is one.
+    let was = match what {
+        Paused::Rule => {
+            sqlx::query_scalar!("SELECT paused FROM rules WHERE name = $1 FOR UPDATE", name)
+                .fetch_optional(&mut *tx)
+                .await?
+        }
+        Paused::Connection => {
+            sqlx::query_scalar!(
+                "SELECT paused FROM connections WHERE name = $1 FOR UPDATE",
+                name
+            )
+            .fetch_optional(&mut *tx)
+            .await?
+        }
+    };
+    if was.is_some_and(|w| w != paused) {
+        match what {
+            Paused::Rule => {
+                sqlx::query!(
+                    "UPDATE rules SET paused = $2, updated_at = now() WHERE name = $1",
+                    name,
+                    paused
+                )
+                .execute(&mut *tx)
+                .await?
+            }
+            Paused::Connection => {
+                sqlx::query!(
+                    "UPDATE connections SET paused = $2, updated_at = now() WHERE name = $1",
+                    name,
+                    paused
+                )
+                .execute(&mut *tx)
+                .await?
+            }
+        };
+    }
+    Ok(was)
+}
+
 /// All connections, by name.
 pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>, sqlx::Error> {
     sqlx::query_as!(

@@ -47,8 +47,13 @@ pub const DEFAULT_DB_CONNECT_TIMEOUT_SECS: u64 = 10;
 /// Default `COURIER_DB_STATEMENT_TIMEOUT_SECONDS`: PostgreSQL cancels any statement of
 /// courier's that runs longer (migrations excepted).
 pub const DEFAULT_DB_STATEMENT_TIMEOUT_SECS: u64 = 60;
+/// Default `COURIER_RETENTION_DAYS`: delivered and suppressed deliveries, their ledger
+/// rows, finished runs and finished queue jobs are removed this many days after they ended.
+pub const DEFAULT_RETENTION_DAYS: u64 = 7;
 /// Default `COURIER_LOG`: the log filter (tracing `EnvFilter` syntax).
 pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,apalis=warn";
+/// Default `COURIER_HTTP_ADDR`: the worker's metrics and dashboard, on loopback only.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9187";
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +87,10 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "COURIER_BREAKER_COOLDOWN_SECONDS",
     "COURIER_BREAKER_MAX_COOLDOWN_SECONDS",
     "COURIER_SHUTDOWN_TIMEOUT_SECONDS",
+    "COURIER_HTTP_ADDR",
+    "COURIER_HTTP_TOKEN",
+    "COURIER_RETENTION_DAYS",
+    "COURIER_RETENTION_SECONDS",
 ];
 
 /// `COURIER_*` variables that are not settings but are read by courier's tooling: the
@@ -155,6 +164,45 @@ pub struct Settings {
     pub breaker: BreakerSettings,
     /// `COURIER_SHUTDOWN_TIMEOUT_SECONDS`: how long in-flight calls may finish on stop.
     pub shutdown_timeout: Duration,
+    /// How long finished rows are kept (see `maintenance::retention`): `COURIER_RETENTION_DAYS`
+    /// (0 keeps everything: `None`), or `COURIER_RETENTION_SECONDS` when set (for benches
+    /// and tests; it wins over the days).
+    pub retention: Option<Duration>,
+    /// `COURIER_HTTP_ADDR`: where the worker serves `/metrics` and the dashboard; `None`
+    /// (the variable set empty) serves nothing.
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// `COURIER_HTTP_TOKEN`: the bearer token the dashboard's actions require; without
+    /// one the dashboard is read-only.
+    pub http_token: Option<HttpToken>,
+}
+
+/// The dashboard's action token: compared in constant time, never printed (its `Debug`
+/// says `HttpToken(..)`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpToken(String);
+
+impl HttpToken {
+    /// Wraps a token.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// Whether `offered` is this token, compared in time independent of where they differ.
+    pub fn matches(&self, offered: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), offered.as_bytes());
+        // The length may show; the content is compared without an early exit.
+        if a.len() != b.len() {
+            return false;
+        }
+        let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
+        std::hint::black_box(diff) == 0
+    }
+}
+
+impl std::fmt::Debug for HttpToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HttpToken(..)")
+    }
 }
 
 /// When a connection's circuit opens and for how long.
@@ -198,6 +246,9 @@ impl Default for Settings {
             throttle_max_wait: Duration::from_secs(DEFAULT_THROTTLE_MAX_WAIT_SECS),
             breaker: BreakerSettings::default(),
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+            http_addr: Some(DEFAULT_HTTP_ADDR.parse().expect("default address parses")),
+            http_token: None,
+            retention: Some(Duration::from_secs(DEFAULT_RETENTION_DAYS * 86_400)),
         }
     }
 }
@@ -317,6 +368,35 @@ impl Settings {
                 )?,
             },
             shutdown_timeout: secs("COURIER_SHUTDOWN_TIMEOUT_SECONDS", d.shutdown_timeout, 0)?,
+            http_addr: match get("COURIER_HTTP_ADDR") {
+                None => d.http_addr,
+                Some(v) if v.trim().is_empty() => None,
+                Some(v) => Some(v.trim().parse().map_err(|_| {
+                    ConfigError {
+                        name: "COURIER_HTTP_ADDR".into(),
+                        value: v.clone(),
+                        reason: "must be an IP address and port, such as 127.0.0.1:9187, or empty \
+                             to serve no metrics and no dashboard"
+                            .into(),
+                    }
+                })?),
+            },
+            // Blank means unset; the value is never echoed.
+            http_token: get("COURIER_HTTP_TOKEN")
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+                .map(HttpToken),
+            retention: {
+                let days = number(&get, "COURIER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 0)?;
+                let seconds = get("COURIER_RETENTION_SECONDS")
+                    .map(|_| number(&get, "COURIER_RETENTION_SECONDS", 0, 1))
+                    .transpose()?;
+                match (seconds, days) {
+                    (Some(s), _) => Some(Duration::from_secs(s)),
+                    (None, 0) => None,
+                    (None, d) => Some(Duration::from_secs(d * 86_400)),
+                }
+            },
         };
         settings.validate()?;
         Ok(settings)
@@ -497,6 +577,30 @@ mod tests {
     }
 
     #[test]
+    fn the_http_address_defaults_to_loopback_is_off_when_empty_and_checked() {
+        let with = |addr: &'static str| {
+            Settings::from_lookup(move |n| (n == "COURIER_HTTP_ADDR").then(|| addr.to_owned()))
+        };
+        let d = Settings::from_lookup(|_| None).unwrap();
+        assert_eq!(d.http_addr.unwrap().to_string(), DEFAULT_HTTP_ADDR);
+        assert!(d.http_addr.unwrap().ip().is_loopback());
+        assert_eq!(with("").unwrap().http_addr, None);
+        assert_eq!(with("0.0.0.0:80").unwrap().http_addr.unwrap().port(), 80);
+        let e = with("localhost").unwrap_err();
+        assert_eq!(e.name, "COURIER_HTTP_ADDR");
+    }
+
+    #[test]
+    fn the_http_token_matches_only_itself_and_never_prints() {
+        let s = Settings::from_lookup(|n| (n == "COURIER_HTTP_TOKEN").then(|| "s3cret".into()))
+            .unwrap();
+        let t = s.http_token.clone().unwrap();
+        assert!(t.matches("s3cret"));
+        assert!(!t.matches("s3creT") && !t.matches("s3cre") && !t.matches(""));
+        assert!(!format!("{s:?}").contains("s3cret"));
+    }
+
+    #[test]
     fn every_variable_the_settings_read_is_known() {
         let read = std::cell::RefCell::new(Vec::new());
         Settings::from_lookup(|name| {
@@ -558,6 +662,30 @@ mod tests {
         assert_eq!(s.pool().statement_timeout, Duration::from_secs(5));
         let e = load(&[("COURIER_DB_CONNECT_TIMEOUT_SECONDS", "0")]).unwrap_err();
         assert_eq!(e.name, "COURIER_DB_CONNECT_TIMEOUT_SECONDS");
+    }
+
+    #[test]
+    fn retention_is_days_or_seconds_or_off() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(load(&[]).unwrap().retention, Some(7 * day));
+        assert_eq!(
+            load(&[("COURIER_RETENTION_DAYS", "30")]).unwrap().retention,
+            Some(30 * day)
+        );
+        assert_eq!(
+            load(&[("COURIER_RETENTION_DAYS", "0")]).unwrap().retention,
+            None
+        );
+        let s = load(&[
+            ("COURIER_RETENTION_DAYS", "0"),
+            ("COURIER_RETENTION_SECONDS", "5"),
+        ])
+        .unwrap();
+        assert_eq!(s.retention, Some(Duration::from_secs(5)));
+        let e = load(&[("COURIER_RETENTION_SECONDS", "0")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_RETENTION_SECONDS");
+        let e = load(&[("COURIER_RETENTION_DAYS", "a week")]).unwrap_err();
+        assert_eq!(e.name, "COURIER_RETENTION_DAYS");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The shared context of a worker process: the pool, settings, clock, HTTP client, pacer,
-//! the in-memory copy of rate-limit blocks, the process's unique name and its stop signal.
+//! the in-memory copy of rate-limit blocks, the metrics, the process's unique name and its
+//! stop signal.
 //! Every other part borrows it; it depends on none of them but the pieces it holds.
 
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use crate::{
     clock::Clock,
     config::Settings,
     health::{Health, is_outage},
+    metrics::Metrics,
     pacer::Pacer,
 };
 
@@ -35,6 +37,8 @@ pub struct Engine {
     pub blocks: Arc<Blocks>,
     /// Whether the database answers, as this process saw it last.
     pub health: Health,
+    /// This process's Prometheus counters (served by the binary at `/metrics`).
+    pub metrics: Arc<Metrics>,
 }
 
 impl Engine {
@@ -76,6 +80,7 @@ impl Engine {
             pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
             blocks: Arc::new(Blocks::default()),
             health: Health::default(),
+            metrics: Arc::new(Metrics::new()),
             pool,
             settings,
             clock,

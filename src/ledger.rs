@@ -53,6 +53,9 @@ pub enum Outcome {
     Suppressed,
     /// Not sent yet: `hold_until` is ahead or `depends_on` is not delivered.
     Held,
+    /// Made pending again by hand (`courier retry`, the dashboard) after it was exhausted
+    /// or rejected; recorded without a run, naming who asked (`ledger.actor`).
+    Retried,
 }
 
 impl Outcome {
@@ -65,6 +68,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::Suppressed => "suppressed",
             Outcome::Held => "held",
+            Outcome::Retried => "retried",
         }
     }
 
@@ -72,7 +76,7 @@ impl Outcome {
     pub fn delivery_status(self) -> DeliveryStatus {
         match self {
             Outcome::Delivered => DeliveryStatus::Delivered,
-            Outcome::Failed | Outcome::Held => DeliveryStatus::Pending,
+            Outcome::Failed | Outcome::Held | Outcome::Retried => DeliveryStatus::Pending,
             Outcome::Exhausted => DeliveryStatus::Exhausted,
             Outcome::Rejected => DeliveryStatus::Rejected,
             Outcome::Suppressed => DeliveryStatus::Suppressed,
@@ -190,4 +194,45 @@ pub async fn record(
         .await?;
     }
     Ok(())
+}
+
+/// Makes rule `rule_id`'s deliveries in one of `statuses` (exhausted, rejected) pending
+/// again, due now, with attempts reset, each with a ledger row `retried` naming `actor`;
+/// with `since`, only those that ended at or after it. Returns how many.
+pub async fn retry(
+    tx: &mut PgConnection,
+    rule_id: i64,
+    statuses: &[&str],
+    since: Option<DateTime<Utc>>,
+    actor: &str,
+) -> Result<u64, sqlx::Error> {
+    // One statement: the deliveries made pending and their ledger rows. A delivery whose
+    // key has a newer one pending (it would be superseded) or delivered (it would
+    // overwrite newer data) stays as it is.
+    let n = sqlx::query_scalar!(
+        r#"WITH again AS (
+               UPDATE deliveries d SET status = 'pending', attempts = 0, next_attempt_at = now(),
+                      finished_at = NULL, updated_at = now()
+               WHERE d.rule_id = $1 AND d.status = ANY($2::text[])
+                 AND ($3::timestamptz IS NULL OR d.finished_at >= $3)
+                 AND NOT EXISTS (SELECT 1 FROM deliveries n
+                                 WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
+                                   AND n.status = 'pending')
+                 AND NOT EXISTS (SELECT 1 FROM delivered_records x
+                                 WHERE x.rule_id = d.rule_id AND x.record_key = d.record_key
+                                   AND x.delivery_id > d.id)
+               RETURNING d.id),
+           logged AS (
+               INSERT INTO ledger (run_id, rule_id, delivery_id, outcome, attempt, actor, created_at)
+               SELECT NULL, $1, again.id, 'retried', 0, $4, now() FROM again
+               RETURNING 1)
+           SELECT count(*) AS "n!" FROM logged"#,
+        rule_id,
+        statuses as &[&str],
+        since,
+        actor
+    )
+    .fetch_one(tx)
+    .await?;
+    Ok(n as u64)
 }

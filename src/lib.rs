@@ -34,7 +34,9 @@
 //! - [`chain`]: one chain job in stages: admit, claim, triage, call, classify, settle.
 //! - [`maintenance`]: the background loops: dispatcher, reaper, pruner.
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
+//! - [`ops`]: operator actions: pause and resume, retry, unblock, a record's history.
 //! - [`status`]: the `courier status` report.
+//! - [`metrics`]: Prometheus counters of the process and gauges read from the database.
 //!
 //! The tooling is not part of this library: the `courier` binary with its demo and
 //! benchmarks is `crates/courier-cli`, the local User.com-like target
@@ -53,6 +55,8 @@ pub mod health;
 pub mod learned;
 pub mod ledger;
 pub mod maintenance;
+pub mod metrics;
+pub mod ops;
 pub mod pacer;
 pub mod queue;
 pub mod rate_headers;

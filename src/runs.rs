@@ -30,6 +30,9 @@ pub enum RunStatus {
     Stale,
     /// It could not go on (e.g. the connection's API key is missing).
     Failed,
+    /// Its rule or connection was paused; it stopped at a batch boundary, its backlog
+    /// left pending for the run after the resume.
+    Paused,
 }
 
 impl RunStatus {
@@ -43,11 +46,12 @@ impl RunStatus {
             RunStatus::Throttled => "throttled",
             RunStatus::Stale => "stale",
             RunStatus::Failed => "failed",
+            RunStatus::Paused => "paused",
         }
     }
 
     /// Every status, for tests that check the database agrees.
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         RunStatus::Running,
         RunStatus::Waiting,
         RunStatus::Completed,
@@ -55,6 +59,7 @@ impl RunStatus {
         RunStatus::Throttled,
         RunStatus::Stale,
         RunStatus::Failed,
+        RunStatus::Paused,
     ];
 
     /// Whether a run in this status still holds its rule; the database's generated column
@@ -91,6 +96,8 @@ impl Counters {
             Outcome::Rejected => &mut self.rejected,
             Outcome::Suppressed => &mut self.suppressed,
             Outcome::Held => &mut self.held,
+            // Not an outcome of a run.
+            Outcome::Retried => return,
         };
         *n += 1;
     }
@@ -170,19 +177,20 @@ impl<'a> Progress<'a> {
 }
 
 /// Adds job `job_id`'s counters to its active run, moves its cursor and heartbeat, and
-/// sets its status (finishing it when the status is final). Returns false when the run
-/// was no longer active (reaped meanwhile) or has moved on to another job (resumed
-/// elsewhere after this job's process was taken for dead): the caller must not continue
-/// the chain.
+/// sets its status (finishing it when the status is final). Returns the run's counters
+/// now, or `None` when the run was no longer active (reaped meanwhile) or has moved on to
+/// another job (resumed elsewhere after this job's process was taken for dead): the
+/// caller must not continue the chain.
 pub async fn record_job(
     db: impl PgExecutor<'_>,
     run_id: i64,
     job_id: &str,
     p: &Progress<'_>,
     now: DateTime<Utc>,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Option<Counters>, sqlx::Error> {
     let c = &p.counters;
-    let updated = sqlx::query_scalar!(
+    let updated = sqlx::query_as!(
+        Counters,
         "UPDATE runs SET
             jobs = jobs + 1,
             delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
@@ -194,7 +202,7 @@ pub async fn record_job(
             throttled_until = CASE WHEN $10 = 'throttled' THEN $12::timestamptz ELSE throttled_until END,
             job_id = COALESCE($15, job_id)
          WHERE id = $1 AND active AND job_id IS NOT DISTINCT FROM $14
-         RETURNING id",
+         RETURNING delivered, failed, exhausted, rejected, suppressed, held",
         run_id,
         c.delivered,
         c.failed,
@@ -213,7 +221,7 @@ pub async fn record_job(
     )
     .fetch_optional(db)
     .await?;
-    Ok(updated.is_some())
+    Ok(updated)
 }
 
 /// Adds outcomes job `job_id` committed while its batch is still calling (and refreshes

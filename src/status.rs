@@ -40,6 +40,8 @@ pub struct ConnectionStatus {
     pub blocked_by: Option<String>,
     /// The raw `retry-after` value of that 429.
     pub retry_after_raw: Option<String>,
+    /// Paused by an operator: none of its rules gets a run.
+    pub paused: bool,
 }
 
 /// One rule's line.
@@ -51,14 +53,16 @@ pub struct RuleStatus {
     pub connection: String,
     /// Whether runs are started for it.
     pub enabled: bool,
+    /// Paused by an operator (`rule`, `connection`, or both), or `None`.
+    pub paused: Option<String>,
     /// Pending deliveries.
     pub pending: i64,
     /// Pending deliveries due now.
     pub due: i64,
     /// Pending deliveries held until their `depends_on` is delivered.
     pub waiting_on_dependency: i64,
-    /// `running`, `waiting`, `disabled`, `throttled` (its connection is blocked), `stale`,
-    /// or `idle`.
+    /// `running`, `waiting`, `disabled`, `paused` (it or its connection), `throttled` (its
+    /// connection is blocked), `stale`, or `idle`.
     pub state: String,
     /// While waiting: when its run resumes.
     pub resume_at: Option<DateTime<Utc>>,
@@ -144,7 +148,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
                   courier_ts(bu.last_429_at) AS "last_429_at?",
                   ci.state AS circuit, courier_ts(ci.open_until) AS open_until, ci.consecutive_failures,
                   courier_ts(b.blocked_until) AS "blocked_until?", br.name AS "blocked_by?",
-                  b.retry_after_raw AS "retry_after_raw?"
+                  b.retry_after_raw AS "retry_after_raw?", c.paused
            FROM connections c JOIN circuits ci ON ci.connection_id = c.id
            LEFT JOIN connection_blocks b
                   ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
@@ -159,10 +163,13 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
     let rules = sqlx::query_as!(
         RuleStatus,
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
+                  CASE WHEN s.rule_paused AND s.connection_paused THEN 'rule, connection'
+                       WHEN s.rule_paused THEN 'rule'
+                       WHEN s.connection_paused THEN 'connection' END AS paused,
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
                   COALESCE(p.dependency, 0) AS "waiting_on_dependency!",
-                  s.state AS "state!", courier_ts(s.resume_at) AS resume_at,
-                  courier_ts(s.blocked_until) AS blocked_until, s.blocked_by_rule,
+                  s.state AS "state!", (CASE WHEN s.resume_at IS NOT NULL THEN courier_ts(s.resume_at) END) AS resume_at,
+                  (CASE WHEN s.blocked_until IS NOT NULL THEN courier_ts(s.blocked_until) END) AS blocked_until, s.blocked_by_rule,
                   s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
            FROM rule_states s
            LEFT JOIN LATERAL (
@@ -181,7 +188,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         RunLine,
         r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
                 x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
-                courier_ts(x.heartbeat_at) AS "heartbeat_at!", courier_ts(x.finished_at) AS finished_at
+                courier_ts(x.heartbeat_at) AS "heartbeat_at!", (CASE WHEN x.finished_at IS NOT NULL THEN courier_ts(x.finished_at) END) AS finished_at
          FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"#
     )
     .fetch_all(pool)
@@ -261,6 +268,7 @@ impl Report {
                 "blocked until",
                 "by rule",
                 "retry-after",
+                "paused",
             ],
             &self
                 .connections
@@ -281,6 +289,7 @@ impl Report {
                         time(c.blocked_until),
                         c.blocked_by.clone().unwrap_or_else(|| "-".into()),
                         c.retry_after_raw.clone().unwrap_or_else(|| "-".into()),
+                        if c.paused { "yes" } else { "-" }.into(),
                     ]
                 })
                 .collect::<Vec<_>>(),
@@ -291,6 +300,7 @@ impl Report {
                 "name",
                 "connection",
                 "enabled",
+                "paused",
                 "pending",
                 "due",
                 "on dep",
@@ -307,6 +317,7 @@ impl Report {
                         r.name.clone(),
                         r.connection.clone(),
                         r.enabled.to_string(),
+                        r.paused.clone().unwrap_or_else(|| "-".into()),
                         r.pending.to_string(),
                         r.due.to_string(),
                         r.waiting_on_dependency.to_string(),
@@ -360,4 +371,40 @@ impl Report {
         );
         out
     }
+}
+
+/// Calls per budget over time, for the dashboard's chart: one point per `step_secs`
+/// bucket (its start, in Unix seconds) with the calls counted in it, the last
+/// `window_secs` before `now`; buckets without calls are left out.
+#[derive(Debug, Serialize)]
+pub struct RatePoint {
+    /// The budget.
+    pub budget_key: String,
+    /// The bucket's start (Unix seconds).
+    pub bucket: i64,
+    /// Calls in the bucket (429s included).
+    pub calls: i64,
+}
+
+/// Reads [`RatePoint`]s from `budget_calls` (kept for an hour by the pruner).
+pub async fn rate_series(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    window_secs: i32,
+    step_secs: i32,
+) -> Result<Vec<RatePoint>, sqlx::Error> {
+    sqlx::query_as!(
+        RatePoint,
+        r#"SELECT budget_key,
+                  (floor(extract(epoch FROM at) / $3::integer) * $3::integer)::bigint AS "bucket!",
+                  sum(calls)::bigint AS "calls!"
+           FROM budget_calls
+           WHERE at > $1::timestamptz - make_interval(secs => $2) AND at <= $1
+           GROUP BY 1, 2 ORDER BY 1, 2"#,
+        now,
+        f64::from(window_secs),
+        step_secs
+    )
+    .fetch_all(pool)
+    .await
 }

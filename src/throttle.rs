@@ -187,6 +187,10 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
     let blocked = engine.blocks.until(&ctx.connection.budget_key);
     let next = match decide(blocked, now, engine.settings.throttle_max_wait) {
         Decision::Proceed => {
+            // No block in force: one this process met is over (lapsed or lifted).
+            if let Some(until) = engine.blocks.take_announced(&ctx.connection.budget_key) {
+                tracing::info!(budget = %ctx.connection.budget_key, %until, "rate-limit block over");
+            }
             // The pacing window: a budget other processes have booked well ahead leaves
             // nothing to call with until then; wait for it in the queue, not in a worker
             // slot. The run stays running: this is pace, not a block.

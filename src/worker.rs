@@ -23,7 +23,7 @@ use crate::{
     chain::{self, JobOutcome},
     maintenance::{
         dispatcher::Dispatcher, heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine,
-        reaper::Reaper, rescuer::Rescuer,
+        reaper::Reaper, rescuer::Rescuer, retention::Retention,
     },
     queue::{self, ChainBackend, Fetcher},
     throttle::{Admitted, ThrottleLayer},
@@ -129,6 +129,9 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
         }),
         spawn_loop(&engine, |e, token| async move {
             Pruner::new(&e).run(token).await
+        }),
+        spawn_loop(&engine, |e, token| async move {
+            Retention::new(&e).run(token).await
         }),
         spawn_loop(&engine, |e, token| async move {
             Quarantine::new(&e).run(token).await

@@ -916,3 +916,20 @@ async fn a_run_whose_job_failed_for_good_gets_a_new_job_and_the_old_one_can_neve
     assert_eq!(delivered(&db.pool).await, 3);
     assert_eq!(target.counters().requests, 3);
 }
+
+/// With nothing pending, blocked or open, nothing falls due: the dispatcher sleeps until a
+/// notification or its interval. (`courier_ts(NULL)` once read as year 1, "due now", and
+/// an idle worker passed about 400 times a second.)
+#[tokio::test]
+async fn an_idle_database_has_nothing_due_so_the_dispatcher_sleeps() {
+    let db = TestDb::new().await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let dispatcher = Dispatcher::new(&engine);
+    assert_eq!(dispatcher.next_due().await.unwrap(), None);
+    let empty: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT courier_ts(NULL)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(empty, None, "no time stays no time");
+}

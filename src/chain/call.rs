@@ -60,12 +60,14 @@ pub fn calls<'a>(
             // One request of the budget per call, in fair turn with other rules.
             let key = &ctx.connection.budget_key;
             let slot = async {
+                let asked = Instant::now();
                 loop {
                     let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
                     engine.clock.sleep_until(at).await;
                     // The target said its budget is spent until later than this slot
                     // (remaining 0): a new slot, from then on.
                     if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
+                        engine.metrics.pacer_waited(key, asked.elapsed());
                         return Ok::<_, crate::pacer::PacerError>(());
                     }
                 }
@@ -91,6 +93,11 @@ pub fn calls<'a>(
                     payload: &d.payload,
                 })
                 .await;
+            let status = match &result {
+                Ok(receipt) => receipt.http_status,
+                Err(e) => e.http_status(),
+            };
+            engine.metrics.call(&ctx.connection.name, status);
             (i, Some((result, started.elapsed())))
         })
         .buffer_unordered(writer.max_in_flight().max(1))

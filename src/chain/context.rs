@@ -21,10 +21,15 @@ pub struct JobContext {
     pub run_status: RunStatus,
     /// Its rule.
     pub rule_id: i64,
+    /// The rule's name (for metrics).
+    pub rule_name: String,
     /// The highest delivery id the run has handled.
     pub cursor_id: i64,
     /// Whether the rule is enabled (a disabled rule's run completes at once).
     pub rule_enabled: bool,
+    /// Whether the rule or its connection is paused, and which (a paused run ends at its
+    /// next batch boundary).
+    pub paused: Option<&'static str>,
     /// The rule's share of its budget against other rules.
     pub weight: i32,
     /// The rule's path (the writer's operation).
@@ -47,6 +52,8 @@ pub struct JobContext {
 pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobContext>, sqlx::Error> {
     let row = sqlx::query!(
         r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, r.job_id, ru.enabled,
+                  ru.name AS rule_name,
+                  ru.paused AS rule_paused, c.paused AS connection_paused,
                   ru.path, ru.batch_size, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
@@ -66,8 +73,16 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
         run_id,
         run_status: r.run_status,
         rule_id: r.rule_id,
+        rule_name: r.rule_name,
         cursor_id: r.cursor_id,
         rule_enabled: r.enabled,
+        paused: if r.rule_paused {
+            Some("rule paused")
+        } else if r.connection_paused {
+            Some("connection paused")
+        } else {
+            None
+        },
         weight: r.weight,
         path: r.path,
         batch_size: r.batch_size,

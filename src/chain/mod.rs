@@ -131,6 +131,14 @@ fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dy
             until: None,
         });
     }
+    // A pause ends the run at this batch boundary; its backlog stays pending.
+    if let Some(why) = ctx.paused {
+        return Err(Next::Finish {
+            status: RunStatus::Paused,
+            error: Some(why.into()),
+            until: None,
+        });
+    }
     // Half-open: one run probes; every other run of the connection ends as if open.
     if !ctx.circuit_allows(now) {
         return Err(Next::finish(RunStatus::CircuitOpen));
@@ -283,6 +291,11 @@ impl Job<'_> {
                 called.last_claimed = batch.last().map(|d| d.id);
                 let now = engine.clock.now();
                 let sorted = triage::triage(&batch, &ctx.retry, DependencyTimeout(timeout), now);
+                for entry in &sorted.decided {
+                    engine
+                        .metrics
+                        .outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+                }
                 tally.decided(sorted.decided);
                 let offset = claimed.len();
                 claimed.extend(batch.into_iter().map(Arc::new));
@@ -343,7 +356,8 @@ impl Job<'_> {
                     // Not a failure of the record: nothing is recorded against it. A wait
                     // the response named (Retry-After) goes before its headers' reset.
                     let wait = wait.or(statement.reset);
-                    tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
+                    tracing::debug!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
+                    engine.metrics.rate_limited(&ctx.connection.budget_key);
                     if let Err(e) = engine.pacer.throttled(&ctx.connection.budget_key).await {
                         tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                     }
@@ -352,6 +366,11 @@ impl Job<'_> {
                     called.not_attempted.push(d.id);
                 }
                 Classified::Outcome { entry, reachable } => {
+                    let metrics = &engine.metrics;
+                    metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+                    if entry.outcome == crate::ledger::Outcome::Delivered {
+                        metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
+                    }
                     if let Some(r) = reachable {
                         engine.pacer.answered(&ctx.connection.budget_key, 1);
                         if called.circuit.observe(r, &engine.settings.breaker, at) {

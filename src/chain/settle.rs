@@ -163,7 +163,7 @@ pub async fn flush(
         .retry_outage(|| commit_progress(engine, ctx, task_id, tally))
         .await?;
     if let Some(until) = blocked {
-        engine.blocks.set(&ctx.connection.budget_key, until);
+        note_block(engine, ctx, until);
     }
     tally.clear();
     Ok(active)
@@ -250,12 +250,24 @@ pub async fn settle(
         .retry_outage(|| commit_job(engine, ctx, &tally, &step))
         .await?;
     if let Some(until) = blocked {
-        engine.blocks.set(&ctx.connection.budget_key, until);
+        note_block(engine, ctx, until);
     }
     if let JobOutcome::Waiting(t) = outcome {
         queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), t);
     }
     Ok(outcome)
+}
+
+/// Records a block this job set in the process's copy; a new block (not an extension of
+/// one this process knew) is logged once, here, and its end once by the throttle layer.
+fn note_block(engine: &Engine, ctx: &JobContext, until: DateTime<Utc>) {
+    let key = &ctx.connection.budget_key;
+    let now = engine.clock.now();
+    if engine.blocks.announce(key, until, now) {
+        tracing::info!(budget = %key, %until, rule = ctx.rule_id, "rate-limit block set by a 429");
+    }
+    engine.blocks.set(key, until);
+    engine.metrics.block_set(key);
 }
 
 /// Where a job leaves its run.
@@ -296,7 +308,8 @@ async fn commit_job(
         until,
         next_job: step.next_job,
     };
-    let active = runs::record_job(&mut *tx, ctx.run_id, step.task_id, &progress, now).await?;
+    let totals = runs::record_job(&mut *tx, ctx.run_id, step.task_id, &progress, now).await?;
+    let active = totals.is_some();
     let job = ChainJob {
         run_id: ctx.run_id,
         rule_id: ctx.rule_id,
@@ -318,6 +331,22 @@ async fn commit_job(
         runs::wake(&mut *tx).await?;
     }
     tx.commit().await?;
+    // The one line a run writes at `info` (its start and batches are `debug`).
+    if let (JobOutcome::Finished(status), Some(c)) = (&outcome, totals) {
+        tracing::info!(
+            run = ctx.run_id,
+            rule = ctx.rule_id,
+            status = status.as_str(),
+            delivered = c.delivered,
+            failed = c.failed,
+            exhausted = c.exhausted,
+            rejected = c.rejected,
+            suppressed = c.suppressed,
+            held = c.held,
+            reason = error.unwrap_or_default(),
+            "run finished"
+        );
+    }
     Ok((blocked, outcome))
 }
 

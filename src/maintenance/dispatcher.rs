@@ -2,7 +2,8 @@
 //! run finished) and by a timer set for the next moment something falls due. Each pass starts a run, with its first chain job in
 //! the same transaction, for every enabled rule that has due deliveries and no active run,
 //! unless its connection's circuit is open. An open circuit whose cooldown has passed gets
-//! one probing run (half-open). Rules of a connection blocked by a 429 are skipped until the
+//! one probing run (half-open). A paused rule, or a rule on a paused connection, gets no
+//! run (resuming one sends the same NOTIFY). Rules of a connection blocked by a 429 are skipped until the
 //! block lapses.
 
 use chrono::{DateTime, Utc};
@@ -54,7 +55,7 @@ impl<'a> Dispatcher<'a> {
             "SELECT r.id FROM rules r
              JOIN connections k ON k.id = r.connection_id
              JOIN circuits c ON c.connection_id = r.connection_id
-             WHERE r.enabled AND c.state = 'closed'
+             WHERE r.enabled AND NOT r.paused AND NOT k.paused AND c.state = 'closed'
                AND (r.unusable_until IS NULL OR r.unusable_until <= $1)
                AND (c.unusable_until IS NULL OR c.unusable_until <= $1)
                AND NOT EXISTS (SELECT 1 FROM connection_blocks b
@@ -78,7 +79,7 @@ impl<'a> Dispatcher<'a> {
         queue::push(&mut tx, &jobs(&created)).await?;
         tx.commit().await?;
         for run in &created {
-            tracing::info!(run = run.run_id, rule = run.rule_id, "run started");
+            tracing::debug!(run = run.run_id, rule = run.rule_id, "run started");
         }
         Ok(created.len())
     }
@@ -89,7 +90,7 @@ impl<'a> Dispatcher<'a> {
         let candidates = sqlx::query!(
             r#"SELECT c.connection_id,
                       (SELECT r.id FROM rules r
-                       WHERE r.connection_id = c.connection_id AND r.enabled
+                       WHERE r.connection_id = c.connection_id AND r.enabled AND NOT r.paused
                          AND (r.unusable_until IS NULL OR r.unusable_until <= $1)
                          AND NOT EXISTS (SELECT 1 FROM runs x
                                          WHERE x.rule_id = r.id AND x.active)
@@ -99,7 +100,7 @@ impl<'a> Dispatcher<'a> {
                        ORDER BY r.id LIMIT 1) AS rule_id
                FROM circuits c
                JOIN connections k ON k.id = c.connection_id
-               WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1)
+               WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1) AND NOT k.paused
                  AND NOT EXISTS (SELECT 1 FROM connection_blocks b
                                  WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
                  AND ((c.state = 'open' AND c.open_until <= $1)

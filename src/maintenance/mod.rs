@@ -8,6 +8,8 @@
 //! - [`reaper`]: ends runs whose heartbeat went quiet for the whole staleness window.
 //! - [`pruner`]: forgets call counts and dead processes nobody reads any more.
 //! - [`quarantine`]: sets aside rows of the chain queue apalis cannot read.
+//! - [`retention`]: removes deliveries, ledger rows, runs and queue jobs that ended longer
+//!   ago than `COURIER_RETENTION_DAYS`, in bounded batches.
 
 pub mod dispatcher;
 pub mod heartbeat;
@@ -15,6 +17,7 @@ pub mod pruner;
 pub mod quarantine;
 pub mod reaper;
 pub mod rescuer;
+pub mod retention;
 
 use std::{future::Future, time::Duration};
 

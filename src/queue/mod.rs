@@ -142,6 +142,23 @@ impl PollStrategy for Tick {
     }
 }
 
+/// Makes the jobs of runs waiting out a block on budget `key` due now (the block was
+/// lifted), and wakes the fetchers.
+pub async fn wake_waiting(pool: &sqlx::PgPool, key: &str) -> Result<u64, sqlx::Error> {
+    let n = sqlx::query!(
+        "UPDATE apalis.jobs j SET run_at = now()
+         FROM runs x JOIN rules r ON r.id = x.rule_id JOIN connections c ON c.id = r.connection_id
+         WHERE x.status = 'waiting' AND courier_budget_key(c) = $1
+           AND j.id = x.job_id AND j.status = 'Pending' AND j.run_at > now()",
+        key
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    wake_fetchers(pool).await?;
+    Ok(n)
+}
+
 /// Wakes every worker's queue fetcher now (after jobs were put back by an UPDATE, which
 /// apalis' insert trigger does not announce).
 pub async fn wake_fetchers(db: impl PgExecutor<'_>) -> Result<(), sqlx::Error> {

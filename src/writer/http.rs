@@ -219,6 +219,25 @@ impl Writer for HttpJsonWriter {
     }
 }
 
+/// Notes whether `connection`'s credentials are being refused; returns true when that
+/// changed (the moment to log it).
+fn refused_credentials(connection: &str, refused: bool) -> bool {
+    static REFUSED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut list = REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+    let at = list.iter().position(|c| c == connection);
+    match (at, refused) {
+        (None, true) => {
+            list.push(connection.to_owned());
+            true
+        }
+        (Some(i), false) => {
+            list.swap_remove(i);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Maps a response to an outcome. `reset_headers` names vendor headers (e.g.
 /// `x-sib-ratelimit-reset`) that give a 429's wait in seconds when `Retry-After` is absent;
 /// each writer names its own in a constant. `connection` is the connection's name, for the
@@ -230,6 +249,12 @@ pub async fn classify_response(
 ) -> Result<Receipt, WriteError> {
     let status = response.status().as_u16();
     if response.status().is_success() {
+        if refused_credentials(connection, false) {
+            tracing::info!(
+                connection,
+                "target accepts the credentials of this connection again"
+            );
+        }
         return Ok(Receipt {
             http_status: Some(status),
             rate_headers: super::rate_limit_headers(response.headers()),
@@ -246,7 +271,8 @@ pub async fn classify_response(
     let body = response.text().await.unwrap_or_default();
     let message = snippet(&body);
     if (400..500).contains(&status) {
-        if matches!(status, 401 | 403) {
+        // Said once per process when it starts (and once when it ends), not per call.
+        if matches!(status, 401 | 403) && refused_credentials(connection, true) {
             tracing::warn!(
                 connection,
                 status,

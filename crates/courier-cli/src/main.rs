@@ -9,10 +9,12 @@ use clap::{Parser, Subcommand};
 use courier::{
     catalog::{self, NewConnection, NewRule},
     config::{self, Settings},
-    db, enqueue, status,
+    db, enqueue,
+    ledger::Outcome,
+    ops, status,
     worker::{self, Engine},
 };
-use courier_cli::{bench, demo};
+use courier_cli::{bench, demo, web};
 use courier_target::{self as target, WorkspaceConfig};
 
 /// Delivers shop records into marketing and CRM targets through a PostgreSQL job queue.
@@ -30,7 +32,8 @@ enum Command {
     /// Manage the database itself.
     #[command(subcommand)]
     Db(DbCmd),
-    /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C.
+    /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C; serves
+    /// metrics and the dashboard on COURIER_HTTP_ADDR (127.0.0.1:9187; empty: off).
     Worker,
     /// Enqueue deliveries for a rule from NDJSON (stdin or a file), all or nothing.
     Enqueue {
@@ -60,6 +63,28 @@ enum Command {
     /// Manage rules.
     #[command(subcommand)]
     Rule(RuleCmd),
+    /// Make a rule's exhausted (or rejected) deliveries pending again, with their attempts
+    /// reset; a delivery whose key has a newer one pending or delivered is left alone.
+    Retry {
+        /// The rule's name.
+        #[arg(long)]
+        rule: String,
+        /// Which deliveries: exhausted (default) or rejected (repeatable).
+        #[arg(long = "outcome", value_enum)]
+        outcomes: Vec<RetryOutcome>,
+        /// Only those that ended at or after this time: RFC 3339
+        /// (`2026-11-30T12:00:00Z`), a date (`2026-11-30`, UTC) or an age (`90m`, `2h`, `1d`).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+    },
+    /// Show one record key's deliveries and ledger rows, oldest first.
+    History {
+        /// The record key.
+        key: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show connections, rules and recent runs.
     Status {
         /// Print JSON instead of tables.
@@ -81,7 +106,8 @@ enum Command {
     /// `DATABASE_URL` names) with a local target; prints a table and writes
     /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
     Bench {
-        /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, chaos or cold-start.
+        /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, chaos,
+        /// cold-start or soak.
         scenario: bench::Scenario,
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]
@@ -197,6 +223,48 @@ enum ConnectionCmd {
     },
     /// List connections.
     List,
+    /// Start no run for any rule of the connection; runs under way stop at their next
+    /// batch. Survives restarts.
+    Pause { name: String },
+    /// Let the connection's rules run again.
+    Resume { name: String },
+    /// Lift the rate-limit block on the connection's budget now.
+    Unblock { name: String },
+}
+
+/// The outcomes `courier retry` takes back.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RetryOutcome {
+    Exhausted,
+    Rejected,
+}
+
+/// `--since`: an RFC 3339 time, a date (midnight UTC), or an age before now (`45s`, `90m`,
+/// `2h`, `1d`).
+fn parse_since(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.to_utc());
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d.and_time(chrono::NaiveTime::MIN).and_utc());
+    }
+    let unit = s.chars().last().unwrap_or(' ');
+    let n: Option<i64> = s[..s.len() - unit.len_utf8().min(s.len())].parse().ok();
+    let age = match (n, unit) {
+        (Some(n), 's') => chrono::Duration::try_seconds(n),
+        (Some(n), 'm') => chrono::Duration::try_minutes(n),
+        (Some(n), 'h') => chrono::Duration::try_hours(n),
+        (Some(n), 'd') => chrono::Duration::try_days(n),
+        _ => None,
+    };
+    match age {
+        Some(age) if age >= chrono::Duration::zero() => Ok(chrono::Utc::now() - age),
+        _ => Err(format!(
+            "{s:?} is not a time: give RFC 3339 (2026-11-30T12:00:00Z), a date (2026-11-30) \
+             or an age (90m, 2h, 1d)"
+        )),
+    }
 }
 
 #[derive(Subcommand)]
@@ -231,6 +299,11 @@ enum RuleCmd {
     Enable { name: String },
     /// Stop starting runs for a rule.
     Disable { name: String },
+    /// Start no run for the rule; a run under way stops at its next batch, its backlog
+    /// kept. Survives restarts.
+    Pause { name: String },
+    /// Let the rule run again (its backlog is dispatched at once).
+    Resume { name: String },
 }
 
 #[tokio::main]
@@ -330,8 +403,18 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             let pool = connect().await?;
             db::migrate(&pool).await?;
             let engine = Arc::new(Engine::new(pool, settings));
+            let server = match engine.settings.http_addr {
+                Some(addr) => Some(web::start(engine.clone(), addr).await?),
+                None => None,
+            };
+            if let Some(server) = &server {
+                tracing::info!(addr = %server.addr, "serving /metrics and the dashboard");
+            }
             worker::cancel_on_signal(engine.shutdown.clone());
             worker::run(engine).await?;
+            if let Some(server) = server {
+                let _ = server.task.await;
+            }
         }
         Command::Enqueue { rule, file } => {
             let mut input = String::new();
@@ -512,6 +595,89 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Command::Rule(RuleCmd::Disable { name }) => {
             catalog::set_rule_enabled(&pool().await?, &name, false).await?;
             println!("rule {name} disabled");
+        }
+        Command::Rule(RuleCmd::Pause { name }) => {
+            let changed = ops::set_rule_paused(&pool().await?, &name, true).await?;
+            println!("rule {name}: {changed}");
+        }
+        Command::Rule(RuleCmd::Resume { name }) => {
+            let changed = ops::set_rule_paused(&pool().await?, &name, false).await?;
+            println!("rule {name}: {changed}");
+        }
+        Command::Connection(ConnectionCmd::Pause { name }) => {
+            let changed = ops::set_connection_paused(&pool().await?, &name, true).await?;
+            println!("connection {name}: {changed}");
+        }
+        Command::Connection(ConnectionCmd::Resume { name }) => {
+            let changed = ops::set_connection_paused(&pool().await?, &name, false).await?;
+            println!("connection {name}: {changed}");
+        }
+        Command::Connection(ConnectionCmd::Unblock { name }) => {
+            match ops::unblock_connection(&pool().await?, &name).await? {
+                0 => println!("connection {name}: not blocked, nothing to lift"),
+                n => println!("connection {name}: {n} block lifted; its rules may call now"),
+            }
+        }
+        Command::Retry {
+            rule,
+            outcomes,
+            since,
+        } => {
+            let outcomes: Vec<Outcome> = if outcomes.is_empty() {
+                vec![Outcome::Exhausted]
+            } else {
+                outcomes
+                    .iter()
+                    .map(|o| match o {
+                        RetryOutcome::Exhausted => Outcome::Exhausted,
+                        RetryOutcome::Rejected => Outcome::Rejected,
+                    })
+                    .collect()
+            };
+            let n = ops::retry(&pool().await?, &rule, &outcomes, since).await?;
+            let which: Vec<&str> = outcomes.iter().map(|o| o.as_str()).collect();
+            let since = since.map_or(String::new(), |t| {
+                format!(" ended since {}", t.format("%Y-%m-%d %H:%M:%S UTC"))
+            });
+            println!(
+                "rule {rule}: {n} {} deliver{}{since} made pending again",
+                which.join(" or "),
+                if n == 1 { "y" } else { "ies" }
+            );
+        }
+        Command::History { key, json } => {
+            let entries = ops::history(&pool().await?, &key).await?;
+            anyhow::ensure!(
+                !entries.is_empty(),
+                "no delivery has record key {key:?} (never enqueued, or removed by retention)"
+            );
+            if json {
+                println!("{}", serde_json::to_string_pretty(&entries)?);
+            } else {
+                print!(
+                    "{}",
+                    status::table(
+                        &[
+                            "at", "rule", "delivery", "event", "run", "attempt", "http", "now",
+                            "detail"
+                        ],
+                        &entries
+                            .iter()
+                            .map(|e| vec![
+                                e.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+                                e.rule.clone(),
+                                e.delivery_id.to_string(),
+                                e.outcome.map_or("enqueued", |o| o.as_str()).to_owned(),
+                                e.run_id.map_or("-".into(), |r| r.to_string()),
+                                e.attempt.map_or("-".into(), |a| a.to_string()),
+                                e.http_status.map_or("-".into(), |h| h.to_string()),
+                                e.status.as_str().to_owned(),
+                                e.detail.clone().unwrap_or_else(|| "-".into()),
+                            ])
+                            .collect::<Vec<_>>()
+                    )
+                );
+            }
         }
         Command::Status { json } => {
             let report = status::report(&pool().await?, chrono::Utc::now()).await?;

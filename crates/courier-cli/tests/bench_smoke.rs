@@ -44,3 +44,44 @@ async fn storm_smoke_delivers_everything_without_spending_attempts_on_429s() {
     let throttled = report.get("429s").and_then(|v| v.as_u64()).unwrap_or(0);
     assert!(throttled > 0, "{}", report.render());
 }
+
+#[tokio::test]
+async fn soak_smoke_keeps_tables_level_while_deliveries_flow() {
+    let database = format!("courier_test_bench_{:08x}", rand::random::<u32>());
+    let _drop = DropDatabase::new(&database);
+    // 40 waves of 50 records over 10 s, with a retention of about 1.7 s.
+    let records = 2_000;
+    let report = bench::run(
+        Scenario::Soak,
+        BenchConfig {
+            server_url: server_url(),
+            database: database.clone(),
+            records: Some(records),
+            workers: None,
+            out_dir: None,
+            settings: settings(&server_url()),
+            chaos: Default::default(),
+        },
+    )
+    .await
+    .unwrap();
+    let n = |name: &str| report.get(name).and_then(|v| v.as_f64()).unwrap_or(-1.0);
+    let text = report.render();
+    println!("{text}");
+    assert_eq!(
+        n("records delivered (delivered_records)"),
+        records as f64,
+        "{text}"
+    );
+    // Retention removed most of what was delivered while the feed went on...
+    assert!(
+        n("deliveries rows at the end") < records as f64 / 2.0,
+        "{text}"
+    );
+    // ...and the second half never held many more rows than the first.
+    let (first, second) = (
+        n("deliveries rows, peak 1st half"),
+        n("deliveries rows, peak 2nd half"),
+    );
+    assert!(first > 0.0 && second <= first * 1.5, "{text}");
+}

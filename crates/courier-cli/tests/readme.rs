@@ -169,6 +169,23 @@ async fn every_readme_example_runs_as_written() {
                 .unwrap();
                 assert_eq!(n, 1, "{at}");
             }
+            "sh" if first.starts_with("courier rule pause") => {
+                // Operating: on the SQL catalog, after its deliveries were enqueued.
+                let out: Vec<String> = commands(&block.text)
+                    .iter()
+                    .map(|c| run_courier(&sql_db.url, c, None))
+                    .collect();
+                assert_eq!(out[0], "rule customers: active → paused\n", "{at}");
+                assert!(out.last().unwrap().contains("enqueued"), "{at}: {out:?}");
+                let paused: bool = sqlx::query_scalar(
+                    "SELECT paused OR (SELECT paused FROM connections WHERE name = 'shop-crm')
+                     FROM rules WHERE name = 'customers'",
+                )
+                .fetch_one(&sql_db.pool)
+                .await
+                .unwrap();
+                assert!(!paused, "{at}: the block ends with both resumed");
+            }
             "sh" if first.starts_with("courier target") => {
                 target_answers(&commands(&block.text)).await;
             }

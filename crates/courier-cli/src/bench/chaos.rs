@@ -428,6 +428,8 @@ impl Workers {
             .arg("worker")
             .env("DATABASE_URL", &self.url)
             .env("COURIER_LOG", "warn")
+            // Many workers on one host: none serves metrics (they would share a port).
+            .env("COURIER_HTTP_ADDR", "")
             .env(KEY_VAR, TOKEN)
             .env_remove(UNSET_KEY_VAR)
             .stdin(Stdio::null())

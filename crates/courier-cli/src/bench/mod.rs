@@ -271,6 +271,8 @@ impl Child {
             .arg("worker")
             .env("DATABASE_URL", url)
             .env("COURIER_LOG", "warn")
+            // Many workers on one host: none serves metrics (they would share a port).
+            .env("COURIER_HTTP_ADDR", "")
             .env(
                 "COURIER_QUEUE_POLL_MS",
                 settings.queue_poll.as_millis().to_string(),

@@ -57,11 +57,13 @@ pub enum Scenario {
     /// Twenty worker processes started one after another, each with a backlog already in
     /// the database: time from the process's start to the target's first call.
     ColdStart,
+    /// Deliveries flowing steadily for a while with a short retention: table sizes level.
+    Soak,
 }
 
 impl Scenario {
     /// Every scenario, in BENCHMARKS.md's order.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::Pacing,
         Scenario::Throughput,
         Scenario::Latency,
@@ -71,6 +73,7 @@ impl Scenario {
         Scenario::Scale,
         Scenario::Chaos,
         Scenario::ColdStart,
+        Scenario::Soak,
     ];
 
     /// Its name on the command line and in result files.
@@ -85,6 +88,7 @@ impl Scenario {
             Scenario::Scale => "scale",
             Scenario::Chaos => "chaos",
             Scenario::ColdStart => "cold-start",
+            Scenario::Soak => "soak",
         }
     }
 
@@ -99,6 +103,7 @@ impl Scenario {
             Scenario::Scale => 200_000,
             Scenario::Chaos => 600,
             Scenario::ColdStart => 300,
+            Scenario::Soak => 24_000,
         }
     }
 }
@@ -174,6 +179,7 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         Scenario::IdleThrottled => idle(&mut report, config, &pool, &url, records).await?,
         Scenario::Scale => scale(&mut report, config, &pool, &url, records).await?,
         Scenario::ColdStart => cold_start(&mut report, config, &pool, &url, records).await?,
+        Scenario::Soak => soak(&mut report, config, &pool, records).await?,
         Scenario::Chaos => unreachable!("chaos returned above"),
     }
     pool.close().await;
@@ -687,6 +693,103 @@ async fn cold_start(
     report.figure(
         "queue poll interval (s)",
         config.settings.queue_poll.as_secs_f64(),
+    );
+    Ok(())
+}
+
+/// Records per wave of the soak, and the pause between waves.
+const SOAK_WAVE: usize = 50;
+const SOAK_EVERY: Duration = Duration::from_millis(250);
+
+/// Rows of the tables retention keeps short.
+async fn table_rows(pool: &PgPool) -> anyhow::Result<[i64; 4]> {
+    let (d, l, r, j): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM deliveries), (SELECT count(*) FROM ledger),
+                (SELECT count(*) FROM runs), (SELECT count(*) FROM apalis.jobs)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok([d, l, r, j])
+}
+
+/// Waves of [`SOAK_WAVE`] records every [`SOAK_EVERY`] until `records` are enqueued, with
+/// a retention of a sixth of that time (1–10 s; `COURIER_RETENTION_SECONDS` below a day
+/// wins): the rows of deliveries, ledger, runs and queue jobs, sampled every second,
+/// level off at about the rows of one retention period while deliveries keep flowing.
+async fn soak(
+    report: &mut Report,
+    config: &BenchConfig,
+    pool: &PgPool,
+    records: usize,
+) -> anyhow::Result<()> {
+    let target = Target::start(0).await?;
+    connection(pool, "open", "http_json", target.url(), 60_000_000, 16).await?;
+    rule(pool, "soak", "open", "soak/", 100).await?;
+    let waves = records.div_ceil(SOAK_WAVE).max(1);
+    let feed = SOAK_EVERY * waves as u32;
+    let retention = match config.settings.retention {
+        Some(r) if r < Duration::from_secs(86_400) => r,
+        _ => (feed / 6).clamp(Duration::from_secs(1), Duration::from_secs(10)),
+    };
+    report.figure("retention (s)", retention.as_secs_f64());
+    report.figure("feeding for (s)", feed.as_secs_f64());
+    let settings = courier::config::Settings {
+        retention: Some(retention),
+        ..config.settings.clone()
+    };
+    let started = Instant::now();
+    let workers = Workers::in_process(pool, &settings);
+    let mut sizes: Vec<(f64, [i64; 4])> = Vec::new();
+    let mut tick = tokio::time::interval(SOAK_EVERY);
+    let mut sampled = Instant::now();
+    for wave in 0..waves {
+        tick.tick().await;
+        let n = SOAK_WAVE.min(records - wave * SOAK_WAVE);
+        let prefix = format!("w{wave}");
+        enqueue::enqueue_many(pool, "soak", numbered(&prefix, n)).await?;
+        if sampled.elapsed() >= Duration::from_secs(1) {
+            sampled = Instant::now();
+            sizes.push((started.elapsed().as_secs_f64(), table_rows(pool).await?));
+        }
+    }
+    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
+    sizes.push((started.elapsed().as_secs_f64(), table_rows(pool).await?));
+    workers.stop().await?;
+    let delivered: i64 = sqlx::query_scalar("SELECT count(*) FROM delivered_records")
+        .fetch_one(pool)
+        .await?;
+    report.figure("records delivered (delivered_records)", delivered);
+    report.figure("target requests", target.counters().requests);
+    // Peak rows in the first and second half of the feeding: level when the second is
+    // no higher than the first.
+    let half = feed.as_secs_f64() / 2.0;
+    let peak = |from: f64, to: f64, i: usize| {
+        sizes
+            .iter()
+            .filter(|(t, _)| *t >= from && *t < to)
+            .map(|(_, s)| s[i])
+            .max()
+            .unwrap_or(0)
+    };
+    for (i, table) in ["deliveries", "ledger", "runs", "apalis.jobs"]
+        .iter()
+        .enumerate()
+    {
+        report.figure(&format!("{table} rows, peak 1st half"), peak(0.0, half, i));
+        report.figure(
+            &format!("{table} rows, peak 2nd half"),
+            peak(half, f64::MAX, i),
+        );
+    }
+    let end = sizes.last().map_or([0; 4], |s| s.1);
+    report.figure("deliveries rows at the end", end[0]);
+    report.figure(
+        "size samples (t s: deliveries/ledger/runs/jobs)",
+        sizes
+            .iter()
+            .map(|(t, s)| format!("{t:.0}: {}/{}/{}/{}", s[0], s[1], s[2], s[3]))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
     Ok(())
 }

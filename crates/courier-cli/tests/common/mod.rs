@@ -8,7 +8,10 @@ mod engine;
 
 pub use engine::*;
 
-/// The `courier` binary cargo built for these tests.
+/// The `courier` binary cargo built for these tests. Its workers serve no metrics unless
+/// a test sets `COURIER_HTTP_ADDR` (tests run in parallel; the default port is one).
 pub fn courier() -> std::process::Command {
-    std::process::Command::new(env!("CARGO_BIN_EXE_courier"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_courier"));
+    command.env("COURIER_HTTP_ADDR", "");
+    command
 }

@@ -1,0 +1,350 @@
+//! The dashboard page, rendered on the server; `dashboard.js` (embedded) redraws the same
+//! sections from `/api/state` every two seconds and draws the rate charts.
+
+use std::fmt::Write;
+
+use chrono::{DateTime, Utc};
+use courier::ops::HistoryEntry;
+
+use super::DashboardState;
+
+const STYLE: &str = include_str!("dashboard.css");
+const SCRIPT: &str = include_str!("dashboard.js");
+
+/// Escapes text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A time as the dashboard shows it (the script formats the same way).
+pub fn time(t: Option<DateTime<Utc>>) -> String {
+    t.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
+    out.push_str("<table><thead><tr>");
+    for h in headers {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr></thead><tbody>");
+    for row in rows {
+        out.push_str("<tr>");
+        for cell in row {
+            let _ = write!(out, "<td>{}</td>", esc(cell));
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table>");
+}
+
+fn rate(per_second: f64) -> String {
+    format!("{per_second:.1}/s")
+}
+
+/// The connections' table (the charts are drawn by the script).
+fn connections(s: &DashboardState) -> String {
+    let mut out = String::new();
+    let rows: Vec<Vec<String>> = s
+        .connections
+        .iter()
+        .map(|c| {
+            vec![
+                c.status.name.clone(),
+                c.status.writer.clone(),
+                c.status.budget_key.clone(),
+                rate(c.declared_per_second),
+                rate(c.effective_per_second),
+                c.status.used_last_minute.to_string(),
+                c.status.circuit.clone(),
+                if c.status.paused { "paused" } else { "-" }.into(),
+                if c.status.blocked_until.is_some() {
+                    format!("blocked until {}", time(c.status.blocked_until))
+                } else {
+                    "-".into()
+                },
+            ]
+        })
+        .collect();
+    table(
+        &mut out,
+        &[
+            "connection",
+            "writer",
+            "budget",
+            "declared",
+            "effective",
+            "calls last min",
+            "circuit",
+            "paused",
+            "block",
+        ],
+        &rows,
+    );
+    out.push_str("<div class=\"charts\">");
+    for c in &s.connections {
+        let _ = write!(
+            out,
+            "<figure class=\"chart\" data-connection=\"{0}\"><figcaption>{0}: calls per second \
+             (last {1} min)</figcaption><svg viewBox=\"0 0 640 160\" role=\"img\"></svg></figure>",
+            esc(&c.status.name),
+            s.chart_window / 60
+        );
+    }
+    out.push_str("</div>");
+    out
+}
+
+fn blocks(s: &DashboardState) -> String {
+    let rows: Vec<Vec<String>> = s
+        .connections
+        .iter()
+        .filter(|c| c.status.blocked_until.is_some())
+        .map(|c| {
+            vec![
+                c.status.budget_key.clone(),
+                c.status.name.clone(),
+                time(c.status.blocked_until),
+                c.status.blocked_by.clone().unwrap_or_else(|| "-".into()),
+                c.status
+                    .retry_after_raw
+                    .clone()
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return "<p class=\"none\">No rate-limit block in force.</p>".into();
+    }
+    let mut out = String::new();
+    table(
+        &mut out,
+        &[
+            "budget",
+            "connection",
+            "until",
+            "set by rule",
+            "retry-after",
+        ],
+        &rows,
+    );
+    out
+}
+
+fn circuits(s: &DashboardState) -> String {
+    let rows: Vec<Vec<String>> = s
+        .connections
+        .iter()
+        .map(|c| {
+            vec![
+                c.status.name.clone(),
+                c.status.circuit.clone(),
+                c.status.consecutive_failures.to_string(),
+                time(c.status.open_until),
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    table(
+        &mut out,
+        &["connection", "circuit", "failures in a row", "open until"],
+        &rows,
+    );
+    out
+}
+
+fn rules(s: &DashboardState) -> String {
+    let rows: Vec<Vec<String>> = s
+        .rules
+        .iter()
+        .map(|r| {
+            vec![
+                r.name.clone(),
+                r.connection.clone(),
+                r.enabled.to_string(),
+                r.pending.to_string(),
+                r.due.to_string(),
+                r.waiting_on_dependency.to_string(),
+                r.state.clone(),
+                time(r.resume_at.or(r.blocked_until)),
+                r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
+                match (&r.last_run, &r.last_run_status) {
+                    (Some(id), Some(st)) => format!("#{id} {st}"),
+                    _ => "-".into(),
+                },
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    table(
+        &mut out,
+        &[
+            "rule",
+            "connection",
+            "enabled",
+            "pending",
+            "due",
+            "on dep",
+            "state",
+            "until",
+            "blocked by",
+            "last run",
+        ],
+        &rows,
+    );
+    out
+}
+
+fn runs(s: &DashboardState) -> String {
+    let rows: Vec<Vec<String>> = s
+        .runs
+        .iter()
+        .map(|r| {
+            vec![
+                format!("#{}", r.id),
+                r.rule.clone(),
+                r.status.clone(),
+                r.delivered.to_string(),
+                r.failed.to_string(),
+                r.exhausted.to_string(),
+                r.rejected.to_string(),
+                r.suppressed.to_string(),
+                r.held.to_string(),
+                time(Some(r.started_at)),
+                time(r.finished_at),
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    table(
+        &mut out,
+        &[
+            "run",
+            "rule",
+            "status",
+            "delivered",
+            "failed",
+            "exhausted",
+            "rejected",
+            "suppressed",
+            "held",
+            "started",
+            "finished",
+        ],
+        &rows,
+    );
+    out
+}
+
+fn problems(s: &DashboardState) -> String {
+    if s.problems.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = s
+        .problems
+        .iter()
+        .map(|p| vec![p.what.clone(), time(Some(p.until)), p.reason.clone()])
+        .collect();
+    let mut out = String::new();
+    table(&mut out, &["what", "left alone until", "reason"], &rows);
+    out
+}
+
+/// The history table of one record key.
+pub fn history(key: &str, lines: &[HistoryEntry]) -> String {
+    if lines.is_empty() {
+        return format!(
+            "<p class=\"none\">No delivery with record key {} (never enqueued, or removed \
+             by retention).</p>",
+            esc(key)
+        );
+    }
+    let rows: Vec<Vec<String>> = lines
+        .iter()
+        .map(|l| {
+            vec![
+                time(Some(l.at)),
+                l.rule.clone(),
+                l.delivery_id.to_string(),
+                l.outcome.map_or("enqueued", |o| o.as_str()).to_owned(),
+                l.run_id.map_or_else(|| "-".into(), |r| format!("#{r}")),
+                l.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
+                l.http_status.map_or_else(|| "-".into(), |s| s.to_string()),
+                l.detail.clone().unwrap_or_else(|| "-".into()),
+                l.status.as_str().to_owned(),
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    table(
+        &mut out,
+        &[
+            "at",
+            "rule",
+            "delivery",
+            "event",
+            "run",
+            "attempt",
+            "http",
+            "detail",
+            "status now",
+        ],
+        &rows,
+    );
+    out
+}
+
+/// The whole page.
+pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntry]>) -> String {
+    let history_html = match (key, lines) {
+        (Some(k), Some(l)) => history(k, l),
+        _ => String::new(),
+    };
+    let actions = if s.actions {
+        "<p class=\"actions\">Actions are enabled. <label>Token <input id=\"token\" \
+         type=\"password\" autocomplete=\"off\"></label> <span id=\"action-result\"></span></p>"
+    } else {
+        "<p class=\"actions none\">Read-only: set <code>COURIER_HTTP_TOKEN</code> on the worker \
+         to enable retry, pause and unblock.</p>"
+    };
+    format!(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
+<title>courier</title><style>{STYLE}</style></head>
+<body data-refreshes="0" data-actions="{actions_flag}">
+<header><h1>courier</h1><span id="updated">as of {now}</span></header>
+{actions}
+<section id="connections"><h2>Connections</h2><div class="body">{connections}</div></section>
+<section id="blocks"><h2>Rate-limit blocks</h2><div class="body">{blocks}</div></section>
+<section id="circuits"><h2>Circuits</h2><div class="body">{circuits}</div></section>
+<section id="rules"><h2>Rules</h2><div class="body">{rules}</div></section>
+<section id="problems"><div class="body">{problems}</div></section>
+<section id="runs"><h2>Recent runs</h2><div class="body">{runs}</div></section>
+<section id="history"><h2>History of a record</h2>
+<form id="history-form" method="get" action="/"><input id="history-key" name="key" size="32" placeholder="record key, e.g. customer:123" value="{key}"> <button type="submit">Show</button></form>
+<div class="body">{history_html}</div></section>
+<script>{SCRIPT}</script>
+</body></html>
+"#,
+        actions_flag = s.actions,
+        now = time(Some(s.now)),
+        connections = connections(s),
+        blocks = blocks(s),
+        circuits = circuits(s),
+        rules = rules(s),
+        problems = problems(s),
+        runs = runs(s),
+        key = esc(key.unwrap_or("")),
+    )
+}

@@ -1,0 +1,275 @@
+//! Operator actions, shared by the command line (`courier retry`, `courier rule
+//! pause|resume`, `courier connection pause|resume|unblock`, `courier history`) and the
+//! dashboard: each is one short transaction, says what it changed, and names an unknown
+//! rule or connection in its error.
+//!
+//! - A **pause** is a column (`rules.paused`, `connections.paused`): it survives restarts
+//!   and every process sees it. The dispatcher starts no run for a paused rule nor for a
+//!   rule on a paused connection; a run under way ends `paused` at its next batch
+//!   boundary, its backlog left pending. Resuming wakes the dispatchers at once.
+//! - A **retry** makes a rule's exhausted (or rejected) deliveries pending again, with
+//!   their attempts reset so the rule's retry policy applies afresh, and records a ledger
+//!   row `retried` naming who asked. A delivery whose key has a newer delivery pending or
+//!   already delivered is left alone: sending it would overwrite newer data.
+//! - **Unblocking** deletes a budget's rate-limit block; a trigger tells every process's
+//!   in-memory copy, and runs waiting the block out are woken.
+//! - **History** lists one record key's deliveries and ledger rows, oldest first.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::{
+    blocks,
+    catalog::{self, Paused},
+    ledger::{self, DeliveryStatus, Outcome},
+    queue, runs,
+};
+
+/// Why an operator action could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// No rule or connection has that name.
+    #[error("no {kind} named {name:?}")]
+    NotFound {
+        /// `rule` or `connection`.
+        kind: &'static str,
+        /// The name asked for.
+        name: String,
+    },
+    /// The request itself is wrong (e.g. retrying an outcome that cannot be retried).
+    #[error("{0}")]
+    Invalid(String),
+    /// The database failed.
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// What a pause or resume did: the state before and after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Changed {
+    /// Whether it was paused before.
+    pub was_paused: bool,
+    /// Whether it is paused now.
+    pub paused: bool,
+}
+
+impl Changed {
+    /// Whether anything changed.
+    pub fn changed(&self) -> bool {
+        self.was_paused != self.paused
+    }
+
+    fn state(paused: bool) -> &'static str {
+        if paused { "paused" } else { "active" }
+    }
+}
+
+impl std::fmt::Display for Changed {
+    /// `active → paused`, or `already paused` when nothing changed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.changed() {
+            write!(
+                f,
+                "{} → {}",
+                Self::state(self.was_paused),
+                Self::state(self.paused)
+            )
+        } else {
+            write!(f, "already {}", Self::state(self.paused))
+        }
+    }
+}
+
+/// Who asked, for the ledger: `courier CLI (user@host)` unless said otherwise.
+pub fn default_actor() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into());
+    format!("courier CLI ({user}@{host})")
+}
+
+/// Makes rule `rule`'s deliveries whose outcome is one of `outcomes` (exhausted, rejected)
+/// pending again, due now, with attempts reset; with `since`, only those that ended at or
+/// after it. Returns how many were made pending. The ledger names [`default_actor`].
+pub async fn retry(
+    pool: &PgPool,
+    rule: &str,
+    outcomes: &[Outcome],
+    since: Option<DateTime<Utc>>,
+) -> Result<u64, OpsError> {
+    retry_as(pool, rule, outcomes, since, &default_actor()).await
+}
+
+/// [`retry`], recording `actor` as who asked (the dashboard names itself).
+pub async fn retry_as(
+    pool: &PgPool,
+    rule: &str,
+    outcomes: &[Outcome],
+    since: Option<DateTime<Utc>>,
+    actor: &str,
+) -> Result<u64, OpsError> {
+    let mut statuses = Vec::new();
+    for o in outcomes {
+        match o {
+            Outcome::Exhausted => statuses.push(DeliveryStatus::Exhausted.as_str()),
+            Outcome::Rejected => statuses.push(DeliveryStatus::Rejected.as_str()),
+            other => {
+                return Err(OpsError::Invalid(format!(
+                    "only exhausted and rejected deliveries can be retried, not {}",
+                    other.as_str()
+                )));
+            }
+        }
+    }
+    if statuses.is_empty() {
+        return Err(OpsError::Invalid(
+            "name at least one outcome to retry (exhausted, rejected)".into(),
+        ));
+    }
+    let mut tx = pool.begin().await?;
+    let rule_id = rule_id(&mut tx, rule).await?;
+    let n = ledger::retry(&mut tx, rule_id, &statuses, since, actor).await?;
+    if n > 0 {
+        // The deliveries are due now: dispatchers start a run (the trigger on deliveries
+        // fires on INSERT only).
+        runs::wake(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(n)
+}
+
+async fn rule_id(tx: &mut sqlx::PgConnection, rule: &str) -> Result<i64, OpsError> {
+    sqlx::query_scalar!("SELECT id FROM rules WHERE name = $1", rule)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| OpsError::NotFound {
+            kind: "rule",
+            name: rule.to_owned(),
+        })
+}
+
+/// Pauses (or resumes) rule `rule`. Resuming wakes the dispatchers, so its backlog is
+/// dispatched at once.
+pub async fn set_rule_paused(pool: &PgPool, rule: &str, paused: bool) -> Result<Changed, OpsError> {
+    set_paused(pool, Paused::Rule, rule, paused).await
+}
+
+/// Pauses (or resumes) connection `connection`: none of its rules gets a run while it is
+/// paused. Resuming wakes the dispatchers.
+pub async fn set_connection_paused(
+    pool: &PgPool,
+    connection: &str,
+    paused: bool,
+) -> Result<Changed, OpsError> {
+    set_paused(pool, Paused::Connection, connection, paused).await
+}
+
+async fn set_paused(
+    pool: &PgPool,
+    what: Paused,
+    name: &str,
+    paused: bool,
+) -> Result<Changed, OpsError> {
+    let mut tx = pool.begin().await?;
+    let was = catalog::set_paused(&mut tx, what, name, paused)
+        .await?
+        .ok_or_else(|| OpsError::NotFound {
+            kind: what.kind(),
+            name: name.to_owned(),
+        })?;
+    if was != paused {
+        runs::wake(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(Changed {
+        was_paused: was,
+        paused,
+    })
+}
+
+/// Lifts the rate-limit block on connection `connection`'s budget (which every connection
+/// sharing its budget key shares). Returns the number of blocks lifted (0 or 1). Every
+/// process hears of it by NOTIFY; runs waiting the block out are due at once and the
+/// dispatchers are woken for rules it had kept from starting.
+pub async fn unblock_connection(pool: &PgPool, connection: &str) -> Result<u64, OpsError> {
+    let mut tx = pool.begin().await?;
+    let key = sqlx::query_scalar!(
+        r#"SELECT courier_budget_key(c) AS "key!" FROM connections c WHERE c.name = $1"#,
+        connection
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(|| OpsError::NotFound {
+        kind: "connection",
+        name: connection.to_owned(),
+    })?;
+    let lifted = blocks::lift(&mut *tx, &key).await?;
+    if lifted > 0 {
+        runs::wake(&mut *tx).await?;
+    }
+    // Committed first, so the processes' copies hear of it before the woken jobs arrive.
+    tx.commit().await?;
+    if lifted > 0 {
+        queue::wake_waiting(pool, &key).await?;
+    }
+    Ok(lifted)
+}
+
+/// One step in a record's history: a delivery enqueued, or a ledger row.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HistoryEntry {
+    /// When it happened.
+    pub at: DateTime<Utc>,
+    /// The rule of the delivery.
+    pub rule: String,
+    /// The delivery.
+    pub delivery_id: i64,
+    /// The ledger's outcome; `None` for the delivery being enqueued.
+    pub outcome: Option<Outcome>,
+    /// The run that recorded it (none for enqueues and retries).
+    pub run_id: Option<i64>,
+    /// The attempt count after it (ledger rows).
+    pub attempt: Option<i32>,
+    /// The target's HTTP status, when it answered.
+    pub http_status: Option<i16>,
+    /// What went wrong, or who retried it.
+    pub detail: Option<String>,
+    /// The delivery's status now.
+    pub status: DeliveryStatus,
+}
+
+/// Record key `key`'s deliveries (every rule) and their ledger rows, oldest first: each
+/// delivery in the order they were enqueued, followed by its ledger rows in the order they
+/// were written. Empty when no delivery has the key (never enqueued, or removed by
+/// retention).
+pub async fn history(pool: &PgPool, key: &str) -> Result<Vec<HistoryEntry>, OpsError> {
+    let rows = sqlx::query_as!(
+        HistoryEntry,
+        r#"SELECT at AS "at!", rule AS "rule!", delivery_id AS "delivery_id!",
+                  outcome AS "outcome?: Outcome", run_id, attempt, http_status, detail,
+                  status AS "status!: DeliveryStatus"
+           FROM (
+               SELECT courier_ts(d.created_at) AS at, r.name AS rule, d.id AS delivery_id,
+                      NULL::text AS outcome, NULL::bigint AS run_id, NULL::int AS attempt,
+                      NULL::smallint AS http_status, NULL::text AS detail, d.status,
+                      0 AS seq, 0::bigint AS ledger_id
+               FROM deliveries d JOIN rules r ON r.id = d.rule_id
+               WHERE d.record_key = $1
+               UNION ALL
+               SELECT courier_ts(l.created_at), r.name, d.id, l.outcome, l.run_id, l.attempt,
+                      l.http_status, COALESCE(l.error, l.actor), d.status, 1, l.id
+               FROM deliveries d JOIN rules r ON r.id = d.rule_id
+               JOIN ledger l ON l.delivery_id = d.id
+               WHERE d.record_key = $1
+           ) h
+           ORDER BY delivery_id, seq, ledger_id"#,
+        key
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
