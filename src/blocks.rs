@@ -204,7 +204,10 @@ impl Blocks {
         Ok(())
     }
 
-    async fn refresh(&self, pool: &PgPool, key: &str) -> Result<(), sqlx::Error> {
+    /// Reads budget `key`'s block from the table into this copy (a NOTIFY does this; the
+    /// throttle layer also asks before it makes a job wait, so a block lifted a moment ago
+    /// is never waited out on a stale copy).
+    pub async fn refresh(&self, pool: &PgPool, key: &str) -> Result<(), sqlx::Error> {
         let until = sqlx::query_scalar!(
             "SELECT courier_ts(blocked_until) AS \"until!\" FROM connection_blocks WHERE budget_key = $1",
             key

@@ -32,7 +32,7 @@
 //! - [`ledger`]: outcome rows (table `ledger`) and the delivery state they imply.
 //! - [`queue`]: apalis wiring: the chain queue, pushing and snoozing jobs.
 //! - [`chain`]: one chain job in stages: admit, claim, triage, call, classify, settle.
-//! - [`maintenance`]: the background loops: dispatcher, reaper, pruner.
+//! - [`maintenance`]: the background loops: dispatcher, reaper, pruner, retention.
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
 //! - [`ops`]: operator actions: pause and resume, retry, unblock, a record's history.
 //! - [`status`]: the `courier status` report.

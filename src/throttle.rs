@@ -184,7 +184,16 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
         .ensure_listening(&engine.pool, &engine.shutdown)
         .await?;
     let now = engine.clock.now();
-    let blocked = engine.blocks.until(&ctx.connection.budget_key);
+    let key = &ctx.connection.budget_key;
+    let mut blocked = engine.blocks.until(key);
+    if blocked.is_some_and(|t| t > now) {
+        // About to wait: the copy may predate an operator's unblock (its NOTIFY still on
+        // the way); one read of the table settles it.
+        engine
+            .retry_outage(|| engine.blocks.refresh(&engine.pool, key))
+            .await?;
+        blocked = engine.blocks.until(key);
+    }
     let next = match decide(blocked, now, engine.settings.throttle_max_wait) {
         Decision::Proceed => {
             // No block in force: one this process met is over (lapsed or lifted).

@@ -341,11 +341,15 @@ async fn unblocking_wakes_a_run_waiting_out_the_block() {
     target.respond_with(200, None);
     assert!(take_jobs(&engine).await.is_empty(), "snoozed for 120 s");
 
+    let until = engine.blocks.until("connection:1").unwrap();
     ops::unblock_connection(&db.pool, "shop").await.unwrap();
     eventually("the copy drops the block", || async {
         engine.blocks.until("connection:1").is_none()
     })
     .await;
+    // A process whose NOTIFY is still on the way: its copy still holds the block. The
+    // job must not wait it out on that stale copy.
+    engine.blocks.set("connection:1", until);
     let jobs = take_jobs(&engine).await;
     assert_eq!(jobs.len(), 1, "the waiting job is due at once");
     run_job(&engine, &jobs[0]).await;

@@ -49,7 +49,8 @@ async fn storm_smoke_delivers_everything_without_spending_attempts_on_429s() {
 async fn soak_smoke_keeps_tables_level_while_deliveries_flow() {
     let database = format!("courier_test_bench_{:08x}", rand::random::<u32>());
     let _drop = DropDatabase::new(&database);
-    // 40 waves of 50 records over 10 s, with a retention of about 1.7 s.
+    // 40 waves of 50 records over 10 s, with a retention of about 1.7 s (passes every
+    // second).
     let records = 2_000;
     let report = bench::run(
         Scenario::Soak,
@@ -73,15 +74,17 @@ async fn soak_smoke_keeps_tables_level_while_deliveries_flow() {
         records as f64,
         "{text}"
     );
-    // Retention removed most of what was delivered while the feed went on...
+    // While the feed went on, finished rows did not outlive the retention period (by more
+    // than a pass and a margin): without retention, over a thousand would have.
     assert!(
-        n("deliveries rows at the end") < records as f64 / 2.0,
+        n("finished rows older than retention + 4 s, most in a sample") <= records as f64 / 20.0,
         "{text}"
     );
-    // ...and the second half never held many more rows than the first.
-    let (first, second) = (
-        n("deliveries rows, peak 1st half"),
-        n("deliveries rows, peak 2nd half"),
+    // One retention period after the drain nothing finished is left; delivered_records
+    // (suppression, depends_on) keeps every key.
+    assert_eq!(
+        n("deliveries rows one retention period after the drain"),
+        0.0,
+        "{text}"
     );
-    assert!(first > 0.0 && second <= first * 1.5, "{text}");
 }

@@ -127,3 +127,52 @@ async fn operator_commands_say_what_they_changed() {
     assert!(!ok);
     assert!(err.contains("no delivery has record key \"nope\""), "{err}");
 }
+
+#[tokio::test]
+async fn a_worker_in_steady_state_writes_one_line_per_run() {
+    let (db, _target) = shop(&["customers", "orders"], 50, 4).await;
+    let mut child = courier()
+        .arg("worker")
+        .env("DATABASE_URL", &db.url)
+        .env_remove("COURIER_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Several bursts, each a run or more per rule, several batches per run.
+    for wave in 0..4 {
+        for rule in ["customers", "orders"] {
+            courier::enqueue::enqueue_many(&db.pool, rule, burst(&format!("w{wave}"), 120))
+                .await
+                .unwrap();
+        }
+        eventually("the wave is delivered", || async {
+            delivered(&db.pool).await == (wave + 1) * 240
+        })
+        .await;
+    }
+    eventually("no run is active", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE active")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            == 0
+    })
+    .await;
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(child.wait().unwrap().success(), "{err}");
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let lines: Vec<&str> = err.lines().collect();
+    let finished = lines.iter().filter(|l| l.contains("run finished")).count();
+    assert_eq!(finished as i64, runs, "{err}");
+    // Besides: worker started, stop requested, worker stopped.
+    assert_eq!(lines.len() as i64, runs + 3, "{err}");
+}

@@ -701,21 +701,31 @@ async fn cold_start(
 const SOAK_WAVE: usize = 50;
 const SOAK_EVERY: Duration = Duration::from_millis(250);
 
-/// Rows of the tables retention keeps short.
-async fn table_rows(pool: &PgPool) -> anyhow::Result<[i64; 4]> {
-    let (d, l, r, j): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM deliveries), (SELECT count(*) FROM ledger),
-                (SELECT count(*) FROM runs), (SELECT count(*) FROM apalis.jobs)",
+/// Rows of the tables retention keeps short: finished deliveries, pending ones, ledger,
+/// runs, queue jobs, and finished deliveries that retention should have removed already
+/// (ended longer ago than `overdue`).
+async fn table_rows(pool: &PgPool, overdue: Duration) -> anyhow::Result<[i64; 6]> {
+    let (f, p, l, r, j, o): (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM deliveries WHERE status <> 'pending'),
+                (SELECT count(*) FROM deliveries WHERE status = 'pending'),
+                (SELECT count(*) FROM ledger), (SELECT count(*) FROM runs),
+                (SELECT count(*) FROM apalis.jobs),
+                (SELECT count(*) FROM deliveries WHERE status IN ('delivered', 'suppressed')
+                   AND finished_at < now() - make_interval(secs => $1))",
     )
+    .bind(overdue.as_secs_f64())
     .fetch_one(pool)
     .await?;
-    Ok([d, l, r, j])
+    Ok([f, p, l, r, j, o])
 }
 
 /// Waves of [`SOAK_WAVE`] records every [`SOAK_EVERY`] until `records` are enqueued, with
 /// a retention of a sixth of that time (1–10 s; `COURIER_RETENTION_SECONDS` below a day
-/// wins): the rows of deliveries, ledger, runs and queue jobs, sampled every second,
-/// level off at about the rows of one retention period while deliveries keep flowing.
+/// wins). The rows of finished deliveries, ledger, runs and queue jobs, sampled every
+/// second, level off at about one retention period's worth while deliveries keep flowing
+/// (the pending backlog is reported apart: it measures the worker, not retention); none
+/// outlives the retention period by more than a pass and a margin; and one retention
+/// period after the drain nothing finished is left.
 async fn soak(
     report: &mut Report,
     config: &BenchConfig,
@@ -731,6 +741,9 @@ async fn soak(
         Some(r) if r < Duration::from_secs(86_400) => r,
         _ => (feed / 6).clamp(Duration::from_secs(1), Duration::from_secs(10)),
     };
+    // Retention passes come every tenth of the period, at least every second.
+    let pass = (retention / 10).max(Duration::from_secs(1));
+    let overdue = retention + pass + Duration::from_secs(3);
     report.figure("retention (s)", retention.as_secs_f64());
     report.figure("feeding for (s)", feed.as_secs_f64());
     let settings = courier::config::Settings {
@@ -739,7 +752,7 @@ async fn soak(
     };
     let started = Instant::now();
     let workers = Workers::in_process(pool, &settings);
-    let mut sizes: Vec<(f64, [i64; 4])> = Vec::new();
+    let mut sizes: Vec<(f64, [i64; 6])> = Vec::new();
     let mut tick = tokio::time::interval(SOAK_EVERY);
     let mut sampled = Instant::now();
     for wave in 0..waves {
@@ -749,11 +762,20 @@ async fn soak(
         enqueue::enqueue_many(pool, "soak", numbered(&prefix, n)).await?;
         if sampled.elapsed() >= Duration::from_secs(1) {
             sampled = Instant::now();
-            sizes.push((started.elapsed().as_secs_f64(), table_rows(pool).await?));
+            sizes.push((
+                started.elapsed().as_secs_f64(),
+                table_rows(pool, overdue).await?,
+            ));
         }
     }
     report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
-    sizes.push((started.elapsed().as_secs_f64(), table_rows(pool).await?));
+    sizes.push((
+        started.elapsed().as_secs_f64(),
+        table_rows(pool, overdue).await?,
+    ));
+    // One retention period (and two passes) after the last delivery: nothing finished left.
+    tokio::time::sleep(retention + pass * 2 + Duration::from_secs(1)).await;
+    let after = table_rows(pool, overdue).await?;
     workers.stop().await?;
     let delivered: i64 = sqlx::query_scalar("SELECT count(*) FROM delivered_records")
         .fetch_one(pool)
@@ -771,23 +793,45 @@ async fn soak(
             .max()
             .unwrap_or(0)
     };
-    for (i, table) in ["deliveries", "ledger", "runs", "apalis.jobs"]
-        .iter()
-        .enumerate()
-    {
+    for (i, table) in [
+        (0, "finished deliveries"),
+        (2, "ledger"),
+        (3, "runs"),
+        (4, "apalis.jobs"),
+        (1, "pending deliveries (backlog)"),
+    ] {
         report.figure(&format!("{table} rows, peak 1st half"), peak(0.0, half, i));
         report.figure(
             &format!("{table} rows, peak 2nd half"),
             peak(half, f64::MAX, i),
         );
     }
-    let end = sizes.last().map_or([0; 4], |s| s.1);
-    report.figure("deliveries rows at the end", end[0]);
     report.figure(
-        "size samples (t s: deliveries/ledger/runs/jobs)",
+        &format!(
+            "finished rows older than retention + {} s, most in a sample",
+            (overdue - retention).as_secs()
+        ),
+        peak(0.0, f64::MAX, 5),
+    );
+    report.figure(
+        "rows one retention period after the drain (deliveries/ledger/runs/jobs)",
+        format!(
+            "{}/{}/{}/{}",
+            after[0] + after[1],
+            after[2],
+            after[3],
+            after[4]
+        ),
+    );
+    report.figure(
+        "deliveries rows one retention period after the drain",
+        after[0] + after[1],
+    );
+    report.figure(
+        "size samples (t s: finished/pending/ledger/runs/jobs)",
         sizes
             .iter()
-            .map(|(t, s)| format!("{t:.0}: {}/{}/{}/{}", s[0], s[1], s[2], s[3]))
+            .map(|(t, s)| format!("{t:.0}: {}/{}/{}/{}/{}", s[0], s[1], s[2], s[3], s[4]))
             .collect::<Vec<_>>()
             .join(", "),
     );
