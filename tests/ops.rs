@@ -95,13 +95,32 @@ async fn a_paused_rule_gets_no_run_even_in_a_new_engine_and_resuming_delivers() 
 async fn a_run_under_way_stops_at_its_next_batch_and_keeps_its_backlog() {
     let (db, _target) = shop(&["customers"], 10, 1).await;
     let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 25))
+    // Batches of 10: a job claims up to BATCHES_PER_JOB of them, then the chain goes on.
+    let per_job = 10 * courier::chain::BATCHES_PER_JOB as i64;
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", per_job as usize + 15))
         .await
         .unwrap();
     Dispatcher::new(&engine).run_once().await.unwrap();
     let first = take_jobs(&engine).await.remove(0);
     assert_eq!(run_job(&engine, &first).await, JobOutcome::Continued);
-    assert_eq!(count(&db.pool, "delivered").await, 10);
+    assert_eq!(count(&db.pool, "delivered").await, per_job);
+    // A claim made once the rule is paused takes nothing (a job stops between batches).
+    ops::set_rule_paused(&db.pool, "customers", true)
+        .await
+        .unwrap();
+    let scope = courier::chain::claim::ClaimScope {
+        rule_id: 1,
+        connection_id: 1,
+        after_id: 0,
+        limit: 10,
+    };
+    let claimed = courier::chain::claim::claim(&db.pool, scope, engine.clock.now())
+        .await
+        .unwrap();
+    assert!(claimed.is_empty(), "nothing claimed while paused");
+    ops::set_rule_paused(&db.pool, "customers", false)
+        .await
+        .unwrap();
 
     ops::set_rule_paused(&db.pool, "customers", true)
         .await
@@ -127,7 +146,7 @@ async fn a_run_under_way_stops_at_its_next_batch_and_keeps_its_backlog() {
         .await
         .unwrap();
     drive(&engine).await;
-    assert_eq!(count(&db.pool, "delivered").await, 25);
+    assert_eq!(count(&db.pool, "delivered").await, per_job + 15);
 }
 
 #[tokio::test]

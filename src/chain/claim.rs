@@ -73,6 +73,9 @@ pub async fn claim(
            FROM deliveries d
            LEFT JOIN delivered_records dr ON dr.rule_id = d.rule_id AND dr.record_key = d.record_key
            WHERE d.rule_id = $1 AND d.status = 'pending' AND d.id > $3 AND d.next_attempt_at <= $4
+             -- A pause stops a job between its batches, not only at its start.
+             AND NOT EXISTS (SELECT 1 FROM rules r JOIN connections c ON c.id = r.connection_id
+                             WHERE r.id = $1 AND (r.paused OR c.paused))
            ORDER BY d.id
            LIMIT $5"#,
         scope.rule_id,
