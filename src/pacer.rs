@@ -288,7 +288,9 @@ impl Pacer {
         .map_err(lease_err)?;
         tx.commit().await.map_err(lease_err)?;
         b.effective.store(rpm.to_bits(), Ordering::Relaxed);
-        tracing::info!(
+        // The block the 429 set is the line at `info`; the rate learned shows in status,
+        // the metrics and the dashboard.
+        tracing::debug!(
             budget = key,
             paced,
             accepted,
