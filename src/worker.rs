@@ -138,6 +138,7 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
         }),
         tokio::spawn(queue::listen(
             engine.pool.clone(),
+            engine.worker_name.clone(),
             fetcher.clone(),
             shutdown.clone(),
         )),

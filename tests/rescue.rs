@@ -3,10 +3,13 @@
 
 mod common;
 
+use std::str::FromStr;
+
 use chrono::Duration as Span;
 use common::*;
 use courier::{enqueue, maintenance::dispatcher::Dispatcher, maintenance::rescuer::Rescuer};
 use courier_target::Target;
+use sqlx::Connection;
 
 /// apalis marks the jobs a worker fetched `Queued` (locked by the worker's name) before it
 /// starts them. When apalis' Monitor restarts that worker after a poll error (a database
@@ -124,4 +127,90 @@ async fn a_cleanly_stopping_process_puts_back_what_it_holds() {
             .is_empty(),
         "a job no longer held is not touched"
     );
+}
+
+/// A process killed with -9 loses its named session at once: two beats later another
+/// process takes its jobs over, without waiting the whole beat window. A process whose
+/// session is still there, or that named none, keeps its jobs until its beat lapses.
+#[tokio::test]
+async fn a_process_whose_session_is_gone_is_dead_two_beats_after_its_last() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["a", "b", "c"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    for rule in ["a", "b", "c"] {
+        enqueue::enqueue_many(&db.pool, rule, burst(rule, 2))
+            .await
+            .unwrap();
+    }
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let jobs: Vec<String> = sqlx::query_scalar("SELECT id FROM apalis.jobs ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 3);
+    // Three processes, each holding one job, each last beating 7 s ago (the window is
+    // 15 s; two beats are 6 s): one killed (its named session is gone), one alive (its
+    // session is open), one that never named a session.
+    let beat = engine.clock.now() - Span::seconds(7);
+    let alive_session = sqlx::postgres::PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .application_name("courier-alive");
+    let mut alive = sqlx::PgConnection::connect_with(&alive_session)
+        .await
+        .unwrap();
+    for (name, job, named) in [
+        ("courier-killed", &jobs[0], true),
+        ("courier-alive", &jobs[1], true),
+        ("courier-unnamed", &jobs[2], false),
+    ] {
+        sqlx::query(
+            "INSERT INTO workers (name, started_at, heartbeat_at, session_role)
+             VALUES ($1, $2, $2, CASE WHEN $3 THEN current_user END)",
+        )
+        .bind(name)
+        .bind(beat)
+        .bind(named)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO apalis.workers (id, worker_type, storage_name) VALUES ($1, 'courier.chain', 'pg')",
+        )
+        .bind(name)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE apalis.jobs SET status = 'Running', lock_by = $2, lock_at = now() WHERE id = $1")
+            .bind(job)
+            .bind(name)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+
+    let rescued = Rescuer::new(&engine).run_once().await.unwrap();
+    assert_eq!(
+        rescued.requeued,
+        vec![jobs[0].clone()],
+        "only the killed one's"
+    );
+
+    // The live one's session closes: it is dead too, two beats after its last beat.
+    sqlx::query("SELECT 1").execute(&mut alive).await.unwrap();
+    alive.close().await.unwrap();
+    let mut rescued = Default::default();
+    for _ in 0..50 {
+        rescued = Rescuer::new(&engine).run_once().await.unwrap();
+        if !rescued.requeued.is_empty() {
+            break;
+        }
+        // The server drops a closed session from pg_stat_activity a moment later.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(rescued.requeued, vec![jobs[1].clone()]);
+    // The one that never named a session waits for the whole window.
+    engine.clock.advance(Span::seconds(9));
+    let rescued = Rescuer::new(&engine).run_once().await.unwrap();
+    assert_eq!(rescued.requeued, vec![jobs[2].clone()]);
 }

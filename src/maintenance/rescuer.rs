@@ -8,6 +8,10 @@
 //!    fetched by a live process that dropped it before starting it): the run's `job_id`
 //!    names the new job, so the old one can never move the run again.
 //!
+//! A process is dead when its beat has lapsed for `worker_dead_after`, or sooner, two beats
+//! after the session it named for itself (its queue listener's) has gone: a kill -9 closes
+//! the socket and the server drops the session at once (`courier_worker_alive`).
+//!
 //! A pass only judges others after this process has reached the database for a whole
 //! window itself (see [`Health`](crate::health::Health)): right after an outage every
 //! process looks dead until it beats again.
@@ -47,8 +51,12 @@ impl<'a> Rescuer<'a> {
         let window = chrono::Duration::from_std(self.engine.settings.worker_dead_after)
             .expect("a few seconds");
         let cutoff = now - window;
+        // A process whose named session is gone is dead once its beat is this old.
+        let grace = now
+            - chrono::Duration::from_std(2 * self.engine.settings.heartbeat_every())
+                .expect("a few seconds");
         let mut tx = self.engine.pool.begin().await?;
-        let requeued = requeue_dead(&mut tx, cutoff, now).await?;
+        let requeued = requeue_dead(&mut tx, cutoff, grace, now).await?;
         let stalled = sqlx::query!(
             r#"SELECT r.id, r.rule_id FROM runs r
                LEFT JOIN apalis.jobs j ON j.id = r.job_id
@@ -160,26 +168,31 @@ impl<'a> Rescuer<'a> {
 async fn requeue_dead(
     tx: &mut sqlx::PgConnection,
     cutoff: DateTime<Utc>,
+    grace: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query!(
         "UPDATE rules SET lease_owner = NULL, lease_until = NULL
          WHERE lease_owner IS NOT NULL AND NOT EXISTS (
              SELECT 1 FROM workers w
-             WHERE w.name = split_part(rules.lease_owner, '/', 1) AND w.heartbeat_at >= $1)
+             WHERE w.name = split_part(rules.lease_owner, '/', 1)
+               AND courier_worker_alive(w, $1, $2))
            AND EXISTS (SELECT 1 FROM workers w WHERE w.name = split_part(rules.lease_owner, '/', 1))",
-        cutoff
+        cutoff,
+        grace
     )
     .execute(&mut *tx)
     .await?;
     sqlx::query_scalar!(
         "UPDATE apalis.jobs j SET status = 'Pending', lock_by = NULL, lock_at = NULL,
-                run_at = $3, attempts = LEAST(attempts, $4)
+                run_at = $4, attempts = LEAST(attempts, $5)
          WHERE j.job_type = $1 AND j.status IN ('Queued', 'Running')
-           AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.name = j.lock_by AND w.heartbeat_at >= $2)
+           AND NOT EXISTS (SELECT 1 FROM workers w
+                           WHERE w.name = j.lock_by AND courier_worker_alive(w, $2, $3))
          RETURNING j.id",
         CHAIN_QUEUE,
         cutoff,
+        grace,
         now,
         CHAIN_JOB_MAX_ATTEMPTS as i32 - 1
     )

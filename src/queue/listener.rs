@@ -27,7 +27,17 @@ struct Announcement {
 /// Listens until `shutdown`, subscribing again whenever the connection is lost; a failed
 /// subscription is logged once per outage and tried again, backing off to
 /// [`RESUBSCRIBE_MAX`].
-pub async fn listen(pool: PgPool, fetcher: Arc<Fetcher>, shutdown: CancellationToken) {
+///
+/// Each subscription names its session after the process (`worker`, as
+/// `application_name`) and records the role in the process's `workers` row, so that the
+/// [rescuer](crate::maintenance::rescuer) of another process sees a killed one's session
+/// gone at once.
+pub async fn listen(
+    pool: PgPool,
+    worker: String,
+    fetcher: Arc<Fetcher>,
+    shutdown: CancellationToken,
+) {
     let mut pause = RESUBSCRIBE_MIN;
     let mut failing = false;
     loop {
@@ -35,7 +45,7 @@ pub async fn listen(pool: PgPool, fetcher: Arc<Fetcher>, shutdown: CancellationT
             _ = shutdown.cancelled() => return,
             subscribed = async {
                 fetcher.may_subscribe().await;
-                subscribe(&pool).await
+                subscribe(&pool, &worker).await
             } => subscribed,
         };
         let mut listener = match subscribed {
@@ -95,9 +105,21 @@ pub async fn listen(pool: PgPool, fetcher: Arc<Fetcher>, shutdown: CancellationT
 
 /// A listener on apalis' insert channel, on a connection of its own. It does not reconnect
 /// by itself: [`listen`] does, through the same path as the first subscription.
-async fn subscribe(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+async fn subscribe(pool: &PgPool, worker: &str) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.eager_reconnect(false);
+    // PostgreSQL cuts application_name at 63 bytes: a longer name could never be found,
+    // so such a process is judged by its beat alone.
+    if worker.len() <= 63 {
+        sqlx::query("SELECT set_config('application_name', $1, false)")
+            .bind(worker)
+            .execute(&mut listener)
+            .await?;
+        sqlx::query("UPDATE workers SET session_role = current_user WHERE name = $1")
+            .bind(worker)
+            .execute(pool)
+            .await?;
+    }
     listener.listen(INSERT_CHANNEL).await?;
     Ok(listener)
 }
