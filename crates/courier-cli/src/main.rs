@@ -108,6 +108,10 @@ enum Command {
         /// Where results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
+        /// The database the run drops and creates (another name lets two checkouts
+        /// benchmark on one server at once).
+        #[arg(long, default_value = "courier_bench")]
+        database: String,
     },
 }
 
@@ -531,12 +535,20 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             seed,
             phases,
             out,
+            database,
         } => {
+            anyhow::ensure!(
+                !database.is_empty()
+                    && database
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "--database must be lowercase letters, digits and _ only, not {database:?}"
+            );
             let report = bench::run(
                 scenario,
                 bench::BenchConfig {
                     server_url: settings.database_url.clone(),
-                    database: "courier_bench".into(),
+                    database,
                     records,
                     workers,
                     out_dir: Some(out),
