@@ -81,7 +81,7 @@ enum Command {
     /// `DATABASE_URL` names) with a local target; prints a table and writes
     /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
     Bench {
-        /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale or chaos.
+        /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, limits or chaos.
         scenario: bench::Scenario,
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]
