@@ -106,8 +106,8 @@ enum Command {
     /// `DATABASE_URL` names) with a local target; prints a table and writes
     /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
     Bench {
-        /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, chaos,
-        /// cold-start or soak.
+        /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, limits,
+        /// chaos, cold-start or soak.
         scenario: bench::Scenario,
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]
@@ -134,6 +134,10 @@ enum Command {
         /// Where results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
+        /// The database the run drops and creates (another name lets two checkouts
+        /// benchmark on one server at once).
+        #[arg(long, default_value = "courier_bench")]
+        database: String,
     },
 }
 
@@ -697,12 +701,20 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             seed,
             phases,
             out,
+            database,
         } => {
+            anyhow::ensure!(
+                !database.is_empty()
+                    && database
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "--database must be lowercase letters, digits and _ only, not {database:?}"
+            );
             let report = bench::run(
                 scenario,
                 bench::BenchConfig {
                     server_url: settings.database_url.clone(),
-                    database: "courier_bench".into(),
+                    database,
                     records,
                     workers,
                     out_dir: Some(out),

@@ -5,6 +5,7 @@
 //! with 429s and blocks marked. `BENCHMARKS.md` explains every figure.
 
 pub mod chaos;
+pub mod limits;
 mod plot;
 mod scenarios;
 
@@ -106,6 +107,10 @@ pub struct Report {
     /// Faults to mark on the plot (chaos only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub marks: Vec<Mark>,
+    /// The target's real limit over time, `(from second, requests per second)` steps, for
+    /// the plot (limits only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub real_limit: Vec<(f64, f64)>,
 }
 
 impl Report {
@@ -118,6 +123,7 @@ impl Report {
             declared_per_second: None,
             timeline: Vec::new(),
             marks: Vec::new(),
+            real_limit: Vec::new(),
         }
     }
 

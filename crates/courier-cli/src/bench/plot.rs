@@ -38,7 +38,8 @@ pub fn svg(report: &Report) -> String {
     let n = buckets.len().max(1) as f64;
     let declared = report.declared_per_second.unwrap_or(0.0);
     let peak = buckets.iter().map(|b| b.0).max().unwrap_or(0) as f64;
-    let ymax = (peak.max(declared) * 1.15).max(1.0);
+    let real_peak = report.real_limit.iter().map(|r| r.1).fold(0.0, f64::max);
+    let ymax = (peak.max(declared).max(real_peak) * 1.15).max(1.0);
     let x = |t: f64| LEFT + t / n * (W - LEFT - RIGHT);
     let y = |v: f64| H - BOTTOM - v / ymax * (H - TOP - BOTTOM);
     let mut s = String::new();
@@ -138,6 +139,22 @@ pub fn svg(report: &Report) -> String {
             y(declared),
             W - RIGHT,
             y(declared) - 5.0
+        );
+    }
+    // The target's real limit, a step line.
+    if !report.real_limit.is_empty() {
+        let mut points = Vec::new();
+        for (i, &(from, rate)) in report.real_limit.iter().enumerate() {
+            let until = report.real_limit.get(i + 1).map_or(n, |r| r.0.min(n));
+            points.push(format!("{:.1},{:.1}", x(from.min(n)), y(rate)));
+            points.push(format!("{:.1},{:.1}", x(until), y(rate)));
+        }
+        let _ = writeln!(
+            s,
+            r##"<polyline points="{}" fill="none" stroke="#2ca02c" stroke-width="2" stroke-dasharray="3 3"/><text x="{:.1}" y="{:.1}" fill="#2ca02c">real limit</text>"##,
+            points.join(" "),
+            LEFT + 4.0,
+            y(report.real_limit[0].1) - 5.0
         );
     }
     // Calls per second.

@@ -29,7 +29,7 @@ use courier::{
 /// The environment variable bench connections read their (fake) User.com key from.
 const KEY_VAR: &str = "COURIER_BENCH_USERCOM_KEY";
 /// The bench workspace's token.
-const TOKEN: &str = "bench-token";
+pub(super) const TOKEN: &str = "bench-token";
 /// The longest a scenario may take to drain before it counts as failed.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1800);
 
@@ -51,6 +51,8 @@ pub enum Scenario {
     IdleThrottled,
     /// 1,000 connections, 5 rules each, 200,000 deliveries.
     Scale,
+    /// Limiter kind × declared ÷ real × processes: how the pace meets real limiters.
+    Limits,
     /// Real worker processes on a private PostgreSQL cluster: kill -9, database restart
     /// and outage, poison rows.
     Chaos,
@@ -63,7 +65,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in BENCHMARKS.md's order.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::Pacing,
         Scenario::Throughput,
         Scenario::Latency,
@@ -71,6 +73,7 @@ impl Scenario {
         Scenario::Storm,
         Scenario::IdleThrottled,
         Scenario::Scale,
+        Scenario::Limits,
         Scenario::Chaos,
         Scenario::ColdStart,
         Scenario::Soak,
@@ -86,6 +89,7 @@ impl Scenario {
             Scenario::Storm => "storm",
             Scenario::IdleThrottled => "idle-throttled",
             Scenario::Scale => "scale",
+            Scenario::Limits => "limits",
             Scenario::Chaos => "chaos",
             Scenario::ColdStart => "cold-start",
             Scenario::Soak => "soak",
@@ -101,6 +105,7 @@ impl Scenario {
             Scenario::Storm => 300,
             Scenario::IdleThrottled => 10_000,
             Scenario::Scale => 200_000,
+            Scenario::Limits => super::limits::DEFAULT_RECORDS,
             Scenario::Chaos => 600,
             Scenario::ColdStart => 300,
             Scenario::Soak => 24_000,
@@ -180,6 +185,7 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         Scenario::Scale => scale(&mut report, config, &pool, &url, records).await?,
         Scenario::ColdStart => cold_start(&mut report, config, &pool, &url, records).await?,
         Scenario::Soak => soak(&mut report, config, &pool, records).await?,
+        Scenario::Limits => super::limits::run(&mut report, config, records).await?,
         Scenario::Chaos => unreachable!("chaos returned above"),
     }
     pool.close().await;
@@ -198,7 +204,7 @@ async fn usercom_target(rate: u32, window: Window) -> anyhow::Result<Target> {
     .await?)
 }
 
-async fn connection(
+pub(super) async fn connection(
     pool: &PgPool,
     name: &str,
     writer: &str,
@@ -223,7 +229,13 @@ async fn connection(
     Ok(())
 }
 
-async fn rule(pool: &PgPool, name: &str, conn: &str, path: &str, batch: i32) -> anyhow::Result<()> {
+pub(super) async fn rule(
+    pool: &PgPool,
+    name: &str,
+    conn: &str,
+    path: &str,
+    batch: i32,
+) -> anyhow::Result<()> {
     catalog::upsert_rule(
         pool,
         &NewRule {
@@ -238,7 +250,7 @@ async fn rule(pool: &PgPool, name: &str, conn: &str, path: &str, batch: i32) -> 
     Ok(())
 }
 
-fn users(prefix: &str, n: usize) -> Vec<NewDelivery> {
+pub(super) fn users(prefix: &str, n: usize) -> Vec<NewDelivery> {
     (0..n)
         .map(|i| {
             NewDelivery::new(

@@ -1,0 +1,352 @@
+//! `courier bench limits`: how delivery meets real limiters. A matrix of the target's
+//! limiter kind (fixed, sliding, gcra, token bucket) × declared ÷ real rate (1, 2, 5, 10,
+//! and a limit that halves in the middle of the burst, as when another client starts on
+//! the workspace) × worker processes (1 and 3). Each cell runs on a fresh database of its
+//! own and reports achieved ÷ real, the 429 share, the time to converge to ≥ 90% of the
+//! real limit and drain ÷ ideal; each cell's plot draws the pace against the real limit.
+
+use std::time::{Duration, Instant};
+
+use courier::enqueue;
+use courier_target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig};
+
+use super::{BenchConfig, Report, Sample, Workers, fresh_database, plot, watch};
+
+/// The workspace's real limit before any drop, requests per second (User.com's).
+pub const REAL_PER_SECOND: u32 = 10;
+/// Records per cell unless told: 30 s at the real limit.
+pub const DEFAULT_RECORDS: usize = 300;
+/// The share of the ideal drain after which the mid-burst drop strikes.
+const DROP_AFTER_SHARE: f64 = 0.3;
+/// The share of the real limit that counts as converged.
+const CONVERGED: f64 = 0.9;
+/// The window the accepted rate is measured over for convergence.
+const RATE_WINDOW: f64 = 2.0;
+/// Longest a cell may take to drain.
+const CELL_LIMIT: Duration = Duration::from_secs(600);
+
+/// How the declared rate relates to the real one in a cell.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Ratio {
+    /// Declared = this many times the real limit, which holds throughout.
+    Times(u32),
+    /// Declared = the real limit, which halves after [`DROP_AFTER_SHARE`] of the ideal drain.
+    Drop,
+}
+
+impl Ratio {
+    /// Every ratio the matrix runs.
+    pub const ALL: [Ratio; 5] = [
+        Ratio::Times(1),
+        Ratio::Times(2),
+        Ratio::Times(5),
+        Ratio::Times(10),
+        Ratio::Drop,
+    ];
+
+    fn label(self) -> String {
+        match self {
+            Ratio::Times(n) => format!("×{n}"),
+            Ratio::Drop => "drop ½".into(),
+        }
+    }
+
+    fn file_label(self) -> String {
+        match self {
+            Ratio::Times(n) => format!("x{n}"),
+            Ratio::Drop => "drop".into(),
+        }
+    }
+}
+
+/// The real limit over time: `(from second, requests per second)` steps.
+fn real_steps(ratio: Ratio, records: usize) -> Vec<(f64, f64)> {
+    let real = f64::from(REAL_PER_SECOND);
+    match ratio {
+        Ratio::Times(_) => vec![(0.0, real)],
+        Ratio::Drop => vec![
+            (0.0, real),
+            (records as f64 / real * DROP_AFTER_SHARE, real / 2.0),
+        ],
+    }
+}
+
+/// The real limit at second `t`.
+fn real_at(steps: &[(f64, f64)], t: f64) -> f64 {
+    steps
+        .iter()
+        .rev()
+        .find(|(from, _)| *from <= t)
+        .map_or(steps[0].1, |(_, r)| *r)
+}
+
+/// The shortest possible drain of `records` under `steps` (sent exactly at the limit).
+pub fn ideal_drain(steps: &[(f64, f64)], records: usize) -> f64 {
+    let mut left = records as f64;
+    let mut t: f64 = 0.0;
+    for (i, &(from, rate)) in steps.iter().enumerate() {
+        t = t.max(from);
+        let until = steps.get(i + 1).map_or(f64::INFINITY, |s| s.0);
+        let can = (until - t) * rate;
+        if can >= left {
+            return t + left / rate;
+        }
+        left -= can;
+        t = until;
+    }
+    t
+}
+
+/// What one cell measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CellFigures {
+    /// Accepted calls per second from the first call to the last, over the ideal average.
+    pub achieved_over_real: f64,
+    /// 429s among all calls.
+    pub share_429: f64,
+    /// Seconds from the first call (or the drop) until the accepted rate stays at or
+    /// above 90% of the real limit; `None` when it never did.
+    pub converge_s: Option<f64>,
+    /// How many rate windows the convergence was judged on (none: the drain was too short
+    /// to judge).
+    pub windows: usize,
+    /// Drain time over the ideal.
+    pub drain_over_ideal: f64,
+}
+
+/// Computes a cell's figures from its samples (`t` since the workers started), the real
+/// limit's steps on the same clock, the records, and the drain time.
+pub fn cell_figures(
+    samples: &[Sample],
+    steps: &[(f64, f64)],
+    records: usize,
+    drain: f64,
+) -> CellFigures {
+    let accepted = |s: &Sample| s.requests.saturating_sub(s.throttled) as f64;
+    let last = samples.last().copied().unwrap_or_default();
+    let share_429 = if last.requests > 0 {
+        last.throttled as f64 / last.requests as f64
+    } else {
+        0.0
+    };
+    let first_call = samples.iter().find(|s| s.requests > 0).map_or(0.0, |s| s.t);
+    // The backlog ran out when the last accepted call came in.
+    let done = samples
+        .iter()
+        .find(|s| accepted(s) >= accepted(&last))
+        .map_or(last.t, |s| s.t);
+    let ideal = ideal_drain(steps, records);
+    // At least one sampling interval: a burst that drained between two samples has no
+    // measurable span.
+    let span = (done - first_call).max(super::SAMPLE_EVERY.as_secs_f64());
+    let achieved_over_real = (accepted(&last) / span) / (records as f64 / ideal);
+    // Accepted rate over each window [t, t + RATE_WINDOW] that ends before the backlog ran
+    // out; converged at the first window from which every later one is at >= 90%.
+    let from = steps
+        .last()
+        .filter(|_| steps.len() > 1)
+        .map_or(first_call, |s| s.0);
+    let windows: Vec<(f64, bool)> = samples
+        .iter()
+        .filter(|s| s.t >= from && s.t + RATE_WINDOW <= done)
+        .filter_map(|s| {
+            let end = samples.iter().find(|e| e.t >= s.t + RATE_WINDOW)?;
+            let rate = (accepted(end) - accepted(s)) / (end.t - s.t);
+            Some((s.t, rate >= CONVERGED * real_at(steps, s.t)))
+        })
+        .collect();
+    let converge_s = match windows.iter().rposition(|(_, ok)| !ok) {
+        None if windows.is_empty() => None,
+        None => Some(windows[0].0 - from),
+        Some(i) => windows.get(i + 1).map(|(t, _)| t - from),
+    };
+    CellFigures {
+        achieved_over_real,
+        share_429,
+        converge_s,
+        windows: windows.len(),
+        drain_over_ideal: drain / ideal,
+    }
+}
+
+/// Runs the matrix; `records` per cell, `processes` limits the process counts (`None`:
+/// 1 and 3). Adds four figures per cell to `report`, gives it the timeline of the gcra
+/// drop cell with one process (the plot of `limits.svg`) and writes each cell's plot.
+pub(super) async fn run(
+    report: &mut Report,
+    config: &BenchConfig,
+    records: usize,
+) -> anyhow::Result<()> {
+    let processes: Vec<usize> = match config.workers {
+        Some(n) => vec![n.max(1)],
+        None => vec![1, 3],
+    };
+    let cell_config = BenchConfig {
+        database: format!("{}_cell", config.database),
+        ..config.clone()
+    };
+    report.figure("records per cell", records as u64);
+    report.figure("real limit (requests/s)", u64::from(REAL_PER_SECOND));
+    for (_, window) in Window::ALL {
+        for ratio in Ratio::ALL {
+            for &n in &processes {
+                let label = format!("{window} {} {n}p", ratio.label());
+                let (figures, timeline, steps, declared) =
+                    cell(&cell_config, window, ratio, n, records).await?;
+                report.figure(
+                    &format!("{label}: achieved ÷ real"),
+                    figures.achieved_over_real,
+                );
+                report.figure(&format!("{label}: 429 share"), figures.share_429);
+                report.figure(
+                    &format!("{label}: converge to 90% (s)"),
+                    match figures.converge_s {
+                        Some(s) => serde_json::Value::from(s),
+                        None if figures.windows == 0 => "too short to judge".into(),
+                        None => "never".into(),
+                    },
+                );
+                report.figure(&format!("{label}: drain ÷ ideal"), figures.drain_over_ideal);
+                let mut cell_report = Report::new(
+                    &format!("limits-{window}-{}-{n}p", ratio.file_label()),
+                    report.machine.clone(),
+                );
+                cell_report.timeline = timeline;
+                cell_report.declared_per_second = Some(declared);
+                cell_report.real_limit = steps;
+                if let Some(dir) = &config.out_dir {
+                    std::fs::create_dir_all(dir)?;
+                    let svg = dir.join(format!("{}.svg", cell_report.scenario));
+                    std::fs::write(&svg, plot::svg(&cell_report))?;
+                }
+                if window == Window::Gcra && ratio == Ratio::Drop && n == processes[0] {
+                    report.timeline = cell_report.timeline;
+                    report.declared_per_second = cell_report.declared_per_second;
+                    report.real_limit = cell_report.real_limit;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One cell on a fresh database: figures, timeline, the real limit's steps, the declared
+/// rate per second.
+async fn cell(
+    config: &BenchConfig,
+    window: Window,
+    ratio: Ratio,
+    processes: usize,
+    records: usize,
+) -> anyhow::Result<(CellFigures, Vec<Sample>, Vec<(f64, f64)>, f64)> {
+    let (pool, url) = fresh_database(config).await?;
+    let steps = real_steps(ratio, records);
+    let declared = match ratio {
+        Ratio::Times(n) => f64::from(REAL_PER_SECOND * n),
+        Ratio::Drop => f64::from(REAL_PER_SECOND),
+    };
+    let target = Target::start_with(TargetConfig {
+        workspaces: vec![WorkspaceConfig::new("bench", super::scenarios::TOKEN)],
+        rate: REAL_PER_SECOND,
+        period: Duration::from_secs(1),
+        window,
+        limit_schedule: steps
+            .iter()
+            .skip(1)
+            .map(|&(from, rate)| (Duration::from_secs_f64(from), rate as u32))
+            .collect(),
+        retry_after: RetryAfterMode::Seconds,
+        ..TargetConfig::default()
+    })
+    .await?;
+    super::scenarios::connection(
+        &pool,
+        "workspace",
+        "usercom",
+        target.workspace_url("bench"),
+        (declared * 60.0) as i32,
+        16,
+    )
+    .await?;
+    super::scenarios::rule(&pool, "customers", "workspace", "user_upsert", 100).await?;
+    enqueue::enqueue_many(
+        &pool,
+        "customers",
+        super::scenarios::users("customer", records),
+    )
+    .await?;
+    // The target's schedule counts from its start: start the clock with it.
+    let started = Instant::now();
+    let workers = if processes == 1 {
+        Workers::in_process(&pool, &config.settings)
+    } else {
+        Workers::children(processes, &url, &config.settings)?
+    };
+    let timeline = watch(&pool, &target, started, CELL_LIMIT).await?;
+    workers.stop().await?;
+    let drain = timeline.last().map_or(0.0, |s| s.t);
+    pool.close().await;
+    Ok((
+        cell_figures(&timeline, &steps, records, drain),
+        timeline,
+        steps,
+        declared,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t: f64, requests: u64, throttled: u64) -> Sample {
+        Sample {
+            t,
+            requests,
+            throttled,
+            delivered: 0,
+            blocked: false,
+        }
+    }
+
+    #[test]
+    fn the_ideal_drain_follows_the_steps() {
+        assert_eq!(ideal_drain(&[(0.0, 10.0)], 300), 30.0);
+        // 90 in the first 9 s at 10/s, the other 210 at 5/s: 42 s more.
+        let steps = real_steps(Ratio::Drop, 300);
+        assert_eq!(steps, vec![(0.0, 10.0), (9.0, 5.0)]);
+        assert_eq!(ideal_drain(&steps, 300), 51.0);
+        assert_eq!(ideal_drain(&steps, 50), 5.0);
+        assert_eq!(real_at(&steps, 8.9), 10.0);
+        assert_eq!(real_at(&steps, 9.0), 5.0);
+    }
+
+    #[test]
+    fn figures_of_a_cell_that_converges_after_a_rough_start() {
+        // One sample a second: 3 s at 5 accepted/s (10 sent, 5 refused), then 10/s.
+        let mut samples = vec![sample(0.0, 0, 0)];
+        let (mut req, mut thr) = (0u64, 0u64);
+        for t in 1..=14 {
+            req += 10;
+            if t <= 4 {
+                thr += 5;
+            }
+            samples.push(sample(f64::from(t), req, thr));
+        }
+        let steps = [(0.0, 10.0)];
+        // 20 + 100 accepted: the backlog was 120 records, ideally 12 s.
+        let f = cell_figures(&samples, &steps, 120, 14.0);
+        assert_eq!(f.share_429, 20.0 / 140.0);
+        // From the first call (t = 1) to the first window at 90% that stays so (t = 4).
+        assert_eq!(f.converge_s, Some(3.0), "{f:?}");
+        assert!(
+            (f.achieved_over_real - 120.0 / 13.0 / 10.0).abs() < 1e-9,
+            "{f:?}"
+        );
+        assert!((f.drain_over_ideal - 14.0 / 12.0).abs() < 1e-9, "{f:?}");
+        // Never at 90%: no convergence.
+        let slow: Vec<Sample> = (0..=40)
+            .map(|i| sample(f64::from(i) * 0.25, i as u64, 0))
+            .collect();
+        assert_eq!(cell_figures(&slow, &steps, 40, 10.0).converge_s, None);
+    }
+}
