@@ -31,8 +31,9 @@ async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
     Dispatcher::new(&engine).run_once().await.unwrap();
     let job = take_jobs(&engine).await.remove(0);
 
-    // A live process fetched it, then lost it to a worker restart; 16 s later it still
-    // beats, the job still reads Queued under its name, and the run has not moved.
+    // A live process fetched it, then lost it to a worker restart that could not put it
+    // back; a minute later it still beats, the job still reads Queued under its name, and
+    // the run has not moved.
     engine.clock.advance(Span::seconds(16));
     let live = "courier-live-1";
     sqlx::query("INSERT INTO workers (name, started_at, heartbeat_at) VALUES ($1, $2, $2)")
@@ -58,11 +59,21 @@ async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
     .await
     .unwrap();
 
+    // 16 s is not enough: under load a fetched job may wait for a free slot that long.
+    let rescued = Rescuer::new(&engine).run_once().await.unwrap();
+    assert!(rescued.resumed.is_empty(), "{rescued:?}");
+    engine.clock.advance(Span::seconds(50));
+    sqlx::query("UPDATE workers SET heartbeat_at = $2 WHERE name = $1")
+        .bind(live)
+        .bind(engine.clock.now())
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let rescued = Rescuer::new(&engine).run_once().await.unwrap();
     assert_eq!(
         rescued.resumed,
         vec![job.job.run_id],
-        "the run's heartbeat lapsed 16 s ago and its job will never start"
+        "fetched over a minute ago by a live process and never started"
     );
 }
 
@@ -213,4 +224,40 @@ async fn a_process_whose_session_is_gone_is_dead_two_beats_after_its_last() {
     engine.clock.advance(Span::seconds(9));
     let rescued = Rescuer::new(&engine).run_once().await.unwrap();
     assert_eq!(rescued.requeued, vec![jobs[2].clone()]);
+}
+
+/// A job that loaded its run just before the rescuer gave the run a new job (the run had
+/// looked stalled) must not keep the rule's lease: its lease statement may take the lease
+/// and only then find the run carried by another job. It gives the lease back, so the new
+/// job is not kept waiting until the lease expires (the staleness window, ten minutes).
+#[tokio::test]
+async fn a_job_whose_run_moved_on_leaves_the_lease_free() {
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["customers"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let job = take_jobs(&engine).await.remove(0);
+    let ctx = courier::chain::context::load(&db.pool, job.job.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    // Meanwhile the run is given to another job.
+    sqlx::query("UPDATE runs SET job_id = 'another-job'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    courier::chain::execute(&engine, &ctx, &job.id)
+        .await
+        .unwrap();
+    let leased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM rules WHERE lease_owner IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(leased, 0, "the lease is free for the run's job");
+    assert_eq!(target.counters().requests, 0, "nothing called");
 }

@@ -94,6 +94,10 @@ pub async fn execute(
         .retry_outage(|| lease::acquire(&engine.pool, ctx, task_id, &owner, now, lease_for))
         .await?;
     if !leased {
+        // The statement may have taken the lease and then found the run carried by another
+        // job (the rescuer moved it on): give it back, or it would hold the rule until it
+        // expires.
+        release_lease(engine, ctx, task_id).await;
         let at = now + LEASE_BUSY_RETRY;
         queue::snooze(&engine.pool, task_id, at).await?;
         queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);

@@ -4,9 +4,10 @@
 //!    (`worker_dead_after`), with its id unchanged, and frees the rule leases such
 //!    processes held: the same run resumes in a live process with the same job;
 //! 2. gives a new job to every running run whose heartbeat has lapsed while its current
-//!    job ended without moving it on (failed during a database outage, killed, lost, or
-//!    fetched by a live process that dropped it before starting it): the run's `job_id`
-//!    names the new job, so the old one can never move the run again.
+//!    job ended without moving it on (failed during a database outage, killed, lost), or
+//!    was fetched by a live process over [`NEVER_STARTED_WINDOWS`] windows ago and never
+//!    started: the run's `job_id` names the new job, so the old one can never move the
+//!    run again. It locks the rules before the runs, as a chain job's lease statements do.
 //!
 //! A process is dead when its beat has lapsed for `worker_dead_after`, or sooner, two beats
 //! after the session it named for itself (its queue listener's) has gone: a kill -9 closes
@@ -23,6 +24,11 @@ use crate::{
     engine::Engine,
     queue::{self, CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, ChainJob},
 };
+
+/// A job fetched by a live process and still not started after this many
+/// `worker_dead_after` windows was dropped (a queue worker's restart that could not put it
+/// back); its run gets a new job.
+const NEVER_STARTED_WINDOWS: i32 = 4;
 
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,39 +63,66 @@ impl<'a> Rescuer<'a> {
                 .expect("a few seconds");
         let mut tx = self.engine.pool.begin().await?;
         let requeued = requeue_dead(&mut tx, cutoff, grace, now).await?;
+        // Runs whose job ended without moving them on, or was fetched long ago by a process
+        // that never started it. A job `Running` in a live process is its business (it
+        // beats while it calls; a slow database only delays the beat), and a job `Queued`
+        // may wait in its process's buffer for a free slot for a while under load.
         let stalled = sqlx::query!(
-            r#"SELECT r.id, r.rule_id FROM runs r
+            r#"SELECT r.id, r.rule_id, r.job_id FROM runs r
                LEFT JOIN apalis.jobs j ON j.id = r.job_id
                WHERE r.status = 'running' AND r.heartbeat_at < $1
-                 AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed', 'Running', 'Queued'))
-               FOR UPDATE OF r SKIP LOCKED"#,
-            cutoff
+                 AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed')
+                      OR (j.status = 'Queued' AND j.lock_at < $2))"#,
+            cutoff,
+            now - window * NEVER_STARTED_WINDOWS
         )
         .fetch_all(&mut *tx)
         .await?;
         let mut jobs = Vec::with_capacity(stalled.len());
-        for r in &stalled {
-            let job = ChainJob {
-                run_id: r.id,
-                rule_id: r.rule_id,
-            };
-            jobs.push((job, queue::new_job_id()));
-        }
-        if !jobs.is_empty() {
-            let runs: Vec<i64> = jobs.iter().map(|(j, _)| j.run_id).collect();
-            let ids: Vec<String> = jobs.iter().map(|(_, id)| id.clone()).collect();
+        if !stalled.is_empty() {
+            // Rules first, then runs: the order of a chain job's lease statements, so the
+            // two never wait on each other in a circle.
+            let rules: Vec<i64> = stalled.iter().map(|r| r.rule_id).collect();
             sqlx::query!(
-                "WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS u(run, job)),
-                      r AS (UPDATE runs SET job_id = u.job, heartbeat_at = $3
-                            FROM u WHERE runs.id = u.run RETURNING runs.rule_id)
-                 UPDATE rules SET lease_owner = NULL, lease_until = NULL
-                 WHERE id IN (SELECT rule_id FROM r)",
+                "SELECT id FROM rules WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                &rules
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+            let runs: Vec<i64> = stalled.iter().map(|r| r.id).collect();
+            let old: Vec<Option<String>> = stalled.iter().map(|r| r.job_id.clone()).collect();
+            let ids: Vec<String> = stalled.iter().map(|_| queue::new_job_id()).collect();
+            // Only runs still as they were read: a job that beat meanwhile keeps its run.
+            let moved = sqlx::query!(
+                r#"WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
+                              AS u(run, job, old)),
+                        r AS (UPDATE runs SET job_id = u.job, heartbeat_at = $4
+                              FROM u
+                              WHERE runs.id = u.run AND runs.status = 'running'
+                                AND runs.heartbeat_at < $5
+                                AND runs.job_id IS NOT DISTINCT FROM u.old
+                              RETURNING runs.id, runs.rule_id, u.job),
+                        l AS (UPDATE rules SET lease_owner = NULL, lease_until = NULL
+                              WHERE id IN (SELECT rule_id FROM r))
+                   SELECT id AS "id!", rule_id AS "rule_id!", job AS "job!" FROM r"#,
                 &runs,
                 &ids,
-                now
+                &old as &[Option<String>],
+                now,
+                cutoff
             )
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
+            jobs = moved
+                .into_iter()
+                .map(|m| {
+                    let job = ChainJob {
+                        run_id: m.id,
+                        rule_id: m.rule_id,
+                    };
+                    (job, m.job)
+                })
+                .collect();
             queue::push(&mut tx, &jobs).await?;
         }
         if !requeued.is_empty() {
