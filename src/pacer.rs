@@ -227,7 +227,9 @@ impl Pacer {
     /// budget's learned rate (shared by every process, in its row) is set from what the
     /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
     /// process leased at the old pace are dropped.
-    pub async fn throttled(&self, key: &str) -> Result<(), PacerError> {
+    /// The stretch the next 429 measures starts when the block this one sets (`block`)
+    /// ends: time spent blocked says nothing about the rate the target accepts.
+    pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
@@ -275,13 +277,15 @@ impl Pacer {
         );
         let accepted = learned::accepted_rpm(row.accepted + pending, row.accepted_since, now);
         let rpm = learned::after_429(paced, accepted, declared);
+        let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $3, last_429_at = $3,
-                                accepted = 0, accepted_since = $3
+                                accepted = 0, accepted_since = $4
              WHERE budget_key = $1",
             key,
             rpm,
-            now
+            now,
+            block_ends
         )
         .execute(&mut *tx)
         .await

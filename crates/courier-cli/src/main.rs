@@ -536,7 +536,8 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                 scenario,
                 bench::BenchConfig {
                     server_url: settings.database_url.clone(),
-                    database: "courier_bench".into(),
+                    database: std::env::var("COURIER_BENCH_DB")
+                        .unwrap_or_else(|_| "courier_bench".into()),
                     records,
                     workers,
                     out_dir: Some(out),
