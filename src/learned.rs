@@ -27,7 +27,7 @@ pub const MAX_CUT: f64 = 0.99;
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
 pub const MIN_SHARE: f64 = 0.05;
 /// Seconds without a 429 before the learned rate probes upward.
-pub const QUIET: f64 = 20.0;
+pub const QUIET: f64 = 30.0;
 /// The upward probe's growth per second after the quiet period (multiplicative).
 pub const PROBE_PER_SECOND: f64 = 0.01;
 /// The shortest stretch an accepted-rate estimate divides by, in seconds: a target
