@@ -275,8 +275,13 @@ impl Pacer {
             learned::learned_now(row.learned_rpm, row.learned_at, declared, now),
             learned::advertised_now(row.advertised_rpm, row.advertised_at, now),
         );
-        let accepted = learned::accepted_rpm(row.accepted + pending, row.accepted_since, now);
-        let rpm = learned::after_429(paced, accepted, declared);
+        let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
+        let evidence = learned::Evidence {
+            accepted_rpm: learned::accepted_rpm(row.accepted + pending, row.accepted_since, now),
+            accepted: row.accepted + pending,
+            recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
+        };
+        let rpm = learned::after_429(paced, evidence, declared);
         let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $3, last_429_at = $3,
@@ -295,7 +300,8 @@ impl Pacer {
         tracing::info!(
             budget = key,
             paced,
-            accepted,
+            accepted = ?evidence.accepted_rpm,
+            recent = evidence.recent_429,
             learned = rpm,
             "a 429: the budget's learned rate is lowered"
         );
