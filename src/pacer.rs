@@ -277,7 +277,13 @@ impl Pacer {
         );
         let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
         let evidence = learned::Evidence {
-            accepted_rpm: learned::accepted_rpm(row.accepted + pending, row.accepted_since, now),
+            // The call that met the 429 went out at the pace too: the stretch holds the
+            // accepted calls and it.
+            accepted_rpm: learned::accepted_rpm(
+                row.accepted + pending + 1,
+                row.accepted_since,
+                now,
+            ),
             accepted: row.accepted + pending,
             recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
         };
