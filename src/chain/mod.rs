@@ -344,12 +344,7 @@ impl Job<'_> {
                     // the response named (Retry-After) goes before its headers' reset.
                     let wait = wait.or(statement.reset);
                     tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
-                    let block = crate::blocks::block_length(wait);
-                    if let Err(e) = engine
-                        .pacer
-                        .throttled(&ctx.connection.budget_key, block)
-                        .await
-                    {
+                    if let Err(e) = engine.pacer.throttled(&ctx.connection.budget_key).await {
                         tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                     }
                     tally.rate_limited(wait, raw);
