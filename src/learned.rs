@@ -5,7 +5,7 @@
 //! - **Effective rate** = the least of the declared rate, the learned rate (after its
 //!   probe back up) and the rate the target's headers advertise.
 //! - **A 429** sets the learned rate from what the target accepted: the calls answered
-//!   other than 429 since calls resumed after the previous 429 (or the busy stretch began),
+//!   other than 429 since the previous 429's block ended (or the busy stretch started),
 //!   across processes, per second of that stretch (at least one second). That estimate is kept
 //!   within [`MIN_CUT`] and [`MAX_CUT`] of the rate paced at when the 429 came, so a
 //!   sporadic 429 (the estimate is the rate itself) costs 1% and a declared rate far above
@@ -89,8 +89,8 @@ pub fn effective(declared: u32, learned: Option<f64>, advertised: Option<f64>) -
     rpm.max(1.0)
 }
 
-/// The requests per minute the target accepted: `accepted` calls since `since` (the first
-/// lease after the previous 429, or the start of the busy stretch), over at least
+/// The requests per minute the target accepted: `accepted` calls since `since` (the end
+/// of the previous 429's block, or the start of the busy stretch), over at least
 /// [`MIN_STRETCH`]; `None` without a stretch to measure.
 pub fn accepted_rpm(accepted: i64, since: Option<DateTime<Utc>>, at: DateTime<Utc>) -> Option<f64> {
     let secs = (at - since?).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;

@@ -227,10 +227,9 @@ impl Pacer {
     /// budget's learned rate (shared by every process, in its row) is set from what the
     /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
     /// process leased at the old pace are dropped.
-    /// The stretch the next 429 measures starts with the first lease after this one (once
-    /// its block has lapsed and calls resume): time spent blocked or waking up says
-    /// nothing about the rate the target accepts.
-    pub async fn throttled(&self, key: &str) -> Result<(), PacerError> {
+    /// The stretch the next 429 measures starts when the block this one sets (`block`)
+    /// ends: time spent blocked says nothing about the rate the target accepts.
+    pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
@@ -289,13 +288,15 @@ impl Pacer {
             recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
         };
         let rpm = learned::after_429(paced, evidence, declared);
+        let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $3, last_429_at = $3,
-                                accepted = 0, accepted_since = NULL
+                                accepted = 0, accepted_since = $4
              WHERE budget_key = $1",
             key,
             rpm,
-            now
+            now,
+            block_ends
         )
         .execute(&mut *tx)
         .await

@@ -344,7 +344,12 @@ impl Job<'_> {
                     // the response named (Retry-After) goes before its headers' reset.
                     let wait = wait.or(statement.reset);
                     tracing::info!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
-                    if let Err(e) = engine.pacer.throttled(&ctx.connection.budget_key).await {
+                    let block = crate::blocks::block_length(wait);
+                    if let Err(e) = engine
+                        .pacer
+                        .throttled(&ctx.connection.budget_key, block)
+                        .await
+                    {
                         tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                     }
                     tally.rate_limited(wait, raw);
