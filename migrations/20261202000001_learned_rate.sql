@@ -27,7 +27,7 @@ RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN learned IS NULL OR learned_at IS NULL THEN NULL
                 WHEN v >= declared THEN NULL ELSE v END
     FROM (SELECT learned * exp(0.01 * greatest(0.0,
-                 extract(epoch FROM at - learned_at)::double precision - 20.0)) AS v) x
+                 extract(epoch FROM at - learned_at)::double precision - 30.0)) AS v) x
 $$;
 
 -- A statement from the target's headers holds this long unless restated.

@@ -5,8 +5,8 @@
 //! - **Effective rate** = the least of the declared rate, the learned rate (after its
 //!   probe back up) and the rate the target's headers advertise.
 //! - **A 429** sets the learned rate from what the target accepted: the calls answered
-//!   other than 429 since the previous 429 (or the start of the busy stretch), across
-//!   processes, per second of that stretch (at least one second). That estimate is kept
+//!   other than 429 since the previous 429's block ended (or the busy stretch started),
+//!   across processes, per second of that stretch (at least one second). That estimate is kept
 //!   within [`MIN_CUT`] and [`MAX_CUT`] of the rate paced at when the 429 came, so a
 //!   sporadic 429 (the estimate is the rate itself) costs 1% and a declared rate far above
 //!   the real one is corrected in one step when the estimate is good, in a few 30% steps
@@ -23,11 +23,16 @@ use crate::{pacer::HEADROOM, rate_headers::Statement};
 pub const MIN_CUT: f64 = 0.7;
 /// ...and always cuts it at least to this share (a 429 says the pace was too fast).
 pub const MAX_CUT: f64 = 0.99;
+/// Calls accepted before a 429 for their rate to say what the target allows.
+pub const MIN_SAMPLE: i64 = 3;
+/// A lone 429 after too few accepted calls to measure (jitter against a limiter without
+/// burst) cuts the pace to this share.
+pub const LONE_CUT: f64 = 0.97;
 /// The learned rate never goes below this share of the declared rate: a target that
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
 pub const MIN_SHARE: f64 = 0.05;
 /// Seconds without a 429 before the learned rate probes upward.
-pub const QUIET: f64 = 20.0;
+pub const QUIET: f64 = 30.0;
 /// The upward probe's growth per second after the quiet period (multiplicative).
 pub const PROBE_PER_SECOND: f64 = 0.01;
 /// The shortest stretch an accepted-rate estimate divides by, in seconds: a target
@@ -84,24 +89,43 @@ pub fn effective(declared: u32, learned: Option<f64>, advertised: Option<f64>) -
     rpm.max(1.0)
 }
 
-/// The requests per minute the target accepted: `accepted` calls since `since`, over at
-/// least [`MIN_STRETCH`]; `None` without a stretch to measure.
+/// The requests per minute the target accepted: `accepted` calls since `since` (the end
+/// of the previous 429's block, or the start of the busy stretch), over at least
+/// [`MIN_STRETCH`]; `None` without a stretch to measure.
 pub fn accepted_rpm(accepted: i64, since: Option<DateTime<Utc>>, at: DateTime<Utc>) -> Option<f64> {
     let secs = (at - since?).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;
     Some(accepted.max(0) as f64 * 60.0 / secs.max(MIN_STRETCH))
 }
 
-/// The learned rate after a 429 met while pacing at `paced` requests per minute, given
-/// the rate the target accepted meanwhile (`None`: unknown, the deepest cut). The pace
-/// leaves [`HEADROOM`] unused, so an accepted rate equal to the pace less the headroom
-/// means the pace itself was about right.
-/// The learned rate never drops below [`MIN_SHARE`] of the `declared` one.
-pub fn after_429(paced: f64, accepted: Option<f64>, declared: u32) -> f64 {
-    let estimate = accepted.map_or(0.0, |a| a / (1.0 - HEADROOM));
-    estimate
-        .clamp(paced * MIN_CUT, paced * MAX_CUT)
-        .max(f64::from(declared) * MIN_SHARE)
-        .max(1.0)
+/// What a 429 knows when it comes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evidence {
+    /// The rate the target accepted over the stretch before it ([`accepted_rpm`]).
+    pub accepted_rpm: Option<f64>,
+    /// Calls accepted in that stretch.
+    pub accepted: i64,
+    /// Whether an earlier 429 came within [`QUIET`] seconds.
+    pub recent_429: bool,
+}
+
+/// The learned rate after a 429 met while pacing at `paced` requests per minute.
+///
+/// With at least [`MIN_SAMPLE`] calls accepted before it, the rate the target accepted
+/// decides (the pace leaves [`HEADROOM`] unused, so an accepted rate equal to the pace less
+/// the headroom means the pace itself was about right), kept within [`MIN_CUT`] and
+/// [`MAX_CUT`] of the pace. With fewer, the stretch says nothing: a lone 429 (none within
+/// the quiet period) is taken for jitter on a limiter without burst and costs
+/// [`LONE_CUT`]; one following another recent 429 cuts by [`MIN_CUT`]. Never below
+/// [`MIN_SHARE`] of `declared`.
+pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> f64 {
+    let learned = match evidence.accepted_rpm {
+        Some(rate) if evidence.accepted >= MIN_SAMPLE => {
+            (rate / (1.0 - HEADROOM)).clamp(paced * MIN_CUT, paced * MAX_CUT)
+        }
+        _ if evidence.recent_429 => paced * MIN_CUT,
+        _ => paced * LONE_CUT,
+    };
+    learned.max(f64::from(declared) * MIN_SHARE).max(1.0)
 }
 
 /// Requests per minute a stated quota of `limit` per `window` allows.
@@ -118,12 +142,28 @@ mod tests {
         DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::microseconds((s * 1e6) as i64)
     }
 
+    fn ev(accepted_rpm: Option<f64>, accepted: i64, recent_429: bool) -> Evidence {
+        Evidence {
+            accepted_rpm,
+            accepted,
+            recent_429,
+        }
+    }
+
     #[test]
     fn a_sporadic_429_costs_one_percent() {
         // 300 calls accepted over 30 s at 98% of 600/min: the pace was right.
         let accepted = accepted_rpm(294, Some(t(0.0)), t(30.0));
-        let learned = after_429(600.0, accepted, 600);
+        let learned = after_429(600.0, ev(accepted, 294, false), 600);
         assert!((learned - 594.0).abs() < 1e-9, "{learned}");
+        // A 429 after a single accepted call (a late call, then one on time, against a
+        // limiter without burst): 3%.
+        let lone = after_429(
+            600.0,
+            ev(accepted_rpm(1, Some(t(0.0)), t(0.2)), 1, false),
+            600,
+        );
+        assert!((lone - 582.0).abs() < 1e-9, "{lone}");
     }
 
     #[test]
@@ -131,22 +171,24 @@ mod tests {
         // Declared 10/s, the target let 5 through in its one-second window.
         let accepted = accepted_rpm(5, Some(t(0.0)), t(0.5));
         assert_eq!(accepted, Some(300.0), "at least one second is measured");
-        let learned = after_429(600.0, accepted, 600);
+        let learned = after_429(600.0, ev(accepted, 5, false), 600);
         assert!(
             (learned - 420.0).abs() < 1e-9,
             "a 30% step at most: {learned}"
         );
-        // The next 429, after a 1.5 s stretch with 5 accepted: cut to what was accepted.
-        let learned = after_429(learned, accepted_rpm(5, Some(t(0.5)), t(2.0)), 600);
+        // The next 429, after a 1.5 s stretch with 5 accepted: 30% again at most.
+        let second = ev(accepted_rpm(5, Some(t(0.5)), t(2.0)), 5, true);
+        let learned = after_429(learned, second, 600);
         assert!((learned - 294.0).abs() < 1e-9, "{learned}");
-        // Nothing known: the deepest cut.
-        assert!((after_429(100.0, None, 100) - 70.0).abs() < 1e-9);
+        // Too little accepted to measure, after another recent 429: the deepest cut.
+        assert!((after_429(100.0, ev(None, 0, true), 100) - 70.0).abs() < 1e-9);
+        let floor = after_429(40.0, ev(None, 0, true), 600);
+        assert_eq!(floor, 30.0, "never below 5% of declared");
         assert_eq!(
-            after_429(40.0, None, 600),
-            30.0,
-            "never below 5% of declared"
+            after_429(1.0, ev(None, 0, false), 1),
+            1.0,
+            "never below 1/min"
         );
-        assert_eq!(after_429(1.0, None, 1), 1.0, "never below 1/min");
         assert_eq!(accepted_rpm(3, None, t(1.0)), None);
     }
 

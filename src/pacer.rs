@@ -227,7 +227,9 @@ impl Pacer {
     /// budget's learned rate (shared by every process, in its row) is set from what the
     /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
     /// process leased at the old pace are dropped.
-    pub async fn throttled(&self, key: &str) -> Result<(), PacerError> {
+    /// The stretch the next 429 measures starts when the block this one sets (`block`)
+    /// ends: time spent blocked says nothing about the rate the target accepts.
+    pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
@@ -273,15 +275,28 @@ impl Pacer {
             learned::learned_now(row.learned_rpm, row.learned_at, declared, now),
             learned::advertised_now(row.advertised_rpm, row.advertised_at, now),
         );
-        let accepted = learned::accepted_rpm(row.accepted + pending, row.accepted_since, now);
-        let rpm = learned::after_429(paced, accepted, declared);
+        let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
+        let evidence = learned::Evidence {
+            // The call that met the 429 went out at the pace too: the stretch holds the
+            // accepted calls and it.
+            accepted_rpm: learned::accepted_rpm(
+                row.accepted + pending + 1,
+                row.accepted_since,
+                now,
+            ),
+            accepted: row.accepted + pending,
+            recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
+        };
+        let rpm = learned::after_429(paced, evidence, declared);
+        let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $3, last_429_at = $3,
-                                accepted = 0, accepted_since = $3
+                                accepted = 0, accepted_since = $4
              WHERE budget_key = $1",
             key,
             rpm,
-            now
+            now,
+            block_ends
         )
         .execute(&mut *tx)
         .await
@@ -293,7 +308,8 @@ impl Pacer {
         tracing::debug!(
             budget = key,
             paced,
-            accepted,
+            accepted = ?evidence.accepted_rpm,
+            recent = evidence.recent_429,
             learned = rpm,
             "a 429: the budget's learned rate is lowered"
         );

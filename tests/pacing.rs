@@ -357,9 +357,9 @@ async fn a_rate_declared_five_times_too_high_converges_to_what_the_target_accept
         one_429(&engine, &target, &format!("x{round}-")).await;
         seen.push(rates(&db.pool, &key, engine.clock.now()).await.2);
     }
-    // 11 accepted per 2.1 s of stretch: about 314/min; the pace converges there from
-    // 3,000/min in steps of at most 30%, and never below.
-    let real = 11.0 * 60.0 / 2.1;
+    // 11 accepted per 1.1 s of stretch after each block: 600/min; the pace converges
+    // there from 3,000/min in steps of at most 30%, and never below.
+    let real = 11.0 * 60.0 / 1.1;
     let converged = seen
         .iter()
         .position(|&r| r < real * 1.15)
@@ -382,10 +382,14 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
     set_rate(&db.pool, 600).await;
     let first = engine(&db.pool, settings(&db.url));
     let key = budget_key(&db.pool).await;
-    // Nothing accepted before the 429: the deepest cut, to 70% of 600/min.
+    // Nothing accepted before either 429: a lone one costs 3%, the next one 30% more.
     one_429(&first, &target, "a").await;
     let (_, learned, _) = rates(&db.pool, &key, first.clock.now()).await;
-    assert_eq!(learned, Some(420.0));
+    assert_eq!(learned, Some(600.0 * courier::learned::LONE_CUT));
+    one_429(&first, &target, "b").await;
+    let expected = 600.0 * courier::learned::LONE_CUT * courier::learned::MIN_CUT;
+    let (_, learned, _) = rates(&db.pool, &key, first.clock.now()).await;
+    assert_eq!(learned, Some(expected));
 
     let second = engine(&db.pool, settings(&db.url));
     second.clock.advance(first.clock.now() - second.clock.now());
@@ -393,18 +397,18 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
     let b = second.pacer.acquire(&key, 600, 1, 1).await.unwrap();
     assert_eq!(
         (b - a).to_std().unwrap(),
-        courier::pacer::interval_for(420.0),
+        courier::pacer::interval_for(expected),
         "the new process paces at the learned rate from its first lease"
     );
-    assert_eq!(second.pacer.effective_rpm(&key), Some(420.0));
+    assert_eq!(second.pacer.effective_rpm(&key), Some(expected));
     let report = status::report(&db.pool, second.clock.now()).await.unwrap();
-    assert_eq!(report.connections[0].learned_rpm, Some(420.0));
-    assert_eq!(report.connections[0].effective_rpm, 420.0);
+    assert_eq!(report.connections[0].learned_rpm, Some(expected));
+    assert_eq!(report.connections[0].effective_rpm, expected);
     assert!(report.connections[0].last_429_at.is_some());
-    assert!(report.render().contains("420"), "{}", report.render());
+    assert!(report.render().contains("407"), "{}", report.render());
 
-    // Quiet for the quiet period: still 420; then it probes upward, and after long
-    // enough it is back at the declared rate and forgotten.
+    // Quiet for the quiet period: still where it was; then it probes upward, and after
+    // long enough it is back at the declared rate and forgotten.
     let quiet = Span::seconds(courier::learned::QUIET as i64);
     let learned_at: DateTime<Utc> =
         sqlx::query_scalar("SELECT learned_at FROM budgets WHERE budget_key = $1")
@@ -413,9 +417,9 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
             .await
             .unwrap();
     let later = |s: i64| learned_at + quiet + Span::seconds(s);
-    assert_eq!(rates(&db.pool, &key, later(-1)).await.1, Some(420.0));
+    assert_eq!(rates(&db.pool, &key, later(-1)).await.1, Some(expected));
     let probed = rates(&db.pool, &key, later(10)).await.2;
-    assert!(probed > 420.0 && probed < 480.0, "{probed}");
+    assert!(probed > expected && probed < 480.0, "{probed}");
     let (_, learned, effective) = rates(&db.pool, &key, later(40)).await;
     assert_eq!((learned, effective), (None, 600.0));
     // The Rust formula and the SQL one agree.

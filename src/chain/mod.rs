@@ -362,7 +362,12 @@ impl Job<'_> {
                     let wait = wait.or(statement.reset);
                     tracing::debug!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
                     engine.metrics.rate_limited(&ctx.connection.budget_key);
-                    if let Err(e) = engine.pacer.throttled(&ctx.connection.budget_key).await {
+                    let block = crate::blocks::block_length(wait);
+                    if let Err(e) = engine
+                        .pacer
+                        .throttled(&ctx.connection.budget_key, block)
+                        .await
+                    {
                         tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                     }
                     tally.rate_limited(wait, raw);
