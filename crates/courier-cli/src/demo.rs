@@ -469,7 +469,7 @@ impl Watch {
     }
 }
 
-/// The demo's second act: once a third of the records are delivered, another client starts
+/// The demo's second act: once half the records are delivered, another client starts
 /// using the workspace, so the target lets courier have only half its rate for
 /// [`Rival::LASTS`]; courier meets 429s, blocks the connection, waits, learns the lower
 /// rate and finds the full one again when the other client is done.
@@ -486,12 +486,12 @@ struct Rival {
 
 impl Rival {
     /// How long the other client uses the workspace.
-    const LASTS: Duration = Duration::from_secs(12);
+    const LASTS: Duration = Duration::from_secs(10);
 
     fn new(rate: u32, records: usize) -> Self {
         Self {
             rate,
-            from: (records / 3) as i64,
+            from: (records / 2) as i64,
             started: None,
             done: rate < 2,
         }
