@@ -32,8 +32,9 @@ use courier::{
 
 /// The database the demo (re)creates on the configured server.
 pub const DEMO_DATABASE: &str = "courier_demo";
-/// Records enqueued by default: more than a minute's budget at 10/s, done in about 65 s.
-pub const DEFAULT_RECORDS: usize = 620;
+/// Records enqueued by default: 50 s of the workspace's budget at 10/s, done in about a
+/// minute with the second act's slowdown.
+pub const DEFAULT_RECORDS: usize = 500;
 /// The demo workspace's limit (requests per second), User.com's default.
 pub const DEFAULT_RATE: u32 = 10;
 /// The environment variable the demo connection reads its API key from. The demo sets it
@@ -486,7 +487,7 @@ struct Rival {
 
 impl Rival {
     /// How long the other client uses the workspace.
-    const LASTS: Duration = Duration::from_secs(10);
+    const LASTS: Duration = Duration::from_secs(8);
 
     fn new(rate: u32, records: usize) -> Self {
         Self {
