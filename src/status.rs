@@ -105,6 +105,22 @@ pub struct RunLine {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+impl RunLine {
+    /// Its counters as table cells: delivered, failed, exhausted, rejected, suppressed,
+    /// held (the order of `courier status` and the dashboard).
+    pub fn counts(&self) -> [String; 6] {
+        [
+            self.delivered,
+            self.failed,
+            self.exhausted,
+            self.rejected,
+            self.suppressed,
+            self.held,
+        ]
+        .map(|n| n.to_string())
+    }
+}
+
 /// Everything `courier status` shows.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -168,8 +184,8 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
                        WHEN s.connection_paused THEN 'connection' END AS paused,
                   COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
                   COALESCE(p.dependency, 0) AS "waiting_on_dependency!",
-                  s.state AS "state!", (CASE WHEN s.resume_at IS NOT NULL THEN courier_ts(s.resume_at) END) AS resume_at,
-                  (CASE WHEN s.blocked_until IS NOT NULL THEN courier_ts(s.blocked_until) END) AS blocked_until, s.blocked_by_rule,
+                  s.state AS "state!", courier_ts(s.resume_at) AS resume_at,
+                  courier_ts(s.blocked_until) AS blocked_until, s.blocked_by_rule,
                   s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
            FROM rule_states s
            LEFT JOIN LATERAL (
@@ -188,7 +204,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         RunLine,
         r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
                 x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
-                courier_ts(x.heartbeat_at) AS "heartbeat_at!", (CASE WHEN x.finished_at IS NOT NULL THEN courier_ts(x.finished_at) END) AS finished_at
+                courier_ts(x.heartbeat_at) AS "heartbeat_at!", courier_ts(x.finished_at) AS finished_at
          FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"#
     )
     .fetch_all(pool)
@@ -353,19 +369,10 @@ impl Report {
                 .recent_runs
                 .iter()
                 .map(|r| {
-                    vec![
-                        r.id.to_string(),
-                        r.rule.clone(),
-                        r.status.clone(),
-                        r.delivered.to_string(),
-                        r.failed.to_string(),
-                        r.exhausted.to_string(),
-                        r.rejected.to_string(),
-                        r.suppressed.to_string(),
-                        r.held.to_string(),
-                        time(Some(r.started_at)),
-                        time(r.finished_at),
-                    ]
+                    let mut row = vec![r.id.to_string(), r.rule.clone(), r.status.clone()];
+                    row.extend(r.counts());
+                    row.extend([time(Some(r.started_at)), time(r.finished_at)]);
+                    row
                 })
                 .collect::<Vec<_>>(),
         );

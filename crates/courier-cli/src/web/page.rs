@@ -211,19 +211,10 @@ fn runs(s: &DashboardState) -> String {
         .runs
         .iter()
         .map(|r| {
-            vec![
-                format!("#{}", r.id),
-                r.rule.clone(),
-                r.status.clone(),
-                r.delivered.to_string(),
-                r.failed.to_string(),
-                r.exhausted.to_string(),
-                r.rejected.to_string(),
-                r.suppressed.to_string(),
-                r.held.to_string(),
-                time(Some(r.started_at)),
-                time(r.finished_at),
-            ]
+            let mut row = vec![format!("#{}", r.id), r.rule.clone(), r.status.clone()];
+            row.extend(r.counts());
+            row.extend([time(Some(r.started_at)), time(r.finished_at)]);
+            row
         })
         .collect();
     let mut out = String::new();
