@@ -9,18 +9,11 @@ use chrono::Duration as Span;
 use common::*;
 use courier::{enqueue, maintenance::dispatcher::Dispatcher, maintenance::rescuer::Rescuer};
 use courier_target::Target;
-use sqlx::Connection;
+use sqlx::{Connection, PgPool};
 
-/// apalis marks the jobs a worker fetched `Queued` (locked by the worker's name) before it
-/// starts them. When apalis' Monitor restarts that worker after a poll error (a database
-/// outage longer than the pool's acquire timeout, a restart that breaks its connection),
-/// it drops the worker's future with every job it held; the restarted worker keeps the
-/// same name and never fetches its own `Queued` jobs again, and the process keeps beating.
-/// The rescuer gives a new job only to runs whose job is `Done`, `Killed`, `Failed` or
-/// `Running` (src/maintenance/rescuer.rs, the `stalled` query), so such a run waits for
-/// the reaper: `COURIER_CHAIN_STALE_AFTER_SECONDS` (600 s).
-#[tokio::test]
-async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
+/// A test database with one rule, three pending deliveries, their run started and its
+/// first chain job taken off the queue (as a worker's fetch would).
+async fn one_run_with_its_job() -> (TestDb, Target, std::sync::Arc<courier::engine::Engine>, Job) {
     let db = TestDb::new().await;
     let target = Target::start(0).await.unwrap();
     setup(&db.pool, &target, &["customers"], 10, 1).await;
@@ -30,6 +23,43 @@ async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
         .unwrap();
     Dispatcher::new(&engine).run_once().await.unwrap();
     let job = take_jobs(&engine).await.remove(0);
+    (db, target, engine, job)
+}
+
+/// Process `worker` registered with apalis and holds chain job `job` in `status`
+/// (`Queued`: fetched, not started; `Running`).
+async fn held_by(pool: &PgPool, worker: &str, job: &str, status: &str) {
+    sqlx::query(
+        "INSERT INTO apalis.workers (id, worker_type, storage_name) VALUES ($1, 'courier.chain', 'pg')
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(worker)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE apalis.jobs SET status = $3, done_at = NULL, lock_by = $2, lock_at = now()
+         WHERE id = $1",
+    )
+    .bind(job)
+    .bind(worker)
+    .bind(status)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// apalis marks the jobs a worker fetched `Queued` (locked by the worker's name) before it
+/// starts them. When apalis' Monitor restarts that worker after a poll error (a database
+/// outage longer than the pool's acquire timeout, a restart that breaks its connection),
+/// it drops the worker's future with every job it held; the restarted worker keeps the
+/// same name and never fetches its own `Queued` jobs again, and the process keeps beating.
+/// The restarted worker puts its own jobs back; should that fail, the rescuer gives the run
+/// a new job once its job has sat `Queued` for four windows (not sooner: under load a
+/// fetched job may wait that long for a free slot).
+#[tokio::test]
+async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
+    let (db, _target, engine, job) = one_run_with_its_job().await;
 
     // A live process fetched it, then lost it to a worker restart that could not put it
     // back; a minute later it still beats, the job still reads Queued under its name, and
@@ -42,22 +72,7 @@ async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
         .execute(&db.pool)
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO apalis.workers (id, worker_type, storage_name) VALUES ($1, 'courier.chain', 'pg')",
-    )
-    .bind(live)
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "UPDATE apalis.jobs SET status = 'Queued', done_at = NULL, lock_by = $2, lock_at = now()
-         WHERE id = $1",
-    )
-    .bind(&job.id)
-    .bind(live)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    held_by(&db.pool, live, &job.id, "Queued").await;
 
     // 16 s is not enough: under load a fetched job may wait for a free slot that long.
     let rescued = Rescuer::new(&engine).run_once().await.unwrap();
@@ -84,32 +99,9 @@ async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
 /// 15 s).
 #[tokio::test]
 async fn a_cleanly_stopping_process_puts_back_what_it_holds() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
-        .await
-        .unwrap();
-    Dispatcher::new(&engine).run_once().await.unwrap();
-    let job = take_jobs(&engine).await.remove(0);
+    let (db, _target, engine, job) = one_run_with_its_job().await;
     // This process registered with apalis and fetched the job.
-    sqlx::query(
-        "INSERT INTO apalis.workers (id, worker_type, storage_name) VALUES ($1, 'courier.chain', 'pg')",
-    )
-    .bind(&engine.worker_name)
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "UPDATE apalis.jobs SET status = 'Queued', done_at = NULL, lock_by = $2, lock_at = now()
-         WHERE id = $1",
-    )
-    .bind(&job.id)
-    .bind(&engine.worker_name)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    held_by(&db.pool, &engine.worker_name, &job.id, "Queued").await;
     sqlx::query(
         "UPDATE rules SET lease_owner = $1 || '/run', lease_until = now() + interval '1 hour'",
     )
@@ -185,19 +177,7 @@ async fn a_process_whose_session_is_gone_is_dead_two_beats_after_its_last() {
         .execute(&db.pool)
         .await
         .unwrap();
-        sqlx::query(
-            "INSERT INTO apalis.workers (id, worker_type, storage_name) VALUES ($1, 'courier.chain', 'pg')",
-        )
-        .bind(name)
-        .execute(&db.pool)
-        .await
-        .unwrap();
-        sqlx::query("UPDATE apalis.jobs SET status = 'Running', lock_by = $2, lock_at = now() WHERE id = $1")
-            .bind(job)
-            .bind(name)
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        held_by(&db.pool, name, job, "Running").await;
     }
 
     let rescued = Rescuer::new(&engine).run_once().await.unwrap();
@@ -232,15 +212,7 @@ async fn a_process_whose_session_is_gone_is_dead_two_beats_after_its_last() {
 /// job is not kept waiting until the lease expires (the staleness window, ten minutes).
 #[tokio::test]
 async fn a_job_whose_run_moved_on_leaves_the_lease_free() {
-    let db = TestDb::new().await;
-    let target = Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &["customers"], 10, 1).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    enqueue::enqueue_many(&db.pool, "customers", burst("c", 3))
-        .await
-        .unwrap();
-    Dispatcher::new(&engine).run_once().await.unwrap();
-    let job = take_jobs(&engine).await.remove(0);
+    let (db, target, engine, job) = one_run_with_its_job().await;
     let ctx = courier::chain::context::load(&db.pool, job.job.run_id)
         .await
         .unwrap()

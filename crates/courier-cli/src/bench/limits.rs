@@ -259,16 +259,7 @@ async fn cell(
         ..TargetConfig::default()
     })
     .await?;
-    super::scenarios::connection(
-        &pool,
-        "workspace",
-        "usercom",
-        target.workspace_url("bench"),
-        (declared * 60.0) as i32,
-        16,
-    )
-    .await?;
-    super::scenarios::rule(&pool, "customers", "workspace", "user_upsert", 100).await?;
+    super::scenarios::customers_on_workspace(&pool, &target, (declared * 60.0) as i32, 16).await?;
     enqueue::enqueue_many(
         &pool,
         "customers",

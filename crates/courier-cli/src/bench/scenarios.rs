@@ -229,6 +229,26 @@ pub(super) async fn connection(
     Ok(())
 }
 
+/// The bench workspace's User.com connection, declaring `rpm` with at most `in_flight`
+/// calls, and the rule `customers` on it (`user_upsert`, batches of 100).
+pub(super) async fn customers_on_workspace(
+    pool: &PgPool,
+    target: &Target,
+    rpm: i32,
+    in_flight: i32,
+) -> anyhow::Result<()> {
+    connection(
+        pool,
+        "workspace",
+        "usercom",
+        target.workspace_url("bench"),
+        rpm,
+        in_flight,
+    )
+    .await?;
+    rule(pool, "customers", "workspace", "user_upsert", 100).await
+}
+
 pub(super) async fn rule(
     pool: &PgPool,
     name: &str,
@@ -513,16 +533,7 @@ async fn storm(
     records: usize,
 ) -> anyhow::Result<()> {
     let target = usercom_target(5, Window::Fixed).await?;
-    connection(
-        pool,
-        "workspace",
-        "usercom",
-        target.workspace_url("bench"),
-        600,
-        8,
-    )
-    .await?;
-    rule(pool, "customers", "workspace", "user_upsert", 100).await?;
+    customers_on_workspace(pool, &target, 600, 8).await?;
     enqueue::enqueue_many(pool, "customers", users("customer", records)).await?;
     let started = Instant::now();
     let workers = Workers::in_process(pool, &config.settings);
@@ -669,16 +680,7 @@ async fn cold_start(
     records: usize,
 ) -> anyhow::Result<()> {
     let target = usercom_target(10, Window::Sliding).await?;
-    connection(
-        pool,
-        "workspace",
-        "usercom",
-        target.workspace_url("bench"),
-        600,
-        8,
-    )
-    .await?;
-    rule(pool, "customers", "workspace", "user_upsert", 100).await?;
+    customers_on_workspace(pool, &target, 600, 8).await?;
     let mut firsts = Vec::with_capacity(COLD_STARTS);
     for i in 0..COLD_STARTS {
         enqueue::enqueue_many(pool, "customers", users(&format!("start{i}"), records)).await?;
