@@ -105,6 +105,30 @@ pub struct RunLine {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+impl RuleStatus {
+    /// Its table cells, `time` formatting the "until" column: rule, connection, enabled,
+    /// paused, pending, due, on a dependency, state, until, blocked by, last run (the
+    /// columns of `courier status` and the dashboard).
+    pub fn cells(&self, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
+        vec![
+            self.name.clone(),
+            self.connection.clone(),
+            self.enabled.to_string(),
+            self.paused.clone().unwrap_or_else(|| "-".into()),
+            self.pending.to_string(),
+            self.due.to_string(),
+            self.waiting_on_dependency.to_string(),
+            self.state.clone(),
+            time(self.resume_at.or(self.blocked_until)),
+            self.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
+            match (&self.last_run, &self.last_run_status) {
+                (Some(id), Some(s)) => format!("#{id} {s}"),
+                _ => "-".into(),
+            },
+        ]
+    }
+}
+
 impl RunLine {
     /// Its counters as table cells: delivered, failed, exhausted, rejected, suppressed,
     /// held (the order of `courier status` and the dashboard).
@@ -325,28 +349,7 @@ impl Report {
                 "blocked by",
                 "last run",
             ],
-            &self
-                .rules
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.name.clone(),
-                        r.connection.clone(),
-                        r.enabled.to_string(),
-                        r.paused.clone().unwrap_or_else(|| "-".into()),
-                        r.pending.to_string(),
-                        r.due.to_string(),
-                        r.waiting_on_dependency.to_string(),
-                        r.state.clone(),
-                        time(r.resume_at.or(r.blocked_until)),
-                        r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
-                        match (&r.last_run, &r.last_run_status) {
-                            (Some(id), Some(s)) => format!("#{id} {s}"),
-                            _ => "-".into(),
-                        },
-                    ]
-                })
-                .collect::<Vec<_>>(),
+            &self.rules.iter().map(|r| r.cells(time)).collect::<Vec<_>>(),
         );
         if !self.problems.is_empty() {
             out += "\nPROBLEMS (left alone until changed or the time given)\n";

@@ -151,7 +151,7 @@ async fn the_dashboard_shows_connection_block_and_backlog_in_a_real_browser() {
     // Each rule's backlog: pending counts as the database has them.
     let rules = section("rules");
     for (name, pending) in [("prices", 9), ("customers", 4)] {
-        let row = format!("<td>{name}</td><td>shop</td><td>true</td><td>{pending}</td>");
+        let row = format!("<td>{name}</td><td>shop</td><td>true</td><td>-</td><td>{pending}</td>");
         assert!(rules.contains(&row), "{row} not in {rules}");
     }
     assert!(section("runs").contains("<td>customers</td>"));

@@ -165,27 +165,7 @@ fn circuits(s: &DashboardState) -> String {
 }
 
 fn rules(s: &DashboardState) -> String {
-    let rows: Vec<Vec<String>> = s
-        .rules
-        .iter()
-        .map(|r| {
-            vec![
-                r.name.clone(),
-                r.connection.clone(),
-                r.enabled.to_string(),
-                r.pending.to_string(),
-                r.due.to_string(),
-                r.waiting_on_dependency.to_string(),
-                r.state.clone(),
-                time(r.resume_at.or(r.blocked_until)),
-                r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
-                match (&r.last_run, &r.last_run_status) {
-                    (Some(id), Some(st)) => format!("#{id} {st}"),
-                    _ => "-".into(),
-                },
-            ]
-        })
-        .collect();
+    let rows: Vec<Vec<String>> = s.rules.iter().map(|r| r.cells(time)).collect();
     let mut out = String::new();
     table(
         &mut out,
@@ -193,6 +173,7 @@ fn rules(s: &DashboardState) -> String {
             "rule",
             "connection",
             "enabled",
+            "paused",
             "pending",
             "due",
             "on dep",
