@@ -131,6 +131,13 @@ enum Command {
         /// chaos: the phases to run, of kill, restart, outage, poison, apalis (default: all).
         #[arg(long, value_delimiter = ',')]
         phases: Option<Vec<String>>,
+        /// limits: the limiter kinds to run, of fixed, sliding, gcra, token-bucket
+        /// (default: all).
+        #[arg(long, value_delimiter = ',')]
+        limiters: Option<Vec<target::Window>>,
+        /// limits: the ratios to run, of x1, x2, x5, x10, drop (default: all).
+        #[arg(long, value_delimiter = ',')]
+        ratios: Option<Vec<String>>,
         /// Where results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -700,6 +707,8 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             skip_apalis_poison,
             seed,
             phases,
+            limiters,
+            ratios,
             out,
             database,
         } => {
@@ -726,6 +735,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                         seed,
                         phases,
                     },
+                    limits: bench::LimitsKnobs { limiters, ratios },
                 },
             )
             .await?;

@@ -20,6 +20,7 @@ async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
             out_dir: None,
             settings: settings(&server_url()),
             chaos: Default::default(),
+            limits: Default::default(),
         },
     )
     .await
@@ -62,6 +63,7 @@ async fn soak_smoke_keeps_tables_level_while_deliveries_flow() {
             out_dir: None,
             settings: settings(&server_url()),
             chaos: Default::default(),
+            limits: Default::default(),
         },
     )
     .await
@@ -104,6 +106,7 @@ async fn limits_smoke_runs_every_limiter_kind_and_ratio() {
             out_dir: None,
             settings: settings(&server_url()),
             chaos: Default::default(),
+            limits: Default::default(),
         },
     )
     .await

@@ -187,8 +187,23 @@ pub(super) async fn run(
     };
     report.figure("records per cell", records as u64);
     report.figure("real limit (requests/s)", u64::from(REAL_PER_SECOND));
+    let knobs = &config.limits;
     for (_, window) in Window::ALL {
+        if knobs
+            .limiters
+            .as_ref()
+            .is_some_and(|l| !l.contains(&window))
+        {
+            continue;
+        }
         for ratio in Ratio::ALL {
+            if knobs
+                .ratios
+                .as_ref()
+                .is_some_and(|r| !r.contains(&ratio.file_label()))
+            {
+                continue;
+            }
             for &n in &processes {
                 let label = format!("{window} {} {n}p", ratio.label());
                 let (figures, timeline, steps, declared) =

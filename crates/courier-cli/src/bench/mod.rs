@@ -43,6 +43,17 @@ pub struct BenchConfig {
     pub settings: Settings,
     /// What `chaos` does (the other scenarios ignore it).
     pub chaos: ChaosKnobs,
+    /// Which cells `limits` runs (the other scenarios ignore it).
+    pub limits: LimitsKnobs,
+}
+
+/// The cells of `courier bench limits` to run.
+#[derive(Clone, Debug, Default)]
+pub struct LimitsKnobs {
+    /// Limiter kinds (`None`: all).
+    pub limiters: Option<Vec<courier_target::Window>>,
+    /// Ratios by their file label, `x1` … `x10`, `drop` (`None`: all).
+    pub ratios: Option<Vec<String>>,
 }
 
 /// The knobs of `courier bench chaos` beyond records and workers.
