@@ -3,38 +3,70 @@
 //! `courier_effective_rpm` compute the same formulas for leases and `budget_rates`).
 //!
 //! - **Effective rate** = the least of the declared rate, the learned rate (after its
-//!   probe back up) and the rate the target's headers advertise.
-//! - **A 429** sets the learned rate from what the target accepted: the calls answered
-//!   other than 429 since the previous 429's block ended (or the busy stretch started),
-//!   across processes, per second of that stretch (at least one second). That estimate is kept
-//!   within [`MIN_CUT`] and [`MAX_CUT`] of the rate paced at when the 429 came, so a
-//!   sporadic 429 (the estimate is the rate itself) costs 1% and a declared rate far above
-//!   the real one is corrected in one step when the estimate is good, in a few 30% steps
-//!   otherwise. One 429 per [`ONE_CUT_PER`] counts: calls in flight meeting the same
-//!   exhausted window do not cut again.
-//! - **After a quiet period** ([`QUIET`]) without a 429 the learned rate probes upward by
-//!   [`PROBE_PER_SECOND`], until it reaches the declared rate and is forgotten.
+//!   probes back up) and the rate the target's headers advertise.
+//! - **A 429** says the pace `p` was above the real limit. What the target accepted since
+//!   the previous 429's block ended (or the busy stretch started), across processes, per
+//!   second of that stretch (at least one second), tells by how much:
+//!   - accepted well below the pace ([`MEASURED`]) over a short stretch
+//!     ([`MEASURE_WITHIN`]): a window or bucket let its budget through and refused the
+//!     rest; what it let through per second is the limit, taken as the learned rate in one
+//!     step (a rate declared 10× too high is corrected by one 429). Within [`QUIET`] of
+//!     another 429 the stretch may have begun mid-window: the cut is at most a half, and
+//!     probes back up fast;
+//!   - accepted about at the pace: the limit lies just below it; a sporadic 429 costs 1%
+//!     ([`MAX_CUT`]), one within [`QUIET`] of another 3%, one met while probing up 8%;
+//!   - too few accepted to measure ([`MIN_SAMPLE`]): a limiter with no burst refused the
+//!     second call. Alone that may be a late call ([`LONE_CUT`], 1%); following another
+//!     such 429 within [`QUIET`] the pace is halved ([`NO_BURST_CUT`]) and, after a second at
+//!     the halved pace ([`FAST_HOLD`]), **probes back up fast**
+//!     ([`FAST_PROBE_PER_SECOND`]) towards the pace that was refused (the *ceiling*), so the
+//!     limit is found between the two by the next 429.
+//!
+//!   One 429 per [`ONE_CUT_PER`] counts: calls in flight meeting the same exhausted window
+//!   do not cut again.
+//! - **After a quiet period** ([`QUIET`]) without a 429 the learned rate probes upward
+//!   slowly ([`PROBE_PER_SECOND`]), until it reaches the declared rate and is forgotten:
+//!   a limit that rose again is found again, never above the declared rate.
 
 use chrono::{DateTime, Utc};
 
 use crate::{pacer::HEADROOM, rate_headers::Statement};
 
-/// A 429 never cuts the learned rate below this share of the rate paced at...
-pub const MIN_CUT: f64 = 0.7;
-/// ...and always cuts it at least to this share (a 429 says the pace was too fast).
+/// A sporadic 429 (none within [`QUIET`] before it) at about the pace cuts it to this share.
 pub const MAX_CUT: f64 = 0.99;
+/// A 429 at about the pace within [`QUIET`] of another cuts it to this share.
+pub const RECENT_CUT: f64 = 0.97;
+/// A 429 met while probing up fast cuts the pace to this share: back below the limit it
+/// just crossed, with room for the probe's overshoot (its rate takes hold a lease later).
+pub const PROBE_CUT: f64 = 0.92;
+/// An accepted rate below this share of the rate sent says what the limit is...
+pub const MEASURED: f64 = 0.9;
+/// ...when measured over a stretch this short (seconds): a window or bucket refusing a
+/// burst. Over a longer one the pace changed (a probe, a drop) and the average says less.
+pub const MEASURE_WITHIN: f64 = 3.0;
 /// Calls accepted before a 429 for their rate to say what the target allows.
-pub const MIN_SAMPLE: i64 = 3;
-/// A lone 429 after too few accepted calls to measure (jitter against a limiter without
-/// burst) cuts the pace to this share.
-pub const LONE_CUT: f64 = 0.97;
+pub const MIN_SAMPLE: i64 = 5;
+/// A 429 after too few accepted calls to measure (a limiter with no burst) cuts the pace
+/// to this share when the previous 429, within [`QUIET`], was one too...
+pub const NO_BURST_CUT: f64 = 0.5;
+/// ...and to this share otherwise: one call arriving late and the next on time make a lone
+/// 429 of a limiter without burst, at any pace.
+pub const LONE_CUT: f64 = MAX_CUT;
+/// Seconds after the 429's block ends before the fast probe towards the ceiling starts:
+/// the pace the 429 left is tried first.
+pub const FAST_HOLD: f64 = 1.0;
+/// The fast probe's growth per second (multiplicative), up to the ceiling.
+pub const FAST_PROBE_PER_SECOND: f64 = 0.1;
 /// The learned rate never goes below this share of the declared rate: a target that
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
 pub const MIN_SHARE: f64 = 0.05;
-/// Seconds without a 429 before the learned rate probes upward.
+/// Seconds without a 429 before the learned rate probes upward slowly.
 pub const QUIET: f64 = 30.0;
-/// The upward probe's growth per second after the quiet period (multiplicative).
+/// The slow probe's growth per second (multiplicative).
 pub const PROBE_PER_SECOND: f64 = 0.01;
+/// The largest exponent a probe grows by (e^40 is past any declared rate; the cap keeps
+/// PostgreSQL's `exp` from overflowing on a budget quiet for days).
+pub const MAX_GROWTH: f64 = 40.0;
 /// The shortest stretch an accepted-rate estimate divides by, in seconds: a target
 /// counting on one-second windows lets a burst through faster than its rate.
 pub const MIN_STRETCH: f64 = 1.0;
@@ -57,18 +89,45 @@ pub fn spent_until(statement: &Statement, at: DateTime<Utc>) -> Option<DateTime<
     }
 }
 
-/// The learned rate at `at` after its probe upward, or `None` once it is back at (or
-/// above) the declared rate: nothing learned any more.
-pub fn learned_now(
-    learned: Option<f64>,
-    learned_at: Option<DateTime<Utc>>,
-    declared: u32,
-    at: DateTime<Utc>,
-) -> Option<f64> {
-    let (learned, learned_at) = (learned?, learned_at?);
-    let quiet_for = (at - learned_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;
-    let v = learned * (PROBE_PER_SECOND * (quiet_for - QUIET).max(0.0)).exp();
-    (v < f64::from(declared)).then_some(v)
+/// What a budget row holds about its learned rate.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Learned {
+    /// The rate set by the last 429 (`None`: nothing learned).
+    pub rpm: Option<f64>,
+    /// When it took hold: the end of the block the 429 set (the probes count from then).
+    pub at: Option<DateTime<Utc>>,
+    /// The rate the fast probe climbs towards (the pace a limiter with no burst refused).
+    pub ceiling: Option<f64>,
+}
+
+fn secs(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+impl Learned {
+    /// The learned rate at `at`, after its fast probe towards the ceiling and its slow one
+    /// past the quiet period; `None` once it is back at (or above) the declared rate:
+    /// nothing learned any more.
+    pub fn now(&self, declared: u32, at: DateTime<Utc>) -> Option<f64> {
+        let (learned, learned_at) = (self.rpm?, self.at?);
+        let s = secs(learned_at, at);
+        let growth = |rate: f64, after: f64| (rate * (s - after).max(0.0)).min(MAX_GROWTH).exp();
+        let fast = match self.ceiling {
+            Some(c) if c > learned => c.min(learned * growth(FAST_PROBE_PER_SECOND, FAST_HOLD)),
+            _ => learned,
+        };
+        let v = fast * growth(PROBE_PER_SECOND, QUIET);
+        (v < f64::from(declared)).then_some(v)
+    }
+
+    /// Whether the fast probe is climbing at `at` (past its hold, below its ceiling).
+    pub fn probing_fast(&self, at: DateTime<Utc>) -> bool {
+        let (Some(learned), Some(learned_at), Some(c)) = (self.rpm, self.at, self.ceiling) else {
+            return false;
+        };
+        let s = secs(learned_at, at);
+        s > FAST_HOLD && s < QUIET && c > learned
+    }
 }
 
 /// The advertised rate, while its statement holds.
@@ -93,8 +152,7 @@ pub fn effective(declared: u32, learned: Option<f64>, advertised: Option<f64>) -
 /// of the previous 429's block, or the start of the busy stretch), over at least
 /// [`MIN_STRETCH`]; `None` without a stretch to measure.
 pub fn accepted_rpm(accepted: i64, since: Option<DateTime<Utc>>, at: DateTime<Utc>) -> Option<f64> {
-    let secs = (at - since?).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;
-    Some(accepted.max(0) as f64 * 60.0 / secs.max(MIN_STRETCH))
+    Some(accepted.max(0) as f64 * 60.0 / secs(since?, at).max(MIN_STRETCH))
 }
 
 /// What a 429 knows when it comes.
@@ -104,28 +162,53 @@ pub struct Evidence {
     pub accepted_rpm: Option<f64>,
     /// Calls accepted in that stretch.
     pub accepted: i64,
+    /// The stretch's length in seconds.
+    pub stretch: f64,
     /// Whether an earlier 429 came within [`QUIET`] seconds.
     pub recent_429: bool,
+    /// Whether the pace was climbing in a fast probe ([`Learned::probing_fast`]).
+    pub probing: bool,
+    /// Whether the previous 429 too came after too few accepted calls to measure.
+    pub after_unmeasured: bool,
 }
 
-/// The learned rate after a 429 met while pacing at `paced` requests per minute.
-///
-/// With at least [`MIN_SAMPLE`] calls accepted before it, the rate the target accepted
-/// decides (the pace leaves [`HEADROOM`] unused, so an accepted rate equal to the pace less
-/// the headroom means the pace itself was about right), kept within [`MIN_CUT`] and
-/// [`MAX_CUT`] of the pace. With fewer, the stretch says nothing: a lone 429 (none within
-/// the quiet period) is taken for jitter on a limiter without burst and costs
-/// [`LONE_CUT`]; one following another recent 429 cuts by [`MIN_CUT`]. Never below
-/// [`MIN_SHARE`] of `declared`.
-pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> f64 {
-    let learned = match evidence.accepted_rpm {
-        Some(rate) if evidence.accepted >= MIN_SAMPLE => {
-            (rate / (1.0 - HEADROOM)).clamp(paced * MIN_CUT, paced * MAX_CUT)
+/// The learned rate and ceiling after a 429 met while pacing at `paced` requests per
+/// minute (see the module's description). Never below [`MIN_SHARE`] of `declared`.
+pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> (f64, Option<f64>) {
+    let sent = paced * (1.0 - HEADROOM);
+    let (learned, ceiling) = match evidence.accepted_rpm {
+        _ if evidence.accepted < MIN_SAMPLE
+            && !(evidence.recent_429 && evidence.after_unmeasured) =>
+        {
+            (paced * LONE_CUT, None)
         }
-        _ if evidence.recent_429 => paced * MIN_CUT,
-        _ => paced * LONE_CUT,
+        _ if evidence.accepted < MIN_SAMPLE => (paced * NO_BURST_CUT, Some(paced * RECENT_CUT)),
+        Some(rate)
+            if rate < sent * MEASURED
+                && evidence.stretch <= MEASURE_WITHIN
+                && !evidence.probing =>
+        {
+            if evidence.recent_429 {
+                // Soon after another 429 the stretch is short and may have started
+                // mid-window, or met a late call: a deep cut in doubt, at most halved, probing
+                // back up fast.
+                (
+                    rate.min(paced).max(paced * NO_BURST_CUT),
+                    Some(paced * RECENT_CUT),
+                )
+            } else {
+                (rate.min(paced), None)
+            }
+        }
+        _ if evidence.probing => (paced * PROBE_CUT, None),
+        _ if evidence.recent_429 => (paced * RECENT_CUT, None),
+        _ => (paced * MAX_CUT, None),
     };
-    learned.max(f64::from(declared) * MIN_SHARE).max(1.0)
+    let floor = (f64::from(declared) * MIN_SHARE).max(1.0);
+    (
+        learned.max(floor),
+        ceiling.filter(|&c| c > learned.max(floor)),
+    )
 }
 
 /// Requests per minute a stated quota of `limit` per `window` allows.
@@ -146,56 +229,92 @@ mod tests {
         Evidence {
             accepted_rpm,
             accepted,
+            stretch: 1.0,
             recent_429,
+            probing: false,
+            after_unmeasured: recent_429,
         }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
     }
 
     #[test]
     fn a_sporadic_429_costs_one_percent() {
-        // 300 calls accepted over 30 s at 98% of 600/min: the pace was right.
+        // 294 calls accepted over 30 s at 98% of 600/min: the pace was right.
         let accepted = accepted_rpm(294, Some(t(0.0)), t(30.0));
-        let learned = after_429(600.0, ev(accepted, 294, false), 600);
-        assert!((learned - 594.0).abs() < 1e-9, "{learned}");
-        // A 429 after a single accepted call (a late call, then one on time, against a
-        // limiter without burst): 3%.
-        let lone = after_429(
-            600.0,
-            ev(accepted_rpm(1, Some(t(0.0)), t(0.2)), 1, false),
-            600,
-        );
-        assert!((lone - 582.0).abs() < 1e-9, "{lone}");
+        let (learned, _) = after_429(600.0, ev(accepted, 294, false), 600);
+        assert!(close(learned, 594.0), "{learned}");
+        // 240 over 30 s, after a probe climbed: too long a stretch to measure the limit by.
+        let long = Evidence {
+            stretch: 30.0,
+            ..ev(accepted_rpm(240, Some(t(0.0)), t(30.0)), 240, false)
+        };
+        let (learned, ceiling) = after_429(600.0, long, 600);
+        assert!(close(learned, 594.0), "{learned}");
+        assert_eq!(ceiling, None, "no fast probe: the limit is just below");
+        // Another within the quiet period: 3%.
+        let (again, _) = after_429(594.0, ev(accepted, 294, true), 600);
+        assert!(close(again, 594.0 * RECENT_CUT), "{again}");
     }
 
     #[test]
-    fn a_rate_declared_too_high_is_cut_to_what_was_accepted() {
-        // Declared 10/s, the target let 5 through in its one-second window.
-        let accepted = accepted_rpm(5, Some(t(0.0)), t(0.5));
-        assert_eq!(accepted, Some(300.0), "at least one second is measured");
-        let learned = after_429(600.0, ev(accepted, 5, false), 600);
-        assert!(
-            (learned - 420.0).abs() < 1e-9,
-            "a 30% step at most: {learned}"
-        );
-        // The next 429, after a 1.5 s stretch with 5 accepted: 30% again at most.
-        let second = ev(accepted_rpm(5, Some(t(0.5)), t(2.0)), 5, true);
-        let learned = after_429(learned, second, 600);
-        assert!((learned - 294.0).abs() < 1e-9, "{learned}");
-        // Too little accepted to measure, after another recent 429: the deepest cut.
-        assert!((after_429(100.0, ev(None, 0, true), 100) - 70.0).abs() < 1e-9);
-        let floor = after_429(40.0, ev(None, 0, true), 600);
+    fn a_rate_declared_too_high_is_cut_to_what_was_accepted_in_one_step() {
+        // Declared 100/s, the target let 10 through in its one-second window.
+        let accepted = accepted_rpm(10, Some(t(0.0)), t(0.1));
+        assert_eq!(accepted, Some(600.0), "at least one second is measured");
+        let (learned, ceiling) = after_429(6_000.0, ev(accepted, 10, false), 6_000);
+        assert_eq!((learned, ceiling), (600.0, None));
+        // Never above the pace itself.
+        let (learned, _) = after_429(500.0, ev(Some(440.0), 40, false), 600);
+        assert!(close(learned, 440.0), "{learned}");
+        let floor = after_429(40.0, ev(Some(1.0), 3, true), 600).0;
         assert_eq!(floor, 30.0, "never below 5% of declared");
-        assert_eq!(
-            after_429(1.0, ev(None, 0, false), 1),
-            1.0,
-            "never below 1/min"
-        );
         assert_eq!(accepted_rpm(3, None, t(1.0)), None);
     }
 
     #[test]
+    fn a_limiter_without_burst_halves_the_pace_which_probes_back_up_fast() {
+        // Declared 20/s against 10/s with no burst: the second call was refused. The first
+        // time it may have been a late call: 1%.
+        let lone = after_429(1_200.0, ev(Some(60.0), 1, false), 1_200);
+        assert_eq!(lone, (1_200.0 * LONE_CUT, None));
+        // Again within the quiet period: halved, and a fast probe back towards the pace.
+        let (learned, ceiling) = after_429(1_200.0, ev(Some(60.0), 1, true), 1_200);
+        assert_eq!(learned, 600.0);
+        assert_eq!(ceiling, Some(1_200.0 * RECENT_CUT));
+        let l = Learned {
+            rpm: Some(learned),
+            at: Some(t(100.0)),
+            ceiling,
+        };
+        let at = |s: f64| l.now(1_200, t(100.0 + s)).unwrap();
+        assert_eq!(at(FAST_HOLD), 600.0, "the halved pace is tried first");
+        assert!(!l.probing_fast(t(100.0 + FAST_HOLD)));
+        assert!(close(at(FAST_HOLD + 2.0), 600.0 * 0.2f64.exp()));
+        assert!(l.probing_fast(t(100.0 + FAST_HOLD + 2.0)));
+        assert_eq!(
+            at(FAST_HOLD + 20.0),
+            1_200.0 * RECENT_CUT,
+            "up to its ceiling"
+        );
+        // The probe crossed the limit: 3% below where it was refused, no more fast probe.
+        let probing = Evidence {
+            probing: true,
+            ..ev(Some(600.0), 40, true)
+        };
+        assert_eq!(after_429(700.0, probing, 1_200), (700.0 * PROBE_CUT, None));
+    }
+
+    #[test]
     fn the_learned_rate_holds_then_probes_back_to_the_declared_one() {
-        let at = t(100.0);
-        let learned = |secs: f64| learned_now(Some(300.0), Some(at), 600, t(100.0 + secs));
+        let l = Learned {
+            rpm: Some(300.0),
+            at: Some(t(100.0)),
+            ceiling: None,
+        };
+        let learned = |secs: f64| l.now(600, t(100.0 + secs));
         assert_eq!(learned(0.0), Some(300.0));
         assert_eq!(
             learned(QUIET),
@@ -211,8 +330,8 @@ mod tests {
             None,
             "forgotten at the declared rate"
         );
-        assert_eq!(learned_now(None, Some(at), 600, at), None);
-        assert_eq!(learned_now(Some(300.0), None, 600, at), None);
+        assert_eq!(learned(1e9), None, "no overflow after a long quiet");
+        assert_eq!(Learned::default().now(600, t(0.0)), None);
     }
 
     #[test]

@@ -296,7 +296,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
         r#"SELECT courier_budget_key(c) AS "budget!",
                   min(COALESCE(c.requests_per_minute, $2))::bigint AS "rpm!",
                   courier_effective_rpm(min(COALESCE(c.requests_per_minute, $2)), max(bu.learned_rpm),
-                                        max(bu.learned_at), max(bu.advertised_rpm),
+                                        max(bu.learned_at), max(bu.ceiling_rpm), max(bu.advertised_rpm),
                                         max(bu.advertised_at), $1) AS "effective!",
                   courier_ts(max(b.blocked_until)) AS blocked_until
            FROM connections c

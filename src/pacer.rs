@@ -35,8 +35,12 @@ pub const MAX_SLICE: u32 = 50;
 /// calls a 429 estimates the real rate from starts afresh.
 pub const IDLE_AFTER: Duration = Duration::from_secs(5);
 
-/// A slot may still be spent this late (or a tenth of an interval, if longer).
+/// A slot may still be spent this late (or the interval's [`HEADROOM`], if longer: a call
+/// that late is still no closer to the next slot than the declared rate allows, which a
+/// limiter with no burst checks).
 pub const MIN_STALE_TOLERANCE: Duration = Duration::from_millis(1);
+/// How far ahead of now a budget's first lease starts, before a round trip was timed.
+pub const FIRST_LOOKAHEAD: Duration = Duration::from_millis(20);
 /// The furthest ahead of now a lease may start.
 pub const MAX_LOOKAHEAD: Duration = Duration::from_millis(200);
 
@@ -123,8 +127,6 @@ struct Budget {
     key: String,
     /// Time between two slots.
     interval: Duration,
-    /// Slots leased per statement.
-    slice: u32,
     /// Leased slots not yet handed out, waiting requests, and whether a lease is under way.
     state: Mutex<BudgetState>,
     /// Slots handed out by this process: one per writer call.
@@ -202,10 +204,9 @@ impl Pacer {
                 let b = Arc::new(Budget {
                     key: key.to_owned(),
                     interval,
-                    slice: slice_len(requests_per_minute),
                     state: Mutex::new(BudgetState::default()),
                     granted: AtomicU64::new(0),
-                    lookahead_us: AtomicU64::new(0),
+                    lookahead_us: AtomicU64::new(FIRST_LOOKAHEAD.as_micros() as u64),
                     declared: requests_per_minute.max(1),
                     effective: AtomicU64::new(f64::from(requests_per_minute.max(1)).to_bits()),
                     accepted: AtomicU64::new(0),
@@ -226,9 +227,10 @@ impl Pacer {
     /// A call on budget `key` met a 429: the target allows less than the pace. The
     /// budget's learned rate (shared by every process, in its row) is set from what the
     /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
-    /// process leased at the old pace are dropped.
-    /// The stretch the next 429 measures starts when the block this one sets (`block`)
-    /// ends: time spent blocked says nothing about the rate the target accepts.
+    /// process leased at the old pace are dropped, and the shared budget's booking is cut
+    /// back to the end of the block this one sets (`block`). The stretch the next 429
+    /// measures starts with the first lease after it: time spent blocked, or waiting to be
+    /// fetched again, says nothing about the rate the target accepts.
     pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
@@ -242,8 +244,8 @@ impl Pacer {
         };
         let mut tx = self.pool.begin().await.map_err(lease_err)?;
         let row = sqlx::query!(
-            r#"SELECT declared_rpm, learned_rpm, learned_at, advertised_rpm, advertised_at,
-                      last_429_at, accepted, accepted_since
+            r#"SELECT declared_rpm, learned_rpm, learned_at, ceiling_rpm, advertised_rpm,
+                      advertised_at, last_429_at, last_429_unmeasured, accepted, accepted_since
                FROM budgets WHERE budget_key = $1 FOR UPDATE"#,
             key
         )
@@ -270,33 +272,40 @@ impl Pacer {
             return Ok(());
         }
         let declared = row.declared_rpm.map_or(b.declared, |d| d.max(1) as u32);
+        let was = learned::Learned {
+            rpm: row.learned_rpm,
+            at: row.learned_at,
+            ceiling: row.ceiling_rpm,
+        };
         let paced = learned::effective(
             declared,
-            learned::learned_now(row.learned_rpm, row.learned_at, declared, now),
+            was.now(declared, now),
             learned::advertised_now(row.advertised_rpm, row.advertised_at, now),
         );
         let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
         let evidence = learned::Evidence {
-            // The call that met the 429 went out at the pace too: the stretch holds the
-            // accepted calls and it.
-            accepted_rpm: learned::accepted_rpm(
-                row.accepted + pending + 1,
-                row.accepted_since,
-                now,
-            ),
+            accepted_rpm: learned::accepted_rpm(row.accepted + pending, row.accepted_since, now),
             accepted: row.accepted + pending,
+            stretch: row
+                .accepted_since
+                .map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0)),
             recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
+            probing: was.probing_fast(now),
+            after_unmeasured: row.last_429_unmeasured,
         };
-        let rpm = learned::after_429(paced, evidence, declared);
+        let (rpm, ceiling) = learned::after_429(paced, evidence, declared);
         let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
-            "UPDATE budgets SET learned_rpm = $2, learned_at = $3, last_429_at = $3,
-                                accepted = 0, accepted_since = $4
+            "UPDATE budgets SET learned_rpm = $2, learned_at = $4, last_429_at = $3,
+                                ceiling_rpm = $5, last_429_unmeasured = $6, accepted = 0,
+                                accepted_since = NULL, tat = LEAST(tat, $4)
              WHERE budget_key = $1",
             key,
             rpm,
             now,
-            block_ends
+            block_ends,
+            ceiling,
+            evidence.accepted < learned::MIN_SAMPLE
         )
         .execute(&mut *tx)
         .await
@@ -310,7 +319,9 @@ impl Pacer {
             paced,
             accepted = ?evidence.accepted_rpm,
             recent = evidence.recent_429,
+            probing = evidence.probing,
             learned = rpm,
+            ?ceiling,
             "a 429: the budget's learned rate is lowered"
         );
         Ok(())
@@ -424,8 +435,8 @@ impl Pacer {
     fn serve(&self, budget: &Budget, st: &mut BudgetState) {
         let now = self.clock.now();
         // A slot nobody took in time is dropped rather than spent late, right before the
-        // next one: two requests that close together could exceed a sliding window.
-        let tolerance = (budget.interval / 10).max(MIN_STALE_TOLERANCE);
+        // next one: two requests that close together could exceed the limit.
+        let tolerance = budget.interval.mul_f64(HEADROOM).max(MIN_STALE_TOLERANCE);
         let stale = now - chrono::Duration::from_std(tolerance).expect("fits");
         while !st.queue.is_empty() {
             let Some(slot) = st.slots.pop_front() else {
@@ -443,29 +454,46 @@ impl Pacer {
         }
     }
 
+    /// Leases slices while requests wait, each when the previous one is nearly spent: a
+    /// process books at most a slice ahead, so a changed rate (a 429's cut, a probe) shows
+    /// in its calls within a quarter second, and processes share the budget in turn.
     async fn refill(self: Arc<Self>, budget: Arc<Budget>) {
         loop {
             let result = self.lease_slice(&budget).await;
-            let mut st = budget.state.lock().expect("budget mutex");
-            match result {
-                Ok(slots) => st.slots.extend(slots),
-                Err(e) => {
-                    tracing::error!(error = %e, "pacer could not lease; waiting requests fail");
-                    st.queue = FairQueue::default();
+            let last = {
+                let mut st = budget.state.lock().expect("budget mutex");
+                let last = match result {
+                    Ok(slots) => {
+                        let last = slots.last().copied();
+                        st.slots.extend(slots);
+                        last
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "pacer could not lease; waiting requests fail");
+                        st.queue = FairQueue::default();
+                        st.leasing = false;
+                        return;
+                    }
+                };
+                self.serve(&budget, &mut st);
+                if st.queue.is_empty() {
                     st.leasing = false;
                     return;
                 }
-            }
-            self.serve(&budget, &mut st);
-            if st.queue.is_empty() {
-                st.leasing = false;
-                return;
+                last
+            };
+            if let Some(last) = last {
+                let ahead = chrono::Duration::from_std(MAX_LOOKAHEAD / 2).expect("fits");
+                self.clock.sleep_until(last - ahead).await;
             }
         }
     }
 
     async fn lease_slice(&self, budget: &Budget) -> Result<Vec<DateTime<Utc>>, PacerError> {
         let asked = std::time::Instant::now();
+        // A quarter second's worth at the rate the budget was paced at last: after a cut,
+        // no process holds seconds of slots at the old pace.
+        let slice = slice_len(f64::from_bits(budget.effective.load(Ordering::Relaxed)) as u32);
         let lookahead = budget.lookahead_us.load(Ordering::Relaxed) as i64;
         let now = self.clock.now() + chrono::Duration::microseconds(lookahead);
         let accepted = budget.accepted.swap(0, Ordering::Relaxed);
@@ -487,7 +515,7 @@ impl Pacer {
                ON CONFLICT (budget_key) DO UPDATE SET
                  tat = GREATEST(b.tat, EXCLUDED.updated_at, $7::timestamptz)
                        + $3::int * courier_slot_interval(courier_effective_rpm(
-                           EXCLUDED.declared_rpm, b.learned_rpm, b.learned_at,
+                           EXCLUDED.declared_rpm, b.learned_rpm, b.learned_at, b.ceiling_rpm,
                            COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
                            COALESCE(EXCLUDED.advertised_at, b.advertised_at), EXCLUDED.updated_at)),
                  updated_at = EXCLUDED.updated_at,
@@ -500,10 +528,10 @@ impl Pacer {
                  advertised_at = COALESCE(EXCLUDED.advertised_at, b.advertised_at)
                RETURNING tat AS "tat!",
                          courier_effective_rpm(b.declared_rpm, b.learned_rpm, b.learned_at,
-                             b.advertised_rpm, b.advertised_at, b.updated_at) AS "effective!""#,
+                             b.ceiling_rpm, b.advertised_rpm, b.advertised_at, b.updated_at) AS "effective!""#,
             budget.key,
             now,
-            budget.slice as i32,
+            slice as i32,
             budget.declared as i32,
             accepted as i64,
             advertised,
@@ -524,16 +552,14 @@ impl Pacer {
             .effective
             .store(leased.effective.to_bits(), Ordering::Relaxed);
         let interval = chrono::Duration::from_std(interval_for(leased.effective)).expect("fits");
-        let len = interval * budget.slice as i32;
+        let len = interval * slice as i32;
         let start = leased.tat - len;
         *budget.booked_until.lock().expect("budget mutex") = Some(leased.tat);
         let round_trip = asked.elapsed().min(MAX_LOOKAHEAD / 2);
         budget
             .lookahead_us
             .store(2 * round_trip.as_micros() as u64, Ordering::Relaxed);
-        Ok((0..budget.slice as i32)
-            .map(|i| start + interval * i)
-            .collect())
+        Ok((0..slice as i32).map(|i| start + interval * i).collect())
     }
 }
 

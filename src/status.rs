@@ -179,11 +179,12 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
                   COALESCE((SELECT sum(u.calls) FROM budget_calls u
                             WHERE u.budget_key = courier_budget_key(c)
                               AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
-                  courier_learned_rpm(bu.learned_rpm, bu.learned_at,
+                  courier_learned_rpm(bu.learned_rpm, bu.learned_at, bu.ceiling_rpm,
                                       COALESCE(c.requests_per_minute, $2), $1) AS learned_rpm,
                   courier_advertised_rpm(bu.advertised_rpm, bu.advertised_at, $1) AS advertised_rpm,
                   courier_effective_rpm(COALESCE(c.requests_per_minute, $2), bu.learned_rpm,
-                                        bu.learned_at, bu.advertised_rpm, bu.advertised_at, $1)
+                                        bu.learned_at, bu.ceiling_rpm, bu.advertised_rpm,
+                                        bu.advertised_at, $1)
                       AS "effective_rpm!",
                   courier_ts(bu.last_429_at) AS "last_429_at?",
                   ci.state AS circuit, courier_ts(ci.open_until) AS open_until, ci.consecutive_failures,

@@ -4,14 +4,12 @@
 //! process is stopping, and those deliveries come back as not attempted.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use futures::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
 
 use super::{claim::Claimed, context::JobContext};
 use crate::{
@@ -22,19 +20,19 @@ use crate::{
 /// The answer to one call; `None` when the call was not made.
 pub type Answer = Option<(Result<Receipt, WriteError>, Duration)>;
 
-/// Tells calls not yet started to stay unsent.
+/// Tells calls not yet started to stay unsent, and those waiting for a slot to give up.
 #[derive(Debug, Default)]
-pub struct Stop(AtomicBool);
+pub struct Stop(CancellationToken);
 
 impl Stop {
     /// No further call starts.
     pub fn stop(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.cancel();
     }
 
     /// Whether calls were told to stop.
     pub fn stopped(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.is_cancelled()
     }
 }
 
@@ -79,6 +77,7 @@ pub fn calls<'a>(
                     return (i, None);
                 },
                 _ = engine.shutdown.cancelled() => return (i, None),
+                _ = stop.0.cancelled() => return (i, None),
             }
             // A 429 or a stop may have come in while this call waited for its slot.
             if halted() {

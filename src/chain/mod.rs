@@ -348,7 +348,7 @@ impl Job<'_> {
                 );
                 engine.pacer.hold(key, until);
                 tally.spent(
-                    wait,
+                    until,
                     format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
                 );
                 if wait > learned::HOLD_IN_BATCH {
@@ -370,7 +370,7 @@ impl Job<'_> {
                     {
                         tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                     }
-                    tally.rate_limited(wait, raw);
+                    tally.rate_limited(at, wait, raw);
                     stop.stop();
                     called.not_attempted.push(d.id);
                 }

@@ -35,11 +35,11 @@ pub struct Tally {
     last_error: Option<String>,
     /// Calls made (429s included), for the budget's count.
     calls: i32,
-    /// A 429 met: the wait it asked for and the raw header.
-    rate_limited: Option<(Option<std::time::Duration>, Option<String>)>,
-    /// The target's headers said its budget is spent (remaining 0): the wait until their
-    /// reset, and what they said.
-    spent: Option<(std::time::Duration, String)>,
+    /// A 429 met: when, the wait it asked for and the raw header.
+    rate_limited: Option<(DateTime<Utc>, Option<std::time::Duration>, Option<String>)>,
+    /// The target's headers said its budget is spent (remaining 0): until when, and what
+    /// they said.
+    spent: Option<(DateTime<Utc>, String)>,
     /// When the tally was last committed.
     since: Instant,
 }
@@ -76,25 +76,33 @@ impl Tally {
         self.entries.push(entry);
     }
 
-    /// Adds a 429: a call made, the target reachable, no outcome for the delivery.
-    pub fn rate_limited(&mut self, wait: Option<std::time::Duration>, raw: Option<String>) {
+    /// Adds a 429 met `at`: a call made, the target reachable, no outcome for the
+    /// delivery. The block it sets counts from `at`, and is committed at once.
+    pub fn rate_limited(
+        &mut self,
+        at: DateTime<Utc>,
+        wait: Option<std::time::Duration>,
+        raw: Option<String>,
+    ) {
         self.calls += 1;
         self.reachability.push(true);
-        self.rate_limited = Some((wait, raw));
+        self.rate_limited = Some((at, wait, raw));
     }
 
-    /// Adds a statement of the target that its budget is spent for `wait` (remaining 0):
-    /// a block like a 429's, but no 429 met and no call counted.
-    pub fn spent(&mut self, wait: std::time::Duration, raw: String) {
-        if self.spent.as_ref().is_none_or(|(w, _)| *w < wait) {
-            self.spent = Some((wait, raw));
+    /// Adds a statement of the target that its budget is spent until `until` (remaining
+    /// 0): a block like a 429's, but no 429 met and no call counted.
+    pub fn spent(&mut self, until: DateTime<Utc>, raw: String) {
+        if self.spent.as_ref().is_none_or(|(u, _)| *u < until) {
+            self.spent = Some((until, raw));
         }
     }
 
-    /// Whether it is time to commit what was collected.
+    /// Whether it is time to commit what was collected: a block at once (other processes
+    /// hold back from then on), outcomes in batches.
     pub fn due(&self) -> bool {
-        (!self.entries.is_empty() || self.spent.is_some())
-            && (self.entries.len() >= FLUSH_AFTER || self.since.elapsed() >= FLUSH_EVERY)
+        self.rate_limited.is_some()
+            || (!self.entries.is_empty() || self.spent.is_some())
+                && (self.entries.len() >= FLUSH_AFTER || self.since.elapsed() >= FLUSH_EVERY)
     }
 
     fn counters(&self) -> Counters {
@@ -133,12 +141,15 @@ impl Tally {
             rule_id: ctx.rule_id,
             run_id: ctx.run_id,
         };
-        if let Some((wait, raw)) = &self.rate_limited {
+        if let Some((at, wait, raw)) = &self.rate_limited {
             let length = blocks::block_length(*wait);
-            blocked = Some(blocks::block(&mut *tx, &cause(), length, raw.as_deref(), now).await?);
+            blocked = Some(blocks::block(&mut *tx, &cause(), length, raw.as_deref(), *at).await?);
         }
-        if let Some((wait, raw)) = &self.spent {
-            let length = (*wait).clamp(blocks::MIN_SPENT_BLOCK, crate::writer::MAX_RATE_LIMIT_WAIT);
+        if let Some((until, raw)) = &self.spent {
+            let length = (*until - now)
+                .to_std()
+                .unwrap_or_default()
+                .clamp(blocks::MIN_SPENT_BLOCK, crate::writer::MAX_RATE_LIMIT_WAIT);
             let until = blocks::block(&mut *tx, &cause(), length, Some(raw), now).await?;
             blocked = Some(blocked.map_or(until, |b: DateTime<Utc>| b.max(until)));
         }
