@@ -50,6 +50,11 @@ pub const MAX_LOOKAHEAD: Duration = Duration::from_millis(200);
 /// 10 requests/s while using 98% of the budget.
 pub const HEADROOM: f64 = 0.02;
 
+/// The least time between two calls of one process on a budget, as a share of the slot
+/// interval: half the [`HEADROOM`], so a call's trip to the target may vary by the other
+/// half without the pair arriving closer together than the rate allows.
+pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
+
 /// The time between two requests of a budget declaring `requests_per_minute`.
 pub fn emission_interval(requests_per_minute: u32) -> Duration {
     interval_for(f64::from(requests_per_minute))
@@ -119,6 +124,12 @@ impl FairQueue {
     fn is_empty(&self) -> bool {
         self.waiting.is_empty()
     }
+
+    /// Forgets requests whose caller stopped waiting (a 429 or a stop ended its batch): no
+    /// slot is leased for them, so the shared budget is not booked for calls never made.
+    fn forget_gone(&mut self) {
+        self.waiting.retain(|_, tx| !tx.is_closed());
+    }
 }
 
 /// One budget's in-process state.
@@ -149,6 +160,8 @@ struct Budget {
     /// The shared budget's next free slot as of this process's last lease: how far other
     /// processes have booked it.
     booked_until: Mutex<Option<DateTime<Utc>>>,
+    /// When this process's latest call on the budget was let go (see [`Pacer::spaced`]).
+    last_call: Mutex<Option<DateTime<Utc>>>,
 }
 
 #[derive(Default)]
@@ -213,6 +226,7 @@ impl Pacer {
                     advertised: Mutex::new(None),
                     hold: Mutex::new(None),
                     booked_until: Mutex::new(None),
+                    last_call: Mutex::new(None),
                 });
                 budgets.insert(key.to_owned(), b.clone());
                 b
@@ -392,6 +406,26 @@ impl Pacer {
         Some(free).filter(|&t| t > self.clock.now())
     }
 
+    /// When a call on budget `key` whose slot has come may go: now, unless this process's
+    /// previous call on the budget went less than [`MIN_GAP_SHARE`] of the slot interval
+    /// ago. A call let go late (a timer or a thread woke late) and the next one on time
+    /// would arrive closer together than the rate allows, which a limiter with no burst
+    /// refuses; held back this way, the calls after a late one catch up on the schedule by
+    /// the rest of the headroom each.
+    pub fn spaced(&self, key: &str) -> DateTime<Utc> {
+        let now = self.clock.now();
+        let Some(b) = self.known(key) else {
+            return now;
+        };
+        let rpm = f64::from_bits(b.effective.load(Ordering::Relaxed));
+        let gap =
+            chrono::Duration::from_std(interval_for(rpm).mul_f64(MIN_GAP_SHARE)).expect("fits");
+        let mut last = b.last_call.lock().expect("budget mutex");
+        let at = last.map_or(now, |l| now.max(l + gap));
+        *last = Some(at);
+        at
+    }
+
     /// Slots this process has handed out for budget `key` (one per writer call).
     pub fn granted(&self, key: &str) -> u64 {
         let budgets = self.budgets.lock().expect("pacer mutex");
@@ -433,6 +467,7 @@ impl Pacer {
 
     /// Hands leased slots to waiting requests in fair order; drops slots already stale.
     fn serve(&self, budget: &Budget, st: &mut BudgetState) {
+        st.queue.forget_gone();
         let now = self.clock.now();
         // A slot nobody took in time is dropped rather than spent late, right before the
         // next one: two requests that close together could exceed the limit.
@@ -485,6 +520,13 @@ impl Pacer {
             if let Some(last) = last {
                 let ahead = chrono::Duration::from_std(MAX_LOOKAHEAD / 2).expect("fits");
                 self.clock.sleep_until(last - ahead).await;
+                // The waiters may have gone meanwhile (their batch stopped on a 429).
+                let mut st = budget.state.lock().expect("budget mutex");
+                st.queue.forget_gone();
+                if st.queue.is_empty() {
+                    st.leasing = false;
+                    return;
+                }
             }
         }
     }

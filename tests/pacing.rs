@@ -315,6 +315,49 @@ async fn one_429(engine: &Arc<Engine>, target: &Target, prefix: &str) {
 }
 
 #[tokio::test]
+async fn requests_that_stopped_waiting_book_no_slots() {
+    use futures::FutureExt;
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let start = e.clock.now();
+    // A batch of ten calls asks for slots and is stopped at once (a 429 met by another
+    // call): their requests go away before the first lease comes back.
+    for _ in 0..10 {
+        assert!(e.pacer.acquire("ws:k", 600, 1, 1).now_or_never().is_none());
+    }
+    // The next call gets a slot right after the first slice (2 slots at 600/min), not
+    // after ten slots booked for calls that were never made.
+    let slot = e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
+    let interval = Span::from_std(courier::pacer::emission_interval(600)).unwrap();
+    assert!(
+        slot <= start + interval * 3,
+        "slot {} after the start, interval {interval}",
+        slot - start
+    );
+}
+
+#[tokio::test]
+async fn a_call_let_go_late_holds_the_next_one_back_by_most_of_an_interval() {
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let interval = courier::pacer::emission_interval(600);
+    // Unknown budget: nothing to space from.
+    assert_eq!(e.pacer.spaced("ws:k"), e.clock.now());
+    e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
+    let first = e.pacer.spaced("ws:k");
+    assert_eq!(first, e.clock.now());
+    // The next slot came right away (the first call went late): held back.
+    e.clock.advance(Span::from_std(interval / 2).unwrap());
+    let min_gap = interval.mul_f64(courier::pacer::MIN_GAP_SHARE);
+    let second = e.pacer.spaced("ws:k");
+    assert_eq!((second - first).to_std().unwrap(), min_gap);
+    assert!(min_gap < interval && min_gap > interval.mul_f64(1.0 - courier::pacer::HEADROOM));
+    // On schedule, nothing is held back.
+    e.clock.advance(Span::from_std(interval * 2).unwrap());
+    assert_eq!(e.pacer.spaced("ws:k"), e.clock.now());
+}
+
+#[tokio::test]
 async fn a_sporadic_429_costs_a_percent_of_the_pace_not_half() {
     let (db, target) = shop(&["customers"], 100, 1).await;
     set_rate(&db.pool, 600).await;

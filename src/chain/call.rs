@@ -61,10 +61,14 @@ pub fn calls<'a>(
                 let asked = Instant::now();
                 loop {
                     let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
-                    engine.clock.sleep_until(at).await;
+                    engine.clock.sleep_until_precise(at).await;
                     // The target said its budget is spent until later than this slot
                     // (remaining 0): a new slot, from then on.
                     if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
+                        engine
+                            .clock
+                            .sleep_until_precise(engine.pacer.spaced(key))
+                            .await;
                         engine.metrics.pacer_waited(key, asked.elapsed());
                         return Ok::<_, crate::pacer::PacerError>(());
                     }
