@@ -11,16 +11,18 @@
 //!     ([`MEASURE_WITHIN`]): a window or bucket let its budget through and refused the
 //!     rest; what it let through per second is the limit, taken as the learned rate in one
 //!     step (a rate declared 10× too high is corrected by one 429). Within [`QUIET`] of
-//!     another 429 the stretch may have begun mid-window: the cut is at most a half, and
-//!     probes back up fast;
+//!     another 429 the stretch may have met another client's burst: the cut is at most a
+//!     half;
 //!   - accepted about at the pace: the limit lies just below it; a sporadic 429 costs 1%
-//!     ([`MAX_CUT`]), one within [`QUIET`] of another 3%, one met while probing up 8%;
+//!     ([`MAX_CUT`]); one met while the learned rate probes up fast 8% ([`PROBE_CUT`]: its
+//!     rate takes hold a slice later), slowly 3%; one within [`QUIET`] of another 3%, the
+//!     next in a row 6%, then 9%... ([`recent_cut`]);
 //!   - too few accepted to measure ([`MIN_SAMPLE`]): a limiter with no burst refused the
-//!     second call. Alone that may be a late call ([`LONE_CUT`], 1%); following another
-//!     such 429 within [`QUIET`] the pace is halved ([`NO_BURST_CUT`]) and, after a second at
-//!     the halved pace ([`FAST_HOLD`]), **probes back up fast**
-//!     ([`FAST_PROBE_PER_SECOND`]) towards the pace that was refused (the *ceiling*), so the
-//!     limit is found between the two by the next 429.
+//!     second call. Alone that may be a late call ([`LONE_CUT`], 1%); within [`QUIET`] of
+//!     another 429 the pace is halved ([`NO_BURST_CUT`]) and, after a second at the halved
+//!     pace ([`FAST_HOLD`]), **probes back up fast** ([`FAST_PROBE_PER_SECOND`]) towards
+//!     the pace that was refused (the *ceiling*), so the limit is found between the two by
+//!     the next 429.
 //!
 //!   One 429 per [`ONE_CUT_PER`] counts: calls in flight meeting the same exhausted window
 //!   do not cut again.
@@ -36,8 +38,9 @@ use crate::{pacer::HEADROOM, rate_headers::Statement};
 pub const MAX_CUT: f64 = 0.99;
 /// A 429 at about the pace within [`QUIET`] of another cuts it to this share.
 pub const RECENT_CUT: f64 = 0.97;
-/// A 429 met while probing up fast cuts the pace to this share: back below the limit it
-/// just crossed, with room for the probe's overshoot (its rate takes hold a lease later).
+/// A 429 met while the learned rate probes up (fast or slow) cuts the pace to this share:
+/// back below the limit it just crossed, with room for the probe's overshoot (its rate
+/// takes hold a lease later).
 pub const PROBE_CUT: f64 = 0.92;
 /// An accepted rate below this share of the rate sent says what the limit is...
 pub const MEASURED: f64 = 0.9;
@@ -61,7 +64,7 @@ pub const FAST_PROBE_PER_SECOND: f64 = 0.1;
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
 pub const MIN_SHARE: f64 = 0.05;
 /// Seconds without a 429 before the learned rate probes upward slowly.
-pub const QUIET: f64 = 30.0;
+pub const QUIET: f64 = 60.0;
 /// The slow probe's growth per second (multiplicative).
 pub const PROBE_PER_SECOND: f64 = 0.01;
 /// The largest exponent a probe grows by (e^40 is past any declared rate; the cap keeps
@@ -120,13 +123,20 @@ impl Learned {
         (v < f64::from(declared)).then_some(v)
     }
 
-    /// Whether the fast probe is climbing at `at` (past its hold, below its ceiling).
-    pub fn probing_fast(&self, at: DateTime<Utc>) -> bool {
-        let (Some(learned), Some(learned_at), Some(c)) = (self.rpm, self.at, self.ceiling) else {
-            return false;
+    /// How the learned rate is climbing at `at`: in its fast probe (past its hold, below
+    /// its ceiling), its slow one (past the quiet period), or not.
+    pub fn probing(&self, at: DateTime<Utc>) -> Probe {
+        let (Some(learned), Some(learned_at)) = (self.rpm, self.at) else {
+            return Probe::No;
         };
         let s = secs(learned_at, at);
-        s > FAST_HOLD && s < QUIET && c > learned
+        if self.ceiling.is_some_and(|c| c > learned) && s > FAST_HOLD && s < QUIET {
+            Probe::Fast
+        } else if s > QUIET {
+            Probe::Slow
+        } else {
+            Probe::No
+        }
     }
 }
 
@@ -155,6 +165,17 @@ pub fn accepted_rpm(accepted: i64, since: Option<DateTime<Utc>>, at: DateTime<Ut
     Some(accepted.max(0) as f64 * 60.0 / secs(since?, at).max(MIN_STRETCH))
 }
 
+/// Whether a learned rate is probing upward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// It holds.
+    No,
+    /// By [`FAST_PROBE_PER_SECOND`], towards its ceiling.
+    Fast,
+    /// By [`PROBE_PER_SECOND`], after the quiet period.
+    Slow,
+}
+
 /// What a 429 knows when it comes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Evidence {
@@ -166,49 +187,72 @@ pub struct Evidence {
     pub stretch: f64,
     /// Whether an earlier 429 came within [`QUIET`] seconds.
     pub recent_429: bool,
-    /// Whether the pace was climbing in a fast probe ([`Learned::probing_fast`]).
-    pub probing: bool,
-    /// Whether the previous 429 too came after too few accepted calls to measure.
-    pub after_unmeasured: bool,
+    /// The cuts at about the pace in a row before this 429 ([`Cut::streak`]).
+    pub streak: u32,
+    /// Whether the pace was climbing in a probe ([`Learned::probing`]).
+    pub probing: Probe,
 }
 
-/// The learned rate and ceiling after a 429 met while pacing at `paced` requests per
-/// minute (see the module's description). Never below [`MIN_SHARE`] of `declared`.
-pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> (f64, Option<f64>) {
+/// The cut of the `streak`-th 429 in a row at about the pace, each within [`QUIET`] of the
+/// one before: [`RECENT_CUT`]'s 3%, twice that, three times..., at most a half. A
+/// limit just below the pace is met again at once (a fixed window refuses the call after
+/// its quota in every window), and the accepted rate cannot show by how much: a
+/// window entered after a block lets its whole quota through.
+pub fn recent_cut(streak: u32) -> f64 {
+    (1.0 - (1.0 - RECENT_CUT) * f64::from(streak.max(1))).max(NO_BURST_CUT)
+}
+
+/// What a 429 teaches a budget.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cut {
+    /// The learned rate.
+    pub rpm: f64,
+    /// The rate a fast probe climbs towards, if any.
+    pub ceiling: Option<f64>,
+    /// The cuts at about the pace in a row, each within [`QUIET`] of the one before, this
+    /// one included ([`recent_cut`]); 0 after any other cut.
+    pub streak: u32,
+}
+
+/// What a 429 met while pacing at `paced` requests per minute teaches (see the module's
+/// description). Never below [`MIN_SHARE`] of `declared`.
+pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
     let sent = paced * (1.0 - HEADROOM);
+    let mut streak = 0;
     let (learned, ceiling) = match evidence.accepted_rpm {
-        _ if evidence.accepted < MIN_SAMPLE
-            && !(evidence.recent_429 && evidence.after_unmeasured) =>
-        {
-            (paced * LONE_CUT, None)
-        }
+        _ if evidence.accepted < MIN_SAMPLE && !evidence.recent_429 => (paced * LONE_CUT, None),
         _ if evidence.accepted < MIN_SAMPLE => (paced * NO_BURST_CUT, Some(paced * RECENT_CUT)),
         Some(rate)
             if rate < sent * MEASURED
                 && evidence.stretch <= MEASURE_WITHIN
-                && !evidence.probing =>
+                && evidence.probing == Probe::No =>
         {
-            if evidence.recent_429 {
-                // Soon after another 429 the stretch is short and may have started
-                // mid-window, or met a late call: a deep cut in doubt, at most halved, probing
-                // back up fast.
-                (
-                    rate.min(paced).max(paced * NO_BURST_CUT),
-                    Some(paced * RECENT_CUT),
-                )
+            // Soon after another 429, a deep cut is in doubt (the stretch may have met
+            // another client's burst): at most halved.
+            let floor = if evidence.recent_429 {
+                paced * NO_BURST_CUT
             } else {
-                (rate.min(paced), None)
-            }
+                0.0
+            };
+            (rate.min(paced).max(floor), None)
         }
-        _ if evidence.probing => (paced * PROBE_CUT, None),
-        _ if evidence.recent_429 => (paced * RECENT_CUT, None),
-        _ => (paced * MAX_CUT, None),
+        _ => match evidence.probing {
+            Probe::Fast => (paced * PROBE_CUT, None),
+            // The slow probe overshoots the limit by a quarter second's growth at most.
+            Probe::Slow => (paced * RECENT_CUT, None),
+            Probe::No if evidence.recent_429 => {
+                streak = evidence.streak + 1;
+                (paced * recent_cut(streak), None)
+            }
+            Probe::No => (paced * MAX_CUT, None),
+        },
     };
     let floor = (f64::from(declared) * MIN_SHARE).max(1.0);
-    (
-        learned.max(floor),
-        ceiling.filter(|&c| c > learned.max(floor)),
-    )
+    Cut {
+        rpm: learned.max(floor),
+        ceiling: ceiling.filter(|&c| c > learned.max(floor)),
+        streak,
+    }
 }
 
 /// Requests per minute a stated quota of `limit` per `window` allows.
@@ -231,9 +275,15 @@ mod tests {
             accepted,
             stretch: 1.0,
             recent_429,
-            probing: false,
-            after_unmeasured: recent_429,
+            streak: 0,
+            probing: Probe::No,
         }
+    }
+
+    /// The learned rate and ceiling of [`after_429`].
+    fn cut(paced: f64, evidence: Evidence, declared: u32) -> (f64, Option<f64>) {
+        let c = after_429(paced, evidence, declared);
+        (c.rpm, c.ceiling)
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -244,19 +294,52 @@ mod tests {
     fn a_sporadic_429_costs_one_percent() {
         // 294 calls accepted over 30 s at 98% of 600/min: the pace was right.
         let accepted = accepted_rpm(294, Some(t(0.0)), t(30.0));
-        let (learned, _) = after_429(600.0, ev(accepted, 294, false), 600);
+        let (learned, _) = cut(600.0, ev(accepted, 294, false), 600);
         assert!(close(learned, 594.0), "{learned}");
         // 240 over 30 s, after a probe climbed: too long a stretch to measure the limit by.
         let long = Evidence {
             stretch: 30.0,
             ..ev(accepted_rpm(240, Some(t(0.0)), t(30.0)), 240, false)
         };
-        let (learned, ceiling) = after_429(600.0, long, 600);
+        let (learned, ceiling) = cut(600.0, long, 600);
         assert!(close(learned, 594.0), "{learned}");
         assert_eq!(ceiling, None, "no fast probe: the limit is just below");
         // Another within the quiet period: 3%.
-        let (again, _) = after_429(594.0, ev(accepted, 294, true), 600);
+        let (again, _) = cut(594.0, ev(accepted, 294, true), 600);
         assert!(close(again, 594.0 * RECENT_CUT), "{again}");
+    }
+
+    #[test]
+    fn a_429_again_and_again_at_about_the_pace_cuts_deeper_each_time() {
+        let again = |streak| {
+            let evidence = Evidence {
+                streak,
+                ..ev(Some(590.0), 50, true)
+            };
+            after_429(600.0, evidence, 600)
+        };
+        assert!(close(again(0).rpm, 600.0 * 0.97));
+        assert_eq!(again(0).streak, 1);
+        assert!(close(again(1).rpm, 600.0 * 0.94));
+        assert!(close(again(2).rpm, 600.0 * 0.91));
+        assert!(close(again(15).rpm, 600.0 * 0.52));
+        assert_eq!(again(16).rpm, 300.0, "at most halved");
+        assert_eq!(again(u32::MAX - 1).rpm, 300.0);
+        // Any other cut ends the streak: a sporadic one, one while probing, a measured one.
+        let sporadic = Evidence {
+            streak: 3,
+            ..ev(Some(590.0), 50, false)
+        };
+        assert_eq!(after_429(600.0, sporadic, 600).streak, 0);
+        let probe = Evidence {
+            streak: 3,
+            probing: Probe::Fast,
+            ..ev(Some(590.0), 50, true)
+        };
+        assert_eq!(after_429(600.0, probe, 600).streak, 0);
+        // Measured soon after another 429: taken, but at most halved, and no fast probe.
+        assert_eq!(cut(600.0, ev(Some(400.0), 8, true), 600), (400.0, None));
+        assert_eq!(cut(600.0, ev(Some(100.0), 8, true), 600), (300.0, None));
     }
 
     #[test]
@@ -264,12 +347,12 @@ mod tests {
         // Declared 100/s, the target let 10 through in its one-second window.
         let accepted = accepted_rpm(10, Some(t(0.0)), t(0.1));
         assert_eq!(accepted, Some(600.0), "at least one second is measured");
-        let (learned, ceiling) = after_429(6_000.0, ev(accepted, 10, false), 6_000);
+        let (learned, ceiling) = cut(6_000.0, ev(accepted, 10, false), 6_000);
         assert_eq!((learned, ceiling), (600.0, None));
         // Never above the pace itself.
-        let (learned, _) = after_429(500.0, ev(Some(440.0), 40, false), 600);
+        let (learned, _) = cut(500.0, ev(Some(440.0), 40, false), 600);
         assert!(close(learned, 440.0), "{learned}");
-        let floor = after_429(40.0, ev(Some(1.0), 3, true), 600).0;
+        let floor = cut(40.0, ev(Some(1.0), 3, true), 600).0;
         assert_eq!(floor, 30.0, "never below 5% of declared");
         assert_eq!(accepted_rpm(3, None, t(1.0)), None);
     }
@@ -278,10 +361,10 @@ mod tests {
     fn a_limiter_without_burst_halves_the_pace_which_probes_back_up_fast() {
         // Declared 20/s against 10/s with no burst: the second call was refused. The first
         // time it may have been a late call: 1%.
-        let lone = after_429(1_200.0, ev(Some(60.0), 1, false), 1_200);
+        let lone = cut(1_200.0, ev(Some(60.0), 1, false), 1_200);
         assert_eq!(lone, (1_200.0 * LONE_CUT, None));
         // Again within the quiet period: halved, and a fast probe back towards the pace.
-        let (learned, ceiling) = after_429(1_200.0, ev(Some(60.0), 1, true), 1_200);
+        let (learned, ceiling) = cut(1_200.0, ev(Some(60.0), 1, true), 1_200);
         assert_eq!(learned, 600.0);
         assert_eq!(ceiling, Some(1_200.0 * RECENT_CUT));
         let l = Learned {
@@ -291,9 +374,9 @@ mod tests {
         };
         let at = |s: f64| l.now(1_200, t(100.0 + s)).unwrap();
         assert_eq!(at(FAST_HOLD), 600.0, "the halved pace is tried first");
-        assert!(!l.probing_fast(t(100.0 + FAST_HOLD)));
+        assert_eq!(l.probing(t(100.0 + FAST_HOLD)), Probe::No);
         assert!(close(at(FAST_HOLD + 2.0), 600.0 * 0.2f64.exp()));
-        assert!(l.probing_fast(t(100.0 + FAST_HOLD + 2.0)));
+        assert_eq!(l.probing(t(100.0 + FAST_HOLD + 2.0)), Probe::Fast);
         assert_eq!(
             at(FAST_HOLD + 20.0),
             1_200.0 * RECENT_CUT,
@@ -301,10 +384,10 @@ mod tests {
         );
         // The probe crossed the limit: 3% below where it was refused, no more fast probe.
         let probing = Evidence {
-            probing: true,
+            probing: Probe::Fast,
             ..ev(Some(600.0), 40, true)
         };
-        assert_eq!(after_429(700.0, probing, 1_200), (700.0 * PROBE_CUT, None));
+        assert_eq!(cut(700.0, probing, 1_200), (700.0 * PROBE_CUT, None));
     }
 
     #[test]
@@ -321,6 +404,14 @@ mod tests {
             Some(300.0),
             "holds through the quiet period"
         );
+        assert_eq!(l.probing(t(100.0 + QUIET - 1.0)), Probe::No, "no ceiling");
+        assert_eq!(l.probing(t(100.0 + QUIET + 1.0)), Probe::Slow);
+        // The slow probe crossed the limit: 3% below.
+        let slow = Evidence {
+            probing: Probe::Slow,
+            ..ev(Some(290.0), 300, false)
+        };
+        assert_eq!(cut(310.0, slow, 600), (310.0 * RECENT_CUT, None));
         let probed = learned(QUIET + 10.0).unwrap();
         assert!(probed > 300.0 && probed < 340.0, "{probed}");
         // ln 2 / 1% ≈ 69.3 s after the quiet period it is back at the declared rate.

@@ -259,7 +259,7 @@ impl Pacer {
         let mut tx = self.pool.begin().await.map_err(lease_err)?;
         let row = sqlx::query!(
             r#"SELECT declared_rpm, learned_rpm, learned_at, ceiling_rpm, advertised_rpm,
-                      advertised_at, last_429_at, last_429_unmeasured, accepted, accepted_since
+                      advertised_at, last_429_at, streak_429, accepted, accepted_since
                FROM budgets WHERE budget_key = $1 FOR UPDATE"#,
             key
         )
@@ -304,14 +304,18 @@ impl Pacer {
                 .accepted_since
                 .map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0)),
             recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
-            probing: was.probing_fast(now),
-            after_unmeasured: row.last_429_unmeasured,
+            streak: row.streak_429.max(0) as u32,
+            probing: was.probing(now),
         };
-        let (rpm, ceiling) = learned::after_429(paced, evidence, declared);
+        let learned::Cut {
+            rpm,
+            ceiling,
+            streak,
+        } = learned::after_429(paced, evidence, declared);
         let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $4, last_429_at = $3,
-                                ceiling_rpm = $5, last_429_unmeasured = $6, accepted = 0,
+                                ceiling_rpm = $5, streak_429 = $6, accepted = 0,
                                 accepted_since = NULL, tat = LEAST(tat, $4)
              WHERE budget_key = $1",
             key,
@@ -319,7 +323,7 @@ impl Pacer {
             now,
             block_ends,
             ceiling,
-            evidence.accepted < learned::MIN_SAMPLE
+            streak as i32
         )
         .execute(&mut *tx)
         .await
@@ -333,7 +337,8 @@ impl Pacer {
             paced,
             accepted = ?evidence.accepted_rpm,
             recent = evidence.recent_429,
-            probing = evidence.probing,
+            streak,
+            probing = ?evidence.probing,
             learned = rpm,
             ?ceiling,
             "a 429: the budget's learned rate is lowered"

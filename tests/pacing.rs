@@ -463,8 +463,8 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
         (climbing - expected * 0.2f64.exp()).abs() < 1e-6,
         "{climbing}"
     );
-    assert_eq!(rates(&db.pool, &key, after(29_000)).await.1, Some(ceiling));
-    let (_, learned, effective) = rates(&db.pool, &key, after(40_000)).await;
+    assert_eq!(rates(&db.pool, &key, after(59_000)).await.1, Some(ceiling));
+    let (_, learned, effective) = rates(&db.pool, &key, after(70_000)).await;
     assert_eq!((learned, effective), (None, 600.0));
     // The Rust formula and the SQL one agree.
     let row: (Option<f64>, Option<DateTime<Utc>>, Option<f64>) = sqlx::query_as(
@@ -479,7 +479,9 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
         at: row.1,
         ceiling: row.2,
     };
-    for ms in [-500, 0, 1_500, 4_000, 17_000, 31_000, 33_000, 90_000] {
+    for ms in [
+        -500, 0, 1_500, 4_000, 17_000, 31_000, 61_000, 63_000, 90_000,
+    ] {
         let sql = rates(&db.pool, &key, after(ms)).await.1;
         match (sql, rust.now(600, after(ms))) {
             (Some(x), Some(y)) => assert!((x - y).abs() < 1e-6, "{ms}: {x} {y}"),
