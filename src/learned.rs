@@ -50,7 +50,7 @@ pub const MEASURE_WITHIN: f64 = 3.0;
 /// Calls accepted before a 429 for their rate to say what the target allows.
 pub const MIN_SAMPLE: i64 = 5;
 /// A 429 after too few accepted calls to measure (a limiter with no burst) cuts the pace
-/// to this share when the previous 429, within [`QUIET`], was one too...
+/// to this share within [`QUIET`] of another 429 (the deepest cut of all)...
 pub const NO_BURST_CUT: f64 = 0.5;
 /// ...and to this share otherwise: one call arriving late and the next on time make a lone
 /// 429 of a limiter without burst, at any pace.
