@@ -38,9 +38,9 @@ use crate::{pacer::HEADROOM, rate_headers::Statement};
 pub const MAX_CUT: f64 = 0.99;
 /// A 429 at about the pace within [`QUIET`] of another cuts it to this share.
 pub const RECENT_CUT: f64 = 0.97;
-/// A 429 met while the learned rate probes up (fast or slow) cuts the pace to this share:
-/// back below the limit it just crossed, with room for the probe's overshoot (its rate
-/// takes hold a lease later).
+/// A 429 met while the learned rate probes up fast cuts the pace to this share: back below
+/// the limit it just crossed, with room for the probe's overshoot (its rate takes hold a
+/// lease later). One that ends the slow probe cuts [`RECENT_CUT`]'s 3%.
 pub const PROBE_CUT: f64 = 0.92;
 /// An accepted rate below this share of the rate sent says what the limit is...
 pub const MEASURED: f64 = 0.9;
