@@ -337,6 +337,11 @@ mod tests {
             ..ev(Some(590.0), 50, true)
         };
         assert_eq!(after_429(600.0, probe, 600).streak, 0);
+        let measured = Evidence {
+            streak: 3,
+            ..ev(Some(400.0), 8, true)
+        };
+        assert_eq!(after_429(600.0, measured, 600).streak, 0);
         // Measured soon after another 429: taken, but at most halved, and no fast probe.
         assert_eq!(cut(600.0, ev(Some(400.0), 8, true), 600), (400.0, None));
         assert_eq!(cut(600.0, ev(Some(100.0), 8, true), 600), (300.0, None));
@@ -382,7 +387,7 @@ mod tests {
             1_200.0 * RECENT_CUT,
             "up to its ceiling"
         );
-        // The probe crossed the limit: 3% below where it was refused, no more fast probe.
+        // The probe crossed the limit: 8% below where it was refused, no more fast probe.
         let probing = Evidence {
             probing: Probe::Fast,
             ..ev(Some(600.0), 40, true)
