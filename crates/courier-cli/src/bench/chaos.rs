@@ -1269,6 +1269,7 @@ async fn sample(target: Target, started: Instant, running: Arc<AtomicBool>) -> V
             throttled: c.throttled,
             delivered: c.accepted_keys as i64,
             blocked: false,
+            pace: None,
         });
     }
     samples

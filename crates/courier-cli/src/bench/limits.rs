@@ -3,14 +3,15 @@
 //! and a limit that halves in the middle of the burst, as when another client starts on
 //! the workspace) × worker processes (1 and 3). Each cell runs on a fresh database of its
 //! own and reports achieved ÷ real, the 429 share, the time to converge to ≥ 90% of the
-//! real limit and drain ÷ ideal; each cell's plot draws the pace against the real limit.
+//! real limit and drain ÷ ideal; each cell's plot draws the pace against the real limit,
+//! and its JSON keeps the timeline the figures came from.
 
 use std::time::{Duration, Instant};
 
 use courier::enqueue;
 use courier_target::{RetryAfterMode, Target, TargetConfig, Window, WorkspaceConfig};
 
-use super::{BenchConfig, Report, Sample, Workers, fresh_database, plot, watch};
+use super::{BenchConfig, Report, Sample, Workers, fresh_database, watch};
 
 /// The workspace's real limit before any drop, requests per second (User.com's).
 pub const REAL_PER_SECOND: u32 = 10;
@@ -20,8 +21,6 @@ pub const DEFAULT_RECORDS: usize = 300;
 const DROP_AFTER_SHARE: f64 = 0.3;
 /// The share of the real limit that counts as converged.
 const CONVERGED: f64 = 0.9;
-/// The window the accepted rate is measured over for convergence.
-const RATE_WINDOW: f64 = 2.0;
 /// Longest a cell may take to drain.
 const CELL_LIMIT: Duration = Duration::from_secs(600);
 
@@ -104,12 +103,10 @@ pub struct CellFigures {
     pub achieved_over_real: f64,
     /// 429s among all calls.
     pub share_429: f64,
-    /// Seconds from the first call (or the drop) until the accepted rate stays at or
-    /// above 90% of the real limit; `None` when it never did.
+    /// Seconds from the first call (or the drop) until the budget's pace stays within
+    /// 90–100% of the real limit with no 429 after; `None` when it never did before the
+    /// backlog ran out.
     pub converge_s: Option<f64>,
-    /// How many rate windows the convergence was judged on (none: the drain was too short
-    /// to judge).
-    pub windows: usize,
     /// Drain time over the ideal.
     pub drain_over_ideal: f64,
 }
@@ -140,31 +137,27 @@ pub fn cell_figures(
     // measurable span.
     let span = (done - first_call).max(super::SAMPLE_EVERY.as_secs_f64());
     let achieved_over_real = (accepted(&last) / span) / (records as f64 / ideal);
-    // Accepted rate over each window [t, t + RATE_WINDOW] that ends before the backlog ran
-    // out; converged at the first window from which every later one is at >= 90%.
+    // Converged from the first sample after which, until the backlog ran out, the
+    // budget's pace stays between 90% and 100% of the real limit and no 429 comes: the
+    // budget has found the limit. (The calls' own rate dips a call or two at batch edges,
+    // which is throughput, in achieved ÷ real, not convergence.)
     let from = steps
         .last()
         .filter(|_| steps.len() > 1)
         .map_or(first_call, |s| s.0);
-    let windows: Vec<(f64, bool)> = samples
-        .iter()
-        .filter(|s| s.t >= from && s.t + RATE_WINDOW <= done)
-        .filter_map(|s| {
-            let end = samples.iter().find(|e| e.t >= s.t + RATE_WINDOW)?;
-            let rate = (accepted(end) - accepted(s)) / (end.t - s.t);
-            Some((s.t, rate >= CONVERGED * real_at(steps, s.t)))
-        })
-        .collect();
-    let converge_s = match windows.iter().rposition(|(_, ok)| !ok) {
-        None if windows.is_empty() => None,
-        None => Some(windows[0].0 - from),
-        Some(i) => windows.get(i + 1).map(|(t, _)| t - from),
+    let judged: Vec<&Sample> = samples.iter().filter(|s| s.t <= done).collect();
+    let unsettled = |s: &Sample| {
+        let real = real_at(steps, s.t);
+        s.throttled < last.throttled || s.pace.is_none_or(|p| p < CONVERGED * real || p > real)
+    };
+    let converge_s = match judged.iter().rposition(|s| unsettled(s)) {
+        None => Some(0.0),
+        Some(i) => judged.get(i + 1).map(|s| (s.t - from).max(0.0)),
     };
     CellFigures {
         achieved_over_real,
         share_429,
         converge_s,
-        windows: windows.len(),
         drain_over_ideal: drain / ideal,
     }
 }
@@ -208,31 +201,27 @@ pub(super) async fn run(
                 let label = format!("{window} {} {n}p", ratio.label());
                 let (figures, timeline, steps, declared) =
                     cell(&cell_config, window, ratio, n, records).await?;
-                report.figure(
-                    &format!("{label}: achieved ÷ real"),
-                    figures.achieved_over_real,
-                );
-                report.figure(&format!("{label}: 429 share"), figures.share_429);
-                report.figure(
-                    &format!("{label}: converge to 90% (s)"),
-                    match figures.converge_s {
-                        Some(s) => serde_json::Value::from(s),
-                        None if figures.windows == 0 => "too short to judge".into(),
-                        None => "never".into(),
-                    },
-                );
-                report.figure(&format!("{label}: drain ÷ ideal"), figures.drain_over_ideal);
                 let mut cell_report = Report::new(
                     &format!("limits-{window}-{}-{n}p", ratio.file_label()),
                     report.machine.clone(),
                 );
+                let converge = figures
+                    .converge_s
+                    .map_or_else(|| "never".into(), serde_json::Value::from);
+                for (name, value) in [
+                    ("achieved ÷ real", figures.achieved_over_real.into()),
+                    ("429 share", figures.share_429.into()),
+                    ("converge to 90% (s)", converge),
+                    ("drain ÷ ideal", figures.drain_over_ideal.into()),
+                ] {
+                    report.figure(&format!("{label}: {name}"), value.clone());
+                    cell_report.figure(name, value);
+                }
                 cell_report.timeline = timeline;
                 cell_report.declared_per_second = Some(declared);
                 cell_report.real_limit = steps;
                 if let Some(dir) = &config.out_dir {
-                    std::fs::create_dir_all(dir)?;
-                    let svg = dir.join(format!("{}.svg", cell_report.scenario));
-                    std::fs::write(&svg, plot::svg(&cell_report))?;
+                    cell_report.write(dir)?;
                 }
                 if window == Window::Gcra && ratio == Ratio::Drop && n == processes[0] {
                     report.timeline = cell_report.timeline;
@@ -304,13 +293,14 @@ async fn cell(
 mod tests {
     use super::*;
 
-    fn sample(t: f64, requests: u64, throttled: u64) -> Sample {
+    fn sample(t: f64, requests: u64, throttled: u64, pace: f64) -> Sample {
         Sample {
             t,
             requests,
             throttled,
             delivered: 0,
             blocked: false,
+            pace: Some(pace),
         }
     }
 
@@ -328,31 +318,44 @@ mod tests {
 
     #[test]
     fn figures_of_a_cell_that_converges_after_a_rough_start() {
-        // One sample a second: 3 s at 5 accepted/s (10 sent, 5 refused), then 10/s.
-        let mut samples = vec![sample(0.0, 0, 0)];
+        // One sample a second: 3 s at 5 accepted/s (10 sent, 5 refused), the budget's pace
+        // at 20/s, then 10/s at a pace of 9.8/s.
+        let mut samples = vec![sample(0.0, 0, 0, 20.0)];
         let (mut req, mut thr) = (0u64, 0u64);
         for t in 1..=14 {
             req += 10;
             if t <= 4 {
                 thr += 5;
             }
-            samples.push(sample(f64::from(t), req, thr));
+            let pace = if t < 4 { 20.0 } else { 9.8 };
+            samples.push(sample(f64::from(t), req, thr, pace));
         }
         let steps = [(0.0, 10.0)];
         // 20 + 100 accepted: the backlog was 120 records, ideally 12 s.
         let f = cell_figures(&samples, &steps, 120, 14.0);
         assert_eq!(f.share_429, 20.0 / 140.0);
-        // From the first call (t = 1) to the first window at 90% that stays so (t = 4).
+        // From the first call (t = 1) to the first sample after the last 429 (t = 4).
         assert_eq!(f.converge_s, Some(3.0), "{f:?}");
         assert!(
             (f.achieved_over_real - 120.0 / 13.0 / 10.0).abs() < 1e-9,
             "{f:?}"
         );
         assert!((f.drain_over_ideal - 14.0 / 12.0).abs() < 1e-9, "{f:?}");
-        // Never at 90%: no convergence.
-        let slow: Vec<Sample> = (0..=40)
-            .map(|i| sample(f64::from(i) * 0.25, i as u64, 0))
+        // A pace under 90% of the limit, or over it, is not converged.
+        for pace in [8.9, 10.1] {
+            let off: Vec<Sample> = samples
+                .iter()
+                .map(|s| Sample {
+                    pace: Some(if s.t >= 12.0 { pace } else { 9.8 }),
+                    ..*s
+                })
+                .collect();
+            assert_eq!(cell_figures(&off, &steps, 120, 14.0).converge_s, None);
+        }
+        // No 429 and the pace in the band throughout: converged from the start.
+        let calm: Vec<Sample> = (0..=40)
+            .map(|i| sample(f64::from(i) * 0.25, i as u64, 0, 9.8))
             .collect();
-        assert_eq!(cell_figures(&slow, &steps, 40, 10.0).converge_s, None);
+        assert_eq!(cell_figures(&calm, &steps, 10, 10.0).converge_s, Some(0.0));
     }
 }

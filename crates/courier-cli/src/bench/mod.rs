@@ -95,6 +95,11 @@ pub struct Sample {
     pub delivered: i64,
     /// Whether a rate-limit block held at the sample.
     pub blocked: bool,
+    /// The pace the budget sets, calls per second: its effective rate less the pacer's
+    /// headroom (the least over budgets; `None` before the first lease or where the
+    /// database is not read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pace: Option<f64>,
 }
 
 /// How often progress is sampled.
@@ -177,14 +182,23 @@ impl Report {
 pub async fn run(scenario: Scenario, config: BenchConfig) -> anyhow::Result<Report> {
     let report = scenarios::run(scenario, &config).await?;
     if let Some(dir) = &config.out_dir {
-        std::fs::create_dir_all(dir)?;
-        let json = dir.join(format!("{}.json", report.scenario));
-        std::fs::write(&json, serde_json::to_vec_pretty(&report)?)?;
-        let svg = dir.join(format!("{}.svg", report.scenario));
-        std::fs::write(&svg, plot::svg(&report))?;
+        let (json, svg) = report.write(dir)?;
         println!("wrote {} and {}", json.display(), svg.display());
     }
     Ok(report)
+}
+
+impl Report {
+    /// Writes `<scenario>.json` (figures and timeline) and `<scenario>.svg` (the plot) to
+    /// `dir`; returns their paths.
+    fn write(&self, dir: &std::path::Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+        std::fs::create_dir_all(dir)?;
+        let json = dir.join(format!("{}.json", self.scenario));
+        std::fs::write(&json, serde_json::to_vec_pretty(self)?)?;
+        let svg = dir.join(format!("{}.svg", self.scenario));
+        std::fs::write(&svg, plot::svg(self))?;
+        Ok((json, svg))
+    }
 }
 
 /// A fresh database for a run, dropped and created again.
@@ -250,14 +264,16 @@ async fn watch(
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
-        let (delivered, open, blocked): (i64, i64, bool) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
-                    (SELECT count(*) FROM deliveries WHERE status = 'pending')
-                  + (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')),
-                    EXISTS (SELECT 1 FROM connection_blocks WHERE blocked_until > now())",
-        )
-        .fetch_one(pool)
-        .await?;
+        let (delivered, open, blocked, effective_rpm): (i64, i64, bool, Option<f64>) =
+            sqlx::query_as(
+                "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
+                        (SELECT count(*) FROM deliveries WHERE status = 'pending')
+                      + (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')),
+                        EXISTS (SELECT 1 FROM connection_blocks WHERE blocked_until > now()),
+                        (SELECT min(effective_rpm) FROM budget_rates)",
+            )
+            .fetch_one(pool)
+            .await?;
         let c = target.counters();
         samples.push(Sample {
             t: started.elapsed().as_secs_f64(),
@@ -265,6 +281,7 @@ async fn watch(
             throttled: c.throttled,
             delivered,
             blocked,
+            pace: effective_rpm.map(|rpm| rpm / 60.0 * (1.0 - courier::pacer::HEADROOM)),
         });
         if open == 0 {
             return Ok(samples);
