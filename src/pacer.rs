@@ -291,11 +291,15 @@ impl Pacer {
             at: row.learned_at,
             ceiling: row.ceiling_rpm,
         };
+        // The pace the refused call was spaced at: the rate of this process's last lease.
+        // A probe has climbed since (by up to a slice's growth), or another process's 429
+        // has cut the rate meanwhile: the lesser of the two.
         let paced = learned::effective(
             declared,
             was.now(declared, now),
             learned::advertised_now(row.advertised_rpm, row.advertised_at, now),
-        );
+        )
+        .min(f64::from_bits(b.effective.load(Ordering::Relaxed)));
         let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
         let evidence = learned::Evidence {
             accepted_rpm: learned::accepted_rpm(row.accepted + pending, row.accepted_since, now),

@@ -457,12 +457,17 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
         600.0 * courier::learned::LONE_CUT * courier::learned::RECENT_CUT
     );
     let after = |ms: i64| learned_at + Span::milliseconds(ms);
-    assert_eq!(rates(&db.pool, &key, after(1_000)).await.1, Some(expected));
-    let climbing = rates(&db.pool, &key, after(3_000)).await.1.unwrap();
-    assert!(
-        (climbing - expected * 0.2f64.exp()).abs() < 1e-6,
-        "{climbing}"
+    let hold_ms = (courier::learned::FAST_HOLD * 1e3) as i64;
+    assert_eq!(
+        rates(&db.pool, &key, after(hold_ms)).await.1,
+        Some(expected)
     );
+    let climbing = rates(&db.pool, &key, after(hold_ms + 2_000))
+        .await
+        .1
+        .unwrap();
+    let grown = (2.0 * courier::learned::FAST_PROBE_PER_SECOND).exp();
+    assert!((climbing - expected * grown).abs() < 1e-6, "{climbing}");
     assert_eq!(rates(&db.pool, &key, after(59_000)).await.1, Some(ceiling));
     let (_, learned, effective) = rates(&db.pool, &key, after(70_000)).await;
     assert_eq!((learned, effective), (None, 600.0));
