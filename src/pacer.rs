@@ -55,6 +55,15 @@ pub const HEADROOM: f64 = 0.02;
 /// half without the pair arriving closer together than the rate allows.
 pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
 
+/// The most a call's answer coming back late holds the process's next call back, as a share
+/// of the slot interval (see [`Pacer::returned`]).
+pub const MAX_LATE_SHARE: f64 = 0.05;
+
+/// How far the quickest round trip a budget remembers drifts towards a slower one, per
+/// call: 1/this of the difference (a network that became slower is learned in a few
+/// hundred calls).
+const QUICKEST_DRIFT: u32 = 256;
+
 /// The time between two requests of a budget declaring `requests_per_minute`.
 pub fn emission_interval(requests_per_minute: u32) -> Duration {
     interval_for(f64::from(requests_per_minute))
@@ -160,8 +169,20 @@ struct Budget {
     /// The shared budget's next free slot as of this process's last lease: how far other
     /// processes have booked it.
     booked_until: Mutex<Option<DateTime<Utc>>>,
-    /// When this process's latest call on the budget was let go (see [`Pacer::spaced`]).
-    last_call: Mutex<Option<DateTime<Utc>>>,
+    /// This process's latest call on the budget (see [`Pacer::spaced`]).
+    trip: Mutex<Trip>,
+}
+
+/// A process's latest call on a budget and how quickly calls come back.
+#[derive(Default)]
+struct Trip {
+    /// When the latest call was let go.
+    let_go: Option<DateTime<Utc>>,
+    /// How much slower than the quickest its round trip was, once it answered (at most
+    /// [`MAX_LATE_SHARE`] of the interval).
+    late: Duration,
+    /// The quickest round trip lately: the least seen, drifting towards slower ones.
+    quickest: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -226,7 +247,7 @@ impl Pacer {
                     advertised: Mutex::new(None),
                     hold: Mutex::new(None),
                     booked_until: Mutex::new(None),
-                    last_call: Mutex::new(None),
+                    trip: Mutex::default(),
                 });
                 budgets.insert(key.to_owned(), b.clone());
                 b
@@ -417,7 +438,8 @@ impl Pacer {
 
     /// When a call on budget `key` whose slot has come may go: now, unless this process's
     /// previous call on the budget went less than [`MIN_GAP_SHARE`] of the slot interval
-    /// ago. A call let go late (a timer or a thread woke late) and the next one on time
+    /// ago, plus the time its answer came back late ([`Pacer::returned`]). A call let go
+    /// late (a timer or a thread woke late), or slow on its way, and the next one on time
     /// would arrive closer together than the rate allows, which a limiter with no burst
     /// refuses; held back this way, the calls after a late one catch up on the schedule by
     /// the rest of the headroom each.
@@ -427,12 +449,36 @@ impl Pacer {
             return now;
         };
         let rpm = f64::from_bits(b.effective.load(Ordering::Relaxed));
-        let gap =
-            chrono::Duration::from_std(interval_for(rpm).mul_f64(MIN_GAP_SHARE)).expect("fits");
-        let mut last = b.last_call.lock().expect("budget mutex");
-        let at = last.map_or(now, |l| now.max(l + gap));
-        *last = Some(at);
+        let mut trip = b.trip.lock().expect("budget mutex");
+        let gap = chrono::Duration::from_std(interval_for(rpm).mul_f64(MIN_GAP_SHARE) + trip.late)
+            .expect("fits");
+        let at = trip.let_go.map_or(now, |l| now.max(l + gap));
+        trip.let_go = Some(at);
+        trip.late = Duration::ZERO;
         at
+    }
+
+    /// The call on budget `key` let go at `let_go` (as [`Pacer::spaced`] returned) answered
+    /// after `round_trip`. If it is still the process's latest call, the time its trip took
+    /// beyond the quickest lately (at most [`MAX_LATE_SHARE`] of the interval) holds the
+    /// next call back: the call may have reached the target that late, and the next one,
+    /// on time, would follow it too closely.
+    pub fn returned(&self, key: &str, let_go: DateTime<Utc>, round_trip: Duration) {
+        let Some(b) = self.known(key) else {
+            return;
+        };
+        let rpm = f64::from_bits(b.effective.load(Ordering::Relaxed));
+        let mut trip = b.trip.lock().expect("budget mutex");
+        let quickest = match trip.quickest {
+            Some(q) if q < round_trip => q + (round_trip - q) / QUICKEST_DRIFT,
+            _ => round_trip,
+        };
+        trip.quickest = Some(quickest);
+        if trip.let_go == Some(let_go) {
+            trip.late = round_trip
+                .saturating_sub(quickest)
+                .min(interval_for(rpm).mul_f64(MAX_LATE_SHARE));
+        }
     }
 
     /// Slots this process has handed out for budget `key` (one per writer call).

@@ -358,6 +358,41 @@ async fn a_call_let_go_late_holds_the_next_one_back_by_most_of_an_interval() {
 }
 
 #[tokio::test]
+async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let interval = courier::pacer::emission_interval(600);
+    let min_gap = interval.mul_f64(courier::pacer::MIN_GAP_SHARE);
+    let ms = std::time::Duration::from_millis;
+    e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
+    // Calls answering in 1 ms: the quickest trip.
+    let mut go = e.pacer.spaced("ws:k");
+    for _ in 0..3 {
+        e.pacer.returned("ws:k", go, ms(1));
+        e.clock.advance(Span::from_std(ms(10)).unwrap());
+        let next = e.pacer.spaced("ws:k");
+        assert_eq!((next - go).to_std().unwrap(), min_gap, "no lateness");
+        go = next;
+    }
+    // One answering in 4 ms may have arrived 3 ms late: the next waits 3 ms more.
+    e.pacer.returned("ws:k", go, ms(4));
+    let next = e.pacer.spaced("ws:k");
+    assert_eq!((next - go).to_std().unwrap(), min_gap + ms(3) - ms(3) / 256);
+    // The lateness counts once, for the call right after; and never beyond 5% of the
+    // interval.
+    e.pacer.returned("ws:k", next, ms(500));
+    let after = e.pacer.spaced("ws:k");
+    assert_eq!(
+        (after - next).to_std().unwrap(),
+        min_gap + interval.mul_f64(courier::pacer::MAX_LATE_SHARE)
+    );
+    // An answer of a call that is no longer the latest holds nothing back.
+    e.pacer.returned("ws:k", go, ms(50));
+    let last = e.pacer.spaced("ws:k");
+    assert_eq!((last - after).to_std().unwrap(), min_gap);
+}
+
+#[tokio::test]
 async fn a_sporadic_429_costs_a_percent_of_the_pace_not_half() {
     let (db, target) = shop(&["customers"], 100, 1).await;
     set_rate(&db.pool, 600).await;
@@ -442,7 +477,7 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
     assert!(report.connections[0].last_429_at.is_some());
     assert!(report.render().contains("297"), "{}", report.render());
 
-    // A second after the block it probes up fast towards the pace refused (less 3%), holds
+    // Half a second after the block it probes up fast towards the pace refused (less 3%), holds
     // there through the quiet period, then probes on slowly and is forgotten at the
     // declared rate.
     let (learned_at, ceiling): (DateTime<Utc>, Option<f64>) =

@@ -65,24 +65,25 @@ pub fn calls<'a>(
                     // The target said its budget is spent until later than this slot
                     // (remaining 0): a new slot, from then on.
                     if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
-                        engine
-                            .clock
-                            .sleep_until_precise(engine.pacer.spaced(key))
-                            .await;
+                        let go = engine.pacer.spaced(key);
+                        engine.clock.sleep_until_precise(go).await;
                         engine.metrics.pacer_waited(key, asked.elapsed());
-                        return Ok::<_, crate::pacer::PacerError>(());
+                        return Ok::<_, crate::pacer::PacerError>(go);
                     }
                 }
             };
             // A stop does not wait for slots: the delivery stays pending, untouched.
-            tokio::select! {
-                waited = slot => if let Err(e) = waited {
-                    tracing::error!(error = %e, "no request slot; delivery left pending");
-                    return (i, None);
+            let go = tokio::select! {
+                waited = slot => match waited {
+                    Ok(go) => go,
+                    Err(e) => {
+                        tracing::error!(error = %e, "no request slot; delivery left pending");
+                        return (i, None);
+                    }
                 },
                 _ = engine.shutdown.cancelled() => return (i, None),
                 _ = stop.0.cancelled() => return (i, None),
-            }
+            };
             // A 429 or a stop may have come in while this call waited for its slot.
             if halted() {
                 return (i, None);
@@ -96,6 +97,9 @@ pub fn calls<'a>(
                     payload: &d.payload,
                 })
                 .await;
+            // From the time the call was due: a thread that woke late delays it too.
+            let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
+            engine.pacer.returned(key, go, trip);
             let status = match &result {
                 Ok(receipt) => receipt.http_status,
                 Err(e) => e.http_status(),
