@@ -1,6 +1,6 @@
 //! The plot of a run: delivered calls per second over time against the declared rate,
-//! 429s as red bars, rate-limit blocks shaded, faults (chaos) marked. Plain SVG, no
-//! plotting library.
+//! 429s as red bars, rate-limit blocks shaded, faults (chaos) marked, the budget's pace
+//! against the real limit (limits). Plain SVG, no plotting library.
 
 use std::fmt::Write;
 
@@ -168,12 +168,30 @@ pub fn svg(report: &Report) -> String {
         r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="2"/>"##,
         points.join(" ")
     );
+    // The budget's pace (limits only): the rate it let calls go at, sample by sample.
+    let paced: Vec<String> = report
+        .timeline
+        .iter()
+        .filter_map(|s| Some(format!("{:.1},{:.1}", x(s.t), y(s.pace?))))
+        .collect();
+    if !paced.is_empty() {
+        let _ = writeln!(
+            s,
+            r##"<polyline points="{}" fill="none" stroke="#9467bd" stroke-width="1.5"/>"##,
+            paced.join(" ")
+        );
+    }
     // Legend.
     let _ = writeln!(
         s,
-        r##"<g transform="translate({:.1},{:.1})"><line x1="0" x2="20" y1="0" y2="0" stroke="#1f77b4" stroke-width="2"/><text x="26" y="4">calls/s</text><rect x="90" y="-6" width="12" height="12" fill="#d62728"/><text x="108" y="4">429s/s</text><rect x="170" y="-6" width="12" height="12" fill="#f6d5d5"/><text x="188" y="4">blocked</text></g>"##,
-        W - RIGHT - 260.0,
-        22.0
+        r##"<g transform="translate({:.1},{:.1})"><line x1="0" x2="20" y1="0" y2="0" stroke="#1f77b4" stroke-width="2"/><text x="26" y="4">calls/s</text><rect x="90" y="-6" width="12" height="12" fill="#d62728"/><text x="108" y="4">429s/s</text><rect x="170" y="-6" width="12" height="12" fill="#f6d5d5"/><text x="188" y="4">blocked</text>{}</g>"##,
+        W - RIGHT - if paced.is_empty() { 260.0 } else { 380.0 },
+        22.0,
+        if paced.is_empty() {
+            ""
+        } else {
+            r##"<line x1="250" x2="270" y1="0" y2="0" stroke="#9467bd" stroke-width="1.5"/><text x="276" y="4">budget's pace</text>"##
+        }
     );
     s.push_str("</svg>\n");
     s
