@@ -262,12 +262,10 @@ impl Pacer {
     /// A call on budget `key` met a 429: the target allows less than the pace. The
     /// budget's learned rate (shared by every process, in its row) is set from what the
     /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
-    /// process leased at the old pace are dropped, and the shared budget's next slot is
-    /// the end of the block this one sets (`block`), whether it was booked further or not
-    /// as far. The stretch the next 429 measures starts with the first slot leased after
-    /// it (not the lease: one in flight as the 429 came leases from the block's end): time
-    /// spent blocked, or waiting to be fetched again, says nothing about the rate the
-    /// target accepts.
+    /// process leased at the old pace are dropped, and the shared budget's booking is cut
+    /// back to the end of the block this one sets (`block`). The stretch the next 429
+    /// measures starts with the first lease after it: time spent blocked, or waiting to be
+    /// fetched again, says nothing about the rate the target accepts.
     pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
@@ -343,7 +341,7 @@ impl Pacer {
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $4, last_429_at = $3,
                                 ceiling_rpm = $5, streak_429 = $6, accepted = 0,
-                                accepted_since = NULL, tat = $4
+                                accepted_since = NULL, tat = LEAST(tat, $4)
              WHERE budget_key = $1",
             key,
             rpm,
@@ -622,8 +620,7 @@ impl Pacer {
                  accepted = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
                                  THEN EXCLUDED.accepted ELSE b.accepted + EXCLUDED.accepted END,
                  accepted_since = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
-                                       THEN GREATEST(b.tat, EXCLUDED.updated_at, $7::timestamptz)
-                                       ELSE b.accepted_since END,
+                                       THEN EXCLUDED.updated_at ELSE b.accepted_since END,
                  advertised_rpm = COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
                  advertised_at = COALESCE(EXCLUDED.advertised_at, b.advertised_at)
                RETURNING tat AS "tat!",

@@ -358,37 +358,6 @@ async fn a_call_let_go_late_holds_the_next_one_back_by_most_of_an_interval() {
 }
 
 #[tokio::test]
-async fn a_lease_during_a_block_books_and_measures_from_the_block_s_end() {
-    let db = TestDb::new().await;
-    let e = engine(&db.pool, settings(&db.url));
-    // A slot, so the budget has a row and a booking; then a 429 sets a block of a second.
-    e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
-    let block_end = e.clock.now() + Span::seconds(1);
-    e.pacer
-        .throttled("ws:k", std::time::Duration::from_secs(1))
-        .await
-        .unwrap();
-    // A lease during the block (one in flight as the 429 came) books from its end...
-    let slot = e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
-    assert!(
-        (slot - block_end).abs() < Span::milliseconds(1),
-        "{slot} {block_end}"
-    );
-    // ...and the stretch the next 429 measures starts there, not at the lease: a second
-    // of block counted in it would halve the rate it measures.
-    let since: Option<DateTime<Utc>> =
-        sqlx::query_scalar("SELECT accepted_since FROM budgets WHERE budget_key = 'ws:k'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    let since = since.expect("the lease starts a stretch");
-    assert!(
-        (since - block_end).abs() < Span::milliseconds(1),
-        "{since} {block_end}"
-    );
-}
-
-#[tokio::test]
 async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
