@@ -15,14 +15,14 @@
 //!     half;
 //!   - accepted about at the pace: the limit lies just below it; a sporadic 429 costs 1%
 //!     ([`MAX_CUT`]); one met while the learned rate probes up fast 12% ([`PROBE_CUT`]:
-//!     the limit is met a slice or two after it is crossed), slowly 3%; one within [`QUIET`] of another 3%, the
-//!     next in a row 6%, then 9%... ([`recent_cut`]);
+//!     the limit refuses a slice or two after it is crossed), slowly 3%; one within
+//!     [`QUIET`] of another 3%, the next in a row 6%, then 9%... ([`recent_cut`]);
 //!   - too few accepted to measure ([`MIN_SAMPLE`]): a limiter with no burst refused the
 //!     second call. Alone that may be a late call ([`LONE_CUT`], 1%); within [`QUIET`] of
-//!     another 429 the pace is halved ([`NO_BURST_CUT`]) and, after a second at the halved
-//!     pace ([`FAST_HOLD`]), **probes back up fast** ([`FAST_PROBE_PER_SECOND`]) towards
-//!     the pace that was refused (the *ceiling*), so the limit is found between the two by
-//!     the next 429.
+//!     another 429 the pace is halved ([`NO_BURST_CUT`]) and, after half a second at the
+//!     halved pace ([`FAST_HOLD`]), **probes back up fast** ([`FAST_PROBE_PER_SECOND`])
+//!     towards the pace that was refused (the *ceiling*), so the limit is found between the
+//!     two by the next 429.
 //!
 //!   One 429 per [`ONE_CUT_PER`] counts: calls in flight meeting the same exhausted window
 //!   do not cut again.
@@ -63,8 +63,8 @@ pub const LONE_CUT: f64 = MAX_CUT;
 pub const FAST_HOLD: f64 = 0.5;
 /// The fast probe's growth per second (multiplicative), up to the ceiling: from a halved
 /// pace 62% of the limit (a rate declared 10× too high, halved four times) to the limit in
-/// 2.4 s. A slice of slots is leased at one rate, a quarter second's worth: the rate a
-/// 429 cuts is that of the refused call's slice, at most 5% past the limit.
+/// 2.4 s. A slice of slots (a quarter second's worth) is leased at one rate: the rate a
+/// 429 cuts is that of the refused call's slice.
 pub const FAST_PROBE_PER_SECOND: f64 = 0.2;
 /// The learned rate never goes below this share of the declared rate: a target that
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
