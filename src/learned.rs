@@ -13,6 +13,15 @@
 //!     step (a rate declared 10× too high is corrected by one 429). Within [`QUIET`] of
 //!     another 429 the stretch may have met another client's burst: the cut is at most a
 //!     half;
+//!   - accepted about at the pace, soon after another 429, but what the target let
+//!     through *between the two refusals* (the previous block included, [`between_rpm`])
+//!     well below the pace: a bucket with a burst refilled during the block and let the
+//!     excess through until it was empty (over block and stretch, it let through exactly
+//!     its rate), or a window lost the block's time (it let through less than its rate).
+//!     The rate between refusals is taken, with a fast probe back towards the pace: a
+//!     window's 429 then comes above it; a bucket's lets the same through between
+//!     refusals again, which settles the rate without a probe ([`Lesson::Bucket`]). After
+//!     a measured cut, a rate between refusals a little below the pace is a bucket's too;
 //!   - accepted about at the pace: the limit lies just below it; a sporadic 429 costs 1%
 //!     ([`MAX_CUT`]); one met while the learned rate probes up fast 12% ([`PROBE_CUT`]:
 //!     the limit refuses a slice or two after it is crossed), slowly 3%; one within
@@ -66,6 +75,21 @@ pub const FAST_HOLD: f64 = 0.5;
 /// 2.4 s. A slice of slots (a quarter second's worth) is leased at one rate: the rate a
 /// 429 cuts is that of the refused call's slice.
 pub const FAST_PROBE_PER_SECOND: f64 = 0.2;
+/// A 429 at about the pace soon after another, when the target let through, between the
+/// two refusals (the block included), less than [`MEASURED`] of the rate sent: a bucket
+/// that refilled during the block and let the excess through until it was empty, or a
+/// window or a limiter with no burst that lost the block's time ([`between_rpm`]). The rate
+/// between refusals is taken, and a fast probe climbs back towards the pace refused: a
+/// window's limit is found above it by the probe's 429, a bucket's is confirmed by a rate
+/// between refusals the same again ([`SAME_BETWEEN`]).
+pub const BETWEEN_CUT_BELOW: f64 = MEASURED;
+/// Two rates between refusals this close (a share of the first) are a bucket's refill.
+pub const SAME_BETWEEN: f64 = 0.1;
+/// After a cut measured on a window or bucket, or a bucket confirmed, a rate between
+/// refusals of at least this share of the rate sent (but below it) is taken as it is,
+/// without a probe: a bucket's burst hid an excess this small for seconds; a window cannot
+/// stretch that long between refusals at a pace above its limit.
+pub const BUCKET_SHARE: f64 = 0.75;
 /// The learned rate never goes below this share of the declared rate: a target that
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
 pub const MIN_SHARE: f64 = 0.05;
@@ -197,6 +221,77 @@ pub struct Evidence {
     pub streak: u32,
     /// Whether the pace was climbing in a probe ([`Learned::probing`]).
     pub probing: Probe,
+    /// The rate the target let through since the previous 429, its block included
+    /// ([`between_rpm`]); `None` without one within [`QUIET`].
+    pub between_rpm: Option<f64>,
+    /// How the learned rate was set last, and the rate it set (before its probes).
+    pub previous: Option<(Lesson, f64)>,
+}
+
+/// Requests per minute the target let through between two 429s: `accepted` calls over the
+/// previous 429's block (`block` seconds) and the stretch since (`stretch` seconds). A
+/// bucket refills during the block and lets that much through after it: over both, its
+/// rate exactly. Any limiter lets through at most about its rate over the two.
+pub fn between_rpm(accepted: i64, block: f64, stretch: f64) -> Option<f64> {
+    let secs = block.max(0.0) + stretch.max(0.0);
+    (secs > 0.0).then(|| accepted.max(0) as f64 * 60.0 / secs.max(MIN_STRETCH))
+}
+
+/// How a 429 set the learned rate (stored with it in the budget row as text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lesson {
+    /// A lone 429 after too few accepted calls: [`LONE_CUT`].
+    Lone,
+    /// Again after too few: [`NO_BURST_CUT`], with a fast probe.
+    Halved,
+    /// What a window or bucket let through over a short stretch.
+    Measured,
+    /// The rate between two refusals, with a fast probe ([`BETWEEN_CUT_BELOW`]).
+    Between,
+    /// The rate between refusals of a bucket ([`BUCKET_SHARE`], [`SAME_BETWEEN`]).
+    Bucket,
+    /// A 429 met by the fast probe: [`PROBE_CUT`].
+    Probe,
+    /// A 429 met by the slow probe: [`RECENT_CUT`].
+    SlowProbe,
+    /// Again at about the pace: [`recent_cut`].
+    Streak,
+    /// A sporadic 429 at about the pace: [`MAX_CUT`].
+    Sporadic,
+}
+
+impl Lesson {
+    /// The name stored in `budgets.learned_by`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lesson::Lone => "lone",
+            Lesson::Halved => "halved",
+            Lesson::Measured => "measured",
+            Lesson::Between => "between",
+            Lesson::Bucket => "bucket",
+            Lesson::Probe => "probe",
+            Lesson::SlowProbe => "slow_probe",
+            Lesson::Streak => "streak",
+            Lesson::Sporadic => "sporadic",
+        }
+    }
+
+    /// The lesson a stored name stands for (`None` for an unknown one).
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Lesson::Lone,
+            Lesson::Halved,
+            Lesson::Measured,
+            Lesson::Between,
+            Lesson::Bucket,
+            Lesson::Probe,
+            Lesson::SlowProbe,
+            Lesson::Streak,
+            Lesson::Sporadic,
+        ]
+        .into_iter()
+        .find(|l| l.as_str() == name)
+    }
 }
 
 /// The cut of the `streak`-th 429 in a row at about the pace, each within [`QUIET`] of the
@@ -218,6 +313,8 @@ pub struct Cut {
     /// The cuts at about the pace in a row, each within [`QUIET`] of the one before, this
     /// one included ([`recent_cut`]); 0 after any other cut.
     pub streak: u32,
+    /// How it was set.
+    pub by: Lesson,
 }
 
 /// What a 429 met while pacing at `paced` requests per minute teaches (see the module's
@@ -225,9 +322,16 @@ pub struct Cut {
 pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
     let sent = paced * (1.0 - HEADROOM);
     let mut streak = 0;
-    let (learned, ceiling) = match evidence.accepted_rpm {
-        _ if evidence.accepted < MIN_SAMPLE && !evidence.recent_429 => (paced * LONE_CUT, None),
-        _ if evidence.accepted < MIN_SAMPLE => (paced * NO_BURST_CUT, Some(paced * RECENT_CUT)),
+    let between = evidence.between_rpm.filter(|_| evidence.recent_429);
+    let (learned, ceiling, by) = match evidence.accepted_rpm {
+        _ if evidence.accepted < MIN_SAMPLE && !evidence.recent_429 => {
+            (paced * LONE_CUT, None, Lesson::Lone)
+        }
+        _ if evidence.accepted < MIN_SAMPLE => (
+            paced * NO_BURST_CUT,
+            Some(paced * RECENT_CUT),
+            Lesson::Halved,
+        ),
         Some(rate)
             if rate < sent * MEASURED
                 && evidence.stretch <= MEASURE_WITHIN
@@ -240,17 +344,33 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
             } else {
                 0.0
             };
-            (rate.min(paced).max(floor), None)
+            (rate.min(paced).max(floor), None, Lesson::Measured)
         }
-        _ => match evidence.probing {
-            Probe::Fast => (paced * PROBE_CUT, None),
-            // The slow probe overshoots the limit by a quarter second's growth at most.
-            Probe::Slow => (paced * RECENT_CUT, None),
-            Probe::No if evidence.recent_429 => {
-                streak = evidence.streak + 1;
-                (paced * recent_cut(streak), None)
+        _ => match (evidence.probing, between, evidence.previous) {
+            // The probe from a rate between refusals met the same rate again: a bucket.
+            (Probe::Fast, Some(e), Some((Lesson::Between, from)))
+                if (e - from).abs() <= from * SAME_BETWEEN =>
+            {
+                (e.min(paced), None, Lesson::Bucket)
             }
-            Probe::No => (paced * MAX_CUT, None),
+            (Probe::Fast, ..) => (paced * PROBE_CUT, None, Lesson::Probe),
+            // The slow probe overshoots the limit by a quarter second's growth at most.
+            (Probe::Slow, ..) => (paced * RECENT_CUT, None, Lesson::SlowProbe),
+            (Probe::No, Some(e), Some((Lesson::Measured | Lesson::Bucket, _)))
+                if e >= sent * BUCKET_SHARE && e < sent =>
+            {
+                (e, None, Lesson::Bucket)
+            }
+            (Probe::No, Some(e), _) if e < sent * BETWEEN_CUT_BELOW => (
+                e.max(paced * NO_BURST_CUT),
+                Some(paced * RECENT_CUT),
+                Lesson::Between,
+            ),
+            (Probe::No, ..) if evidence.recent_429 => {
+                streak = evidence.streak + 1;
+                (paced * recent_cut(streak), None, Lesson::Streak)
+            }
+            (Probe::No, ..) => (paced * MAX_CUT, None, Lesson::Sporadic),
         },
     };
     let floor = (f64::from(declared) * MIN_SHARE).max(1.0);
@@ -258,6 +378,7 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
         rpm: learned.max(floor),
         ceiling: ceiling.filter(|&c| c > learned.max(floor)),
         streak,
+        by,
     }
 }
 
@@ -283,6 +404,8 @@ mod tests {
             recent_429,
             streak: 0,
             probing: Probe::No,
+            between_rpm: None,
+            previous: None,
         }
     }
 
@@ -402,6 +525,71 @@ mod tests {
             ..ev(Some(600.0), 40, true)
         };
         assert_eq!(cut(700.0, probing, 1_200), (700.0 * PROBE_CUT, None));
+    }
+
+    #[test]
+    fn a_bucket_declared_too_high_is_found_by_what_it_lets_through_between_refusals() {
+        // A bucket of 10 refilling at 10/s, paced at 19/s: after each 1 s block it lets
+        // 10 + 10·t through and refuses after t ≈ 1.1 s, at about the pace.
+        assert_eq!(between_rpm(21, 1.0, 1.1), Some(600.0));
+        let again = |between, previous| Evidence {
+            between_rpm: Some(between),
+            previous,
+            ..ev(Some(1_145.0), 21, true)
+        };
+        let sporadic = Some((Lesson::Sporadic, 1_188.0));
+        let cut = after_429(1_200.0, again(600.0, sporadic), 1_200);
+        assert_eq!(
+            (cut.rpm, cut.ceiling, cut.by),
+            (600.0, Some(1_200.0 * RECENT_CUT), Lesson::Between),
+            "the rate between refusals, and a fast probe back up"
+        );
+        // The probe's 429 lets the same through between refusals: a bucket, no more probe.
+        let probing = Evidence {
+            probing: Probe::Fast,
+            ..again(630.0, Some((Lesson::Between, 600.0)))
+        };
+        let cut = after_429(1_000.0, probing, 1_200);
+        assert_eq!(
+            (cut.rpm, cut.ceiling, cut.by),
+            (630.0, None, Lesson::Bucket)
+        );
+        // A window's limit lies above: the probe let through more than the rate it started
+        // from, and its 429 is a probe's.
+        let window = Evidence {
+            probing: Probe::Fast,
+            ..again(700.0, Some((Lesson::Between, 600.0)))
+        };
+        assert_eq!(after_429(1_000.0, window, 1_200).rpm, 1_000.0 * PROBE_CUT);
+        // A window's or a sliding log's refusals within one window of the block: at most
+        // halved, with the probe.
+        assert_eq!(after_429(600.0, again(200.0, sporadic), 1_200).rpm, 300.0);
+        // About the pace between refusals too: the limit lies just below the pace.
+        let near = after_429(600.0, again(580.0, sporadic), 1_200);
+        assert_eq!((near.by, near.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
+        // After a measured cut, a rate between refusals a little below the rate sent is a
+        // bucket's: taken without a probe.
+        let measured = after_429(720.0, again(600.0, Some((Lesson::Measured, 720.0))), 6_000);
+        assert_eq!(
+            (measured.rpm, measured.ceiling, measured.by),
+            (600.0, None, Lesson::Bucket)
+        );
+        // Without a recent 429 the rate between refusals says nothing.
+        let old = Evidence {
+            recent_429: false,
+            ..again(200.0, sporadic)
+        };
+        assert_eq!(after_429(600.0, old, 1_200).by, Lesson::Sporadic);
+        for lesson in [
+            Lesson::Lone,
+            Lesson::Between,
+            Lesson::SlowProbe,
+            Lesson::Sporadic,
+        ] {
+            assert_eq!(Lesson::parse(lesson.as_str()), Some(lesson));
+        }
+        assert_eq!(Lesson::parse("guess"), None);
+        assert_eq!(between_rpm(5, 0.0, 0.0), None);
     }
 
     #[test]

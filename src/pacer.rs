@@ -280,7 +280,8 @@ impl Pacer {
         let mut tx = self.pool.begin().await.map_err(lease_err)?;
         let row = sqlx::query!(
             r#"SELECT declared_rpm, learned_rpm, learned_at, ceiling_rpm, advertised_rpm,
-                      advertised_at, last_429_at, streak_429, accepted, accepted_since
+                      advertised_at, last_429_at, streak_429, accepted, accepted_since,
+                      learned_by
                FROM budgets WHERE budget_key = $1 FOR UPDATE"#,
             key
         )
@@ -322,33 +323,50 @@ impl Pacer {
         )
         .min(f64::from_bits(b.effective.load(Ordering::Relaxed)));
         let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
+        let accepted = row.accepted + pending;
+        let stretch = row
+            .accepted_since
+            .map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0));
+        // The previous 429's block: from it to the end it set (`learned_at`).
+        let previous_block = row
+            .last_429_at
+            .zip(row.learned_at)
+            .map(|(last, end)| (end - last).as_seconds_f64());
         let evidence = learned::Evidence {
-            accepted_rpm: learned::accepted_rpm(row.accepted + pending, row.accepted_since, now),
-            accepted: row.accepted + pending,
-            stretch: row
-                .accepted_since
-                .map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0)),
+            accepted_rpm: learned::accepted_rpm(accepted, row.accepted_since, now),
+            accepted,
+            stretch,
             recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
             streak: row.streak_429.max(0) as u32,
             probing: was.probing(now),
+            between_rpm: previous_block
+                .filter(|_| row.accepted_since.is_some())
+                .and_then(|block| learned::between_rpm(accepted, block, stretch)),
+            previous: row
+                .learned_by
+                .as_deref()
+                .and_then(learned::Lesson::parse)
+                .zip(row.learned_rpm),
         };
         let learned::Cut {
             rpm,
             ceiling,
             streak,
+            by,
         } = learned::after_429(paced, evidence, declared);
         let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $4, last_429_at = $3,
                                 ceiling_rpm = $5, streak_429 = $6, accepted = 0,
-                                accepted_since = NULL, tat = LEAST(tat, $4)
+                                accepted_since = NULL, tat = LEAST(tat, $4), learned_by = $7
              WHERE budget_key = $1",
             key,
             rpm,
             now,
             block_ends,
             ceiling,
-            streak as i32
+            streak as i32,
+            by.as_str()
         )
         .execute(&mut *tx)
         .await
@@ -361,7 +379,9 @@ impl Pacer {
             budget = key,
             paced,
             accepted = ?evidence.accepted_rpm,
+            between = ?evidence.between_rpm,
             recent = evidence.recent_429,
+            by = by.as_str(),
             streak,
             probing = ?evidence.probing,
             learned = rpm,

@@ -445,6 +445,56 @@ async fn a_rate_declared_five_times_too_high_is_corrected_by_one_429() {
     assert_eq!(rates(&db.pool, &key, engine.clock.now()).await.2, 600.0);
 }
 
+/// How the budget's learned rate was set last (`budget_rates.learned_by`).
+async fn learned_by(pool: &sqlx::PgPool, key: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT learned_by FROM budget_rates WHERE budget_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_bucket_declared_twice_too_high_is_found_by_what_it_lets_through_between_429s() {
+    let (db, target) = shop(&["customers"], 100, 1).await;
+    set_rate(&db.pool, 1_200).await; // 20/s declared; a bucket of 10 refilling at 10/s
+    let engine = engine(&db.pool, settings(&db.url));
+    let key = budget_key(&db.pool).await;
+    // From idle the bucket lets 21 through in a second at the pace: a sporadic 429.
+    accepted_for(&engine, &target, "a", 21, 1).await;
+    one_429(&engine, &target, "b").await;
+    assert_eq!(
+        learned_by(&db.pool, &key).await.as_deref(),
+        Some("sporadic")
+    );
+    // Refilled by the 1 s block, it lets 21 through in the next second again: 21 between
+    // the two refusals, 2 s apart, is its rate, 10.5/s; a fast probe climbs back up.
+    accepted_for(&engine, &target, "c", 21, 1).await;
+    one_429(&engine, &target, "d").await;
+    assert_eq!(learned_by(&db.pool, &key).await.as_deref(), Some("between"));
+    let (_, learned, _) = rates(&db.pool, &key, engine.clock.now()).await;
+    let between = learned.expect("learned");
+    // About 21 over 2 s (the clock stands still while the calls go): far below the 20/s
+    // paced, above the half of it.
+    assert!((600.0..700.0).contains(&between), "{between}");
+    let soon = engine.clock.now() + Span::seconds(2);
+    let probed = rates(&db.pool, &key, soon).await.2;
+    assert!(probed > between * 1.2, "probing up: {probed}");
+    // The probe meets the bucket's 429 with the same let through between refusals: a
+    // bucket's rate, held without a probe.
+    accepted_for(&engine, &target, "e", 21, 1).await;
+    one_429(&engine, &target, "f").await;
+    assert_eq!(learned_by(&db.pool, &key).await.as_deref(), Some("bucket"));
+    let (_, learned, _) = rates(&db.pool, &key, engine.clock.now()).await;
+    let bucket = learned.expect("learned");
+    assert!(
+        (bucket - between).abs() < 0.1 * between,
+        "{bucket} {between}"
+    );
+    let later = engine.clock.now() + Span::seconds(30);
+    assert_eq!(rates(&db.pool, &key, later).await.2, bucket, "no probe");
+}
+
 #[tokio::test]
 async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up() {
     let (db, target) = shop(&["customers"], 100, 1).await;
