@@ -13,15 +13,16 @@
 //!     step (a rate declared 10× too high is corrected by one 429). Within [`QUIET`] of
 //!     another 429 the stretch may have met another client's burst: the cut is at most a
 //!     half;
-//!   - accepted about at the pace, soon after another 429, but what the target let
-//!     through *between the two refusals* (the previous block included, [`between_rpm`])
-//!     well below the pace: a bucket with a burst refilled during the block and let the
-//!     excess through until it was empty (over block and stretch, it let through exactly
-//!     its rate), or a window lost the block's time (it let through less than its rate).
-//!     The rate between refusals is taken, with a fast probe back towards the pace: a
-//!     window's 429 then comes above it; a bucket's lets the same through between
-//!     refusals again, which settles the rate without a probe ([`Lesson::Bucket`]). After
-//!     a measured cut, a rate between refusals a little below the pace is a bucket's too;
+//!   - accepted about at the pace, soon after another 429's block, but what the target
+//!     let through *between the two refusals* (that block included, [`between_rpm`])
+//!     under 60% of the pace ([`BETWEEN_CUT_BELOW`]): a bucket with a burst refilled
+//!     during the block and let the excess through until it was empty (over block and
+//!     stretch, it let through exactly its rate), or a window lost the block's time (it
+//!     let through less than its rate). The rate between refusals is taken, with a fast
+//!     probe back towards the pace: a window's 429 then comes above it; a bucket's lets
+//!     the same through between refusals again, which settles the rate without a probe
+//!     ([`Lesson::Bucket`]). A late call's 429 soon after another looks the same, and the
+//!     probe gives its pace back within seconds;
 //!   - accepted about at the pace: the limit lies just below it; a sporadic 429 costs 1%
 //!     ([`MAX_CUT`]); one met while the learned rate probes up fast 12% ([`PROBE_CUT`]:
 //!     the limit refuses a slice or two after it is crossed), slowly 3%; one within
@@ -76,20 +77,18 @@ pub const FAST_HOLD: f64 = 0.5;
 /// 429 cuts is that of the refused call's slice.
 pub const FAST_PROBE_PER_SECOND: f64 = 0.2;
 /// A 429 at about the pace soon after another, when the target let through, between the
-/// two refusals (the block included), less than [`MEASURED`] of the rate sent: a bucket
-/// that refilled during the block and let the excess through until it was empty, or a
-/// window or a limiter with no burst that lost the block's time ([`between_rpm`]). The rate
-/// between refusals is taken, and a fast probe climbs back towards the pace refused: a
-/// window's limit is found above it by the probe's 429, a bucket's is confirmed by a rate
-/// between refusals the same again ([`SAME_BETWEEN`]).
-pub const BETWEEN_CUT_BELOW: f64 = MEASURED;
+/// two refusals (the block included), less than this share of the rate sent: a bucket that
+/// refilled during the block and let the excess through until it was empty again within
+/// half a block's time ([`between_rpm`]; a bucket of a second's refill, paced at twice its
+/// rate, lets through about half the pace), or a window that lost the block's time. The
+/// rate between refusals is taken, and a fast probe climbs back towards the pace refused:
+/// a window's limit is found above it by the probe's 429, a bucket's is confirmed by a
+/// rate between refusals the same again ([`SAME_BETWEEN`]). A late call's 429 (a limiter
+/// with no burst refuses one at any pace) soon after another looks the same; later after
+/// it, it is cut as one at the pace ([`recent_cut`]).
+pub const BETWEEN_CUT_BELOW: f64 = 0.6;
 /// Two rates between refusals this close (a share of the first) are a bucket's refill.
 pub const SAME_BETWEEN: f64 = 0.1;
-/// After a cut measured on a window or bucket, or a bucket confirmed, a rate between
-/// refusals of at least this share of the rate sent (but below it) is taken as it is,
-/// without a probe: a bucket's burst hid an excess this small for seconds; a window cannot
-/// stretch that long between refusals at a pace above its limit.
-pub const BUCKET_SHARE: f64 = 0.75;
 /// The learned rate never goes below this share of the declared rate: a target that
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
 pub const MIN_SHARE: f64 = 0.05;
@@ -153,14 +152,21 @@ impl Learned {
         (v < f64::from(declared)).then_some(v)
     }
 
-    /// How the learned rate is climbing at `at`: in its fast probe (past its hold, below
-    /// its ceiling), its slow one (past the quiet period), or not.
+    /// How the learned rate is climbing at `at`: in its fast probe (past its hold, not yet
+    /// at its ceiling: a 429 there says the probe crossed the limit; one at the ceiling
+    /// is one at the pace), its slow one (past the quiet period), or not.
     pub fn probing(&self, at: DateTime<Utc>) -> Probe {
         let (Some(learned), Some(learned_at)) = (self.rpm, self.at) else {
             return Probe::No;
         };
         let s = secs(learned_at, at);
-        if self.ceiling.is_some_and(|c| c > learned) && s > FAST_HOLD && s < QUIET {
+        let climbing = |c: f64| {
+            c > learned
+                * (FAST_PROBE_PER_SECOND * (s - FAST_HOLD))
+                    .min(MAX_GROWTH)
+                    .exp()
+        };
+        if self.ceiling.is_some_and(climbing) && s > FAST_HOLD && s < QUIET {
             Probe::Fast
         } else if s > QUIET {
             Probe::Slow
@@ -248,7 +254,7 @@ pub enum Lesson {
     Measured,
     /// The rate between two refusals, with a fast probe ([`BETWEEN_CUT_BELOW`]).
     Between,
-    /// The rate between refusals of a bucket ([`BUCKET_SHARE`], [`SAME_BETWEEN`]).
+    /// The same rate between refusals again, after the fast probe ([`SAME_BETWEEN`]).
     Bucket,
     /// A 429 met by the fast probe: [`PROBE_CUT`].
     Probe,
@@ -356,11 +362,6 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
             (Probe::Fast, ..) => (paced * PROBE_CUT, None, Lesson::Probe),
             // The slow probe overshoots the limit by a quarter second's growth at most.
             (Probe::Slow, ..) => (paced * RECENT_CUT, None, Lesson::SlowProbe),
-            (Probe::No, Some(e), Some((Lesson::Measured | Lesson::Bucket, _)))
-                if e >= sent * BUCKET_SHARE && e < sent =>
-            {
-                (e, None, Lesson::Bucket)
-            }
             (Probe::No, Some(e), _) if e < sent * BETWEEN_CUT_BELOW => (
                 e.max(paced * NO_BURST_CUT),
                 Some(paced * RECENT_CUT),
@@ -519,6 +520,11 @@ mod tests {
             1_200.0 * RECENT_CUT,
             "up to its ceiling"
         );
+        assert_eq!(
+            l.probing(t(100.0 + FAST_HOLD + 20.0)),
+            Probe::No,
+            "a 429 at the ceiling is one at the pace"
+        );
         // The probe crossed the limit: 12% below where it was refused, no more fast probe.
         let probing = Evidence {
             probing: Probe::Fast,
@@ -565,15 +571,11 @@ mod tests {
         // halved, with the probe.
         assert_eq!(after_429(600.0, again(200.0, sporadic), 1_200).rpm, 300.0);
         // About the pace between refusals too: the limit lies just below the pace.
+        // A late call's 429 a few seconds after the block: cut as one at the pace.
+        let late = after_429(600.0, again(450.0, sporadic), 1_200);
+        assert_eq!((late.by, late.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
         let near = after_429(600.0, again(580.0, sporadic), 1_200);
         assert_eq!((near.by, near.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
-        // After a measured cut, a rate between refusals a little below the rate sent is a
-        // bucket's: taken without a probe.
-        let measured = after_429(720.0, again(600.0, Some((Lesson::Measured, 720.0))), 6_000);
-        assert_eq!(
-            (measured.rpm, measured.ceiling, measured.by),
-            (600.0, None, Lesson::Bucket)
-        );
         // Without a recent 429 the rate between refusals says nothing.
         let old = Evidence {
             recent_429: false,

@@ -265,7 +265,7 @@ impl Pacer {
     /// process leased at the old pace are dropped, and the shared budget's booking is cut
     /// back to the end of the block this one sets (`block`). The stretch the next 429
     /// measures starts with the first lease after it: time spent blocked, or waiting to be
-    /// fetched again, says nothing about the rate the target accepts.
+    /// fetched again, is counted apart, as the previous block ([`learned::between_rpm`]).
     pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
