@@ -267,6 +267,19 @@ pub enum Lesson {
 }
 
 impl Lesson {
+    /// Every lesson (the names the migration's CHECK allows).
+    pub const ALL: [Lesson; 9] = [
+        Lesson::Lone,
+        Lesson::Halved,
+        Lesson::Measured,
+        Lesson::Between,
+        Lesson::Bucket,
+        Lesson::Probe,
+        Lesson::SlowProbe,
+        Lesson::Streak,
+        Lesson::Sporadic,
+    ];
+
     /// The name stored in `budgets.learned_by`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -284,19 +297,7 @@ impl Lesson {
 
     /// The lesson a stored name stands for (`None` for an unknown one).
     pub fn parse(name: &str) -> Option<Self> {
-        [
-            Lesson::Lone,
-            Lesson::Halved,
-            Lesson::Measured,
-            Lesson::Between,
-            Lesson::Bucket,
-            Lesson::Probe,
-            Lesson::SlowProbe,
-            Lesson::Streak,
-            Lesson::Sporadic,
-        ]
-        .into_iter()
-        .find(|l| l.as_str() == name)
+        Self::ALL.into_iter().find(|l| l.as_str() == name)
     }
 }
 
@@ -582,12 +583,7 @@ mod tests {
             ..again(200.0, sporadic)
         };
         assert_eq!(after_429(600.0, old, 1_200).by, Lesson::Sporadic);
-        for lesson in [
-            Lesson::Lone,
-            Lesson::Between,
-            Lesson::SlowProbe,
-            Lesson::Sporadic,
-        ] {
+        for lesson in Lesson::ALL {
             assert_eq!(Lesson::parse(lesson.as_str()), Some(lesson));
         }
         assert_eq!(Lesson::parse("guess"), None);
