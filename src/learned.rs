@@ -22,7 +22,14 @@
 //!     probe back towards the pace: a window's 429 then comes above it; a bucket's lets
 //!     the same through between refusals again, which settles the rate without a probe
 //!     ([`Lesson::Bucket`]). A late call's 429 soon after another looks the same, and the
-//!     probe gives its pace back within seconds;
+//!     probe gives its pace back within seconds. Taken once: not after a probe's 429 nor
+//!     in a streak, where a window's lost block time would halve the pace again and again;
+//!   - accepted about at the pace after a measured cut, but 60–95% of the rate sent let
+//!     through between the two refusals ([`BUCKET_BELOW`]): the measure counted a bucket's
+//!     burst, which then hid the excess until it was empty; over the block and
+//!     the stretch the bucket let through its refill rate, which is taken and settled
+//!     ([`Lesson::Bucket`]; a bucket of 10 at 10/s declared 5× too high is found by its
+//!     second 429, some 6 s in);
 //!   - accepted about at the pace: the limit lies just below it; a sporadic 429 costs 1%
 //!     ([`MAX_CUT`]); one met while the learned rate probes up fast 12% ([`PROBE_CUT`]:
 //!     the limit refuses a slice or two after it is crossed), slowly 3%; one within
@@ -87,6 +94,16 @@ pub const FAST_PROBE_PER_SECOND: f64 = 0.2;
 /// with no burst refuses one at any pace) soon after another looks the same; later after
 /// it, it is cut as one at the pace ([`recent_cut`]).
 pub const BETWEEN_CUT_BELOW: f64 = 0.6;
+/// After a measured cut, a 429 at about the pace when the target let through, between the
+/// two refusals (the block included), less than this share of the rate sent: the measure
+/// counted a bucket's burst (a bucket of a second's refill measured at 11–12/s for its
+/// 10/s), which then hid the excess until it was empty; over block and stretch it let
+/// through its refill rate (92% of the rate sent at 11/s, 85% at 12/s), which is taken. A
+/// window's late call 1.5–19 s after its measured cut looks the same; the slow probe gives
+/// its pace back. Below [`BETWEEN_CUT_BELOW`] (a stretch shorter than one and a half
+/// blocks) a window's lost block time may be most of it: the rate between refusals is
+/// taken with a fast probe instead.
+pub const BUCKET_BELOW: f64 = 0.95;
 /// Two rates between refusals this close (a share of the first) are a bucket's refill.
 pub const SAME_BETWEEN: f64 = 0.1;
 /// The learned rate never goes below this share of the declared rate: a target that
@@ -254,7 +271,8 @@ pub enum Lesson {
     Measured,
     /// The rate between two refusals, with a fast probe ([`BETWEEN_CUT_BELOW`]).
     Between,
-    /// The same rate between refusals again, after the fast probe ([`SAME_BETWEEN`]).
+    /// A bucket's refill: the rate between refusals after a measured cut ([`BUCKET_BELOW`]),
+    /// or the same rate between refusals again after the fast probe ([`SAME_BETWEEN`]).
     Bucket,
     /// A 429 met by the fast probe: [`PROBE_CUT`].
     Probe,
@@ -354,6 +372,14 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
             (rate.min(paced).max(floor), None, Lesson::Measured)
         }
         _ => match (evidence.probing, between, evidence.previous) {
+            // After a measured cut, the target let through less than the rate sent between
+            // the two refusals: a bucket's burst hid the excess the measure left, and over
+            // block and stretch it let through its refill rate. Settled without a probe.
+            (Probe::No, Some(e), Some((Lesson::Measured, _)))
+                if (sent * BETWEEN_CUT_BELOW..sent * BUCKET_BELOW).contains(&e) =>
+            {
+                (e.min(paced), None, Lesson::Bucket)
+            }
             // The probe from a rate between refusals met the same rate again: a bucket.
             (Probe::Fast, Some(e), Some((Lesson::Between, from)))
                 if (e - from).abs() <= from * SAME_BETWEEN =>
@@ -363,11 +389,21 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
             (Probe::Fast, ..) => (paced * PROBE_CUT, None, Lesson::Probe),
             // The slow probe overshoots the limit by a quarter second's growth at most.
             (Probe::Slow, ..) => (paced * RECENT_CUT, None, Lesson::SlowProbe),
-            (Probe::No, Some(e), _) if e < sent * BETWEEN_CUT_BELOW => (
-                e.max(paced * NO_BURST_CUT),
-                Some(paced * RECENT_CUT),
-                Lesson::Between,
-            ),
+            // Once: after a rate between refusals has been taken and probed from, a window
+            // whose block keeps costing it time would halve the pace at every other 429.
+            (Probe::No, Some(e), previous)
+                if e < sent * BETWEEN_CUT_BELOW
+                    && evidence.streak == 0
+                    && !previous.is_some_and(|(l, _)| {
+                        matches!(l, Lesson::Between | Lesson::Probe | Lesson::Bucket)
+                    }) =>
+            {
+                (
+                    e.max(paced * NO_BURST_CUT),
+                    Some(paced * RECENT_CUT),
+                    Lesson::Between,
+                )
+            }
             (Probe::No, ..) if evidence.recent_429 => {
                 streak = evidence.streak + 1;
                 (paced * recent_cut(streak), None, Lesson::Streak)
@@ -577,6 +613,41 @@ mod tests {
         assert_eq!((late.by, late.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
         let near = after_429(600.0, again(580.0, sporadic), 1_200);
         assert_eq!((near.by, near.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
+        // After a measured cut (the burst of a bucket of 10 and a second's refill: 12/s),
+        // the bucket let through its refill rate between the refusals, below the rate sent:
+        // settled at once, no probe.
+        let measured = Some((Lesson::Measured, 720.0));
+        let cut = after_429(720.0, again(596.0, measured), 3_000);
+        assert_eq!(
+            (cut.rpm, cut.ceiling, cut.by),
+            (596.0, None, Lesson::Bucket)
+        );
+        // Far below the pace (a window's block was most of the time between): the rate
+        // between refusals with a fast probe, not settled.
+        let window = after_429(720.0, again(300.0, measured), 3_000);
+        assert_eq!((window.rpm, window.by), (360.0, Lesson::Between));
+        assert!(window.ceiling.is_some());
+        // About the pace between refusals too (a late call long after the measured cut):
+        // one at the pace.
+        let cut = after_429(660.0, again(595.0, measured), 6_000);
+        assert_eq!(
+            (cut.rpm, cut.by),
+            (595.0, Lesson::Bucket),
+            "92% of 646.8 sent"
+        );
+        let late = after_429(720.0, again(690.0, measured), 3_000);
+        assert_eq!((late.by, late.rpm), (Lesson::Streak, 720.0 * RECENT_CUT));
+        // The rate between refusals is taken once: after its probe's 429, or in a streak,
+        // a window's lost block time would halve the pace at every other 429.
+        for previous in [Lesson::Between, Lesson::Probe, Lesson::Bucket] {
+            let after = after_429(600.0, again(200.0, Some((previous, 620.0))), 1_200);
+            assert_eq!(after.by, Lesson::Streak, "{previous:?}");
+        }
+        let in_streak = Evidence {
+            streak: 1,
+            ..again(200.0, sporadic)
+        };
+        assert_eq!(after_429(600.0, in_streak, 1_200).by, Lesson::Streak);
         // Without a recent 429 the rate between refusals says nothing.
         let old = Evidence {
             recent_429: false,

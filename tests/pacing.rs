@@ -496,6 +496,36 @@ async fn a_bucket_declared_twice_too_high_is_found_by_what_it_lets_through_betwe
 }
 
 #[tokio::test]
+async fn a_bucket_declared_five_times_too_high_is_found_by_its_second_429() {
+    let (db, target) = shop(&["customers"], 100, 1).await;
+    set_rate(&db.pool, 3_000).await; // 50/s declared; a bucket of 10 refilling at 10/s
+    let engine = engine(&db.pool, settings(&db.url));
+    let key = budget_key(&db.pool).await;
+    // From idle the bucket lets its 10 and a little refill through: 12 in the first
+    // second, measured as the limit.
+    accepted_for(&engine, &target, "a", 12, 1).await;
+    one_429(&engine, &target, "b").await;
+    assert_eq!(
+        learned_by(&db.pool, &key).await.as_deref(),
+        Some("measured")
+    );
+    assert_eq!(
+        rates(&db.pool, &key, engine.clock.now()).await.1,
+        Some(720.0)
+    );
+    // Refilled by the block, the bucket hides the 2/s excess for 6 s: 70 accepted, about
+    // the pace, but over block and stretch (7 s) its refill, 10/s. Taken, and held.
+    accepted_for(&engine, &target, "c", 70, 6).await;
+    one_429(&engine, &target, "d").await;
+    assert_eq!(learned_by(&db.pool, &key).await.as_deref(), Some("bucket"));
+    let (_, learned, _) = rates(&db.pool, &key, engine.clock.now()).await;
+    let bucket = learned.expect("learned");
+    assert!((590.0..=610.0).contains(&bucket), "{bucket}");
+    let later = engine.clock.now() + Span::seconds(30);
+    assert_eq!(rates(&db.pool, &key, later).await.2, bucket, "no probe");
+}
+
+#[tokio::test]
 async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up() {
     let (db, target) = shop(&["customers"], 100, 1).await;
     set_rate(&db.pool, 600).await;
