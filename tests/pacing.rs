@@ -358,6 +358,31 @@ async fn a_call_let_go_late_holds_the_next_one_back_by_most_of_an_interval() {
 }
 
 #[tokio::test]
+async fn a_process_first_slice_on_a_budget_is_spaced_wider_until_it_has_called() {
+    use courier::pacer::{IDLE_AFTER, cold_interval_for, interval_for};
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let slot = || e.pacer.acquire("ws:k", 600, 1, 1);
+    let gap = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).to_std().unwrap();
+    // No call of this process on the budget yet: its first calls go out cold, their slots
+    // (a slice of two at 600/min) 5% further apart.
+    let (a, b) = (slot().await.unwrap(), slot().await.unwrap());
+    assert_eq!(gap(a, b), cold_interval_for(600.0));
+    assert!(cold_interval_for(600.0) > interval_for(600.0).mul_f64(1.04));
+    // Once it has called, the next slice is spaced at the rate.
+    e.pacer.spaced("ws:k");
+    let (c, d) = (slot().await.unwrap(), slot().await.unwrap());
+    assert_eq!(gap(c, d), interval_for(600.0));
+    assert!(c >= b + Span::from_std(cold_interval_for(600.0)).unwrap());
+    // Idle for longer than IDLE_AFTER: cold again.
+    e.pacer.spaced("ws:k");
+    e.clock
+        .advance(Span::from_std(IDLE_AFTER).unwrap() + Span::seconds(1));
+    let (f, g) = (slot().await.unwrap(), slot().await.unwrap());
+    assert_eq!(gap(f, g), cold_interval_for(600.0));
+}
+
+#[tokio::test]
 async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
@@ -547,8 +572,8 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
     let b = second.pacer.acquire(&key, 600, 1, 1).await.unwrap();
     assert_eq!(
         (b - a).to_std().unwrap(),
-        courier::pacer::interval_for(expected),
-        "the new process paces at the learned rate from its first lease"
+        courier::pacer::cold_interval_for(expected),
+        "the new process paces at the learned rate from its first (cold) lease"
     );
     assert_eq!(second.pacer.effective_rpm(&key), Some(expected));
     let report = status::report(&db.pool, second.clock.now()).await.unwrap();
