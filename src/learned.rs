@@ -372,7 +372,7 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
             (rate.min(paced).max(floor), None, Lesson::Measured)
         }
         _ => match (evidence.probing, between, evidence.previous) {
-            // After a measured cut, the target let through less than the rate sent between
+            // After a measured cut, the target let through 60–95% of the rate sent between
             // the two refusals: a bucket's burst hid the excess the measure left, and over
             // block and stretch it let through its refill rate. Settled without a probe.
             (Probe::No, Some(e), Some((Lesson::Measured, _)))
