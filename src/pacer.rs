@@ -622,7 +622,9 @@ impl Pacer {
     }
 
     async fn lease_slice(&self, budget: &Budget) -> Result<Vec<DateTime<Utc>>, PacerError> {
-        let asked = std::time::Instant::now();
+        // Timed on the engine's clock: a manual one stands still through the round trip, so
+        // a test's leases start where it put the clock, whatever the database's speed.
+        let asked = self.clock.now();
         // A quarter second's worth at the rate the budget was paced at last: after a cut,
         // no process holds seconds of slots at the old pace.
         let slice = slice_len(f64::from_bits(budget.effective.load(Ordering::Relaxed)) as u32);
@@ -703,7 +705,10 @@ impl Pacer {
         let len = interval * slice as i32;
         let start = leased.tat - len;
         *budget.booked_until.lock().expect("budget mutex") = Some(leased.tat);
-        let round_trip = asked.elapsed().min(MAX_LOOKAHEAD / 2);
+        let round_trip = (self.clock.now() - asked)
+            .to_std()
+            .unwrap_or_default()
+            .min(MAX_LOOKAHEAD / 2);
         budget
             .lookahead_us
             .store(2 * round_trip.as_micros() as u64, Ordering::Relaxed);

@@ -544,8 +544,10 @@ async fn a_bucket_declared_five_times_too_high_is_found_by_its_second_429() {
     one_429(&engine, &target, "d").await;
     assert_eq!(learned_by(&db.pool, &key).await.as_deref(), Some("bucket"));
     let (_, learned, _) = rates(&db.pool, &key, engine.clock.now()).await;
+    // 71 (the 70 and the delivery refused before) over 7 s: the leases start where the
+    // manual clock stands, however slow the database's round trip.
     let bucket = learned.expect("learned");
-    assert!((590.0..=610.0).contains(&bucket), "{bucket}");
+    assert!((600.0..=610.0).contains(&bucket), "{bucket}");
     let later = engine.clock.now() + Span::seconds(30);
     assert_eq!(rates(&db.pool, &key, later).await.2, bucket, "no probe");
 }
