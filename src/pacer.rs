@@ -394,6 +394,9 @@ impl Pacer {
             budget = key,
             paced,
             accepted = ?evidence.accepted_rpm,
+            calls = evidence.accepted,
+            stretch = evidence.stretch,
+            previous_block = ?previous_block,
             between = ?evidence.between_rpm,
             recent = evidence.recent_429,
             by = by.as_str(),
@@ -667,7 +670,8 @@ impl Pacer {
                  accepted = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
                                  THEN EXCLUDED.accepted ELSE b.accepted + EXCLUDED.accepted END,
                  accepted_since = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
-                                       THEN EXCLUDED.updated_at ELSE b.accepted_since END,
+                                       THEN GREATEST(EXCLUDED.updated_at, b.learned_at)
+                                       ELSE b.accepted_since END,
                  advertised_rpm = COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
                  advertised_at = COALESCE(EXCLUDED.advertised_at, b.advertised_at)
                RETURNING tat AS "tat!",

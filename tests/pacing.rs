@@ -553,6 +553,34 @@ async fn a_bucket_declared_five_times_too_high_is_found_by_its_second_429() {
 }
 
 #[tokio::test]
+async fn the_stretch_a_429_measures_starts_when_the_block_before_it_ends() {
+    let (db, target) = shop(&["customers"], 100, 1).await;
+    set_rate(&db.pool, 600).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let key = budget_key(&db.pool).await;
+    accepted_for(&engine, &target, "a", 10, 1).await;
+    target.respond_with(429, Some("1"));
+    enqueue::enqueue_many(&engine.pool, "customers", burst("b", 1))
+        .await
+        .unwrap();
+    drive(&engine).await;
+    // A lease made while the block holds (a call that was already waiting for its slot)
+    // books slots after the block, and the stretch starts there: the block's second is
+    // counted once, as the block between the refusals, not again as the stretch's.
+    let during = engine.clock.now();
+    engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
+    let (since, block_end): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
+        sqlx::query_as("SELECT accepted_since, learned_at FROM budgets WHERE budget_key = $1")
+            .bind(&key)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let block_end = block_end.expect("the 429 set its block's end");
+    assert!(block_end > during, "{block_end} {during}");
+    assert_eq!(since, Some(block_end));
+}
+
+#[tokio::test]
 async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up() {
     let (db, target) = shop(&["customers"], 100, 1).await;
     set_rate(&db.pool, 600).await;
