@@ -61,6 +61,10 @@ pub const RECENT_CUT: f64 = 0.97;
 /// [`FAST_PROBE_PER_SECOND`]); 8% left the pace 0.4% below the limit, where one late call
 /// meets the next 429. One that ends the slow probe cuts [`RECENT_CUT`]'s 3%.
 pub const PROBE_CUT: f64 = 0.88;
+/// A fast probe's 429 from a window comes this far past the window's limit: a window
+/// refuses once one of them fills, a second or so after the climb (20% a second) crossed
+/// it (measured: 1.42–1.43× a 5/s window, one process and three).
+pub const WINDOW_PAST: f64 = 1.4;
 /// An accepted rate below this share of the rate sent says what the limit is...
 pub const MEASURED: f64 = 0.9;
 /// ...when measured over a stretch this short (seconds): a window or bucket refusing a
@@ -104,8 +108,10 @@ pub const BETWEEN_CUT_BELOW: f64 = 0.6;
 /// blocks) a window's lost block time may be most of it: the rate between refusals is
 /// taken with a fast probe instead.
 pub const BUCKET_BELOW: f64 = 0.95;
-/// Two rates between refusals this close (a share of the first) are a bucket's refill.
-pub const SAME_BETWEEN: f64 = 0.1;
+/// Two rates between refusals this close (a share of the first) are a bucket's refill
+/// (measured: 1% apart). A window's differ by more (10–12% measured): the block costs it
+/// a varying part of a window each time.
+pub const SAME_BETWEEN: f64 = 0.05;
 /// The learned rate never goes below this share of the declared rate: a target that
 /// answers nothing but 429 (a spent daily quota) is left to its blocks.
 pub const MIN_SHARE: f64 = 0.05;
@@ -348,6 +354,8 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
     let sent = paced * (1.0 - HEADROOM);
     let mut streak = 0;
     let between = evidence.between_rpm.filter(|_| evidence.recent_429);
+    // What the target let through over the stretch, when well below the rate sent.
+    let let_through = evidence.accepted_rpm.filter(|&a| a < sent * MEASURED);
     let (learned, ceiling, by) = match evidence.accepted_rpm {
         _ if evidence.accepted < MIN_SAMPLE && !evidence.recent_429 => {
             (paced * LONE_CUT, None, Lesson::Lone)
@@ -385,6 +393,17 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
                 if (e - from).abs() <= from * SAME_BETWEEN =>
             {
                 (e.min(paced), None, Lesson::Bucket)
+            }
+            // Not the same rate between refusals, and well below the pace over the probe's
+            // stretch: a window, whose block cost it part of a window between refusals. It
+            // let through what the probe sent as it climbed from under its limit to past
+            // it ([`WINDOW_PAST`]); the lesser of that average and the pace refused less
+            // the overshoot, never below the rate between refusals, is taken as the
+            // probe's lesson (not as measured: a window's 429 at about that pace is a
+            // streak's, not a bucket's).
+            (Probe::Fast, Some(e), Some((Lesson::Between, _))) if let_through.is_some() => {
+                let rate = let_through.map_or(e, |a| a.min(paced / WINDOW_PAST).max(e));
+                (rate, None, Lesson::Probe)
             }
             (Probe::Fast, ..) => (paced * PROBE_CUT, None, Lesson::Probe),
             // The slow probe overshoots the limit by a quarter second's growth at most.
@@ -604,6 +623,36 @@ mod tests {
             ..again(700.0, Some((Lesson::Between, 600.0)))
         };
         assert_eq!(after_429(1_000.0, window, 1_200).rpm, 1_000.0 * PROBE_CUT);
+        // A window of 5/s after a drop (measured): 226 between refusals, 10% under the 250
+        // the probe started from, but 295 let through over the probe's stretch, well below
+        // the pace of 426 it was refused at: that is the limit.
+        let window = Evidence {
+            probing: Probe::Fast,
+            accepted_rpm: Some(295.0),
+            ..again(226.0, Some((Lesson::Between, 250.0)))
+        };
+        let cut = after_429(426.0, window, 600);
+        assert_eq!((cut.rpm, cut.ceiling, cut.by), (295.0, None, Lesson::Probe));
+        // Started from about the limit (a halved pace), the climb's average lies above it:
+        // the pace refused less the window's overshoot.
+        let high = Evidence {
+            accepted_rpm: Some(323.0),
+            ..window
+        };
+        assert!(close(after_429(428.0, high, 600).rpm, 428.0 / WINDOW_PAST));
+        // About the pace over the stretch too: a probe's cut.
+        let near = Evidence {
+            accepted_rpm: Some(400.0),
+            ..window
+        };
+        let cut = after_429(426.0, near, 600);
+        assert_eq!((cut.rpm, cut.by), (426.0 * PROBE_CUT, Lesson::Probe));
+        // Never below the rate between refusals.
+        let low = Evidence {
+            accepted_rpm: Some(200.0),
+            ..window
+        };
+        assert_eq!(after_429(426.0, low, 600).rpm, 226.0);
         // A window's or a sliding log's refusals within one window of the block: at most
         // halved, with the probe.
         assert_eq!(after_429(600.0, again(200.0, sporadic), 1_200).rpm, 300.0);
