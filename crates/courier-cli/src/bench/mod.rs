@@ -304,7 +304,12 @@ impl Child {
         let child = std::process::Command::new(exe)
             .arg("worker")
             .env("DATABASE_URL", url)
-            .env("COURIER_LOG", "warn")
+            // The bench's own filter (`warn` unless told): a child's pacer lines show what
+            // each process learned.
+            .env(
+                "COURIER_LOG",
+                std::env::var("COURIER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             // Many workers on one host: none serves metrics (they would share a port).
             .env("COURIER_HTTP_ADDR", "")
             .env(
