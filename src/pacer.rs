@@ -279,8 +279,9 @@ impl Pacer {
     /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
     /// process leased at the old pace are dropped, and the shared budget's booking is cut
     /// back to the end of the block this one sets (`block`). The stretch the next 429
-    /// measures starts with the first lease after it: time spent blocked, or waiting to be
-    /// fetched again, is counted apart, as the previous block ([`learned::between_rpm`]).
+    /// measures starts with the first lease after it, or at the block's end if that is
+    /// later: time spent blocked, or waiting to be fetched again, is counted apart, as the
+    /// previous block ([`learned::between_rpm`]).
     pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
