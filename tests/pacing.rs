@@ -304,13 +304,18 @@ async fn accepted_for(engine: &Arc<Engine>, target: &Target, prefix: &str, n: us
     engine.clock.advance(Span::seconds(secs));
 }
 
-/// One delivery answered 429 (`retry-after: 1`), then the clock moves past the block.
-async fn one_429(engine: &Arc<Engine>, target: &Target, prefix: &str) {
+/// One delivery answered 429 (`retry-after: 1`); the clock stays inside the block.
+async fn refused(engine: &Arc<Engine>, target: &Target, prefix: &str) {
     target.respond_with(429, Some("1"));
     enqueue::enqueue_many(&engine.pool, "customers", burst(prefix, 1))
         .await
         .unwrap();
     drive(engine).await;
+}
+
+/// One delivery answered 429 (`retry-after: 1`), then the clock moves past the block.
+async fn one_429(engine: &Arc<Engine>, target: &Target, prefix: &str) {
+    refused(engine, target, prefix).await;
     engine.clock.advance(Span::milliseconds(1_100));
 }
 
@@ -559,11 +564,7 @@ async fn the_stretch_a_429_measures_starts_when_the_block_before_it_ends() {
     let engine = engine(&db.pool, settings(&db.url));
     let key = budget_key(&db.pool).await;
     accepted_for(&engine, &target, "a", 10, 1).await;
-    target.respond_with(429, Some("1"));
-    enqueue::enqueue_many(&engine.pool, "customers", burst("b", 1))
-        .await
-        .unwrap();
-    drive(&engine).await;
+    refused(&engine, &target, "b").await;
     // A lease made while the block holds (a call that was already waiting for its slot)
     // books slots after the block, and the stretch starts there: the block's second is
     // counted once, as the block between the refusals, not again as the stretch's.
