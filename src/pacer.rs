@@ -93,9 +93,11 @@ pub fn cold_interval_for(rpm: f64) -> Duration {
     Duration::from_micros((warm * (1.0 + COLD_SPREAD)).round() as u64)
 }
 
-/// Slots to lease at once for a budget: a quarter second's worth, within 1..=MAX_SLICE.
-pub fn slice_len(requests_per_minute: u32) -> u32 {
-    (requests_per_minute / 240).clamp(1, MAX_SLICE)
+/// Slots to lease at once for a budget paced at `rpm` requests per minute: a quarter
+/// second's worth, within 1..=MAX_SLICE. PostgreSQL's `courier_slice_len` is the same
+/// formula; the lease statement computes it from the rate it books at and returns it.
+pub fn slice_len(rpm: f64) -> u32 {
+    ((rpm.max(0.0) / 240.0).floor() as u32).clamp(1, MAX_SLICE)
 }
 
 /// GCRA with no burst tolerance: leases `n` slots after `tat` (or now, if later); returns
@@ -629,9 +631,6 @@ impl Pacer {
         // Timed on the engine's clock: a manual one stands still through the round trip, so
         // a test's leases start where it put the clock, whatever the database's speed.
         let asked = self.clock.now();
-        // A quarter second's worth at the rate the budget was paced at last: after a cut,
-        // no process holds seconds of slots at the old pace.
-        let slice = slice_len(f64::from_bits(budget.effective.load(Ordering::Relaxed)) as u32);
         let lookahead = budget.lookahead_us.load(Ordering::Relaxed) as i64;
         let now = self.clock.now() + chrono::Duration::microseconds(lookahead);
         let accepted = budget.accepted.swap(0, Ordering::Relaxed);
@@ -649,38 +648,41 @@ impl Pacer {
             .let_go
             .is_none_or(|l| l < now - idle);
         let spread = if cold { 1.0 + COLD_SPREAD } else { 1.0 };
-        // One statement: books the slice at the budget's effective rate (declared, learned,
-        // advertised: the least; a cold slice [`COLD_SPREAD`] wider) and reports what this
-        // process saw since its last lease.
+        // One statement: books a slice, a quarter second's worth at the budget's effective
+        // rate (declared, learned, advertised: the least; a cold slice [`COLD_SPREAD`]
+        // wider), and reports what this process saw since its last lease. The slice's
+        // length comes from the rate booked at, not from this process's last lease: after
+        // a cut, no process books seconds of slots at the new pace.
         let leased = sqlx::query!(
             r#"INSERT INTO budgets AS b (budget_key, tat, updated_at, declared_rpm, accepted,
                                          accepted_since, advertised_rpm, advertised_at)
-               VALUES ($1, GREATEST($2::timestamptz, $7::timestamptz)
-                           + $3::int * courier_slot_interval(least($4::int::float8, $6::float8))
-                             * $9::float8,
-                       $2, $4, $5, $2, $6, CASE WHEN $6::float8 IS NOT NULL THEN $2 END)
+               VALUES ($1, GREATEST($2::timestamptz, $6::timestamptz)
+                           + courier_slice_span(least($3::int::float8, $5::float8)) * $8::float8,
+                       $2, $3, $4, $2, $5, CASE WHEN $5::float8 IS NOT NULL THEN $2 END)
                ON CONFLICT (budget_key) DO UPDATE SET
-                 tat = GREATEST(b.tat, EXCLUDED.updated_at, $7::timestamptz)
-                       + $3::int * courier_slot_interval(courier_effective_rpm(
+                 tat = GREATEST(b.tat, EXCLUDED.updated_at, $6::timestamptz)
+                       + courier_slice_span(courier_effective_rpm(
                            EXCLUDED.declared_rpm, b.learned_rpm, b.learned_at, b.ceiling_rpm,
                            COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
                            COALESCE(EXCLUDED.advertised_at, b.advertised_at), EXCLUDED.updated_at))
-                         * $9::float8,
+                         * $8::float8,
                  updated_at = EXCLUDED.updated_at,
                  declared_rpm = EXCLUDED.declared_rpm,
-                 accepted = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
+                 accepted = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $7::interval
                                  THEN EXCLUDED.accepted ELSE b.accepted + EXCLUDED.accepted END,
-                 accepted_since = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $8::interval
+                 accepted_since = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $7::interval
                                        THEN GREATEST(EXCLUDED.updated_at, b.learned_at)
                                        ELSE b.accepted_since END,
                  advertised_rpm = COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
                  advertised_at = COALESCE(EXCLUDED.advertised_at, b.advertised_at)
                RETURNING tat AS "tat!",
                          courier_effective_rpm(b.declared_rpm, b.learned_rpm, b.learned_at,
-                             b.ceiling_rpm, b.advertised_rpm, b.advertised_at, b.updated_at) AS "effective!""#,
+                             b.ceiling_rpm, b.advertised_rpm, b.advertised_at, b.updated_at) AS "effective!",
+                         courier_slice_len(courier_effective_rpm(b.declared_rpm, b.learned_rpm,
+                             b.learned_at, b.ceiling_rpm, b.advertised_rpm, b.advertised_at,
+                             b.updated_at)) AS "slice!""#,
             budget.key,
             now,
-            slice as i32,
             budget.declared as i32,
             accepted as i64,
             advertised,
@@ -707,7 +709,8 @@ impl Pacer {
             interval_for(leased.effective)
         };
         let interval = chrono::Duration::from_std(interval).expect("fits");
-        let len = interval * slice as i32;
+        let slice = leased.slice;
+        let len = interval * slice;
         let start = leased.tat - len;
         *budget.booked_until.lock().expect("budget mutex") = Some(leased.tat);
         let round_trip = (self.clock.now() - asked)
@@ -717,7 +720,7 @@ impl Pacer {
         budget
             .lookahead_us
             .store(2 * round_trip.as_micros() as u64, Ordering::Relaxed);
-        Ok((0..slice as i32).map(|i| start + interval * i).collect())
+        Ok((0..slice).map(|i| start + interval * i).collect())
     }
 }
 
@@ -764,7 +767,7 @@ mod tests {
     fn leased_slots_never_exceed_the_rate_in_any_window() {
         let rpm = 6_000;
         let interval = emission_interval(rpm);
-        let slice = slice_len(rpm);
+        let slice = slice_len(f64::from(rpm));
         let t0 = Utc::now();
         let mut tat = None;
         let mut slots = Vec::new();
@@ -842,9 +845,11 @@ mod tests {
             i > Duration::from_millis(102) && i < Duration::from_millis(103),
             "{i:?}"
         );
-        assert_eq!(slice_len(600), 2);
-        assert_eq!(slice_len(6_000), 25);
-        assert_eq!(slice_len(60), 1);
-        assert_eq!(slice_len(1_000_000), MAX_SLICE);
+        assert_eq!(slice_len(600.0), 2);
+        assert_eq!(slice_len(479.9), 1);
+        assert_eq!(slice_len(6_000.0), 25);
+        assert_eq!(slice_len(60.0), 1);
+        assert_eq!(slice_len(0.0), 1);
+        assert_eq!(slice_len(1_000_000.0), MAX_SLICE);
     }
 }
