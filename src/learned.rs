@@ -39,8 +39,9 @@
 //!     [`QUIET`] of another 3%, the next in a row 6%, then 9%... ([`recent_cut`]);
 //!   - too few accepted to measure ([`MIN_SAMPLE`]): a limiter with no burst refused the
 //!     second call. Alone that may be a late call ([`LONE_CUT`], 1%); within [`QUIET`] of
-//!     another 429 the pace is halved ([`NO_BURST_CUT`]) and, after half a second at the
-//!     halved pace ([`FAST_HOLD`]), **probes back up fast** ([`FAST_PROBE_PER_SECOND`])
+//!     another 429 the pace is halved ([`NO_BURST_CUT`]), and cut to a third if the halved
+//!     pace is refused at once again ([`HALVED_AGAIN_CUT`]); after half a second at the
+//!     cut pace ([`FAST_HOLD`]) it **probes back up fast** ([`FAST_PROBE_PER_SECOND`])
 //!     towards the pace that was refused (the *ceiling*), so the limit is found between the
 //!     two by the next 429.
 //!
@@ -78,8 +79,15 @@ pub const MEASURE_WITHIN: f64 = 3.0;
 /// Calls accepted before a 429 for their rate to say what the target allows.
 pub const MIN_SAMPLE: i64 = 5;
 /// A 429 after too few accepted calls to measure (a limiter with no burst) cuts the pace
-/// to this share within [`QUIET`] of another 429 (the deepest cut of all)...
+/// to this share within [`QUIET`] of another 429 (the deepest cut of all but the next)...
 pub const NO_BURST_CUT: f64 = 0.5;
+/// ...and to this share when the pace that cut left was refused at once again, before its
+/// probe began: the limit lies below half the pace first refused. Each such cut costs a
+/// block (a second, sending nothing) and a 429, the probe from a pace cut too deep only
+/// seconds at a lower pace: a rate declared 10× too high lands below the limit after three
+/// cuts, not four (five 429s in all, 1.6% of a 300-record drain, not six), one declared
+/// 5× too high after two, at 87% of the limit (not three, at 62%).
+pub const HALVED_AGAIN_CUT: f64 = 0.35;
 /// ...and to this share otherwise: one call arriving late and the next on time make a lone
 /// 429 of a limiter without burst, at any pace.
 pub const LONE_CUT: f64 = MAX_CUT;
@@ -276,7 +284,8 @@ pub fn between_rpm(accepted: i64, block: f64, stretch: f64) -> Option<f64> {
 pub enum Lesson {
     /// A lone 429 after too few accepted calls: [`LONE_CUT`].
     Lone,
-    /// Again after too few: [`NO_BURST_CUT`], with a fast probe.
+    /// Again after too few: [`NO_BURST_CUT`] ([`HALVED_AGAIN_CUT`] after another such
+    /// cut), with a fast probe.
     Halved,
     /// What a window or bucket let through over a short stretch.
     Measured,
@@ -365,11 +374,14 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
         _ if evidence.accepted < MIN_SAMPLE && !evidence.recent_429 => {
             (paced * LONE_CUT, None, Lesson::Lone)
         }
-        _ if evidence.accepted < MIN_SAMPLE => (
-            paced * NO_BURST_CUT,
-            Some(paced * RECENT_CUT),
-            Lesson::Halved,
-        ),
+        _ if evidence.accepted < MIN_SAMPLE => {
+            let again = evidence.probing == Probe::No
+                && evidence
+                    .previous
+                    .is_some_and(|(l, _)| l == Lesson::Halved);
+            let cut = if again { HALVED_AGAIN_CUT } else { NO_BURST_CUT };
+            (paced * cut, Some(paced * RECENT_CUT), Lesson::Halved)
+        }
         Some(rate)
             if rate < sent * MEASURED
                 && evidence.stretch <= MEASURE_WITHIN
@@ -588,6 +600,29 @@ mod tests {
             Probe::No,
             "a 429 at the ceiling is one at the pace"
         );
+        // The halved pace refused at once again: a third of it, with a fast probe back up
+        // to the pace refused; one met while its probe climbs is the probe's.
+        let again = |probing| Evidence {
+            probing,
+            previous: Some((Lesson::Halved, 600.0)),
+            ..ev(Some(60.0), 1, true)
+        };
+        let third = after_429(600.0, again(Probe::No), 1_200);
+        assert_eq!(
+            (third.rpm, third.ceiling, third.by),
+            (600.0 * HALVED_AGAIN_CUT, Some(600.0 * RECENT_CUT), Lesson::Halved)
+        );
+        assert_eq!(after_429(700.0, again(Probe::Fast), 1_200).rpm, 350.0);
+        // After any other lesson: halved.
+        let other = Evidence {
+            previous: Some((Lesson::Lone, 1_188.0)),
+            ..again(Probe::No)
+        };
+        assert_eq!(after_429(1_188.0, other, 1_200).rpm, 594.0);
+        // Declared 10× too high: a lone 429, a halving and two cuts to a third leave the
+        // pace below the limit (600), where its probe starts.
+        let landed = 6_000.0 * LONE_CUT * NO_BURST_CUT * HALVED_AGAIN_CUT * HALVED_AGAIN_CUT;
+        assert!((300.0..600.0 * (1.0 - HEADROOM)).contains(&landed), "{landed}");
         // The probe crossed the limit: 12% below where it was refused, no more fast probe.
         let probing = Evidence {
             probing: Probe::Fast,
