@@ -518,6 +518,15 @@ async fn a_process_taking_over_after_a_cut_books_a_quarter_second_at_the_new_pac
     let c = fresh.pacer.acquire(&key, 6_000, 1, 1).await.unwrap();
     assert_eq!(booked(c).await, cold_interval_for(600.0) * 2);
     assert_eq!(fresh.pacer.effective_rpm(&key), Some(600.0));
+    // The SQL formula the lease books by is the Rust one.
+    for rpm in [0.0, 1.0, 239.9, 240.0, 479.99, 480.0, 6_000.0, 11_999.0, 12_000.0, 1e6] {
+        let sql: i32 = sqlx::query_scalar("SELECT courier_slice_len($1)")
+            .bind(rpm)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(sql as u32, slice_len(rpm), "{rpm}");
+    }
 }
 
 /// How the budget's learned rate was set last (`budget_rates.learned_by`).
