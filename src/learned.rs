@@ -376,10 +376,12 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
         }
         _ if evidence.accepted < MIN_SAMPLE => {
             let again = evidence.probing == Probe::No
-                && evidence
-                    .previous
-                    .is_some_and(|(l, _)| l == Lesson::Halved);
-            let cut = if again { HALVED_AGAIN_CUT } else { NO_BURST_CUT };
+                && evidence.previous.is_some_and(|(l, _)| l == Lesson::Halved);
+            let cut = if again {
+                HALVED_AGAIN_CUT
+            } else {
+                NO_BURST_CUT
+            };
             (paced * cut, Some(paced * RECENT_CUT), Lesson::Halved)
         }
         Some(rate)
@@ -610,7 +612,11 @@ mod tests {
         let third = after_429(600.0, again(Probe::No), 1_200);
         assert_eq!(
             (third.rpm, third.ceiling, third.by),
-            (600.0 * HALVED_AGAIN_CUT, Some(600.0 * RECENT_CUT), Lesson::Halved)
+            (
+                600.0 * HALVED_AGAIN_CUT,
+                Some(600.0 * RECENT_CUT),
+                Lesson::Halved
+            )
         );
         assert_eq!(after_429(700.0, again(Probe::Fast), 1_200).rpm, 350.0);
         // After any other lesson: halved.
@@ -622,7 +628,10 @@ mod tests {
         // Declared 10× too high: a lone 429, a halving and two cuts to a third leave the
         // pace below the limit (600), where its probe starts.
         let landed = 6_000.0 * LONE_CUT * NO_BURST_CUT * HALVED_AGAIN_CUT * HALVED_AGAIN_CUT;
-        assert!((300.0..600.0 * (1.0 - HEADROOM)).contains(&landed), "{landed}");
+        assert!(
+            (300.0..600.0 * (1.0 - HEADROOM)).contains(&landed),
+            "{landed}"
+        );
         // The probe crossed the limit: 12% below where it was refused, no more fast probe.
         let probing = Evidence {
             probing: Probe::Fast,

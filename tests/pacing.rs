@@ -475,6 +475,16 @@ async fn a_rate_declared_five_times_too_high_is_corrected_by_one_429() {
     assert_eq!(rates(&db.pool, &key, engine.clock.now()).await.2, 600.0);
 }
 
+/// How far past `slot` the shared budget is booked (its `tat`).
+async fn booked(pool: &sqlx::PgPool, key: &str, slot: DateTime<Utc>) -> Duration {
+    let tat: DateTime<Utc> = sqlx::query_scalar("SELECT tat FROM budgets WHERE budget_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    (tat - slot).to_std().unwrap()
+}
+
 #[tokio::test]
 async fn a_process_taking_over_after_a_cut_books_a_quarter_second_at_the_new_pace() {
     use courier::pacer::{cold_interval_for, slice_len};
@@ -482,23 +492,13 @@ async fn a_process_taking_over_after_a_cut_books_a_quarter_second_at_the_new_pac
     set_rate(&db.pool, 6_000).await; // 100/s declared
     let first = engine(&db.pool, settings(&db.url));
     let key = budget_key(&db.pool).await;
-    let booked = |slot: DateTime<Utc>| {
-        let pool = db.pool.clone();
-        let key = key.clone();
-        async move {
-            let tat: DateTime<Utc> =
-                sqlx::query_scalar("SELECT tat FROM budgets WHERE budget_key = $1")
-                    .bind(&key)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            (tat - slot).to_std().unwrap()
-        }
-    };
     // Another process has paced the budget at the declared rate: a quarter second's slots.
     let other = engine(&db.pool, settings(&db.url));
     let a = other.pacer.acquire(&key, 6_000, 1, 1).await.unwrap();
-    assert_eq!(booked(a).await, cold_interval_for(6_000.0) * 25);
+    assert_eq!(
+        booked(&db.pool, &key, a).await,
+        cold_interval_for(6_000.0) * 25
+    );
     // The target lets 10 a second through: one 429 cuts the rate to 600/min. (Later than
     // the idle time: the stretch the 429 measures starts afresh.)
     other.clock.advance(Span::seconds(10));
@@ -511,15 +511,25 @@ async fn a_process_taking_over_after_a_cut_books_a_quarter_second_at_the_new_pac
     other.clock.advance(first.clock.now() - other.clock.now());
     let b = other.pacer.acquire(&key, 6_000, 1, 1).await.unwrap();
     assert_eq!(slice_len(600.0), 2);
-    assert_eq!(booked(b).await, cold_interval_for(600.0) * 2);
+    assert_eq!(
+        booked(&db.pool, &key, b).await,
+        cold_interval_for(600.0) * 2
+    );
     // So does a process that never leased on the budget.
     let fresh = engine(&db.pool, settings(&db.url));
-    fresh.clock.advance(first.clock.now() - fresh.clock.now() + Span::seconds(1));
+    fresh
+        .clock
+        .advance(first.clock.now() - fresh.clock.now() + Span::seconds(1));
     let c = fresh.pacer.acquire(&key, 6_000, 1, 1).await.unwrap();
-    assert_eq!(booked(c).await, cold_interval_for(600.0) * 2);
+    assert_eq!(
+        booked(&db.pool, &key, c).await,
+        cold_interval_for(600.0) * 2
+    );
     assert_eq!(fresh.pacer.effective_rpm(&key), Some(600.0));
     // The SQL formula the lease books by is the Rust one.
-    for rpm in [0.0, 1.0, 239.9, 240.0, 479.99, 480.0, 6_000.0, 11_999.0, 12_000.0, 1e6] {
+    for rpm in [
+        0.0, 1.0, 239.9, 240.0, 479.99, 480.0, 6_000.0, 11_999.0, 12_000.0, 1e6,
+    ] {
         let sql: i32 = sqlx::query_scalar("SELECT courier_slice_len($1)")
             .bind(rpm)
             .fetch_one(&db.pool)
