@@ -39,7 +39,7 @@
 //!     [`QUIET`] of another 3%, the next in a row 6%, then 9%... ([`recent_cut`]);
 //!   - too few accepted to measure ([`MIN_SAMPLE`]): a limiter with no burst refused the
 //!     second call. Alone that may be a late call ([`LONE_CUT`], 1%); within [`QUIET`] of
-//!     another 429 the pace is halved ([`NO_BURST_CUT`]), and cut to a third if the halved
+//!     another 429 the pace is halved ([`NO_BURST_CUT`]), and cut to 35% if the halved
 //!     pace is refused at once again ([`HALVED_AGAIN_CUT`]); after half a second at the
 //!     cut pace ([`FAST_HOLD`]) it **probes back up fast** ([`FAST_PROBE_PER_SECOND`])
 //!     towards the pace that was refused (the *ceiling*), so the limit is found between the
@@ -602,7 +602,7 @@ mod tests {
             Probe::No,
             "a 429 at the ceiling is one at the pace"
         );
-        // The halved pace refused at once again: a third of it, with a fast probe back up
+        // The halved pace refused at once again: 35% of it, with a fast probe back up
         // to the pace refused; one met while its probe climbs is the probe's.
         let again = |probing| Evidence {
             probing,
@@ -625,7 +625,7 @@ mod tests {
             ..again(Probe::No)
         };
         assert_eq!(after_429(1_188.0, other, 1_200).rpm, 594.0);
-        // Declared 10× too high: a lone 429, a halving and two cuts to a third leave the
+        // Declared 10× too high: a lone 429, a halving and two cuts to 35% leave the
         // pace below the limit (600), where its probe starts.
         let landed = 6_000.0 * LONE_CUT * NO_BURST_CUT * HALVED_AGAIN_CUT * HALVED_AGAIN_CUT;
         assert!(
