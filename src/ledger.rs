@@ -131,24 +131,15 @@ pub async fn record(
     let durations: Vec<Option<i32>> = entries.iter().map(|e| e.duration_ms).collect();
     let ats: Vec<DateTime<Utc>> = entries.iter().map(|e| e.at).collect();
 
-    // A delivery held for its `depends_on` whose dependency was delivered meanwhile (its
-    // batch was triaged before) is due now: the statement that recorded the dependency
-    // found it claimed, due already, and left it alone.
     sqlx::query!(
         "UPDATE deliveries d SET
             status = u.status, attempts = u.attempt,
-            next_attempt_at = CASE
-                WHEN u.outcome = 'held' AND d.depends_on IS NOT NULL
-                     AND (d.hold_until IS NULL OR d.hold_until <= $6::timestamptz)
-                     AND EXISTS (SELECT 1 FROM delivered_records x
-                                 WHERE x.connection_id = $8 AND x.record_key = d.depends_on)
-                THEN $6::timestamptz
-                ELSE COALESCE(u.next_at, d.next_attempt_at) END,
+            next_attempt_at = COALESCE(u.next_at, d.next_attempt_at),
             last_error = COALESCE(u.error, d.last_error), updated_at = $6::timestamptz,
             finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE u.at END
          FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::text[],
-                     $7::timestamptz[], $9::text[])
-              AS u(id, status, attempt, next_at, error, at, outcome)
+                     $7::timestamptz[])
+              AS u(id, status, attempt, next_at, error, at)
          WHERE d.id = u.id AND d.status = 'pending'",
         &ids,
         &statuses as &[&str],
@@ -156,9 +147,7 @@ pub async fn record(
         &next_at as &[Option<DateTime<Utc>>],
         &errors as &[Option<&str>],
         now,
-        &ats,
-        connection_id,
-        &outcomes as &[&str]
+        &ats
     )
     .execute(&mut *tx)
     .await?;

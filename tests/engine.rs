@@ -252,58 +252,6 @@ async fn held_deliveries_wait_for_their_time_and_dependencies() {
 }
 
 #[tokio::test]
-async fn a_dependant_triaged_before_its_dependency_was_delivered_is_due_at_once() {
-    use courier::ledger::{self, Entry, Outcome};
-    let (db, _target) = shop(&["customers", "orders"], 10, 1).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    let mut order = NewDelivery::new("order:1", json!({}));
-    order.depends_on = Some("c:2".into());
-    let order = enqueue::enqueue(&db.pool, "orders", order).await.unwrap();
-    drive(&engine).await;
-    // The dependency is delivered while the order's next batch, triaged before, is in
-    // flight; that batch then records the order held, for its next look.
-    enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:2", json!({})))
-        .await
-        .unwrap();
-    drive(&engine).await;
-    assert_eq!(
-        delivery(&db.pool, order).await.0,
-        "pending",
-        "held, not sent"
-    );
-    let (run, rule, connection): (i64, i64, i64) = sqlx::query_as(
-        "INSERT INTO runs (rule_id, started_by) SELECT id, 'test' FROM rules WHERE name = 'orders'
-         RETURNING id, rule_id, (SELECT connection_id FROM rules WHERE name = 'orders')",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    let now = engine.clock.now();
-    let held = Entry {
-        delivery_id: order,
-        outcome: Outcome::Held,
-        attempt: 0,
-        http_status: None,
-        error: Some("waiting for depends_on".into()),
-        duration_ms: None,
-        next_attempt_at: Some(now + Span::seconds(30)),
-        at: now,
-    };
-    let mut tx = db.pool.begin().await.unwrap();
-    ledger::record(&mut tx, run, rule, connection, &[held], now)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let next: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
-            .bind(order)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert!(next <= now, "{next} after {now}: its next look, not now");
-}
-
-#[tokio::test]
 async fn one_active_run_per_rule_under_concurrent_dispatch() {
     let (db, _target) = shop(&["customers"], 10, 1).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
