@@ -192,25 +192,6 @@ pub async fn record(
         )
         .execute(&mut *tx)
         .await?;
-        // Deliveries held for one of these keys (`depends_on`, on any rule of the
-        // connection) are due now, not at their next look, which comes after half the time
-        // they have waited; the dispatchers hear of it with the commit.
-        sqlx::query!(
-            "WITH released AS (
-                 UPDATE deliveries w SET next_attempt_at = $3, updated_at = $3
-                 FROM rules r
-                 WHERE w.status = 'pending' AND w.depends_on IS NOT NULL
-                   AND w.depends_on IN (SELECT d.record_key FROM deliveries d WHERE d.id = ANY($1))
-                   AND w.next_attempt_at > $3 AND r.id = w.rule_id AND r.connection_id = $2
-                 RETURNING 1)
-             SELECT pg_notify($4, 'dependency') FROM released LIMIT 1",
-            &delivered,
-            connection_id,
-            now,
-            crate::runs::WAKE_CHANNEL
-        )
-        .execute(&mut *tx)
-        .await?;
     }
     Ok(())
 }
