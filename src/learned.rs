@@ -385,7 +385,7 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
             (paced * cut, Some(paced * RECENT_CUT), Lesson::Halved)
         }
         Some(rate)
-            if rate < sent * MEASURED
+            if well_below
                 && evidence.stretch <= MEASURE_WITHIN
                 && evidence.probing == Probe::No =>
         {
