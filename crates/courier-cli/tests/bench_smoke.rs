@@ -131,11 +131,12 @@ async fn limits_smoke_runs_every_limiter_kind_and_ratio() {
                 "{cell}\n{}",
                 report.render()
             );
-            assert!(
-                report
-                    .get(&format!("{cell}: converge to 90% (s)"))
-                    .is_some()
-            );
+            for figure in ["converge to 90% (s)", "reach 90% (s)"] {
+                assert!(
+                    report.get(&format!("{cell}: {figure}")).is_some(),
+                    "{figure}"
+                );
+            }
         }
     }
     assert!(!report.timeline.is_empty() && !report.real_limit.is_empty());
