@@ -331,16 +331,15 @@ pub async fn set_rule_enabled(
     name: &str,
     enabled: bool,
 ) -> Result<(), CatalogError> {
-    // The notification wakes dispatchers, so an enabled rule starts at once.
+    // Enabling wakes the dispatchers (the trigger rules_resumed), so the rule starts at once.
     let n = sqlx::query!(
-        "WITH r AS (UPDATE rules SET enabled = $2, updated_at = now() WHERE name = $1 RETURNING id)
-         SELECT pg_notify('courier_deliveries', 'rule') FROM r",
+        "UPDATE rules SET enabled = $2, updated_at = now() WHERE name = $1",
         name,
         enabled
     )
-    .fetch_all(db)
+    .execute(db)
     .await?
-    .len();
+    .rows_affected();
     if n == 0 {
         return Err(CatalogError::NotFound {
             kind: "rule",

@@ -181,9 +181,8 @@ async fn set_paused(
             kind: what.kind(),
             name: name.to_owned(),
         })?;
-    if was != paused {
-        runs::wake(&mut *tx).await?;
-    }
+    // A resume wakes the dispatchers by the trigger on the column (rules_resumed,
+    // connections_resumed), as a plain SQL update does.
     tx.commit().await?;
     Ok(Changed {
         was_paused: was,

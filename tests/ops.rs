@@ -18,6 +18,7 @@ use courier::{
     worker::Engine,
 };
 use serde_json::json;
+use sqlx::{PgPool, postgres::PgListener};
 
 async fn count(pool: &sqlx::PgPool, status: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = $1")
@@ -151,26 +152,67 @@ async fn a_run_under_way_stops_at_its_next_batch_and_keeps_its_backlog() {
 
 #[tokio::test]
 async fn resuming_wakes_a_running_worker() {
+    resume_wakes_a_running_worker("UPDATE rules SET paused = true", async |pool| {
+        ops::set_rule_paused(pool, "customers", false)
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_rule_resumed_by_plain_sql_wakes_a_running_worker() {
+    resume_wakes_a_running_worker("UPDATE rules SET paused = true", async |pool| {
+        sql(pool, "UPDATE rules SET paused = false").await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_connection_resumed_by_plain_sql_wakes_a_running_worker() {
+    resume_wakes_a_running_worker("UPDATE connections SET paused = true", async |pool| {
+        sql(pool, "UPDATE connections SET paused = false").await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_rule_enabled_by_plain_sql_wakes_a_running_worker() {
+    resume_wakes_a_running_worker("UPDATE rules SET enabled = false", async |pool| {
+        sql(pool, "UPDATE rules SET enabled = true").await;
+    })
+    .await;
+}
+
+async fn sql(pool: &PgPool, statement: &'static str) {
+    sqlx::query(statement).execute(pool).await.unwrap();
+}
+
+/// A backlog of 20 held back by the statement `hold`, and a real worker whose dispatcher's
+/// fallback timer is far away. Updates that resume nothing (`hold` again, other columns)
+/// notify no one; once `resume` has run, the backlog is delivered, which only a
+/// notification can start promptly.
+async fn resume_wakes_a_running_worker(hold: &'static str, resume: impl AsyncFnOnce(&PgPool)) {
     let (db, _target) = shop(&["customers"], 10, 2).await;
-    ops::set_rule_paused(&db.pool, "customers", true)
-        .await
-        .unwrap();
+    sql(&db.pool, hold).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 20))
         .await
         .unwrap();
-    // A real worker with the dispatcher's fallback timer far away: only the resume's
-    // notification can start the run promptly.
     let settings = courier::config::Settings {
         dispatch_interval: std::time::Duration::from_secs(600),
         ..settings(&db.url)
     };
     let engine = Arc::new(Engine::new(db.pool.clone(), settings));
     let worker = tokio::spawn(courier::worker::run(engine.clone()));
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut listener = PgListener::connect_with(&db.pool).await.unwrap();
+    listener.listen(courier::runs::WAKE_CHANNEL).await.unwrap();
+    sql(&db.pool, hold).await;
+    sql(&db.pool, "UPDATE rules SET batch_size = 5").await;
+    sql(&db.pool, "UPDATE connections SET timeout_ms = 5000").await;
+    let heard = tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv());
+    assert!(heard.await.is_err(), "a notification with nothing resumed");
     assert_eq!(count(&db.pool, "delivered").await, 0);
-    ops::set_rule_paused(&db.pool, "customers", false)
-        .await
-        .unwrap();
+    resume(&db.pool).await;
     within(
         std::time::Duration::from_secs(10),
         "the resumed rule delivers",
