@@ -95,12 +95,7 @@ async fn transient_failures_back_off_then_exhaust() {
 
     drive(&engine).await;
     assert_eq!(delivery(&db.pool, id).await, ("pending".into(), 1));
-    let next: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let next = next_attempt(&db.pool, id).await;
     let delay = next - engine.clock.now();
     assert!(
         delay >= Span::milliseconds(500) && delay <= Span::milliseconds(1000),
@@ -228,12 +223,7 @@ async fn held_deliveries_wait_for_their_time_and_dependencies() {
     drive(&engine).await;
     // A held dependant would be looked at again only after half the time it has waited;
     // its dependency delivered, it is due at once, and the dispatchers are told.
-    let next: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
-            .bind(order)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let next = next_attempt(&db.pool, order).await;
     assert!(next <= engine.clock.now(), "{next}");
     let mut payloads = Vec::new();
     while let Ok(Ok(n)) =
@@ -294,12 +284,7 @@ async fn a_dependant_triaged_before_its_dependency_was_delivered_is_due_at_once(
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let next: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
-            .bind(order)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let next = next_attempt(&db.pool, order).await;
     assert!(next <= now, "{next} after {now}: its next look, not now");
 }
 

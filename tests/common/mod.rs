@@ -302,6 +302,15 @@ pub async fn delivery(pool: &PgPool, id: i64) -> (String, i32) {
         .unwrap()
 }
 
+/// When delivery `id` is due next.
+pub async fn next_attempt(pool: &PgPool, id: i64) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// `(outcome, attempt)` ledger rows of a delivery, oldest first.
 pub async fn ledger(pool: &PgPool, id: i64) -> Vec<(String, i32)> {
     sqlx::query_as("SELECT outcome, attempt FROM ledger WHERE delivery_id = $1 ORDER BY id")
