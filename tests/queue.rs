@@ -15,7 +15,7 @@ use common::*;
 use courier::{
     db, enqueue,
     maintenance::{dispatcher::Dispatcher, quarantine::Quarantine},
-    queue::{CHAIN_QUEUE, Fetcher, UNREADABLE},
+    queue::{CHAIN_QUEUE, Fetcher, INSERT_CHANNEL, UNREADABLE},
     worker::{self, Engine},
 };
 use courier_target::Target;
@@ -337,6 +337,64 @@ async fn first_call_within(target: &Target, limit: Duration) -> Duration {
     })
     .await;
     start.elapsed()
+}
+
+#[tokio::test]
+async fn a_statement_inserting_many_jobs_announces_each_due_queue_once() {
+    let db = TestDb::new().await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .unwrap();
+    listener.listen(INSERT_CHANNEL).await.unwrap();
+    // Three jobs of the chain queue and two of another, due now, and one for later, in one
+    // statement; then a marker in a transaction of its own (notifications arrive in commit
+    // order, so everything before it belongs to the insert).
+    sqlx::query(
+        "INSERT INTO apalis.jobs (id, job_type, job, status, attempts, max_attempts, run_at, priority)
+         SELECT md5(random()::text), q, '\\x7b7d', 'Pending', 0, 3, now() + later, 0
+         FROM (VALUES ($1, interval '0'), ($1, '0'), ($1, '0'), ('other', '0'), ('other', '0'),
+                      ('later', '1 hour')) AS v(q, later)",
+    )
+    .bind(CHAIN_QUEUE)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(INSERT_CHANNEL)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut queues = Vec::new();
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("the marker arrives")
+            .unwrap();
+        if n.payload() == "marker" {
+            break;
+        }
+        let payload: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
+        queues.push(payload["job_type"].as_str().unwrap().to_owned());
+    }
+    queues.sort();
+    assert_eq!(
+        queues,
+        [CHAIN_QUEUE, "other"],
+        "one announcement per due queue"
+    );
+    // Every insert maintains the table's indexes: none repeats another's columns.
+    let repeated: Vec<String> = sqlx::query_scalar(
+        "SELECT string_agg(indexrelid::regclass::text, ', ') FROM pg_index
+         WHERE indrelid = 'apalis.jobs'::regclass
+         GROUP BY indkey::text, indpred::text HAVING count(*) > 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        repeated.is_empty(),
+        "repeated indexes on apalis.jobs: {repeated:?}"
+    );
 }
 
 #[tokio::test]
