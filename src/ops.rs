@@ -132,12 +132,8 @@ pub async fn retry_as(
     }
     let mut tx = pool.begin().await?;
     let rule_id = rule_id(&mut tx, rule).await?;
+    // The deliveries are due now; a trigger on deliveries wakes the dispatchers.
     let n = ledger::retry(&mut tx, rule_id, &statuses, since, actor).await?;
-    if n > 0 {
-        // The deliveries are due now: dispatchers start a run (the trigger on deliveries
-        // fires on INSERT only).
-        runs::wake(&mut *tx).await?;
-    }
     tx.commit().await?;
     Ok(n)
 }

@@ -184,20 +184,50 @@ async fn a_rule_enabled_by_plain_sql_wakes_a_running_worker() {
     .await;
 }
 
+#[tokio::test]
+async fn a_retry_wakes_a_running_worker() {
+    resume_wakes_a_running_worker(
+        "UPDATE deliveries SET status = 'rejected', finished_at = now()",
+        async |pool| {
+            let n = ops::retry(pool, "customers", &[Outcome::Rejected], None)
+                .await
+                .unwrap();
+            assert_eq!(n, 20);
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_retry_by_plain_sql_wakes_a_running_worker() {
+    resume_wakes_a_running_worker(
+        "UPDATE deliveries SET status = 'rejected', finished_at = now()",
+        async |pool| {
+            sql(
+                pool,
+                "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_at = now(),
+                                       finished_at = NULL",
+            )
+            .await;
+        },
+    )
+    .await;
+}
+
 async fn sql(pool: &PgPool, statement: &'static str) {
     sqlx::query(statement).execute(pool).await.unwrap();
 }
 
-/// A backlog of 20 held back by the statement `hold`, and a real worker whose dispatcher's
-/// fallback timer is far away. Updates that resume nothing (`hold` again, other columns)
-/// notify no one; once `resume` has run, the backlog is delivered, which only a
-/// notification can start promptly.
+/// A backlog of 20 held back by the statement `hold` (run before the worker starts), and a
+/// real worker whose dispatcher's fallback timer is far away. Updates that resume nothing
+/// (`hold` again, other columns) notify no one; once `resume` has run, the backlog is
+/// delivered, which only a notification can start promptly.
 async fn resume_wakes_a_running_worker(hold: &'static str, resume: impl AsyncFnOnce(&PgPool)) {
     let (db, _target) = shop(&["customers"], 10, 2).await;
-    sql(&db.pool, hold).await;
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 20))
         .await
         .unwrap();
+    sql(&db.pool, hold).await;
     let settings = courier::config::Settings {
         dispatch_interval: std::time::Duration::from_secs(600),
         ..settings(&db.url)
