@@ -184,33 +184,30 @@ async fn a_rule_enabled_by_plain_sql_wakes_a_running_worker() {
     .await;
 }
 
+/// Ends every delivery rejected, for the retry cases to make pending again.
+const REJECT_ALL: &str = "UPDATE deliveries SET status = 'rejected', finished_at = now()";
+
 #[tokio::test]
 async fn a_retry_wakes_a_running_worker() {
-    resume_wakes_a_running_worker(
-        "UPDATE deliveries SET status = 'rejected', finished_at = now()",
-        async |pool| {
-            let n = ops::retry(pool, "customers", &[Outcome::Rejected], None)
-                .await
-                .unwrap();
-            assert_eq!(n, 20);
-        },
-    )
+    resume_wakes_a_running_worker(REJECT_ALL, async |pool| {
+        let n = ops::retry(pool, "customers", &[Outcome::Rejected], None)
+            .await
+            .unwrap();
+        assert_eq!(n, 20);
+    })
     .await;
 }
 
 #[tokio::test]
 async fn a_retry_by_plain_sql_wakes_a_running_worker() {
-    resume_wakes_a_running_worker(
-        "UPDATE deliveries SET status = 'rejected', finished_at = now()",
-        async |pool| {
-            sql(
-                pool,
-                "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_at = now(),
+    resume_wakes_a_running_worker(REJECT_ALL, async |pool| {
+        sql(
+            pool,
+            "UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_at = now(),
                                        finished_at = NULL",
-            )
-            .await;
-        },
-    )
+        )
+        .await;
+    })
     .await;
 }
 
