@@ -103,44 +103,55 @@ impl Counters {
     }
 }
 
-/// A run just created, with the id of the job that will carry it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Created {
+/// A run just started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Started {
     /// The run.
     pub run_id: i64,
     /// Its rule.
     pub rule_id: i64,
-    /// Its first job's id.
-    pub job_id: String,
 }
 
-/// Creates a run for each `(rule, first job id)` whose rule has none active (the unique
-/// partial index decides races); returns those created.
-pub async fn create(
+/// Starts a run for each rule in `rule_ids` that has none active (the unique partial index
+/// decides races), each with its first chain job, due now; returns the runs started. One
+/// statement, so a pass that starts thousands of runs sends the rule ids once and gets
+/// back two numbers per run: the job's payload is the [`ChainJob`](crate::queue::ChainJob)
+/// JSON, built in SQL from the row just inserted (a test reads it back as one).
+pub async fn start(
     tx: &mut PgConnection,
-    rules: &[(i64, String)],
+    rule_ids: &[i64],
     started_by: &str,
     now: DateTime<Utc>,
-) -> Result<Vec<Created>, sqlx::Error> {
-    let (rule_ids, job_ids): (Vec<i64>, Vec<String>) = rules.iter().cloned().unzip();
+) -> Result<Vec<Started>, sqlx::Error> {
+    use crate::queue::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, new_job_id};
+    let job_ids: Vec<String> = rule_ids.iter().map(|_| new_job_id()).collect();
     let rows = sqlx::query!(
-        r#"INSERT INTO runs (rule_id, job_id, started_by, started_at, heartbeat_at)
-           SELECT u.r, u.j, $3, $4, $4 FROM unnest($1::bigint[], $2::text[]) AS u(r, j)
-           ON CONFLICT (rule_id) WHERE active DO NOTHING
-           RETURNING id, rule_id, job_id AS "job_id!""#,
-        &rule_ids,
+        r#"WITH started AS (
+               INSERT INTO runs (rule_id, job_id, started_by, started_at, heartbeat_at)
+               SELECT u.r, u.j, $3, $4, $4 FROM unnest($1::bigint[], $2::text[]) AS u(r, j)
+               ON CONFLICT (rule_id) WHERE active DO NOTHING
+               RETURNING id, rule_id, job_id),
+           jobs AS (
+               INSERT INTO apalis.jobs (id, job_type, job, max_attempts)
+               SELECT job_id, $5,
+                      convert_to(json_build_object('run_id', id, 'rule_id', rule_id)::text, 'UTF8'),
+                      $6
+               FROM started)
+           SELECT id, rule_id FROM started"#,
+        rule_ids,
         &job_ids,
         started_by,
-        now
+        now,
+        CHAIN_QUEUE,
+        CHAIN_JOB_MAX_ATTEMPTS as i32
     )
     .fetch_all(tx)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|r| Created {
+        .map(|r| Started {
             run_id: r.id,
             rule_id: r.rule_id,
-            job_id: r.job_id,
         })
         .collect())
 }

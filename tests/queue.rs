@@ -1,7 +1,8 @@
 //! The chain queue as a worker consumes it: rows apalis cannot read are set aside once and
 //! never stop delivery; a worker fetches what was announced before its listener listened,
 //! or while its listener's connection was gone, without waiting for the safety-net poll;
-//! a statement inserting many jobs announces each due queue once.
+//! a statement inserting many jobs announces each due queue once; the jobs the dispatcher
+//! writes in SQL read back as chain jobs.
 
 mod common;
 
@@ -16,7 +17,7 @@ use common::*;
 use courier::{
     db, enqueue,
     maintenance::{dispatcher::Dispatcher, quarantine::Quarantine},
-    queue::{CHAIN_QUEUE, Fetcher, INSERT_CHANNEL, UNREADABLE},
+    queue::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, ChainJob, Fetcher, INSERT_CHANNEL, UNREADABLE},
     worker::{self, Engine},
 };
 use courier_target::Target;
@@ -338,6 +339,52 @@ async fn first_call_within(target: &Target, limit: Duration) -> Duration {
     })
     .await;
     start.elapsed()
+}
+
+#[tokio::test]
+async fn the_dispatcher_starts_each_run_with_one_job_apalis_reads_as_its_chain_job() {
+    let rules = ["a", "b", "c"];
+    let (db, _target) = shop(&rules, 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    for rule in rules {
+        enqueue::enqueue_many(&db.pool, rule, burst(rule, 2))
+            .await
+            .unwrap();
+    }
+    let dispatcher = Dispatcher::new(&engine);
+    assert_eq!(dispatcher.run_once().await.unwrap(), 3);
+    assert_eq!(dispatcher.run_once().await.unwrap(), 0, "one run per rule");
+    // The payload is built in SQL: it must read back as the run's own chain job, under an
+    // id apalis parses, with the attempts and defaults apalis' own push would write.
+    let rows: Vec<(i64, i64, String, Vec<u8>, String)> = sqlx::query_as(
+        "SELECT x.id, x.rule_id, j.id, j.job,
+                concat_ws(' ', j.status, j.attempts, j.max_attempts, j.priority)
+         FROM runs x JOIN apalis.jobs j ON j.id = x.job_id AND j.job_type = $1",
+    )
+    .bind(CHAIN_QUEUE)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 3, "one job per run");
+    for (run_id, rule_id, id, job, state) in rows {
+        let job: ChainJob = serde_json::from_slice(&job).expect("a chain job payload");
+        assert_eq!(job, ChainJob { run_id, rule_id });
+        assert!(ulid::Ulid::from_string(&id).is_ok(), "{id} is a ULID");
+        assert_eq!(
+            state,
+            format!("Pending 0 {CHAIN_JOB_MAX_ATTEMPTS} 0"),
+            "status, attempts, max attempts, priority"
+        );
+    }
+    assert!(
+        Quarantine::new(&engine)
+            .run_once()
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing unreadable"
+    );
+    assert_eq!(take_jobs(&engine).await.len(), 3, "all due now");
 }
 
 #[tokio::test]

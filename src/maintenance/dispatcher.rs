@@ -12,23 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     engine::Engine,
-    queue::{self, ChainJob},
     runs::{self, WAKE_CHANNEL},
 };
-
-/// The first jobs of runs just created.
-fn jobs(created: &[runs::Created]) -> Vec<(ChainJob, String)> {
-    created
-        .iter()
-        .map(|c| {
-            let job = ChainJob {
-                run_id: c.run_id,
-                rule_id: c.rule_id,
-            };
-            (job, c.job_id.clone())
-        })
-        .collect()
-}
 
 /// Starts runs for due rules.
 pub struct Dispatcher<'a> {
@@ -71,18 +56,13 @@ impl<'a> Dispatcher<'a> {
         if rule_ids.is_empty() {
             return Ok(0);
         }
-        let rules: Vec<(i64, String)> = rule_ids
-            .into_iter()
-            .map(|r| (r, queue::new_job_id()))
-            .collect();
-        let created = runs::create(&mut tx, &rules, &self.engine.worker_name, now).await?;
-        queue::push(&mut tx, &jobs(&created)).await?;
+        let started = runs::start(&mut tx, &rule_ids, &self.engine.worker_name, now).await?;
         tx.commit().await?;
-        // One line per pass: a pass that starts thousands of runs would otherwise spend
-        // more on its log than on its statements.
-        // One line per pass, at debug: "run finished" is a run's one line at info.
-        tracing::debug!(runs = created.len(), "runs started");
-        Ok(created.len())
+        // One line per pass, at debug: a pass that starts thousands of runs would otherwise
+        // spend more on its log than on its statements, and "run finished" is a run's one
+        // line at info.
+        tracing::debug!(runs = started.len(), "runs started");
+        Ok(started.len())
     }
 
     /// Connections whose open circuit has cooled down (or whose probe ended without an
@@ -116,9 +96,8 @@ impl<'a> Dispatcher<'a> {
         for c in candidates {
             let Some(rule_id) = c.rule_id else { continue };
             let mut tx = self.engine.pool.begin().await?;
-            let first = [(rule_id, queue::new_job_id())];
-            let created = runs::create(&mut tx, &first, &self.engine.worker_name, now).await?;
-            let Some(run_id) = created.first().map(|c| c.run_id) else {
+            let run = runs::start(&mut tx, &[rule_id], &self.engine.worker_name, now).await?;
+            let Some(run_id) = run.first().map(|s| s.run_id) else {
                 continue;
             };
             let claimed = sqlx::query!(
@@ -140,7 +119,6 @@ impl<'a> Dispatcher<'a> {
                 tx.rollback().await?;
                 continue;
             }
-            queue::push(&mut tx, &jobs(&created)).await?;
             tx.commit().await?;
             tracing::info!(
                 run = run_id,
