@@ -163,7 +163,8 @@ impl<'a> Retention<'a> {
             "DELETE FROM apalis.jobs WHERE id IN (
                  SELECT j.id FROM apalis.jobs j
                  WHERE j.status IN ('Done', 'Killed') AND j.done_at < $1 AND j.job_type = $3
-                   AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.active AND x.job_id = j.id)
+                   AND j.id NOT IN (SELECT x.job_id FROM runs x
+                                    WHERE x.active AND x.job_id IS NOT NULL)
                  LIMIT $2)",
             before,
             self.batch,
