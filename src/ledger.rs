@@ -191,7 +191,7 @@ pub async fn record(
         // One statement: the delivered keys, then the deliveries held for one of them
         // (`depends_on`, on any rule of the connection), made due now rather than at their
         // next look, which comes after half the time they have waited; the dispatchers
-        // hear of it with the commit. The keys and the connection's rules are arrays, each
+        // hear of it with the commit (trigger `deliveries_due_sooner`). The keys and the connection's rules are arrays, each
         // evaluated once, so the held deliveries are found through `deliveries_waiting_on`
         // alone: a join to `rules` let the planner walk `deliveries_due` instead, every
         // pending delivery of the connection due later (checked with EXPLAIN on a fresh and
@@ -207,19 +207,15 @@ pub async fn record(
                     payload = EXCLUDED.payload, delivery_id = EXCLUDED.delivery_id,
                     delivered_at = EXCLUDED.delivered_at
                  WHERE delivered_records.delivery_id < EXCLUDED.delivery_id
-                 RETURNING record_key),
-             released AS (
-                 UPDATE deliveries w SET next_attempt_at = $3, updated_at = $3
-                 WHERE w.status = 'pending' AND w.depends_on IS NOT NULL
-                   AND w.depends_on = ANY(ARRAY(SELECT record_key FROM recorded))
-                   AND w.rule_id = ANY(ARRAY(SELECT id FROM rules WHERE connection_id = $2))
-                   AND w.next_attempt_at > $3
-                 RETURNING 1)
-             SELECT pg_notify($4, 'dependency') FROM released LIMIT 1",
+                 RETURNING record_key)
+             UPDATE deliveries w SET next_attempt_at = $3, updated_at = $3
+             WHERE w.status = 'pending' AND w.depends_on IS NOT NULL
+               AND w.depends_on = ANY(ARRAY(SELECT record_key FROM recorded))
+               AND w.rule_id = ANY(ARRAY(SELECT id FROM rules WHERE connection_id = $2))
+               AND w.next_attempt_at > $3",
             &delivered,
             connection_id,
-            now,
-            crate::runs::WAKE_CHANNEL
+            now
         )
         .execute(&mut *tx)
         .await?;

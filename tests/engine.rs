@@ -231,7 +231,7 @@ async fn held_deliveries_wait_for_their_time_and_dependencies() {
     {
         payloads.push(n.payload().to_owned());
     }
-    assert!(payloads.iter().any(|p| p == "dependency"), "{payloads:?}");
+    assert!(payloads.iter().any(|p| p == "due sooner"), "{payloads:?}");
     drive(&engine).await;
     assert_eq!(delivery(&db.pool, order).await, ("delivered".into(), 1));
     assert_eq!(delivery(&db.pool, held).await.0, "pending");

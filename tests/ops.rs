@@ -211,6 +211,17 @@ async fn a_retry_by_plain_sql_wakes_a_running_worker() {
     .await;
 }
 
+#[tokio::test]
+async fn a_delivery_made_due_sooner_by_plain_sql_wakes_a_running_worker() {
+    resume_wakes_a_running_worker(
+        "UPDATE deliveries SET next_attempt_at = now() + interval '1 hour'",
+        async |pool| {
+            sql(pool, "UPDATE deliveries SET next_attempt_at = now()").await;
+        },
+    )
+    .await;
+}
+
 async fn sql(pool: &PgPool, statement: &'static str) {
     sqlx::query(statement).execute(pool).await.unwrap();
 }
