@@ -191,11 +191,11 @@ pub async fn record(
         // One statement: the delivered keys, then the deliveries held for one of them
         // (`depends_on`, on any rule of the connection), made due now rather than at their
         // next look, which comes after half the time they have waited; the dispatchers
-        // hear of it with the commit (trigger `deliveries_due_sooner`). The keys and the connection's rules are arrays, each
-        // evaluated once, so the held deliveries are found through `deliveries_waiting_on`
-        // alone: a join to `rules` let the planner walk `deliveries_due` instead, every
-        // pending delivery of the connection due later (checked with EXPLAIN on a fresh and
-        // on an analysed table, generic plan).
+        // hear of it with the commit (trigger `deliveries_due_sooner`). The keys and the
+        // connection's rules are arrays, each evaluated once, so the held deliveries are
+        // found through `deliveries_waiting_on` alone: a join to `rules` let the planner
+        // walk `deliveries_due` instead, every pending delivery of the connection due later
+        // (checked with EXPLAIN on a fresh and on an analysed table, generic plan).
         sqlx::query!(
             "WITH recorded AS (
                  INSERT INTO delivered_records (rule_id, record_key, connection_id, payload,

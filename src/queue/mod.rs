@@ -38,6 +38,7 @@ pub const CHAIN_QUEUE: &str = "courier.chain";
 pub const CHAIN_JOB_MAX_ATTEMPTS: usize = 3;
 
 /// The payload of a chain job: ids only, so a payload can never go stale or grow.
+/// [`runs::start`](crate::runs::start) writes the same JSON in SQL.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct ChainJob {
     /// The run this job belongs to.
@@ -54,11 +55,11 @@ pub fn new_job_id() -> String {
 
 /// Pushes chain jobs with the given ids, due now, inside the caller's transaction, so a
 /// job exists exactly when the state that asked for it was committed. One statement whose
-/// only arrays are the ids and payloads: apalis-postgres' own `push_tasks` also binds an
-/// hstore, a priority, a run time and an idempotency key per job, which doubled the cost
-/// of the dispatcher's pass that starts thousands of runs. The columns left out take the
-/// schema's defaults (status `Pending`, no attempts, priority 0, due now), which is what
-/// `push_tasks` writes for a task built with only an id and attempts.
+/// only arrays are the ids and payloads (apalis-postgres' own `push_tasks` also binds an
+/// hstore, a priority, a run time and an idempotency key per job); the columns left out
+/// take the schema's defaults (status `Pending`, no attempts, priority 0, due now), which
+/// is what `push_tasks` writes for a task built with only an id and attempts. A run's first
+/// job is written by [`runs::start`](crate::runs::start) instead, in the run's statement.
 pub async fn push(tx: &mut PgConnection, jobs: &[(ChainJob, String)]) -> Result<(), sqlx::Error> {
     if jobs.is_empty() {
         return Ok(());
