@@ -6,7 +6,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgExecutor};
 
-use crate::ledger::Outcome;
+use crate::{
+    ledger::Outcome,
+    queue::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, new_job_id},
+};
 
 /// The channel that wakes the dispatcher (deliveries inserted, a run finished).
 pub const WAKE_CHANNEL: &str = "courier_deliveries";
@@ -123,7 +126,6 @@ pub async fn start(
     started_by: &str,
     now: DateTime<Utc>,
 ) -> Result<Vec<Started>, sqlx::Error> {
-    use crate::queue::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, new_job_id};
     let job_ids: Vec<String> = rule_ids.iter().map(|_| new_job_id()).collect();
     let rows = sqlx::query!(
         r#"WITH started AS (
