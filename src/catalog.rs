@@ -89,6 +89,13 @@ pub struct NewRule {
     pub enabled: Option<bool>,
     /// Its share of the connection's budget against other rules with a backlog.
     pub weight: Option<i32>,
+    /// The most deliveries one call carries (default 1), up to what the writer allows: a
+    /// target's bulk endpoint (see [`writer::max_records_per_call`]).
+    pub records_per_call: Option<i32>,
+    /// For `http_json` bulk calls: the field of an object wrapping the records
+    /// (`{"<field>": [...]}`); absent, the records go as a bare JSON array.
+    #[serde(default)]
+    pub batch_envelope: Option<String>,
 }
 
 /// A stored rule.
@@ -114,6 +121,10 @@ pub struct Rule {
     pub backoff_max_ms: i32,
     /// Share of the connection's budget.
     pub weight: i32,
+    /// The most deliveries one call carries.
+    pub records_per_call: i32,
+    /// The field wrapping an `http_json` bulk call's records, if any.
+    pub batch_envelope: Option<String>,
 }
 
 /// Why a connection or rule could not be stored.
@@ -243,7 +254,8 @@ async fn check_rules_of(
     c: &NewConnection,
 ) -> Result<(), CatalogError> {
     let rules = sqlx::query!(
-        "SELECT name, path FROM rules WHERE connection_id = $1 ORDER BY name",
+        "SELECT name, path, records_per_call, batch_envelope FROM rules
+         WHERE connection_id = $1 ORDER BY name",
         id
     )
     .fetch_all(db)
@@ -252,6 +264,14 @@ async fn check_rules_of(
         .iter()
         .filter_map(|r| {
             writer::check_path(&c.writer, &r.path)
+                .and_then(|()| {
+                    writer::check_bulk(
+                        &c.writer,
+                        &r.path,
+                        r.records_per_call,
+                        r.batch_envelope.as_deref(),
+                    )
+                })
                 .err()
                 .map(|e| format!("rule {:?} (path {:?}): {e}", r.name, r.path))
         })
@@ -289,24 +309,35 @@ pub async fn upsert_rule<'c>(
         kind: "connection",
         name: r.connection.clone(),
     })?;
-    writer::check_path(&writer, &r.path).map_err(|e| {
-        CatalogError::Invalid(format!(
-            "rule {:?} on connection {:?} (writer {writer}): {e}",
-            r.name, r.connection
-        ))
-    })?;
+    writer::check_path(&writer, &r.path)
+        .and_then(|()| {
+            writer::check_bulk(
+                &writer,
+                &r.path,
+                r.records_per_call.unwrap_or(1),
+                r.batch_envelope.as_deref(),
+            )
+        })
+        .map_err(|e| {
+            CatalogError::Invalid(format!(
+                "rule {:?} on connection {:?} (writer {writer}): {e}",
+                r.name, r.connection
+            ))
+        })?;
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight)
+              enabled, weight, records_per_call, batch_envelope)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
-                  COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1)
+                  COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
              batch_size = EXCLUDED.batch_size, max_attempts = EXCLUDED.max_attempts,
              backoff_base_ms = EXCLUDED.backoff_base_ms, backoff_max_ms = EXCLUDED.backoff_max_ms,
-             enabled = EXCLUDED.enabled, weight = EXCLUDED.weight, updated_at = now()
+             enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
+             records_per_call = EXCLUDED.records_per_call,
+             batch_envelope = EXCLUDED.batch_envelope, updated_at = now()
            RETURNING id"#,
         r.name,
         r.connection,
@@ -317,6 +348,8 @@ pub async fn upsert_rule<'c>(
         r.backoff_max_ms,
         r.enabled,
         r.weight,
+        r.records_per_call,
+        r.batch_envelope,
     )
     .fetch_one(&mut *tx)
     .await
@@ -434,7 +467,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
     sqlx::query_as!(
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
-                backoff_base_ms, backoff_max_ms, weight
+                backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope
          FROM rules ORDER BY name"
     )
     .fetch_all(db)
@@ -672,7 +705,8 @@ async fn stored_connection(
 async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule>, sqlx::Error> {
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
-                r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight
+                r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
+                r.batch_envelope
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -688,5 +722,7 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
         backoff_max_ms: Some(r.backoff_max_ms),
         enabled: Some(r.enabled),
         weight: Some(r.weight),
+        records_per_call: Some(r.records_per_call),
+        batch_envelope: r.batch_envelope,
     }))
 }

@@ -90,6 +90,8 @@ pub struct Metrics {
     blocks_set: Family<BudgetLabel, Counter>,
     delivery_latency: Family<RuleLabel, Histogram>,
     pacer_wait: Family<BudgetLabel, Histogram>,
+    records_per_call: Family<RuleLabel, Histogram>,
+    splits: Family<RuleLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -148,6 +150,19 @@ impl Metrics {
             Unit::Seconds,
             pacer_wait.clone(),
         );
+        let records_per_call =
+            Family::<RuleLabel, Histogram>::new_with_constructor(records_histogram as fn() -> _);
+        registry.register(
+            "records_per_call",
+            "Records each call of this process carried, by rule",
+            records_per_call.clone(),
+        );
+        let splits = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "calls_split",
+            "Calls of several records refused as a whole and split in halves, by rule",
+            splits.clone(),
+        );
         Self {
             registry,
             deliveries,
@@ -156,6 +171,8 @@ impl Metrics {
             blocks_set,
             delivery_latency,
             pacer_wait,
+            records_per_call,
+            splits,
         }
     }
 
@@ -175,6 +192,24 @@ impl Metrics {
             .get_or_create(&ConnectionClass {
                 connection: connection.to_owned(),
                 class: status_class(status).to_owned(),
+            })
+            .inc();
+    }
+
+    /// One call of `rule` carried `records` records.
+    pub fn records_per_call(&self, rule: &str, records: usize) {
+        self.records_per_call
+            .get_or_create(&RuleLabel {
+                rule: rule.to_owned(),
+            })
+            .observe(records as f64);
+    }
+
+    /// A call of `rule` refused as a whole was split in halves.
+    pub fn split(&self, rule: &str) {
+        self.splits
+            .get_or_create(&RuleLabel {
+                rule: rule.to_owned(),
             })
             .inc();
     }
@@ -220,6 +255,11 @@ impl Metrics {
 fn latency_histogram() -> Histogram {
     // 10 ms .. about 3 days.
     Histogram::new(exponential_buckets(0.01, 4.0, 14))
+}
+
+fn records_histogram() -> Histogram {
+    // 1, 2, 4 .. 1024 records.
+    Histogram::new(exponential_buckets(1.0, 2.0, 11))
 }
 
 fn wait_histogram() -> Histogram {

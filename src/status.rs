@@ -53,6 +53,8 @@ pub struct RuleStatus {
     pub connection: String,
     /// Whether runs are started for it.
     pub enabled: bool,
+    /// The most deliveries one of its calls carries.
+    pub records_per_call: i32,
     /// Paused by an operator (`rule`, `connection`, or both), or `None`.
     pub paused: Option<String>,
     /// Pending deliveries.
@@ -106,13 +108,14 @@ pub struct RunLine {
 }
 
 impl RuleStatus {
-    /// Its table cells, `time` formatting the "until" column: rule, connection, enabled,
-    /// paused, pending, due, on a dependency, state, until, blocked by, last run (the
+    /// Its table cells, `time` formatting the "until" column: rule, connection, records
+    /// per call, enabled, paused, pending, due, on a dependency, state, until, blocked by, last run (the
     /// columns of `courier status` and the dashboard).
     pub fn cells(&self, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
         vec![
             self.name.clone(),
             self.connection.clone(),
+            self.records_per_call.to_string(),
             self.enabled.to_string(),
             self.paused.clone().unwrap_or_else(|| "-".into()),
             self.pending.to_string(),
@@ -204,6 +207,8 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
     let rules = sqlx::query_as!(
         RuleStatus,
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
+                  (SELECT ru.records_per_call FROM rules ru WHERE ru.id = s.rule_id)
+                      AS "records_per_call!",
                   CASE WHEN s.rule_paused AND s.connection_paused THEN 'rule, connection'
                        WHEN s.rule_paused THEN 'rule'
                        WHEN s.connection_paused THEN 'connection' END AS paused,
@@ -340,6 +345,7 @@ impl Report {
             &[
                 "name",
                 "connection",
+                "per call",
                 "enabled",
                 "paused",
                 "pending",

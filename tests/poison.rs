@@ -37,6 +37,7 @@ const NUMBER_COLUMNS: &[(&str, &str, &[i64])] = &[
     ("rules", "max_attempts", &[1, 1000]),
     ("rules", "batch_size", &[1, 10_000]),
     ("rules", "weight", &[1, 1000]),
+    ("rules", "records_per_call", &[1, 1000]),
     ("connections", "requests_per_minute", &[1, i32::MAX as i64]),
     ("connections", "max_in_flight", &[1, 1000]),
     ("connections", "timeout_ms", &[1, 600_000]),

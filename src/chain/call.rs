@@ -1,7 +1,8 @@
-//! The call stage: for each delivery to send, a request slot from the pacer (in fair turn
-//! with other rules), then one writer call, timed. Calls run up to the connection's max in
-//! flight; none starts once the batch is told to stop (a 429, an opened circuit) or the
-//! process is stopping, and those deliveries come back as not attempted.
+//! The call stage: for each call to make (one delivery, or several of a bulk rule), a
+//! request slot from the pacer (in fair turn with other rules), then one writer call,
+//! timed. Calls run up to the connection's max in flight; none starts once the batch is
+//! told to stop (a 429, an opened circuit) or the process is stopping, and those
+//! deliveries come back as not attempted.
 
 use std::{
     sync::Arc,
@@ -14,11 +15,19 @@ use tokio_util::sync::CancellationToken;
 use super::{claim::Claimed, context::JobContext};
 use crate::{
     engine::Engine,
-    writer::{Outgoing, Receipt, WriteError, Writer},
+    writer::{Call, Outgoing, WriteError, Writer, Written},
 };
 
-/// The answer to one call; `None` when the call was not made.
-pub type Answer = Option<(Result<Receipt, WriteError>, Duration)>;
+/// One call's answer, or a call not made.
+#[derive(Debug)]
+pub struct Answered {
+    /// The deliveries (indexes into the job's claimed deliveries) whose outcome this
+    /// answer decides: those the call carried, or none for a call refused as a whole and
+    /// split (its halves were sent again and answer for them).
+    pub indices: Vec<usize>,
+    /// The answer and how long the call took; `None` when the call was not made.
+    pub answer: Option<(Result<Written, WriteError>, Duration)>,
+}
 
 /// Tells calls not yet started to stay unsent, and those waiting for a slot to give up.
 #[derive(Debug, Default)]
@@ -36,76 +45,142 @@ impl Stop {
     }
 }
 
-/// Calls the writer for each delivery `source` yields (its index in the job's claimed
-/// deliveries, and the delivery), yielding each index with its answer in completion order.
-/// The source may be fed while calls go on (the next batch, claimed during this one's
-/// tail); the stream ends when the source does and every call has answered.
+/// A call to make: the deliveries it carries (their indexes in the job's claimed
+/// deliveries, and the deliveries).
+pub type Group = Vec<(usize, Arc<Claimed>)>;
+
+/// Makes the calls `source` yields, yielding each call's answer as it completes (calls of
+/// several groups run at once, up to the writer's max in flight). A call of several
+/// records refused as a whole ([`WriteError::Permanent`]) is split in halves, each sent
+/// again as a paced call of its own, down to single records. The source may be fed while
+/// calls go on (the next batch, claimed during this one's tail); the stream ends when the
+/// source does and every call has answered.
 pub fn calls<'a>(
     engine: &'a Engine,
     ctx: &'a JobContext,
     writer: &'a dyn Writer,
-    source: impl Stream<Item = (usize, Arc<Claimed>)> + 'a,
+    source: impl Stream<Item = Group> + 'a,
     stop: &'a Stop,
-) -> impl Stream<Item = (usize, Answer)> + 'a {
+) -> impl Stream<Item = Answered> + 'a {
+    source
+        .map(move |group| call_group(engine, ctx, writer, group, stop))
+        .buffer_unordered(writer.max_in_flight().max(1))
+        .flat_map(futures::stream::iter)
+}
+
+/// The calls of one group: the group, then the halves of any call refused as a whole.
+async fn call_group(
+    engine: &Engine,
+    ctx: &JobContext,
+    writer: &dyn Writer,
+    group: Group,
+    stop: &Stop,
+) -> Vec<Answered> {
+    let mut answers = Vec::new();
+    let mut todo = vec![group];
+    let mut limited = false;
+    while let Some(group) = todo.pop() {
+        let indices = group.iter().map(|(i, _)| *i).collect::<Vec<_>>();
+        let answer = match limited {
+            true => None,
+            false => call_once(engine, ctx, writer, &group, stop).await,
+        };
+        match &answer {
+            Some((Err(WriteError::Permanent { .. }), _)) if group.len() > 1 => {
+                let (first, second) = group.split_at(group.len() / 2);
+                // Popped from the end: the first half goes first.
+                todo.push(second.to_vec());
+                todo.push(first.to_vec());
+                engine.metrics.split(&ctx.rule_name);
+                answers.push(Answered {
+                    indices: Vec::new(),
+                    answer,
+                });
+            }
+            _ => {
+                limited |= matches!(&answer, Some((Err(WriteError::RateLimited { .. }), _)));
+                answers.push(Answered { indices, answer });
+            }
+        }
+    }
+    answers
+}
+
+/// One call: a request slot from the pacer (in fair turn with other rules), then the
+/// writer; `None` when the call was not made (a stop, a shutdown, no slot).
+async fn call_once(
+    engine: &Engine,
+    ctx: &JobContext,
+    writer: &dyn Writer,
+    group: &[(usize, Arc<Claimed>)],
+    stop: &Stop,
+) -> Option<(Result<Written, WriteError>, Duration)> {
     let rpm = writer.requests_per_minute();
     let weight = ctx.weight.max(1) as u32;
-    let halted = move || stop.stopped() || engine.shutdown.is_cancelled();
-    source
-        .map(move |(i, d)| async move {
-            if halted() {
-                return (i, None);
+    let halted = || stop.stopped() || engine.shutdown.is_cancelled();
+    if halted() {
+        return None;
+    }
+    // One request of the budget per call, in fair turn with other rules.
+    let key = &ctx.connection.budget_key;
+    let slot = async {
+        let asked = Instant::now();
+        loop {
+            let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
+            engine.clock.sleep_until_precise(at).await;
+            // The target said its budget is spent until later than this slot
+            // (remaining 0): a new slot, from then on.
+            if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
+                let go = engine.pacer.spaced(key);
+                engine.clock.sleep_until_precise(go).await;
+                engine.metrics.pacer_waited(key, asked.elapsed());
+                return Ok::<_, crate::pacer::PacerError>(go);
             }
-            // One request of the budget per call, in fair turn with other rules.
-            let key = &ctx.connection.budget_key;
-            let slot = async {
-                let asked = Instant::now();
-                loop {
-                    let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
-                    engine.clock.sleep_until_precise(at).await;
-                    // The target said its budget is spent until later than this slot
-                    // (remaining 0): a new slot, from then on.
-                    if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
-                        let go = engine.pacer.spaced(key);
-                        engine.clock.sleep_until_precise(go).await;
-                        engine.metrics.pacer_waited(key, asked.elapsed());
-                        return Ok::<_, crate::pacer::PacerError>(go);
-                    }
-                }
-            };
-            // A stop does not wait for slots: the delivery stays pending, untouched.
-            let go = tokio::select! {
-                waited = slot => match waited {
-                    Ok(go) => go,
-                    Err(e) => {
-                        tracing::error!(error = %e, "no request slot; delivery left pending");
-                        return (i, None);
-                    }
-                },
-                _ = engine.shutdown.cancelled() => return (i, None),
-                _ = stop.0.cancelled() => return (i, None),
-            };
-            // A 429 or a stop may have come in while this call waited for its slot.
-            if halted() {
-                return (i, None);
+        }
+    };
+    // A stop does not wait for slots: the deliveries stay pending, untouched.
+    let go = tokio::select! {
+        waited = slot => match waited {
+            Ok(go) => go,
+            Err(e) => {
+                tracing::error!(error = %e, "no request slot; deliveries left pending");
+                return None;
             }
-            let started = Instant::now();
-            let result = writer
-                .write(Outgoing {
-                    delivery_id: d.id,
-                    record_key: &d.record_key,
-                    path: &ctx.path,
-                    payload: &d.payload,
-                })
-                .await;
-            // From the time the call was due: a thread that woke late delays it too.
-            let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
-            engine.pacer.returned(key, go, trip);
-            let status = match &result {
-                Ok(receipt) => receipt.http_status,
-                Err(e) => e.http_status(),
-            };
-            engine.metrics.call(&ctx.connection.name, status);
-            (i, Some((result, started.elapsed())))
+        },
+        _ = engine.shutdown.cancelled() => return None,
+        _ = stop.0.cancelled() => return None,
+    };
+    // A 429 or a stop may have come in while this call waited for its slot.
+    if halted() {
+        return None;
+    }
+    let records: Vec<Outgoing<'_>> = group
+        .iter()
+        .map(|(_, d)| Outgoing {
+            delivery_id: d.id,
+            record_key: &d.record_key,
+            path: &ctx.path,
+            payload: &d.payload,
         })
-        .buffer_unordered(writer.max_in_flight().max(1))
+        .collect();
+    let started = Instant::now();
+    let result = writer
+        .write_many(Call {
+            records: &records,
+            envelope: ctx.batch_envelope.as_deref(),
+            bulk: ctx.records_per_call > 1,
+        })
+        .await;
+    // From the time the call was due: a thread that woke late delays it too.
+    let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
+    engine.pacer.returned(key, go, trip);
+    let status = match &result {
+        Ok(written) => written.receipt.http_status,
+        Err(e) => e.http_status(),
+    };
+    engine.metrics.call(&ctx.connection.name, status);
+    engine
+        .metrics
+        .records_per_call(&ctx.rule_name, records.len());
+    Some((result, started.elapsed()))
 }

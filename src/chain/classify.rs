@@ -123,7 +123,7 @@ mod tests {
         let ms = Duration::from_millis(5);
         let ok = Ok(Receipt {
             http_status: Some(200),
-            rate_headers: Default::default(),
+            ..Receipt::default()
         });
         let transient = || {
             Err(WriteError::Transient {

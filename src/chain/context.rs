@@ -34,8 +34,13 @@ pub struct JobContext {
     pub weight: i32,
     /// The rule's path (the writer's operation).
     pub path: String,
-    /// Deliveries claimed per job.
+    /// Deliveries claimed per batch (at least a call's worth per call in flight: see
+    /// [`JobContext::claim_limit`]).
     pub batch_size: i32,
+    /// The most deliveries one call carries.
+    pub records_per_call: i32,
+    /// The field wrapping the records of an `http_json` bulk call, if any.
+    pub batch_envelope: Option<String>,
     /// Attempts and backoff.
     pub retry: RetryPolicy,
     /// The connection the rule delivers into.
@@ -54,7 +59,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
         r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, r.job_id, ru.enabled,
                   ru.name AS rule_name,
                   ru.paused AS rule_paused, c.paused AS connection_paused,
-                  ru.path, ru.batch_size, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
+                  ru.path, ru.batch_size, ru.records_per_call, ru.batch_envelope, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
                   courier_budget_key(c) AS "budget_key!",
@@ -86,6 +91,8 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
         weight: r.weight,
         path: r.path,
         batch_size: r.batch_size,
+        records_per_call: r.records_per_call,
+        batch_envelope: r.batch_envelope,
         retry: RetryPolicy {
             max_attempts: r.max_attempts,
             backoff_base_ms: r.backoff_base_ms,
@@ -114,7 +121,19 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
     }))
 }
 
+/// The most deliveries one claim takes.
+pub const MAX_CLAIM: i32 = 10_000;
+
 impl JobContext {
+    /// How many deliveries a batch claims: the rule's batch size, and at least enough for
+    /// every call the connection may have in flight to carry a full call of records.
+    pub fn claim_limit(&self) -> i32 {
+        let full_calls = self
+            .records_per_call
+            .saturating_mul(self.connection.max_in_flight);
+        self.batch_size.max(full_calls).min(MAX_CLAIM)
+    }
+
     /// Whether this run may call the target now: the circuit allows calls, and a
     /// half-open circuit is being probed by this run and no other.
     pub fn circuit_allows(&self, now: DateTime<Utc>) -> bool {

@@ -40,13 +40,13 @@ use crate::{
     engine::Engine,
     learned, queue, rate_headers,
     runs::RunStatus,
-    writer::{self, Receipt, WriteError, Writer},
+    writer::{self, Receipt, WriteError, Writer, Written},
 };
 
 /// The rate-limit headers an answer carries, if it carries any.
-fn rate_headers_of(result: &Result<Receipt, WriteError>) -> Option<&reqwest::header::HeaderMap> {
+fn rate_headers_of(result: &Result<Written, WriteError>) -> Option<&reqwest::header::HeaderMap> {
     match result {
-        Ok(receipt) => Some(&receipt.rate_headers),
+        Ok(written) => Some(&written.receipt.rate_headers),
         Err(WriteError::RateLimited { rate_headers, .. }) => Some(&**rate_headers),
         Err(_) => None,
     }
@@ -156,6 +156,17 @@ fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dy
         tracing::error!(error = %e, "the rule's path is unusable; leaving it alone until it changes");
         Next::Unusable(Unusable::Rule, format!("rule path {:?}: {e}", ctx.path))
     })?;
+    // Records per call beyond what the writer can carry (a rule written by plain SQL).
+    writer::check_bulk(
+        &ctx.connection.writer,
+        &ctx.path,
+        ctx.records_per_call,
+        ctx.batch_envelope.as_deref(),
+    )
+    .map_err(|e| {
+        tracing::error!(error = %e, "the rule's bulk settings are unusable; leaving it alone until it changes");
+        Next::Unusable(Unusable::Rule, e)
+    })?;
     Ok(writer)
 }
 
@@ -175,7 +186,7 @@ async fn run_batch(
         rule_id: ctx.rule_id,
         connection_id: ctx.connection.id,
         after_id: ctx.cursor_id,
-        limit: ctx.batch_size,
+        limit: ctx.claim_limit(),
     };
     let claimed = engine
         .retry_outage(|| claim::claim(&engine.pool, scope, now))
@@ -241,7 +252,7 @@ impl Job<'_> {
     ) -> Result<Called, ChainError> {
         let (engine, ctx) = (self.engine, self.ctx);
         let stop = Stop::default();
-        let (feed, source) = futures::channel::mpsc::unbounded::<(usize, Arc<Claimed>)>();
+        let (feed, source) = futures::channel::mpsc::unbounded::<call::Group>();
         let pulled = std::sync::atomic::AtomicUsize::new(0);
         let source = source.inspect(|_| {
             pulled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -304,10 +315,23 @@ impl Job<'_> {
                 let offset = claimed.len();
                 claimed.extend(batch.into_iter().map(Arc::new));
                 let tx = feed.as_ref().expect("checked");
-                for i in sorted.to_send {
+                let payloads: Vec<&serde_json::Value> = sorted
+                    .to_send
+                    .iter()
+                    .map(|&i| &claimed[offset + i].payload)
+                    .collect();
+                let per_call = ctx.records_per_call.max(1) as usize;
+                for group in writer.group(&ctx.path, &payloads, per_call) {
+                    let group = group
+                        .into_iter()
+                        .map(|g| {
+                            let i = offset + sorted.to_send[g];
+                            (i, claimed[i].clone())
+                        })
+                        .collect();
                     queued += 1;
                     // The receiver lives in `calls`, as long as this loop does.
-                    let _ = tx.unbounded_send((offset + i, claimed[offset + i].clone()));
+                    let _ = tx.unbounded_send(group);
                 }
             }
             let next = tokio::select! {
@@ -320,10 +344,13 @@ impl Job<'_> {
                     continue;
                 }
             };
-            let Some((i, answer)) = next else { break };
-            let d = &claimed[i];
+            let Some(call::Answered { indices, answer }) = next else {
+                break;
+            };
             let Some((result, elapsed)) = answer else {
-                called.not_attempted.push(d.id);
+                called
+                    .not_attempted
+                    .extend(indices.iter().map(|&i| claimed[i].id));
                 continue;
             };
             let at = engine.clock.now();
@@ -341,11 +368,7 @@ impl Job<'_> {
                 // Nothing left until the reset: wait for it before any 429, without
                 // counting one. A short wait is sat out by the pacer within the batch.
                 let wait = (until - at).to_std().unwrap_or_default();
-                tracing::debug!(
-                    delivery = d.id,
-                    ?wait,
-                    "the target's budget is spent until its reset"
-                );
+                tracing::debug!(?wait, "the target's budget is spent until its reset");
                 engine.pacer.hold(key, until);
                 tally.spent(
                     until,
@@ -355,38 +378,66 @@ impl Job<'_> {
                     stop.stop();
                 }
             }
-            match classify::classify(d, result, elapsed, &ctx.retry, at, rand::random()) {
-                Classified::RateLimited { wait, raw } => {
-                    // Not a failure of the record: nothing is recorded against it. A wait
-                    // the response named (Retry-After) goes before its headers' reset.
+            match result {
+                Err(WriteError::RateLimited { wait, raw, .. }) => {
+                    // Not a failure of any record: nothing is recorded against them. A
+                    // wait the response named (Retry-After) goes before its headers' reset.
                     let wait = wait.or(statement.reset);
-                    tracing::debug!(delivery = d.id, ?wait, raw = ?raw, "target rate-limited the connection");
-                    engine.metrics.rate_limited(&ctx.connection.budget_key);
+                    tracing::debug!(records = indices.len(), ?wait, raw = ?raw, "target rate-limited the connection");
+                    engine.metrics.rate_limited(key);
                     let block = crate::blocks::block_length(wait);
-                    if let Err(e) = engine
-                        .pacer
-                        .throttled(&ctx.connection.budget_key, block)
-                        .await
-                    {
+                    if let Err(e) = engine.pacer.throttled(key, block).await {
                         tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                     }
                     tally.rate_limited(at, wait, raw);
                     stop.stop();
-                    called.not_attempted.push(d.id);
+                    called
+                        .not_attempted
+                        .extend(indices.iter().map(|&i| claimed[i].id));
                 }
-                Classified::Outcome { entry, reachable } => {
-                    let metrics = &engine.metrics;
-                    metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
-                    if entry.outcome == crate::ledger::Outcome::Delivered {
-                        metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
+                result => {
+                    // The breaker hears the call once, whatever it carried (`None`: the
+                    // writer refused it before sending, which says nothing of the target).
+                    let reachable = match &result {
+                        Ok(_) => Some(true),
+                        Err(WriteError::Permanent { status: None, .. }) => None,
+                        Err(e) => Some(e.proves_reachable()),
+                    };
+                    let mut entries = Vec::with_capacity(indices.len());
+                    for (j, &i) in indices.iter().enumerate() {
+                        let d = &claimed[i];
+                        let item = match &result {
+                            Ok(w) => match w.items.get(j) {
+                                Some(Some(e)) => Err(e.clone()),
+                                _ => Ok(Receipt {
+                                    http_status: w.receipt.http_status,
+                                    ..Receipt::default()
+                                }),
+                            },
+                            Err(e) => Err(e.clone()),
+                        };
+                        let classified =
+                            classify::classify(d, item, elapsed, &ctx.retry, at, rand::random());
+                        let Classified::Outcome { entry, .. } = classified else {
+                            // An item never reads as a 429 (only a whole call does): left
+                            // pending, untouched, should one ever.
+                            called.not_attempted.push(d.id);
+                            continue;
+                        };
+                        let metrics = &engine.metrics;
+                        metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+                        if entry.outcome == crate::ledger::Outcome::Delivered {
+                            metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
+                        }
+                        entries.push(entry);
                     }
                     if let Some(r) = reachable {
-                        engine.pacer.answered(&ctx.connection.budget_key, 1);
+                        engine.pacer.answered(key, 1);
                         if called.circuit.observe(r, &engine.settings.breaker, at) {
                             stop.stop();
                         }
                     }
-                    tally.answered(entry, reachable);
+                    tally.answered(entries, reachable);
                 }
             }
             if tally.due() && !settle::flush(engine, ctx, self.task_id, tally).await? {

@@ -64,16 +64,17 @@ impl Tally {
         self.entries.extend(entries);
     }
 
-    /// Adds the outcome of a call; `reachable` is what the breaker hears, if anything.
-    pub fn answered(&mut self, entry: Entry, reachable: Option<bool>) {
+    /// Adds the outcomes of one call (one per record it carried); `reachable` is what the
+    /// breaker hears of the call, if anything.
+    pub fn answered(&mut self, entries: Vec<Entry>, reachable: Option<bool>) {
         self.calls += 1;
         if let Some(r) = reachable {
             self.reachability.push(r);
         }
-        if let Some(e) = &entry.error {
+        if let Some(e) = entries.iter().rev().find_map(|e| e.error.as_ref()) {
             self.last_error = Some(e.clone());
         }
-        self.entries.push(entry);
+        self.entries.extend(entries);
     }
 
     /// Adds a 429 met `at`: a call made, the target reachable, no outcome for the

@@ -1,6 +1,12 @@
 //! The generic HTTP JSON writer, and the response mapping every HTTP writer shares:
 //! 2xx delivered; 429 rate-limited with the wait the response names; 400, 401, 403, 404
 //! and 422 (and other 4xx) permanent; 5xx, timeouts and connection errors transient.
+//!
+//! A rule with `records_per_call` above 1 POSTs a JSON array of its payloads (or an
+//! object `{"<batch_envelope>": [...]}`) with one `Idempotency-Key` per call naming its
+//! deliveries (`courier-12,13,17`). A 2xx whose body is an array as long as the call is
+//! read per item ([`item_outcome`]); any other 2xx delivers every record; any other answer
+//! is the whole call's.
 
 use std::time::{Duration, SystemTime};
 
@@ -8,8 +14,8 @@ use futures::{FutureExt, future::BoxFuture};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{
-    DEFAULT_REQUESTS_PER_MINUTE, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer,
-    WriterConfigError,
+    Call, DEFAULT_REQUESTS_PER_MINUTE, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer,
+    WriterConfigError, Written,
     secrets::{Secrets, is_secret_header},
 };
 use crate::{catalog::Connection, rate_headers::ResetKind};
@@ -20,6 +26,9 @@ const ERROR_BODY_LIMIT: usize = 300;
 /// Vendor headers the generic writer reads a 429's wait from when `Retry-After` is absent:
 /// the IETF draft's `RateLimit-Reset` (delta seconds).
 pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
+
+/// The most records one `http_json` call carries.
+pub const MAX_RECORDS_PER_CALL: usize = 1000;
 
 /// What every HTTP writer takes from its connection: the shared client, the headers
 /// (the connection's own plus authorization), the timeout, the declared rate and the
@@ -84,13 +93,24 @@ impl Endpoint {
         request: reqwest::RequestBuilder,
         reset_headers: &[&str],
     ) -> Result<Receipt, WriteError> {
+        self.send_reading(request, reset_headers, false).await
+    }
+
+    /// As [`Endpoint::send`]; with `read_body`, a successful answer's JSON body is kept in
+    /// the receipt.
+    pub async fn send_reading(
+        &self,
+        request: reqwest::RequestBuilder,
+        reset_headers: &[&str],
+        read_body: bool,
+    ) -> Result<Receipt, WriteError> {
         let response = request
             .headers(self.headers.clone())
             .timeout(self.timeout)
             .send()
             .await;
         let result = match response {
-            Ok(r) => classify_response(r, reset_headers, &self.connection).await,
+            Ok(r) => classify_response(r, reset_headers, &self.connection, read_body).await,
             Err(e) => Err(classify_transport(e)),
         };
         result.map_err(|e| self.redact(e))
@@ -217,6 +237,77 @@ impl Writer for HttpJsonWriter {
         }
         .boxed()
     }
+
+    fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
+        async move {
+            let Some(first) = call.records.first() else {
+                return Ok(Written::all(Receipt::default(), 0));
+            };
+            if !call.bulk {
+                return self.write(*first).await.map(|r| Written::all(r, 1));
+            }
+            let url = format!("{}{}", self.base_url, first.path.trim_start_matches('/'));
+            let payloads: Vec<&serde_json::Value> =
+                call.records.iter().map(|r| r.payload).collect();
+            let body = match call.envelope {
+                Some(field) => serde_json::json!({ field: payloads }),
+                None => serde_json::json!(payloads),
+            };
+            let ids: Vec<String> = call
+                .records
+                .iter()
+                .map(|r| r.delivery_id.to_string())
+                .collect();
+            let request = self
+                .endpoint
+                .client
+                .post(url)
+                .header("Idempotency-Key", format!("courier-{}", ids.join(",")))
+                .json(&body);
+            let receipt = self
+                .endpoint
+                .send_reading(request, RESET_HEADERS, true)
+                .await?;
+            let items = match receipt.body.as_ref().and_then(serde_json::Value::as_array) {
+                Some(items) if items.len() == call.records.len() => {
+                    items.iter().map(item_outcome).collect()
+                }
+                _ => vec![None; call.records.len()],
+            };
+            Ok(Written { receipt, items })
+        }
+        .boxed()
+    }
+}
+
+/// What one item of a per-item answer says of its record: its `status` is an HTTP status
+/// (absent: 200), and an `error` field makes it a failure classified like that status (a
+/// 2xx with an error counts as 422). 5xx, 408 and 429 are transient, other 4xx
+/// permanent; anything else delivered.
+pub fn item_outcome(item: &serde_json::Value) -> Option<WriteError> {
+    let status = item
+        .get("status")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok());
+    let error = item.get("error").filter(|e| !e.is_null());
+    let status = match (status, error) {
+        (Some(s), None) if (200..400).contains(&s) => return None,
+        (None, None) => return None,
+        (Some(s), Some(_)) if (200..400).contains(&s) => 422,
+        (None, Some(_)) => 422,
+        (Some(s), _) => s,
+    };
+    let message = match error {
+        Some(serde_json::Value::String(e)) => snippet(e),
+        Some(e) => snippet(&e.to_string()),
+        None => format!("the target answered {status} for this record"),
+    };
+    let status = Some(status);
+    if status >= Some(500) || matches!(status, Some(408 | 429)) {
+        Some(WriteError::Transient { status, message })
+    } else {
+        Some(WriteError::Permanent { status, message })
+    }
 }
 
 /// Notes whether `connection`'s credentials are being refused; returns true when that
@@ -246,6 +337,7 @@ pub async fn classify_response(
     response: reqwest::Response,
     reset_headers: &[&str],
     connection: &str,
+    read_body: bool,
 ) -> Result<Receipt, WriteError> {
     let status = response.status().as_u16();
     if response.status().is_success() {
@@ -255,9 +347,15 @@ pub async fn classify_response(
                 "target accepts the credentials of this connection again"
             );
         }
+        let rate_headers = super::rate_limit_headers(response.headers());
+        let body = match read_body {
+            true => response.json().await.ok(),
+            false => None,
+        };
         return Ok(Receipt {
             http_status: Some(status),
-            rate_headers: super::rate_limit_headers(response.headers()),
+            rate_headers,
+            body,
         });
     }
     if status == 429 {

@@ -1,6 +1,13 @@
-//! Writers deliver one record to one target. A writer declares the rate it may be called at
+//! Writers deliver records to one target. A writer declares the rate it may be called at
 //! and how many calls it may have in flight; `write` answers with a [`Receipt`] or a typed
 //! [`WriteError`] that says whether to retry and whether the target proved reachable.
+//!
+//! A call may carry several records of one rule (the rule's `records_per_call`, up to
+//! what [`max_records_per_call`] allows): the writer puts a batch's records into calls
+//! ([`Writer::group`]) and answers each call with one [`Written`], which holds the outcome
+//! of every record it carried. A whole call refused with [`WriteError::Permanent`] says
+//! that some record of it is bad without saying which: the call stage splits it in halves
+//! and sends each again, down to single records.
 //!
 //! One file per target: [`http`] is the generic HTTP JSON writer and holds the response
 //! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace.
@@ -11,7 +18,7 @@ pub mod usercom;
 
 use std::{sync::Arc, time::Duration};
 
-use futures::future::BoxFuture;
+use futures::{FutureExt, future::BoxFuture};
 
 use crate::{catalog::Connection, rate_headers::ResetKind};
 
@@ -35,13 +42,97 @@ pub struct Outgoing<'a> {
     pub payload: &'a serde_json::Value,
 }
 
+/// What one call carries: records of one rule, made a call by [`Writer::group`].
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a> {
+    /// The records, at least one.
+    pub records: &'a [Outgoing<'a>],
+    /// The rule's `batch_envelope`: the field of an object wrapping the records of an
+    /// `http_json` call; `None` sends them as a bare array.
+    pub envelope: Option<&'a str>,
+    /// Whether the rule sends several records per call (its `records_per_call` is above
+    /// 1): its calls take the bulk form even when one carries a single record.
+    pub bulk: bool,
+}
+
 /// Proof of a delivery.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Receipt {
     /// The HTTP status the target answered with.
     pub http_status: Option<u16>,
     /// The response's rate-limit headers ([`rate_limit_headers`]), read by the pacer.
     pub rate_headers: reqwest::header::HeaderMap,
+    /// The response's JSON body, read only for calls that carry several records (whose
+    /// answer may speak of each).
+    pub body: Option<serde_json::Value>,
+}
+
+/// The answer to a call that reached the target and was not refused as a whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The response.
+    pub receipt: Receipt,
+    /// One per record of the call, in the call's order: `None` delivered, or why that
+    /// record was not.
+    pub items: Vec<Option<WriteError>>,
+}
+
+impl Written {
+    /// Every record of the call delivered.
+    pub fn all(receipt: Receipt, records: usize) -> Self {
+        Self {
+            receipt,
+            items: vec![None; records],
+        }
+    }
+}
+
+/// The most records one call may carry for `writer` kind on a rule of `path`, and why no
+/// more: `http_json` takes up to [`http::MAX_RECORDS_PER_CALL`]; `usercom` groups
+/// `user_attributes` into mass updates of up to [`usercom::MAX_IDS_PER_CALL`] and sends
+/// every other operation one record per call.
+pub fn max_records_per_call(writer: &str, path: &str) -> (usize, &'static str) {
+    match writer {
+        "usercom" => match path.parse::<usercom::Operation>() {
+            Ok(usercom::Operation::UserAttributes) => (
+                usercom::MAX_IDS_PER_CALL,
+                "a User.com mass update takes at most that many ids",
+            ),
+            _ => (
+                1,
+                "only the user_attributes operation of User.com has a bulk endpoint",
+            ),
+        },
+        _ => (
+            http::MAX_RECORDS_PER_CALL,
+            "the generic HTTP writer sends at most that many records per call",
+        ),
+    }
+}
+
+/// Checks a rule's `records_per_call` and `batch_envelope` against its writer; the error
+/// names the value and what is allowed.
+pub fn check_bulk(
+    writer: &str,
+    path: &str,
+    records_per_call: i32,
+    batch_envelope: Option<&str>,
+) -> Result<(), String> {
+    let (max, why) = max_records_per_call(writer, path);
+    if records_per_call < 1 || records_per_call as usize > max {
+        return Err(format!(
+            "records_per_call {records_per_call} is outside 1..={max} ({why})"
+        ));
+    }
+    match batch_envelope {
+        Some(_) if writer != "http_json" => Err(format!(
+            "batch_envelope is for the http_json writer only, not {writer}"
+        )),
+        Some(e) if e.is_empty() || e.len() > 100 => {
+            Err("batch_envelope must be a field name of 1 to 100 characters".into())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The rate-limit headers of a response (`RateLimit*`, `X-RateLimit-*`), the only ones a
@@ -128,6 +219,44 @@ pub trait Writer: Send + Sync {
     }
     /// Delivers one record. Each call is exactly one request to the target.
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>>;
+
+    /// Puts the records of a batch (their payloads, in the batch's order) into calls of at
+    /// most `per_call` records each, as indexes into `payloads`; every record is in exactly
+    /// one call. By default, in order, `per_call` at a time.
+    fn group(
+        &self,
+        path: &str,
+        payloads: &[&serde_json::Value],
+        per_call: usize,
+    ) -> Vec<Vec<usize>> {
+        let _ = path;
+        (0..payloads.len())
+            .collect::<Vec<_>>()
+            .chunks(per_call.max(1))
+            .map(<[usize]>::to_vec)
+            .collect()
+    }
+
+    /// Delivers the records of one call made by [`Writer::group`]: exactly one request to
+    /// the target. An error is the answer of the whole call; [`WriteError::Permanent`] for
+    /// several records means some of them are bad, which the caller finds by splitting.
+    /// By default a call carries one record, written by [`Writer::write`].
+    fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
+        match call.records {
+            [one] => self
+                .write(*one)
+                .map(|r| r.map(|receipt| Written::all(receipt, 1)))
+                .boxed(),
+            _ => futures::future::ready(Err(WriteError::Permanent {
+                status: None,
+                message: format!(
+                    "this writer sends one record per call, not {}",
+                    call.records.len()
+                ),
+            }))
+            .boxed(),
+        }
+    }
 }
 
 /// Why a connection's writer could not be built.

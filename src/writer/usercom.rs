@@ -4,6 +4,15 @@
 //! delivery's payload is turned into that operation's request by [`build_request`], a pure
 //! function, so a payload that cannot work is rejected before anything is sent.
 //!
+//! A `user_attributes` rule with `records_per_call` above 1 sends the deliveries that set
+//! exactly one custom attribute (a consent change: `{"custom_id": "c1", "attributes":
+//! {"email_consent": false}}`) grouped by attribute and value, as one
+//! `PUT users-by-id/mass_update_custom_attributes/` per group of up to `records_per_call`
+//! custom ids ([`mass_groups`]); its other deliveries go one by one. The answer's
+//! `not_found` ids (users the workspace does not know) are rejected as a single call's 404
+//! would be; a refusal of the whole call (an unknown attribute, a bad value) is every
+//! record's, since they share attribute and value.
+//!
 //! Appending operations (`event`, `product_event`) carry the delivery's id in
 //! `data.courier_delivery_id`: User.com has no idempotency key, so this is how a duplicate
 //! left by a timed-out call can be found.
@@ -18,7 +27,7 @@ use reqwest::{
 use serde_json::{Map, Value};
 
 use super::{
-    Outgoing, Receipt, WriteError, Writer, WriterConfigError,
+    Call, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written,
     http::{Endpoint, invalid},
 };
 use crate::{catalog::Connection, rate_headers::ResetKind};
@@ -28,6 +37,8 @@ pub const ACCEPT_VERSION_2: &str = "*/*; version=2";
 /// Vendor headers naming a 429's wait: User.com documents none (its 429 carries
 /// `retry-after` only).
 pub const RESET_HEADERS: &[&str] = &[];
+/// The most custom ids one mass update carries (User.com documents no maximum).
+pub const MAX_IDS_PER_CALL: usize = 100;
 /// Where appending operations put the delivery id inside `data`.
 pub const DELIVERY_ID_FIELD: &str = "courier_delivery_id";
 
@@ -278,6 +289,44 @@ fn with_delivery_id(
     Ok(Value::Object(body))
 }
 
+/// What a `user_attributes` payload that sets exactly one custom attribute asks: its
+/// custom id, the attribute and the value; `None` for any other shape.
+pub fn single_attribute(payload: &Value) -> Option<(String, &str, &Value)> {
+    let custom_id = match payload.get("custom_id")? {
+        Value::String(s) if !s.trim().is_empty() => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    let attributes = payload.get("attributes")?.as_object()?;
+    let mut only = attributes.iter();
+    let (name, value) = only.next()?;
+    only.next()
+        .is_none()
+        .then_some((custom_id, name.as_str(), value))
+}
+
+/// Puts a batch of `user_attributes` payloads into calls: those that set one attribute
+/// grouped by attribute and value, `per_call` at most to a call, in the order each group
+/// first appears; every other payload a call of its own.
+pub fn mass_groups(payloads: &[&Value], per_call: usize) -> Vec<Vec<usize>> {
+    let mut groups: Vec<((&str, &Value), Vec<usize>)> = Vec::new();
+    let mut calls = Vec::new();
+    for (i, payload) in payloads.iter().enumerate() {
+        let Some((_, name, value)) = single_attribute(payload).filter(|_| per_call > 1) else {
+            calls.push(vec![i]);
+            continue;
+        };
+        match groups.iter_mut().find(|(k, _)| *k == (name, value)) {
+            Some((_, members)) => members.push(i),
+            None => groups.push(((name, value), vec![i])),
+        }
+    }
+    for (_, members) in groups {
+        calls.extend(members.chunks(per_call).map(<[usize]>::to_vec));
+    }
+    calls
+}
+
 /// Writes records into one User.com workspace.
 pub struct UserComWriter {
     /// Client, headers (`Authorization: Token`, `Accept`, the connection's), timeout, rate.
@@ -351,6 +400,92 @@ impl Writer for UserComWriter {
         }
         .boxed()
     }
+
+    fn group(&self, path: &str, payloads: &[&Value], per_call: usize) -> Vec<Vec<usize>> {
+        match path.parse() {
+            Ok(Operation::UserAttributes) => mass_groups(payloads, per_call),
+            _ => payloads.iter().enumerate().map(|(i, _)| vec![i]).collect(),
+        }
+    }
+
+    fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
+        async move {
+            let [first, ..] = call.records else {
+                return Ok(Written::all(Receipt::default(), 0));
+            };
+            if call.records.len() == 1 {
+                return self.write(*first).await.map(|r| Written::all(r, 1));
+            }
+            let refused = |message: String| WriteError::Permanent {
+                status: None,
+                message,
+            };
+            let mut ids = Vec::with_capacity(call.records.len());
+            let mut shared = None;
+            for out in call.records {
+                let (id, name, value) = single_attribute(out.payload).ok_or_else(|| {
+                    refused("a mass update carries only payloads that set one attribute".into())
+                })?;
+                if shared.get_or_insert((name, value)) != &(name, value) {
+                    return Err(refused(
+                        "a mass update carries one attribute and one value".into(),
+                    ));
+                }
+                ids.push(id);
+            }
+            let (attribute, value) = shared.expect("at least one record");
+            let request = Request {
+                method: Method::PUT,
+                segments: vec!["users-by-id".into(), "mass_update_custom_attributes".into()],
+                body: serde_json::json!({"ids": ids, "attribute": attribute, "value": value}),
+            };
+            let url = request.relative_path(&self.base_url).map_err(refused)?;
+            let builder = self
+                .endpoint
+                .client
+                .request(request.method, url)
+                .json(&request.body);
+            match self
+                .endpoint
+                .send_reading(builder, RESET_HEADERS, true)
+                .await
+            {
+                Ok(receipt) => {
+                    let unknown = not_found(receipt.body.as_ref());
+                    let items = ids
+                        .iter()
+                        .map(|id| {
+                            unknown.contains(&id.as_str()).then(|| WriteError::Permanent {
+                                status: Some(404),
+                                message: format!(
+                                    "mass update: no user with custom_id {id:?} in the workspace"
+                                ),
+                            })
+                        })
+                        .collect();
+                    Ok(Written { receipt, items })
+                }
+                // Attribute and value are every record's: so is their refusal.
+                Err(e @ WriteError::Permanent { .. }) => Ok(Written {
+                    receipt: Receipt {
+                        http_status: e.http_status(),
+                        ..Receipt::default()
+                    },
+                    items: vec![Some(e); ids.len()],
+                }),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// The custom ids a mass update's answer names as unknown (`not_found`).
+fn not_found(body: Option<&Value>) -> Vec<&str> {
+    body.and_then(|b| b.get("not_found"))
+        .and_then(Value::as_array)
+        .map(|ids| ids.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

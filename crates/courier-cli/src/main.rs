@@ -303,6 +303,13 @@ enum RuleCmd {
         /// Its share of the connection's budget against other busy rules (default 1).
         #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
         weight: Option<i32>,
+        /// The most deliveries one call carries (default 1), up to what the writer allows
+        /// (http_json: 1000; usercom user_attributes: 100, as mass updates).
+        #[arg(long, allow_negative_numbers = true)]
+        records_per_call: Option<i32>,
+        /// http_json bulk calls: send `{"FIELD": [...]}` instead of a bare JSON array.
+        #[arg(long, value_name = "FIELD")]
+        batch_envelope: Option<String>,
     },
     /// List rules.
     List,
@@ -552,6 +559,8 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             backoff_max_ms,
             disabled,
             weight,
+            records_per_call,
+            batch_envelope,
         }) => {
             let id = catalog::upsert_rule(
                 &pool().await?,
@@ -565,6 +574,8 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                     backoff_max_ms,
                     enabled: Some(!disabled),
                     weight,
+                    records_per_call,
+                    batch_envelope,
                 },
             )
             .await?;
@@ -582,6 +593,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                         "path",
                         "enabled",
                         "batch",
+                        "per call",
                         "attempts"
                     ],
                     &rows
@@ -593,6 +605,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
                             r.path.clone(),
                             r.enabled.to_string(),
                             r.batch_size.to_string(),
+                            r.records_per_call.to_string(),
                             r.max_attempts.to_string(),
                         ])
                         .collect::<Vec<_>>()

@@ -15,6 +15,12 @@
 //!   `{"limit": N}`; `GET` reads the limits in force).
 //! - Any other path keeps the generic behaviour the `http_json` writer's tests rely on: a
 //!   JSON POST is accepted and counted per `Idempotency-Key`.
+//! - A **batch sink** ([`batch_sink`]) under `batch/per-item/` or `batch/all-or-nothing/`,
+//!   at the root or in a workspace (then behind its token and limiter): a JSON array of
+//!   records (or an object with one array field) in one call; an item with
+//!   `"invalid": true` is refused, in the answer's item (per item) or with a 400 for the
+//!   whole call (all or nothing). Accepted items count per delivery, from the call's
+//!   `Idempotency-Key` (`courier-12,13,17`).
 //! - **Faults** on demand, for every path: a share of 500/502/504, a uniform latency
 //!   range, hangs past the client's timeout, connection resets (the connection is closed
 //!   without an answer). [`Target::respond_with`] forces one status for every request.
@@ -362,6 +368,17 @@ impl Target {
         let status = if status == 200 { 0 } else { status };
         self.state.status.store(status, Ordering::SeqCst);
         *lock(&self.state.retry_after) = retry_after.unwrap_or_default().to_owned();
+    }
+
+    /// Stores users with these custom ids in `workspace` (with no attributes), as if
+    /// created earlier: the state a bulk attribute change starts from.
+    pub fn seed_users(&self, workspace: &str, custom_ids: impl IntoIterator<Item = String>) {
+        let mut inner = lock(&self.state.inner);
+        if let Some(w) = inner.workspaces.get_mut(workspace) {
+            for id in custom_ids {
+                w.add_user(&id);
+            }
+        }
     }
 
     /// Adds `latency` before every answer.
@@ -777,7 +794,10 @@ async fn handle(
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
-        Route::Generic => generic(&s, &headers, parsed.is_some(), arrived),
+        Route::Generic => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
+            Some(batch) => batch.answer(&s, arrived),
+            None => generic(&s, &headers, parsed.is_some(), arrived),
+        },
         Route::Workspace(name, api) => {
             let authorization = headers
                 .get(axum::http::header::AUTHORIZATION)
@@ -807,6 +827,12 @@ async fn handle(
                 w.counters.throttled += 1;
                 inner.throttled += 1;
                 throttled_response(wait, mode)
+            } else if let Some(batch) = parsed.as_ref().and_then(|b| batch_sink(&api, b, &headers))
+            {
+                for key in &batch.accepted {
+                    *w.counters.accepted.entry(key.clone()).or_default() += 1;
+                }
+                batch.answer(&s, arrived)
             } else if let Some(body) = parsed {
                 let reply = w.apply(method.as_str(), &api, &body);
                 for key in &reply.accepted {
@@ -869,6 +895,98 @@ fn generic(s: &TargetState, headers: &HeaderMap, is_json: bool, arrived: Instant
         accept(s, key, arrived);
     }
     (StatusCode::OK, Json(serde_json::json!({"ok": true}))).into_response()
+}
+
+/// How the batch sink answers a call holding an invalid item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchAnswers {
+    /// 200 with an array of one `{"status": ...}` per item (`"error"` for a refused one).
+    PerItem,
+    /// 400 for the whole call when any item is invalid; nothing of it is accepted.
+    AllOrNothing,
+}
+
+/// What the batch sink answers one call, and the keys it accepted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchReply {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body.
+    pub body: serde_json::Value,
+    /// Keys of the accepted items: `courier-<delivery id>` from the call's
+    /// `Idempotency-Key`, else `<key or "batch">#<position>`.
+    pub accepted: Vec<String>,
+}
+
+impl BatchReply {
+    fn answer(self, s: &TargetState, arrived: Instant) -> Response {
+        for key in &self.accepted {
+            accept(s, key, arrived);
+        }
+        json_reply(self.status, self.body)
+    }
+}
+
+/// The batch sink's answer to a call on `path` (`.../batch/per-item/...` or
+/// `.../batch/all-or-nothing/...`), or `None` when `path` is not the sink's.
+pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> Option<BatchReply> {
+    let segments: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let style = segments.windows(2).find_map(|w| match w {
+        ["batch", "per-item"] => Some(BatchAnswers::PerItem),
+        ["batch", "all-or-nothing"] => Some(BatchAnswers::AllOrNothing),
+        _ => None,
+    })?;
+    let items = match body {
+        serde_json::Value::Array(items) => Some(items),
+        serde_json::Value::Object(m) if m.len() == 1 => m.values().next()?.as_array(),
+        _ => None,
+    };
+    let Some(items) = items else {
+        return Some(BatchReply {
+            status: 400,
+            body: serde_json::json!({"detail": "expected a JSON array of records, or an object with one array field"}),
+            accepted: Vec::new(),
+        });
+    };
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let ids: Vec<&str> = key
+        .and_then(|k| k.strip_prefix("courier-"))
+        .map(|ids| ids.split(',').collect())
+        .unwrap_or_default();
+    let key_of = |j: usize| match ids.len() == items.len() {
+        true => format!("courier-{}", ids[j]),
+        false => format!("{}#{j}", key.unwrap_or("batch")),
+    };
+    let invalid =
+        |item: &serde_json::Value| item.get("invalid") == Some(&serde_json::Value::Bool(true));
+    Some(match style {
+        BatchAnswers::PerItem => BatchReply {
+            status: 200,
+            body: items
+                .iter()
+                .map(|item| match invalid(item) {
+                    true => serde_json::json!({"status": 400, "error": "invalid record"}),
+                    false => serde_json::json!({"status": 200}),
+                })
+                .collect(),
+            accepted: (0..items.len())
+                .filter(|&j| !invalid(&items[j]))
+                .map(key_of)
+                .collect(),
+        },
+        BatchAnswers::AllOrNothing => match items.iter().position(invalid) {
+            Some(j) => BatchReply {
+                status: 400,
+                body: serde_json::json!({"detail": format!("item {j} is invalid; nothing was accepted")}),
+                accepted: Vec::new(),
+            },
+            None => BatchReply {
+                status: 200,
+                body: serde_json::json!({"accepted": items.len()}),
+                accepted: (0..items.len()).map(key_of).collect(),
+            },
+        },
+    })
 }
 
 /// Counts an accepted write under `key` and logs when its request arrived.

@@ -38,6 +38,10 @@ pub const STANDARD_USER_ATTRIBUTES: &[&str] = &[
     "twitter_url",
     "google_url",
 ];
+/// The most ids one mass update takes (User.com documents no maximum; courier's writer
+/// sends at most `courier::writer::usercom::MAX_IDS_PER_CALL`, asserted equal by the
+/// engine's tests). More answer 400.
+pub const MAX_MASS_UPDATE_IDS: usize = 100;
 /// User.com caps first and last names at this many characters.
 pub const MAX_NAME_CHARS: usize = 40;
 /// The product event types User.com accepts.
@@ -374,6 +378,13 @@ impl Workspace {
         (obj["id"].as_u64().unwrap_or_default(), created)
     }
 
+    /// Stores a user with `custom_id` and no attributes, unless it exists.
+    pub fn add_user(&mut self, custom_id: &str) {
+        if !self.data.users.contains_key(custom_id) {
+            self.upsert(true, custom_id, &Map::new());
+        }
+    }
+
     fn set_attributes(&mut self, custom_id: &str, body: &Value) -> Reply {
         let Some(fields) = body.as_object() else {
             return Reply::field(
@@ -394,6 +405,8 @@ impl Workspace {
         )
     }
 
+    /// One attribute, one value, many users. Ids the workspace does not know are left
+    /// out and named in the answer's `not_found` (as given), beside the `updated` count.
     fn mass_update(&mut self, by_custom_id: bool, body: &Value) -> Reply {
         let Some(attribute) = body.get("attribute").and_then(Value::as_str) else {
             return Reply::field("attribute", "This field is required.".into());
@@ -404,11 +417,18 @@ impl Workspace {
         let Some(ids) = body.get("ids").and_then(Value::as_array) else {
             return Reply::field("ids", "This field is required.".into());
         };
+        if ids.len() > MAX_MASS_UPDATE_IDS {
+            return Reply::field(
+                "ids",
+                format!("Ensure this field has no more than {MAX_MASS_UPDATE_IDS} elements."),
+            );
+        }
         let attribute = attribute.to_owned();
         if let Some(r) = self.check_attributes(std::iter::once(&attribute)) {
             return r;
         }
         let mut accepted = Vec::new();
+        let mut not_found = Vec::new();
         for id in ids {
             let custom_id = if by_custom_id {
                 id_string(Some(id)).filter(|c| self.data.users.contains_key(c))
@@ -419,14 +439,18 @@ impl Workspace {
                     .find(|(_, u)| Some(&u["id"]) == Some(id))
                     .map(|(c, _)| c.clone())
             };
-            if let Some(c) = custom_id
-                && let Some(u) = self.data.users.get_mut(&c).and_then(Value::as_object_mut)
-            {
-                u.insert(attribute.clone(), value.clone());
-                accepted.push(format!("mass_update:{attribute}:{c}"));
+            match custom_id.and_then(|c| Some((self.data.users.get_mut(&c)?.as_object_mut()?, c))) {
+                Some((user, c)) => {
+                    user.insert(attribute.clone(), value.clone());
+                    accepted.push(format!("mass_update:{attribute}:{c}"));
+                }
+                None => not_found.push(id.clone()),
             }
         }
-        Reply::ok(json!({"status": "ok", "updated": accepted.len()}), accepted)
+        Reply::ok(
+            json!({"status": "ok", "updated": accepted.len(), "not_found": not_found}),
+            accepted,
+        )
     }
 
     fn user_ref(&self, fields: &Map<String, Value>, must_exist: bool) -> Result<(), Reply> {

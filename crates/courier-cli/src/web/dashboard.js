@@ -113,9 +113,9 @@
         blocked.map((c) => [c.budget_key, c.name, time(c.blocked_until), dash(c.blocked_by), dash(c.retry_after_raw)])));
     put("circuits", table(["connection", "circuit", "failures in a row", "open until"],
       s.connections.map((c) => [c.name, c.circuit, String(c.consecutive_failures), time(c.open_until)])));
-    put("rules", table(["rule", "connection", "enabled", "paused", "pending", "due", "on dep", "state", "until", "blocked by", "last run"]
+    put("rules", table(["rule", "connection", "per call", "enabled", "paused", "pending", "due", "on dep", "state", "until", "blocked by", "last run"]
       .concat(actions ? [""] : []),
-      s.rules.map((r) => [r.name, r.connection, String(r.enabled), dash(r.paused), String(r.pending), String(r.due),
+      s.rules.map((r) => [r.name, r.connection, String(r.records_per_call), String(r.enabled), dash(r.paused), String(r.pending), String(r.due),
         String(r.waiting_on_dependency), r.state, time(r.resume_at || r.blocked_until), dash(r.blocked_by_rule),
         r.last_run ? "#" + r.last_run + " " + r.last_run_status : "-"].concat(actions ? [buttons([
         ["retry exhausted", "/api/rules/" + encodeURIComponent(r.name) + "/retry?outcome=exhausted"],

@@ -172,6 +172,7 @@ fn rules(s: &DashboardState) -> String {
         &[
             "rule",
             "connection",
+            "per call",
             "enabled",
             "paused",
             "pending",
