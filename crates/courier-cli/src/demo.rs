@@ -5,7 +5,9 @@
 //! three rules (customers, consents, price changes), enqueues a burst larger than a
 //! minute's budget, runs a worker in-process with live progress, and ends with a summary:
 //! every record delivered, none failed, the 429s met and the blocks they set, the rate
-//! achieved against the declared one.
+//! achieved against the declared one, the records each rule's calls carried. The consents
+//! arrive as a bulk import once their customers are in the workspace, and go as mass
+//! updates of up to [`CONSENTS_PER_CALL`] custom ids.
 
 use std::{
     str::FromStr,
@@ -40,6 +42,8 @@ pub const DEFAULT_RATE: u32 = 10;
 /// The environment variable the demo connection reads its API key from. The demo sets it
 /// for itself (to a random token) unless it is already set.
 pub const KEY_VAR: &str = "COURIER_DEMO_USERCOM_KEY";
+/// The most consent changes one mass update of the demo carries.
+pub const CONSENTS_PER_CALL: i32 = 100;
 /// The demo workspace's name.
 pub const WORKSPACE: &str = "demo";
 /// The one command that installs PostgreSQL, printed when there is none.
@@ -137,11 +141,11 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     )
     .await?;
     let rules = [
-        ("customers", "user_upsert"),
-        ("consents", "user_attributes"),
-        ("price_changes", "product_event"),
+        ("customers", "user_upsert", 1),
+        ("consents", "user_attributes", CONSENTS_PER_CALL),
+        ("price_changes", "product_event", 1),
     ];
-    for (name, operation) in rules {
+    for (name, operation, per_call) in rules {
         catalog::upsert_rule(
             &pool,
             &NewRule {
@@ -149,9 +153,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
                 connection: "demo-usercom".into(),
                 path: operation.into(),
                 batch_size: Some(50),
-                max_attempts: None,
-                backoff_base_ms: None,
-                backoff_max_ms: None,
+                records_per_call: Some(per_call),
                 ..Default::default()
             },
         )
@@ -174,14 +176,15 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
             )
         })
         .collect();
-    let consents = (0..counts[1])
+    // A consent change sets one attribute: the shape a mass update carries.
+    let consents: Vec<NewDelivery> = (0..counts[1])
         .map(|k| NewDelivery {
             depends_on: Some(format!("customer:{k}")),
             ..NewDelivery::new(
                 format!("consent:{k}"),
                 serde_json::json!({
                     "custom_id": format!("c{k}"),
-                    "attributes": {"email_consent": true, "sms_consent": k % 3 == 0},
+                    "attributes": {"sms_consent": k % 3 == 0},
                 }),
             )
         })
@@ -201,13 +204,17 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         .collect();
     let started = Instant::now();
     enqueue::enqueue_many(&pool, "customers", customers).await?;
-    enqueue::enqueue_many(&pool, "consents", consents).await?;
     enqueue::enqueue_many(&pool, "price_changes", prices).await?;
     println!(
-        "enqueued {} deliveries: {} customers (user_upsert), {} consents (user_attributes, \
-         each after its customer), {} price changes (product_event); declared rate {declared}/min",
-        opts.records, counts[0], counts[1], counts[2]
+        "enqueued {} deliveries: {} customers (user_upsert), {} price changes (product_event); \
+         {} consents (user_attributes) follow as a bulk import once the customers are in; \
+         declared rate {declared}/min",
+        counts[0] + counts[2],
+        counts[0],
+        counts[2],
+        counts[1]
     );
+    let mut consents = Some(consents);
 
     let engine = Arc::new(Engine::new(pool.clone(), settings));
     worker::cancel_on_signal(engine.shutdown.clone());
@@ -232,6 +239,8 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         let row = sqlx::query!(
             r#"SELECT count(*) FILTER (WHERE status = 'pending') AS "pending!",
                       count(*) FILTER (WHERE status = 'delivered') AS "delivered!",
+                      count(*) FILTER (WHERE status = 'delivered' AND record_key LIKE 'customer:%')
+                          AS "customers!",
                       count(*) FILTER (WHERE status IN ('rejected', 'exhausted')) AS "failed!",
                       (SELECT count(*) FROM runs WHERE status = 'waiting') AS "waiting!",
                       (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled!"
@@ -248,7 +257,18 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         }
         delivered = row.delivered;
         let elapsed = started.elapsed();
-        let done = row.pending == 0 || engine.shutdown.is_cancelled();
+        if row.customers as usize == counts[0]
+            && let Some(import) = consents.take()
+        {
+            enqueue::enqueue_many(&pool, "consents", import).await?;
+            progress.event(&format!(
+                "a bulk consent import arrives: {} consent changes, sent as mass updates of up \
+                 to {CONSENTS_PER_CALL} custom ids per call",
+                counts[1]
+            ));
+            continue;
+        }
+        let done = (row.pending == 0 && consents.is_none()) || engine.shutdown.is_cancelled();
         // Piped output gets a plain line a second (and the last one).
         if progress.is_live() || elapsed >= next_line || done {
             next_line = elapsed + Duration::from_secs(1);
@@ -292,11 +312,30 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         .get(WORKSPACE)
         .cloned()
         .unwrap_or_default();
-    let kinds = ["user:", "user_attributes:", "product_event:"];
+    let kinds: [&[&str]; 3] = [
+        &["user:"],
+        &["user_attributes:", "mass_update:"],
+        &["product_event:"],
+    ];
     let arrived: Vec<usize> = kinds
         .iter()
-        .map(|p| ws.accepted.keys().filter(|k| k.starts_with(p)).count())
+        .map(|p| {
+            ws.accepted
+                .keys()
+                .filter(|k| p.iter().any(|p| k.starts_with(p)))
+                .count()
+        })
         .collect();
+    let exposition = courier::metrics::render(&engine.metrics, &pool, chrono::Utc::now()).await?;
+    let per_call = rules
+        .map(|(rule, _, _)| {
+            let (records, calls) = records_per_call(&exposition, rule);
+            format!(
+                "{rule} {:.1} ({records:.0} in {calls:.0} calls)",
+                records / calls.max(1.0)
+            )
+        })
+        .join(", ");
     println!("\nsummary");
     println!(
         "  delivered            {} of {} ({} customers, {} consents, {} price changes arrived)",
@@ -333,6 +372,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         ws.peak_per_second,
         ws.peak_per_minute
     );
+    println!("  records per call     {per_call}");
     println!("  most calls at once   {}", counters.max_in_flight);
     println!("  elapsed              {elapsed:.1}s");
     pool.close().await;
@@ -345,6 +385,20 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
         "not every record arrived exactly once, without a failed outcome or an attempt spent on a 429"
     );
     Ok(())
+}
+
+/// The records and calls of `rule` in a Prometheus exposition's
+/// `courier_records_per_call` histogram (its `_sum` and `_count`).
+fn records_per_call(exposition: &str, rule: &str) -> (f64, f64) {
+    let value = |series: &str| {
+        let name = format!("courier_records_per_call_{series}{{rule=\"{rule}\"}} ");
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (value("sum"), value("count"))
 }
 
 /// Splits `records` over the three rules (customers get the remainder, so every consent
