@@ -560,3 +560,18 @@ async fn consent_changes_go_as_mass_updates_grouped_by_attribute_and_value() {
     );
     assert!(mass.len() <= 8, "{} mass updates", mass.len());
 }
+
+#[tokio::test]
+async fn a_refusal_of_the_request_itself_rejects_each_record_without_a_split() {
+    let (db, target) = shop(&[], 100, 1).await;
+    bulk_rule(&db.pool, "events", "batch/all-or-nothing/", 10, None).await;
+    enqueue::enqueue_many(&db.pool, "events", records("e", 20, &[]))
+        .await
+        .unwrap();
+    target.respond_with(401, None);
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("rejected".into(), 20)]);
+    // Bad credentials are every record's: two calls of ten, none split.
+    assert_eq!(target.counters().requests, 2);
+}

@@ -51,7 +51,8 @@ pub type Group = Vec<(usize, Arc<Claimed>)>;
 
 /// Makes the calls `source` yields, yielding each call's answer as it completes (calls of
 /// several groups run at once, up to the writer's max in flight). A call of several
-/// records refused as a whole ([`WriteError::Permanent`]) is split in halves, each sent
+/// records refused as a whole for its content ([`WriteError::Permanent`], but for a
+/// refusal of the request itself: see [`refuses_content`]) is split in halves, each sent
 /// again as a paced call of its own, down to single records. The source may be fed while
 /// calls go on (the next batch, claimed during this one's tail); the stream ends when the
 /// source does and every call has answered.
@@ -86,7 +87,7 @@ async fn call_group(
             false => call_once(engine, ctx, writer, &group, stop).await,
         };
         match &answer {
-            Some((Err(WriteError::Permanent { .. }), _)) if group.len() > 1 => {
+            Some((Err(e), _)) if group.len() > 1 && refuses_content(e) => {
                 let (first, second) = group.split_at(group.len() / 2);
                 // Popped from the end: the first half goes first.
                 todo.push(second.to_vec());
@@ -104,6 +105,19 @@ async fn call_group(
         }
     }
     answers
+}
+
+/// Whether a call's refusal may be one of its records' doing, so splitting the call finds
+/// the good ones: a permanent refusal, but for those about the request itself rather than
+/// its body (credentials 401, 403, 407; address 404; method 405), which every record of the
+/// call gets as it is.
+fn refuses_content(e: &WriteError) -> bool {
+    match e {
+        WriteError::Permanent { status, .. } => {
+            !matches!(status, Some(401 | 403 | 404 | 405 | 407))
+        }
+        _ => false,
+    }
 }
 
 /// One call: a request slot from the pacer (in fair turn with other rules), then the

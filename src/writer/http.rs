@@ -576,4 +576,32 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn per_item_answers_read_status_and_error() {
+        use serde_json::json;
+        let status = |item| {
+            item_outcome(&item)
+                .map(|e| (e.http_status(), matches!(e, WriteError::Transient { .. })))
+        };
+        assert_eq!(status(json!({"status": 200})), None);
+        assert_eq!(status(json!({})), None);
+        assert_eq!(status(json!({"status": 201, "error": null})), None);
+        assert_eq!(status(json!({"status": 400})), Some((Some(400), false)));
+        assert_eq!(
+            status(json!({"status": 200, "error": "bad"})),
+            Some((Some(422), false))
+        );
+        assert_eq!(
+            status(json!({"error": {"field": "x"}})),
+            Some((Some(422), false))
+        );
+        assert_eq!(
+            status(json!({"status": 503, "error": "later"})),
+            Some((Some(503), true))
+        );
+        assert_eq!(status(json!({"status": 429})), Some((Some(429), true)));
+        let e = item_outcome(&json!({"status": 409, "error": "duplicate sku"})).unwrap();
+        assert!(e.to_string().contains("duplicate sku"), "{e}");
+    }
 }

@@ -607,4 +607,29 @@ mod tests {
         .unwrap();
         assert_eq!(r.segments, ["users", "mass_update_custom_attributes"]);
     }
+
+    #[test]
+    fn single_attribute_changes_group_by_attribute_and_value() {
+        let p = [
+            json!({"custom_id": "a", "attributes": {"email_consent": true}}),
+            json!({"custom_id": "b", "attributes": {"email_consent": false}}),
+            json!({"custom_id": "c", "attributes": {"email_consent": true, "sms": true}}),
+            json!({"custom_id": 7, "attributes": {"email_consent": true}}),
+            json!({"custom_id": "", "attributes": {"email_consent": true}}),
+            json!({"custom_id": "d", "attributes": {"email_consent": true}}),
+            json!({"custom_id": "e", "attributes": {"sms_consent": true}}),
+        ];
+        let refs: Vec<&Value> = p.iter().collect();
+        // Two attributes and an empty custom id go alone; the rest by (attribute, value),
+        // at most two a call, in the order each group first appears.
+        assert_eq!(
+            mass_groups(&refs, 2),
+            [vec![2], vec![4], vec![0, 3], vec![5], vec![1], vec![6]]
+        );
+        assert_eq!(
+            mass_groups(&refs, 1),
+            (0..7).map(|i| vec![i]).collect::<Vec<_>>()
+        );
+        assert_eq!(single_attribute(&p[3]).map(|(id, ..)| id), Some("7".into()));
+    }
 }

@@ -107,7 +107,7 @@ enum Command {
     /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
     Bench {
         /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, limits,
-        /// chaos, cold-start or soak.
+        /// chaos, cold-start, soak or bulk.
         scenario: bench::Scenario,
         /// Records to enqueue (each scenario has its own default).
         #[arg(long)]

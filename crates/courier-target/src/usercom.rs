@@ -723,4 +723,38 @@ mod tests {
         );
         assert!(WorkspaceConfig::parse("a").is_err());
     }
+
+    #[test]
+    fn a_mass_update_names_unknown_ids_and_refuses_too_many() {
+        let mut w = ws(Some(&["email_consent"]));
+        w.add_user("c1");
+        let r = w.apply(
+            "PUT",
+            "users-by-id/mass_update_custom_attributes/",
+            &json!({"ids": ["c1", "nobody"], "attribute": "email_consent", "value": false}),
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body["not_found"], json!(["nobody"]));
+        assert_eq!(r.accepted, ["mass_update:email_consent:c1"]);
+        assert_eq!(w.data.users["c1"]["email_consent"], json!(false));
+        let ids: Vec<String> = (0..=MAX_MASS_UPDATE_IDS).map(|i| format!("c{i}")).collect();
+        let r = w.apply(
+            "PUT",
+            "users-by-id/mass_update_custom_attributes/",
+            &json!({"ids": ids, "attribute": "email_consent", "value": true}),
+        );
+        assert_eq!(r.status, 400);
+        assert!(
+            r.body["ids"][0]
+                .as_str()
+                .unwrap()
+                .contains("no more than 100")
+        );
+        let r = w.apply(
+            "PUT",
+            "users-by-id/mass_update_custom_attributes/",
+            &json!({"ids": ["c1"], "attribute": "nope", "value": true}),
+        );
+        assert_eq!(r.status, 400);
+    }
 }

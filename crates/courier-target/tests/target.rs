@@ -488,3 +488,52 @@ async fn the_limit_changes_while_running_by_schedule_and_over_http() {
     assert_eq!(t.counters().workspaces["shop"].limit, 7);
     assert_eq!(t.counters().requests, 3, "admin calls are not requests");
 }
+
+#[tokio::test]
+async fn the_batch_sink_answers_per_item_or_all_or_nothing() {
+    let t = start(TargetConfig::default()).await;
+    let post = |path: &str, key: &str, body: Value| {
+        reqwest::Client::new()
+            .post(format!("{}{path}", t.url()))
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+    };
+    let items = json!([{"n": 1}, {"n": 2, "invalid": true}, {"n": 3}]);
+    let r = post("batch/per-item/", "courier-1,2,3", items.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!([{"status": 200}, {"status": 400, "error": "invalid record"}, {"status": 200}])
+    );
+    assert_eq!((t.accepted("courier-1"), t.accepted("courier-2")), (1, 0));
+
+    let r = post("batch/all-or-nothing/", "courier-4,5,6", items)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(t.accepted("courier-4"), 0);
+    // An envelope: an object with one array field.
+    let r = post(
+        "batch/all-or-nothing/",
+        "courier-4,5",
+        json!({"records": [{}, {}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!((t.accepted("courier-4"), t.accepted("courier-5")), (1, 1));
+    let r = post("batch/per-item/", "k", json!({"a": 1, "b": 2}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // Sent again, an item counts twice: duplicates show (1 and 3; 2 was refused before).
+    post("batch/per-item/", "courier-1,2,3", json!([{}, {}, {}]))
+        .await
+        .unwrap();
+    assert_eq!(t.accepted("courier-1"), 2);
+    assert_eq!(t.counters().duplicates, 2);
+}
