@@ -4,6 +4,7 @@
 //! `bench-results/<scenario>.svg`: calls per second over time against the declared rate,
 //! with 429s and blocks marked. `BENCHMARKS.md` explains every figure.
 
+mod bulk;
 pub mod chaos;
 pub mod limits;
 mod plot;

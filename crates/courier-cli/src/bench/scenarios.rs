@@ -61,11 +61,14 @@ pub enum Scenario {
     ColdStart,
     /// Deliveries flowing steadily for a while with a short retention: table sizes level.
     Soak,
+    /// Many records per call: a User.com mass update, a batch sink split around invalid
+    /// records, and throughput against one record per call.
+    Bulk,
 }
 
 impl Scenario {
     /// Every scenario, in BENCHMARKS.md's order.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Pacing,
         Scenario::Throughput,
         Scenario::Latency,
@@ -77,6 +80,7 @@ impl Scenario {
         Scenario::Chaos,
         Scenario::ColdStart,
         Scenario::Soak,
+        Scenario::Bulk,
     ];
 
     /// Its name on the command line and in result files.
@@ -93,6 +97,7 @@ impl Scenario {
             Scenario::Chaos => "chaos",
             Scenario::ColdStart => "cold-start",
             Scenario::Soak => "soak",
+            Scenario::Bulk => "bulk",
         }
     }
 
@@ -109,6 +114,7 @@ impl Scenario {
             Scenario::Chaos => 600,
             Scenario::ColdStart => 300,
             Scenario::Soak => 24_000,
+            Scenario::Bulk => super::bulk::DEFAULT_RECORDS,
         }
     }
 }
@@ -186,6 +192,7 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         Scenario::ColdStart => cold_start(&mut report, config, &pool, &url, records).await?,
         Scenario::Soak => soak(&mut report, config, &pool, records).await?,
         Scenario::Limits => super::limits::run(&mut report, config, records).await?,
+        Scenario::Bulk => super::bulk::run(&mut report, config, records).await?,
         Scenario::Chaos => unreachable!("chaos returned above"),
     }
     pool.close().await;
@@ -263,6 +270,32 @@ pub(super) async fn rule(
             connection: conn.into(),
             path: path.into(),
             batch_size: Some(batch),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Rule `name` on `conn` sending up to `per_call` records per call (batches of 100),
+/// wrapped in `envelope` when given.
+pub(super) async fn rule_per_call(
+    pool: &PgPool,
+    name: &str,
+    conn: &str,
+    path: &str,
+    per_call: i32,
+    envelope: Option<&str>,
+) -> anyhow::Result<()> {
+    catalog::upsert_rule(
+        pool,
+        &NewRule {
+            name: name.into(),
+            connection: conn.into(),
+            path: path.into(),
+            batch_size: Some(100),
+            records_per_call: Some(per_call),
+            batch_envelope: envelope.map(str::to_owned),
             ..Default::default()
         },
     )
