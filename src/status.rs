@@ -1,7 +1,6 @@
 //! `courier status`: connections with their circuit, rules with their backlog and last run,
-//! and the most recent runs, as a table for people or JSON for machines.
-
-use std::fmt::Write;
+//! and the most recent runs, as data (the command line renders it as tables for people,
+//! or as JSON for machines; the dashboard as HTML).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -105,47 +104,6 @@ pub struct RunLine {
     pub heartbeat_at: DateTime<Utc>,
     /// End.
     pub finished_at: Option<DateTime<Utc>>,
-}
-
-impl RuleStatus {
-    /// Its table cells, `time` formatting the "until" column: rule, connection, records
-    /// per call, enabled, paused, pending, due, on a dependency, state, until, blocked by, last run (the
-    /// columns of `courier status` and the dashboard).
-    pub fn cells(&self, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
-        vec![
-            self.name.clone(),
-            self.connection.clone(),
-            self.records_per_call.to_string(),
-            self.enabled.to_string(),
-            self.paused.clone().unwrap_or_else(|| "-".into()),
-            self.pending.to_string(),
-            self.due.to_string(),
-            self.waiting_on_dependency.to_string(),
-            self.state.clone(),
-            time(self.resume_at.or(self.blocked_until)),
-            self.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
-            match (&self.last_run, &self.last_run_status) {
-                (Some(id), Some(s)) => format!("#{id} {s}"),
-                _ => "-".into(),
-            },
-        ]
-    }
-}
-
-impl RunLine {
-    /// Its counters as table cells: delivered, failed, exhausted, rejected, suppressed,
-    /// held (the order of `courier status` and the dashboard).
-    pub fn counts(&self) -> [String; 6] {
-        [
-            self.delivered,
-            self.failed,
-            self.exhausted,
-            self.rejected,
-            self.suppressed,
-            self.held,
-        ]
-        .map(|n| n.to_string())
-    }
 }
 
 /// Everything `courier status` shows.
@@ -259,135 +217,6 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
         recent_runs,
         problems,
     })
-}
-
-/// Renders rows as aligned columns.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
-        let parts: Vec<String> = cells
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", parts.join("  ").trim_end());
-    };
-    line(&mut out, &mut headers.iter().copied());
-    for row in rows {
-        line(&mut out, &mut row.iter().map(String::as_str));
-    }
-    out
-}
-
-fn time(t: Option<DateTime<Utc>>) -> String {
-    t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-        .unwrap_or_else(|| "-".into())
-}
-
-/// A rate per minute, or `-`.
-fn rate(rpm: Option<f64>) -> String {
-    rpm.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
-}
-
-impl Report {
-    /// The report as tables.
-    pub fn render(&self) -> String {
-        let mut out = String::from("CONNECTIONS\n");
-        out += &table(
-            &[
-                "name",
-                "writer",
-                "budget",
-                "rate/min",
-                "learned",
-                "advertised",
-                "pace/min",
-                "used/min",
-                "circuit",
-                "open until",
-                "failures",
-                "blocked until",
-                "by rule",
-                "retry-after",
-                "paused",
-            ],
-            &self
-                .connections
-                .iter()
-                .map(|c| {
-                    vec![
-                        c.name.clone(),
-                        c.writer.clone(),
-                        c.budget_key.clone(),
-                        c.requests_per_minute.to_string(),
-                        rate(c.learned_rpm),
-                        rate(c.advertised_rpm),
-                        format!("{:.0}", c.effective_rpm),
-                        c.used_last_minute.to_string(),
-                        c.circuit.clone(),
-                        time(c.open_until),
-                        c.consecutive_failures.to_string(),
-                        time(c.blocked_until),
-                        c.blocked_by.clone().unwrap_or_else(|| "-".into()),
-                        c.retry_after_raw.clone().unwrap_or_else(|| "-".into()),
-                        if c.paused { "yes" } else { "-" }.into(),
-                    ]
-                })
-                .collect::<Vec<_>>(),
-        );
-        out += "\nRULES\n";
-        out += &table(
-            &[
-                "name",
-                "connection",
-                "per call",
-                "enabled",
-                "paused",
-                "pending",
-                "due",
-                "on dep",
-                "state",
-                "until",
-                "blocked by",
-                "last run",
-            ],
-            &self.rules.iter().map(|r| r.cells(time)).collect::<Vec<_>>(),
-        );
-        if !self.problems.is_empty() {
-            out += "\nPROBLEMS (left alone until changed or the time given)\n";
-            out += &table(
-                &["what", "until", "reason"],
-                &self
-                    .problems
-                    .iter()
-                    .map(|p| vec![p.what.clone(), time(Some(p.until)), p.reason.clone()])
-                    .collect::<Vec<_>>(),
-            );
-        }
-        out += "\nRECENT RUNS\n";
-        out += &table(
-            &[
-                "run", "rule", "status", "deliv", "fail", "exh", "rej", "supp", "held", "started",
-                "finished",
-            ],
-            &self
-                .recent_runs
-                .iter()
-                .map(|r| {
-                    let mut row = vec![r.id.to_string(), r.rule.clone(), r.status.clone()];
-                    row.extend(r.counts());
-                    row.extend([time(Some(r.started_at)), time(r.finished_at)]);
-                    row
-                })
-                .collect::<Vec<_>>(),
-        );
-        out
-    }
 }
 
 /// Calls per budget over time, for the dashboard's chart: one point per `step_secs`

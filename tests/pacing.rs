@@ -675,7 +675,6 @@ async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up
     assert_eq!(report.connections[0].learned_rpm, Some(expected));
     assert_eq!(report.connections[0].effective_rpm, expected);
     assert!(report.connections[0].last_429_at.is_some());
-    assert!(report.render().contains("297"), "{}", report.render());
 
     // Half a second after the block it probes up fast towards the pace refused (less 3%), holds
     // there through the quiet period, then probes on slowly and is forgotten at the

@@ -174,7 +174,7 @@ impl Report {
             self.scenario,
             self.machine,
             self.at,
-            courier::status::table(&["figure", "value"], &rows)
+            crate::tables::table(&["figure", "value"], &rows)
         )
     }
 }

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use courier::ops::HistoryEntry;
 
 use super::DashboardState;
+use crate::tables;
 
 const STYLE: &str = include_str!("dashboard.css");
 const SCRIPT: &str = include_str!("dashboard.js");
@@ -165,26 +166,13 @@ fn circuits(s: &DashboardState) -> String {
 }
 
 fn rules(s: &DashboardState) -> String {
-    let rows: Vec<Vec<String>> = s.rules.iter().map(|r| r.cells(time)).collect();
+    let rows: Vec<Vec<String>> = s
+        .rules
+        .iter()
+        .map(|r| tables::rule_cells(r, time))
+        .collect();
     let mut out = String::new();
-    table(
-        &mut out,
-        &[
-            "rule",
-            "connection",
-            "per call",
-            "enabled",
-            "paused",
-            "pending",
-            "due",
-            "on dep",
-            "state",
-            "until",
-            "blocked by",
-            "last run",
-        ],
-        &rows,
-    );
+    table(&mut out, &tables::RULE_HEADERS, &rows);
     out
 }
 
@@ -194,7 +182,7 @@ fn runs(s: &DashboardState) -> String {
         .iter()
         .map(|r| {
             let mut row = vec![format!("#{}", r.id), r.rule.clone(), r.status.clone()];
-            row.extend(r.counts());
+            row.extend(tables::run_counts(r));
             row.extend([time(Some(r.started_at)), time(r.finished_at)]);
             row
         })

@@ -1,0 +1,334 @@
+//! `courier connection ...`, `courier rule ...` and `courier apply`: the catalog of target
+//! connections and rules.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Subcommand;
+use courier::{
+    catalog::{self, Connection, NewConnection, NewRule, Rule},
+    ops,
+};
+use courier_cli::tables::table;
+
+use super::Ctx;
+
+#[derive(Subcommand)]
+pub enum ConnectionCmd {
+    /// Create a connection, or update the one with that name.
+    Add {
+        #[arg(long)]
+        name: String,
+        /// Writer kind.
+        #[arg(long, default_value = "http_json")]
+        writer: String,
+        #[arg(long)]
+        base_url: String,
+        /// Environment variable holding the API key.
+        #[arg(long)]
+        api_key_env: Option<String>,
+        /// Extra header, `Name: value` (repeatable).
+        #[arg(long = "header")]
+        headers: Vec<String>,
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+        requests_per_minute: Option<i32>,
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
+        max_in_flight: Option<i32>,
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=600_000))]
+        timeout_ms: Option<i32>,
+        /// Share one budget and one rate-limit block with connections naming the same key
+        /// (e.g. the workspace).
+        #[arg(long)]
+        budget_key: Option<String>,
+    },
+    /// List connections.
+    List,
+    /// Start no run for any rule of the connection; runs under way stop at their next
+    /// batch. Survives restarts.
+    Pause { name: String },
+    /// Let the connection's rules run again.
+    Resume { name: String },
+    /// Lift the rate-limit block on the connection's budget now.
+    Unblock { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum RuleCmd {
+    /// Create a rule, or update the one with that name.
+    Add {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        connection: String,
+        /// Path under the connection's base URL.
+        #[arg(long, default_value = "")]
+        path: String,
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+        batch_size: Option<i32>,
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
+        max_attempts: Option<i32>,
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+        backoff_base_ms: Option<i32>,
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+        backoff_max_ms: Option<i32>,
+        /// Create it disabled.
+        #[arg(long)]
+        disabled: bool,
+        /// Its share of the connection's budget against other busy rules (default 1).
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
+        weight: Option<i32>,
+        /// The most deliveries one call carries (default 1), up to what the writer allows
+        /// (http_json: 1000; usercom user_attributes: 100, as mass updates).
+        #[arg(long, allow_negative_numbers = true)]
+        records_per_call: Option<i32>,
+        /// http_json bulk calls: send `{"FIELD": [...]}` instead of a bare JSON array.
+        #[arg(long, value_name = "FIELD")]
+        batch_envelope: Option<String>,
+    },
+    /// List rules.
+    List,
+    /// Let the dispatcher start runs for a rule.
+    Enable { name: String },
+    /// Stop starting runs for a rule.
+    Disable { name: String },
+    /// Start no run for the rule; a run under way stops at its next batch, its backlog
+    /// kept. Survives restarts.
+    Pause { name: String },
+    /// Let the rule run again (its backlog is dispatched at once).
+    Resume { name: String },
+}
+
+/// `courier apply`'s arguments.
+#[derive(clap::Args)]
+pub struct ApplyArgs {
+    /// `{"connections": [...], "rules": [...]}`
+    file: PathBuf,
+    /// Check the file and print the changes without saving anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Fields the file leaves out take their defaults instead of their stored values.
+    #[arg(long)]
+    replace: bool,
+}
+
+/// Runs a `courier connection` subcommand.
+pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
+    match cmd {
+        ConnectionCmd::Add {
+            name,
+            writer,
+            base_url,
+            api_key_env,
+            headers,
+            requests_per_minute,
+            max_in_flight,
+            timeout_ms,
+            budget_key,
+        } => {
+            let headers = header_map(&name, &headers)?;
+            let c = NewConnection {
+                name,
+                writer,
+                base_url,
+                api_key_env,
+                headers,
+                requests_per_minute,
+                max_in_flight,
+                timeout_ms,
+                budget_key,
+            };
+            let id = catalog::upsert_connection(&ctx.pool().await?, &c).await?;
+            println!("connection {id} saved");
+        }
+        ConnectionCmd::List => {
+            let rows = catalog::list_connections(&ctx.pool().await?).await?;
+            print!("{}", connections_table(&rows));
+        }
+        ConnectionCmd::Pause { name } => {
+            let changed = ops::set_connection_paused(&ctx.pool().await?, &name, true).await?;
+            println!("connection {name}: {changed}");
+        }
+        ConnectionCmd::Resume { name } => {
+            let changed = ops::set_connection_paused(&ctx.pool().await?, &name, false).await?;
+            println!("connection {name}: {changed}");
+        }
+        ConnectionCmd::Unblock { name } => {
+            match ops::unblock_connection(&ctx.pool().await?, &name).await? {
+                0 => println!("connection {name}: not blocked, nothing to lift"),
+                n => println!("connection {name}: {n} block lifted; its rules may call now"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--header Name: value` arguments as the connection's header map; an argument without a
+/// colon is refused by its position, never echoed (it may be a secret given without its
+/// name).
+fn header_map(
+    connection: &str,
+    headers: &[String],
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut map = serde_json::Map::new();
+    for (i, h) in headers.iter().enumerate() {
+        let (k, v) = h.split_once(':').with_context(|| {
+            format!(
+                "connection {connection:?}: --header number {} is not `Name: value` (no colon)",
+                i + 1
+            )
+        })?;
+        map.insert(k.trim().to_owned(), v.trim().into());
+    }
+    Ok(map)
+}
+
+fn connections_table(rows: &[Connection]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|c| {
+            vec![
+                c.id.to_string(),
+                c.name.clone(),
+                c.writer.clone(),
+                c.base_url.clone(),
+                c.api_key_env.clone().unwrap_or_else(|| "-".into()),
+                c.requests_per_minute
+                    .map_or("default".into(), |r| r.to_string()),
+                c.max_in_flight.to_string(),
+                c.timeout_ms.to_string(),
+                c.budget_key.clone(),
+                // Names only: a header's value may be a secret.
+                c.headers
+                    .as_object()
+                    .filter(|h| !h.is_empty())
+                    .map_or("-".into(), |h| {
+                        h.keys().cloned().collect::<Vec<_>>().join(", ")
+                    }),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "id",
+            "name",
+            "writer",
+            "base url",
+            "key env",
+            "rate/min",
+            "in flight",
+            "timeout ms",
+            "budget",
+            "headers",
+        ],
+        &cells,
+    )
+}
+
+/// Runs a `courier rule` subcommand.
+pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
+    match cmd {
+        RuleCmd::Add {
+            name,
+            connection,
+            path,
+            batch_size,
+            max_attempts,
+            backoff_base_ms,
+            backoff_max_ms,
+            disabled,
+            weight,
+            records_per_call,
+            batch_envelope,
+        } => {
+            let r = NewRule {
+                name,
+                connection,
+                path,
+                batch_size,
+                max_attempts,
+                backoff_base_ms,
+                backoff_max_ms,
+                enabled: Some(!disabled),
+                weight,
+                records_per_call,
+                batch_envelope,
+            };
+            let id = catalog::upsert_rule(&ctx.pool().await?, &r).await?;
+            println!("rule {id} saved");
+        }
+        RuleCmd::List => {
+            let rows = catalog::list_rules(&ctx.pool().await?).await?;
+            print!("{}", rules_table(&rows));
+        }
+        RuleCmd::Enable { name } => {
+            catalog::set_rule_enabled(&ctx.pool().await?, &name, true).await?;
+            println!("rule {name} enabled");
+        }
+        RuleCmd::Disable { name } => {
+            catalog::set_rule_enabled(&ctx.pool().await?, &name, false).await?;
+            println!("rule {name} disabled");
+        }
+        RuleCmd::Pause { name } => {
+            let changed = ops::set_rule_paused(&ctx.pool().await?, &name, true).await?;
+            println!("rule {name}: {changed}");
+        }
+        RuleCmd::Resume { name } => {
+            let changed = ops::set_rule_paused(&ctx.pool().await?, &name, false).await?;
+            println!("rule {name}: {changed}");
+        }
+    }
+    Ok(())
+}
+
+fn rules_table(rows: &[Rule]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string(),
+                r.name.clone(),
+                r.connection_id.to_string(),
+                r.path.clone(),
+                r.enabled.to_string(),
+                r.batch_size.to_string(),
+                r.records_per_call.to_string(),
+                r.max_attempts.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "id",
+            "name",
+            "connection",
+            "path",
+            "enabled",
+            "batch",
+            "per call",
+            "attempts",
+        ],
+        &cells,
+    )
+}
+
+/// Runs `courier apply`.
+pub async fn apply(ctx: &Ctx, args: ApplyArgs) -> anyhow::Result<()> {
+    let ApplyArgs {
+        file,
+        dry_run,
+        replace,
+    } = args;
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let opts = catalog::ApplyOptions { replace, dry_run };
+    let changes = catalog::apply_file(&ctx.pool().await?, &text, opts)
+        .await
+        .with_context(|| format!("{}: nothing was applied", file.display()))?;
+    for change in &changes {
+        println!("{change}");
+    }
+    if dry_run {
+        println!("dry run: nothing was saved");
+    }
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! Tables for people: the engine returns data ([`courier::status::Report`], the catalog's
+//! rows, a record's history); this module lays it out in aligned columns for the command
+//! line, and gives the dashboard the same cells.
+
+use std::fmt::Write;
+
+use chrono::{DateTime, Utc};
+use courier::status::{ConnectionStatus, Problem, Report, RuleStatus, RunLine};
+
+/// Renders rows as aligned columns under `headers`.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
+        let parts: Vec<String> = cells
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", parts.join("  ").trim_end());
+    };
+    line(&mut out, &mut headers.iter().copied());
+    for row in rows {
+        line(&mut out, &mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// A time to the second, or `-`.
+pub fn time(t: Option<DateTime<Utc>>) -> String {
+    t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// A rate per minute, or `-`.
+fn rate(rpm: Option<f64>) -> String {
+    rpm.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
+}
+
+/// The columns of a rule's line in `courier status` and on the dashboard.
+pub const RULE_HEADERS: [&str; 12] = [
+    "rule",
+    "connection",
+    "per call",
+    "enabled",
+    "paused",
+    "pending",
+    "due",
+    "on dep",
+    "state",
+    "until",
+    "blocked by",
+    "last run",
+];
+
+/// A rule's cells under [`RULE_HEADERS`], `time` formatting the "until" column.
+pub fn rule_cells(r: &RuleStatus, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
+    vec![
+        r.name.clone(),
+        r.connection.clone(),
+        r.records_per_call.to_string(),
+        r.enabled.to_string(),
+        r.paused.clone().unwrap_or_else(|| "-".into()),
+        r.pending.to_string(),
+        r.due.to_string(),
+        r.waiting_on_dependency.to_string(),
+        r.state.clone(),
+        time(r.resume_at.or(r.blocked_until)),
+        r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
+        match (&r.last_run, &r.last_run_status) {
+            (Some(id), Some(s)) => format!("#{id} {s}"),
+            _ => "-".into(),
+        },
+    ]
+}
+
+/// A run's counters as cells: delivered, failed, exhausted, rejected, suppressed, held
+/// (the order of `courier status` and the dashboard).
+pub fn run_counts(r: &RunLine) -> [String; 6] {
+    [
+        r.delivered,
+        r.failed,
+        r.exhausted,
+        r.rejected,
+        r.suppressed,
+        r.held,
+    ]
+    .map(|n| n.to_string())
+}
+
+/// `courier status` as tables: connections, rules, problems (if any), recent runs.
+pub fn status(report: &Report) -> String {
+    let mut out = String::from("CONNECTIONS\n");
+    out += &connections(&report.connections);
+    out += "\nRULES\n";
+    let rules: Vec<Vec<String>> = report.rules.iter().map(|r| rule_cells(r, time)).collect();
+    out += &table(&RULE_HEADERS, &rules);
+    if !report.problems.is_empty() {
+        out += "\nPROBLEMS (left alone until changed or the time given)\n";
+        out += &problems(&report.problems);
+    }
+    out += "\nRECENT RUNS\n";
+    out += &runs(&report.recent_runs);
+    out
+}
+
+fn connections(connections: &[ConnectionStatus]) -> String {
+    let rows: Vec<Vec<String>> = connections
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.writer.clone(),
+                c.budget_key.clone(),
+                c.requests_per_minute.to_string(),
+                rate(c.learned_rpm),
+                rate(c.advertised_rpm),
+                format!("{:.0}", c.effective_rpm),
+                c.used_last_minute.to_string(),
+                c.circuit.clone(),
+                time(c.open_until),
+                c.consecutive_failures.to_string(),
+                time(c.blocked_until),
+                c.blocked_by.clone().unwrap_or_else(|| "-".into()),
+                c.retry_after_raw.clone().unwrap_or_else(|| "-".into()),
+                if c.paused { "yes" } else { "-" }.into(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "name",
+            "writer",
+            "budget",
+            "rate/min",
+            "learned",
+            "advertised",
+            "pace/min",
+            "used/min",
+            "circuit",
+            "open until",
+            "failures",
+            "blocked until",
+            "by rule",
+            "retry-after",
+            "paused",
+        ],
+        &rows,
+    )
+}
+
+fn problems(problems: &[Problem]) -> String {
+    let rows: Vec<Vec<String>> = problems
+        .iter()
+        .map(|p| vec![p.what.clone(), time(Some(p.until)), p.reason.clone()])
+        .collect();
+    table(&["what", "until", "reason"], &rows)
+}
+
+fn runs(runs: &[RunLine]) -> String {
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.id.to_string(), r.rule.clone(), r.status.clone()];
+            row.extend(run_counts(r));
+            row.extend([time(Some(r.started_at)), time(r.finished_at)]);
+            row
+        })
+        .collect();
+    table(
+        &[
+            "run", "rule", "status", "deliv", "fail", "exh", "rej", "supp", "held", "started",
+            "finished",
+        ],
+        &rows,
+    )
+}
