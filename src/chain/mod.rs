@@ -38,7 +38,9 @@ use self::{
 use crate::{
     breaker::Circuit,
     engine::Engine,
-    learned, queue, rate_headers,
+    learned,
+    ledger::Entry,
+    queue, rate_headers,
     runs::RunStatus,
     writer::{self, Receipt, WriteError, Writer, Written},
 };
@@ -236,6 +238,21 @@ struct Called {
     circuit: Circuit,
 }
 
+/// The deliveries a job claimed and the calls it queued for them.
+struct Feeding {
+    /// Every delivery claimed so far; calls name them by index.
+    claimed: Vec<Arc<Claimed>>,
+    /// Sends calls to the call stage; `None` once no batch is left (the calls stream ends
+    /// when the queued ones have answered).
+    tx: Option<futures::channel::mpsc::UnboundedSender<call::Group>>,
+    /// Calls queued so far.
+    queued: usize,
+    /// Batches claimed so far.
+    batches: usize,
+    /// The batch claimed before the job started, until it is fed.
+    first: Option<Vec<Claimed>>,
+}
+
 impl Job<'_> {
     /// Calls the writer for the deliveries of `first` (the job's first batch) with no
     /// transaction open, classifying each answer into `tally` and committing it as it
@@ -252,7 +269,7 @@ impl Job<'_> {
     ) -> Result<Called, ChainError> {
         let (engine, ctx) = (self.engine, self.ctx);
         let stop = Stop::default();
-        let (feed, source) = futures::channel::mpsc::unbounded::<call::Group>();
+        let (tx, source) = futures::channel::mpsc::unbounded::<call::Group>();
         let pulled = std::sync::atomic::AtomicUsize::new(0);
         let source = source.inspect(|_| {
             pulled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -265,74 +282,27 @@ impl Job<'_> {
             run_ended: false,
             circuit: ctx.circuit.clone(),
         };
-        let mut claimed: Vec<Arc<Claimed>> = Vec::new();
-        let mut feed = Some(feed);
-        let mut queued = 0;
-        let mut batches = 0;
-        let mut next_batch = Some(first);
-        let timeout = chrono::Duration::from_std(engine.settings.dependency_timeout)
-            .unwrap_or(chrono::Duration::MAX);
+        let mut feeding = Feeding {
+            claimed: Vec::new(),
+            tx: Some(tx),
+            queued: 0,
+            batches: 0,
+            first: Some(first),
+        };
         let mut beat = tokio::time::interval(engine.settings.heartbeat_every());
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         beat.tick().await; // the first tick is immediate; the lease was just taken
         loop {
             // Every queued call has started or waits for its slot: feed the next batch,
             // or close the source when there is none to claim.
-            while feed.is_some() && pulled.load(std::sync::atomic::Ordering::Relaxed) == queued {
-                let batch = match next_batch.take() {
-                    Some(batch) => batch,
-                    None if batches < BATCHES_PER_JOB
-                        && called.last_full
-                        && !stop.stopped()
-                        && !engine.shutdown.is_cancelled() =>
-                    {
-                        let scope = ClaimScope {
-                            after_id: called.last_claimed.unwrap_or(scope.after_id),
-                            ..scope
-                        };
-                        let now = engine.clock.now();
-                        engine
-                            .retry_outage(|| claim::claim(&engine.pool, scope, now))
-                            .await?
-                    }
-                    None => Vec::new(),
-                };
+            let pulled = || pulled.load(std::sync::atomic::Ordering::Relaxed);
+            while feeding.tx.is_some() && pulled() == feeding.queued {
+                let batch = self.next_batch(&mut feeding, &called, scope, &stop).await?;
                 if batch.is_empty() {
-                    feed = None; // the calls stream ends once the queued ones answer
+                    feeding.tx = None;
                     break;
                 }
-                batches += 1;
-                called.last_full = batch.len() as i32 >= scope.limit;
-                called.last_claimed = batch.last().map(|d| d.id);
-                let now = engine.clock.now();
-                let sorted = triage::triage(&batch, &ctx.retry, DependencyTimeout(timeout), now);
-                for entry in &sorted.decided {
-                    engine
-                        .metrics
-                        .outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
-                }
-                tally.decided(sorted.decided);
-                let offset = claimed.len();
-                claimed.extend(batch.into_iter().map(Arc::new));
-                let tx = feed.as_ref().expect("checked");
-                let payloads: Vec<&serde_json::Value> = sorted
-                    .to_send
-                    .iter()
-                    .map(|&i| &claimed[offset + i].payload)
-                    .collect();
-                let per_call = ctx.records_per_call.max(1) as usize;
-                for group in writer.group(&ctx.path, &payloads, per_call) {
-                    let group = group
-                        .into_iter()
-                        .map(|g| {
-                            let i = offset + sorted.to_send[g];
-                            (i, claimed[i].clone())
-                        })
-                        .collect();
-                    queued += 1;
-                    // The receiver lives in `calls`, as long as this loop does.
-                    let _ = tx.unbounded_send(group);
-                }
+                self.queue(writer, &mut feeding, &mut called, batch, scope, tally);
             }
             let next = tokio::select! {
                 next = calls.next() => next,
@@ -344,102 +314,16 @@ impl Job<'_> {
                     continue;
                 }
             };
-            let Some(call::Answered { indices, answer }) = next else {
-                break;
-            };
-            let Some((result, elapsed)) = answer else {
-                called
-                    .not_attempted
-                    .extend(indices.iter().map(|&i| claimed[i].id));
-                continue;
-            };
-            let at = engine.clock.now();
-            // What the target states about its budget, read before the answer is used.
-            let statement = rate_headers_of(&result)
-                .filter(|h| !h.is_empty())
-                .map(|h| rate_headers::read(h, writer.reset_kind(), at))
-                .unwrap_or_default();
-            let key = &ctx.connection.budget_key;
-            if let Some(rpm) = statement.quota_per_minute() {
-                engine.pacer.advertised(key, rpm);
-            }
-            let limited = matches!(result, Err(WriteError::RateLimited { .. }));
-            if let Some(until) = learned::spent_until(&statement, at).filter(|_| !limited) {
-                // Nothing left until the reset: wait for it before any 429, without
-                // counting one. A short wait is sat out by the pacer within the batch.
-                let wait = (until - at).to_std().unwrap_or_default();
-                tracing::debug!(?wait, "the target's budget is spent until its reset");
-                engine.pacer.hold(key, until);
-                tally.spent(
-                    until,
-                    format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
-                );
-                if wait > learned::HOLD_IN_BATCH {
-                    stop.stop();
-                }
-            }
-            match result {
-                Err(WriteError::RateLimited { wait, raw, .. }) => {
-                    // Not a failure of any record: nothing is recorded against them. A
-                    // wait the response named (Retry-After) goes before its headers' reset.
-                    let wait = wait.or(statement.reset);
-                    tracing::debug!(records = indices.len(), ?wait, raw = ?raw, "target rate-limited the connection");
-                    engine.metrics.rate_limited(key);
-                    let block = crate::blocks::block_length(wait);
-                    if let Err(e) = engine.pacer.throttled(key, block).await {
-                        tracing::warn!(error = %e, "could not record what the 429 taught the budget");
-                    }
-                    tally.rate_limited(at, wait, raw);
-                    stop.stop();
-                    called
-                        .not_attempted
-                        .extend(indices.iter().map(|&i| claimed[i].id));
-                }
-                result => {
-                    // The breaker hears the call once, whatever it carried (`None`: the
-                    // writer refused it before sending, which says nothing of the target).
-                    let reachable = match &result {
-                        Ok(_) => Some(true),
-                        Err(WriteError::Permanent { status: None, .. }) => None,
-                        Err(e) => Some(e.proves_reachable()),
-                    };
-                    let mut entries = Vec::with_capacity(indices.len());
-                    for (j, &i) in indices.iter().enumerate() {
-                        let d = &claimed[i];
-                        let item = match &result {
-                            Ok(w) => match w.items.get(j) {
-                                Some(Some(e)) => Err(e.clone()),
-                                _ => Ok(Receipt {
-                                    http_status: w.receipt.http_status,
-                                    ..Receipt::default()
-                                }),
-                            },
-                            Err(e) => Err(e.clone()),
-                        };
-                        let classified =
-                            classify::classify(d, item, elapsed, &ctx.retry, at, rand::random());
-                        let Classified::Outcome { entry, .. } = classified else {
-                            // An item never reads as a 429 (only a whole call does): left
-                            // pending, untouched, should one ever.
-                            called.not_attempted.push(d.id);
-                            continue;
-                        };
-                        let metrics = &engine.metrics;
-                        metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
-                        if entry.outcome == crate::ledger::Outcome::Delivered {
-                            metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
-                        }
-                        entries.push(entry);
-                    }
-                    if let Some(r) = reachable {
-                        engine.pacer.answered(key, 1);
-                        if called.circuit.observe(r, &engine.settings.breaker, at) {
-                            stop.stop();
-                        }
-                    }
-                    tally.answered(entries, reachable);
-                }
-            }
+            let Some(answered) = next else { break };
+            self.answered(
+                writer,
+                &feeding.claimed,
+                answered,
+                &mut called,
+                tally,
+                &stop,
+            )
+            .await;
             if tally.due() && !settle::flush(engine, ctx, self.task_id, tally).await? {
                 // Reaped or resumed elsewhere: stop calling; what is committed stays.
                 called.run_ended = true;
@@ -447,6 +331,219 @@ impl Job<'_> {
             }
         }
         Ok(called)
+    }
+
+    /// The next batch to feed: the job's first, else a new claim past the last one while
+    /// the job may take more ([`BATCHES_PER_JOB`], the last claim full, no stop); empty
+    /// when there is none.
+    async fn next_batch(
+        &self,
+        feeding: &mut Feeding,
+        called: &Called,
+        scope: ClaimScope,
+        stop: &Stop,
+    ) -> Result<Vec<Claimed>, ChainError> {
+        let engine = self.engine;
+        if let Some(first) = feeding.first.take() {
+            return Ok(first);
+        }
+        if feeding.batches >= BATCHES_PER_JOB
+            || !called.last_full
+            || stop.stopped()
+            || engine.shutdown.is_cancelled()
+        {
+            return Ok(Vec::new());
+        }
+        let scope = ClaimScope {
+            after_id: called.last_claimed.unwrap_or(scope.after_id),
+            ..scope
+        };
+        let now = engine.clock.now();
+        Ok(engine
+            .retry_outage(|| claim::claim(&engine.pool, scope, now))
+            .await?)
+    }
+
+    /// Triages `batch` (what is decided without a call goes into `tally`), puts the rest
+    /// into calls as the writer groups them, and queues those.
+    fn queue(
+        &self,
+        writer: &dyn Writer,
+        feeding: &mut Feeding,
+        called: &mut Called,
+        batch: Vec<Claimed>,
+        scope: ClaimScope,
+        tally: &mut Tally,
+    ) {
+        let (engine, ctx) = (self.engine, self.ctx);
+        feeding.batches += 1;
+        called.last_full = batch.len() as i32 >= scope.limit;
+        called.last_claimed = batch.last().map(|d| d.id);
+        let timeout = chrono::Duration::from_std(engine.settings.dependency_timeout)
+            .unwrap_or(chrono::Duration::MAX);
+        let now = engine.clock.now();
+        let sorted = triage::triage(&batch, &ctx.retry, DependencyTimeout(timeout), now);
+        for entry in &sorted.decided {
+            engine
+                .metrics
+                .outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+        }
+        tally.decided(sorted.decided);
+        let offset = feeding.claimed.len();
+        feeding.claimed.extend(batch.into_iter().map(Arc::new));
+        let claimed = &feeding.claimed;
+        let payloads: Vec<&serde_json::Value> = sorted
+            .to_send
+            .iter()
+            .map(|&i| &claimed[offset + i].payload)
+            .collect();
+        let per_call = ctx.records_per_call.max(1) as usize;
+        let tx = feeding.tx.as_ref().expect("fed while open");
+        for group in writer.group(&ctx.path, &payloads, per_call) {
+            let group = group
+                .into_iter()
+                .map(|g| {
+                    let i = offset + sorted.to_send[g];
+                    (i, claimed[i].clone())
+                })
+                .collect();
+            feeding.queued += 1;
+            // The receiver lives in `calls`, as long as the job's loop does.
+            let _ = tx.unbounded_send(group);
+        }
+    }
+
+    /// Takes in one call's answer: what its headers state about the budget, then a 429's
+    /// block, or each record's outcome and what the breaker hears of the call.
+    async fn answered(
+        &self,
+        writer: &dyn Writer,
+        claimed: &[Arc<Claimed>],
+        answered: call::Answered,
+        called: &mut Called,
+        tally: &mut Tally,
+        stop: &Stop,
+    ) {
+        let call::Answered { indices, answer } = answered;
+        let ids = || indices.iter().map(|&i| claimed[i].id);
+        let Some((result, elapsed)) = answer else {
+            called.not_attempted.extend(ids());
+            return;
+        };
+        let at = self.engine.clock.now();
+        let statement = self.read_statement(writer, &result, at, tally, stop);
+        match result {
+            Err(WriteError::RateLimited { wait, raw, .. }) => {
+                // Not a failure of any record: nothing is recorded against them. A wait
+                // the response named (Retry-After) goes before its headers' reset.
+                let wait = wait.or(statement.reset);
+                tracing::debug!(records = indices.len(), ?wait, raw = ?raw, "target rate-limited the connection");
+                let key = &self.ctx.connection.budget_key;
+                self.engine.metrics.rate_limited(key);
+                let block = crate::blocks::block_length(wait);
+                if let Err(e) = self.engine.pacer.throttled(key, block).await {
+                    tracing::warn!(error = %e, "could not record what the 429 taught the budget");
+                }
+                tally.rate_limited(at, wait, raw);
+                stop.stop();
+                called.not_attempted.extend(ids());
+            }
+            result => {
+                // The breaker and the budget hear the call once, whatever it carried
+                // (`None`: the writer refused it before sending, which says nothing of
+                // the target).
+                let reachable = match &result {
+                    Ok(_) => Some(true),
+                    Err(WriteError::Permanent { status: None, .. }) => None,
+                    Err(e) => Some(e.proves_reachable()),
+                };
+                let records = indices.iter().map(|&i| &*claimed[i]);
+                let entries = self.outcomes(records, &result, elapsed, at, called);
+                if let Some(r) = reachable {
+                    let engine = self.engine;
+                    engine.pacer.answered(&self.ctx.connection.budget_key, 1);
+                    if called.circuit.observe(r, &engine.settings.breaker, at) {
+                        stop.stop();
+                    }
+                }
+                tally.answered(entries, reachable);
+            }
+        }
+    }
+
+    /// What an answer's rate-limit headers state (read before the answer is used): a quota
+    /// is the advertised rate; nothing remaining holds the budget until the reset, before
+    /// any 429 and without counting one (a short hold is sat out within the batch).
+    fn read_statement(
+        &self,
+        writer: &dyn Writer,
+        result: &Result<Written, WriteError>,
+        at: DateTime<Utc>,
+        tally: &mut Tally,
+        stop: &Stop,
+    ) -> rate_headers::Statement {
+        let statement = rate_headers_of(result)
+            .filter(|h| !h.is_empty())
+            .map(|h| rate_headers::read(h, writer.reset_kind(), at))
+            .unwrap_or_default();
+        let (pacer, key) = (&self.engine.pacer, &self.ctx.connection.budget_key);
+        if let Some(rpm) = statement.quota_per_minute() {
+            pacer.advertised(key, rpm);
+        }
+        let limited = matches!(result, Err(WriteError::RateLimited { .. }));
+        if let Some(until) = learned::spent_until(&statement, at).filter(|_| !limited) {
+            let wait = (until - at).to_std().unwrap_or_default();
+            tracing::debug!(?wait, "the target's budget is spent until its reset");
+            pacer.hold(key, until);
+            tally.spent(
+                until,
+                format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
+            );
+            if wait > learned::HOLD_IN_BATCH {
+                stop.stop();
+            }
+        }
+        statement
+    }
+
+    /// The outcome of each record a call carried (`records`, in the call's order) from its
+    /// answer `result`.
+    fn outcomes<'c>(
+        &self,
+        records: impl Iterator<Item = &'c Claimed>,
+        result: &Result<Written, WriteError>,
+        elapsed: std::time::Duration,
+        at: DateTime<Utc>,
+        called: &mut Called,
+    ) -> Vec<Entry> {
+        let (engine, ctx) = (self.engine, self.ctx);
+        let mut entries = Vec::new();
+        for (j, d) in records.enumerate() {
+            let item = match result {
+                Ok(w) => match w.items.get(j) {
+                    Some(Some(e)) => Err(e.clone()),
+                    _ => Ok(Receipt {
+                        http_status: w.receipt.http_status,
+                        ..Receipt::default()
+                    }),
+                },
+                Err(e) => Err(e.clone()),
+            };
+            let classified = classify::classify(d, item, elapsed, &ctx.retry, at, rand::random());
+            let Classified::Outcome { entry, .. } = classified else {
+                // An item never reads as a 429 (only a whole call does): left pending,
+                // untouched, should one ever.
+                called.not_attempted.push(d.id);
+                continue;
+            };
+            let metrics = &engine.metrics;
+            metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+            if entry.outcome == crate::ledger::Outcome::Delivered {
+                metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
+            }
+            entries.push(entry);
+        }
+        entries
     }
 
     /// Beats on the run and extends the lease; false when the run is over or carried by
