@@ -70,13 +70,67 @@ impl Default for DemoOptions {
     }
 }
 
+/// The demo's rules: name, User.com operation, records per call.
+const RULES: [(&str, &str, i32); 3] = [
+    ("customers", "user_upsert", 1),
+    ("consents", "user_attributes", CONSENTS_PER_CALL),
+    ("price_changes", "product_event", 1),
+];
+
 /// Runs the demo; returns an error when any delivery did not arrive.
 pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()> {
     anyhow::ensure!(opts.records >= 3, "--records must be at least 3");
     anyhow::ensure!(opts.rate >= 1, "--rate must be at least 1");
     let (server_url, _cluster) = find_server(&settings.database_url).await?;
-    let server = PgConnectOptions::from_str(&server_url)?;
-    let admin = sqlx::PgPool::connect_with(server.clone().database("postgres"))
+    settings.database_url = fresh_database(&server_url).await?;
+    let pool = db::connect_with(&settings.database_url, &settings.pool()).await?;
+    db::migrate(&pool).await?;
+    let target = start_target(opts.rate).await?;
+    catalog_for(&pool, &target, opts.rate).await?;
+
+    let counts = split(opts.records);
+    let [customers, consents, prices] = records(counts);
+    let started = Instant::now();
+    enqueue::enqueue_many(&pool, "customers", customers).await?;
+    enqueue::enqueue_many(&pool, "price_changes", prices).await?;
+    println!(
+        "enqueued {} deliveries: {} customers (user_upsert), {} price changes (product_event); \
+         {} consents (user_attributes) follow as a bulk import once the customers are in; \
+         declared rate {}/min",
+        counts[0] + counts[2],
+        counts[0],
+        counts[2],
+        counts[1],
+        opts.rate * 60
+    );
+
+    let engine = Arc::new(Engine::new(pool.clone(), settings));
+    worker::cancel_on_signal(engine.shutdown.clone());
+    let handle = tokio::spawn(worker::run(engine.clone()));
+    let show = Show {
+        pool: &pool,
+        target: &target,
+        engine: &engine,
+        opts: &opts,
+        counts,
+        started,
+    };
+    show.until_drained(consents).await?;
+    engine.shutdown.cancel();
+    handle.await??;
+    let all_arrived = show.summary().await?;
+    pool.close().await;
+    anyhow::ensure!(
+        all_arrived,
+        "not every record arrived exactly once, without a failed outcome or an attempt spent on a 429"
+    );
+    Ok(())
+}
+
+/// Drops and creates the demo's database on `server_url`'s server; returns its URL.
+async fn fresh_database(server_url: &str) -> anyhow::Result<String> {
+    let server = PgConnectOptions::from_str(server_url)?;
+    let admin = sqlx::PgPool::connect_with(server.database("postgres"))
         .await
         .context("connecting to PostgreSQL")?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -85,13 +139,15 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     .execute(&admin)
     .await?;
     admin.close().await;
-    let url = crate::database_url(&server_url, DEMO_DATABASE);
-    settings.database_url = url.clone();
+    let url = crate::database_url(server_url, DEMO_DATABASE);
     println!("demo database: {DEMO_DATABASE} (fresh)");
     db::create_database(&url).await?;
-    let pool = db::connect_with(&url, &settings.pool()).await?;
-    db::migrate(&pool).await?;
+    Ok(url)
+}
 
+/// The local User.com target with the demo's workspace at `rate` requests/s; its token
+/// is `KEY_VAR`'s, which the demo sets for itself unless it is set.
+async fn start_target(rate: u32) -> anyhow::Result<Target> {
     let token = match std::env::var(KEY_VAR) {
         Ok(k) if !k.trim().is_empty() => k.trim().to_owned(),
         _ => {
@@ -115,52 +171,47 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     );
     let target = Target::start_with(TargetConfig {
         workspaces: vec![workspace],
-        rate: opts.rate,
+        rate,
         ..TargetConfig::default()
     })
     .await?;
     println!(
-        "local User.com target: workspace {WORKSPACE:?} at {} ({} requests/s, fixed window)",
+        "local User.com target: workspace {WORKSPACE:?} at {} ({rate} requests/s, fixed window)",
         target.workspace_url(WORKSPACE),
-        opts.rate
     );
-    let declared = opts.rate * 60;
-    catalog::upsert_connection(
-        &pool,
-        &NewConnection {
-            name: "demo-usercom".into(),
-            writer: "usercom".into(),
-            base_url: target.workspace_url(WORKSPACE),
-            api_key_env: Some(KEY_VAR.into()),
-            headers: Default::default(),
-            requests_per_minute: Some(declared as i32),
-            max_in_flight: Some(opts.rate.clamp(1, 16) as i32),
-            timeout_ms: Some(5_000),
-            ..Default::default()
-        },
-    )
-    .await?;
-    let rules = [
-        ("customers", "user_upsert", 1),
-        ("consents", "user_attributes", CONSENTS_PER_CALL),
-        ("price_changes", "product_event", 1),
-    ];
-    for (name, operation, per_call) in rules {
-        catalog::upsert_rule(
-            &pool,
-            &NewRule {
-                name: name.into(),
-                connection: "demo-usercom".into(),
-                path: operation.into(),
-                batch_size: Some(50),
-                records_per_call: Some(per_call),
-                ..Default::default()
-            },
-        )
-        .await?;
-    }
+    Ok(target)
+}
 
-    let counts = split(opts.records);
+/// The demo's User.com connection (declaring `rate` per second) and its [`RULES`].
+async fn catalog_for(pool: &sqlx::PgPool, target: &Target, rate: u32) -> anyhow::Result<()> {
+    let connection = NewConnection {
+        name: "demo-usercom".into(),
+        writer: "usercom".into(),
+        base_url: target.workspace_url(WORKSPACE),
+        api_key_env: Some(KEY_VAR.into()),
+        requests_per_minute: Some((rate * 60) as i32),
+        max_in_flight: Some(rate.clamp(1, 16) as i32),
+        timeout_ms: Some(5_000),
+        ..Default::default()
+    };
+    catalog::upsert_connection(pool, &connection).await?;
+    for (name, operation, per_call) in RULES {
+        let rule = NewRule {
+            name: name.into(),
+            connection: "demo-usercom".into(),
+            path: operation.into(),
+            batch_size: Some(50),
+            records_per_call: Some(per_call),
+            ..Default::default()
+        };
+        catalog::upsert_rule(pool, &rule).await?;
+    }
+    Ok(())
+}
+
+/// The demo's records, `counts` of each: customers, their consent changes (one attribute
+/// each, the shape a mass update carries; each after its customer), price changes.
+fn records(counts: [usize; 3]) -> [Vec<NewDelivery>; 3] {
     let customers = (0..counts[0])
         .map(|k| {
             NewDelivery::new(
@@ -176,8 +227,7 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
             )
         })
         .collect();
-    // A consent change sets one attribute: the shape a mass update carries.
-    let consents: Vec<NewDelivery> = (0..counts[1])
+    let consents = (0..counts[1])
         .map(|k| NewDelivery {
             depends_on: Some(format!("customer:{k}")),
             ..NewDelivery::new(
@@ -202,41 +252,202 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
             )
         })
         .collect();
-    let started = Instant::now();
-    enqueue::enqueue_many(&pool, "customers", customers).await?;
-    enqueue::enqueue_many(&pool, "price_changes", prices).await?;
-    println!(
-        "enqueued {} deliveries: {} customers (user_upsert), {} price changes (product_event); \
-         {} consents (user_attributes) follow as a bulk import once the customers are in; \
-         declared rate {declared}/min",
-        counts[0] + counts[2],
-        counts[0],
-        counts[2],
-        counts[1]
-    );
-    let mut consents = Some(consents);
+    [customers, consents, prices]
+}
 
-    let engine = Arc::new(Engine::new(pool.clone(), settings));
-    worker::cancel_on_signal(engine.shutdown.clone());
-    let handle = tokio::spawn(worker::run(engine.clone()));
+/// What the demo shows while and after the worker delivers.
+struct Show<'a> {
+    pool: &'a sqlx::PgPool,
+    target: &'a Target,
+    engine: &'a Engine,
+    opts: &'a DemoOptions,
+    /// Customers, consents and price changes.
+    counts: [usize; 3],
+    /// When the first records were enqueued.
+    started: Instant,
+}
 
-    let progress = Progress::new(opts.records as u64);
-    let mut watch = Watch::default();
-    let mut rival = Rival::new(opts.rate, opts.records);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut last = (Instant::now(), 0u64);
-    let mut rate = 0.0;
-    let mut next_line = Duration::ZERO;
-    let mut delivered = 0;
-    loop {
-        tick.tick().await;
-        if let Some(line) = rival.step(&target, delivered, started.elapsed()) {
-            progress.event(&line);
+impl Show<'_> {
+    /// Live progress until nothing is pending (or the worker stops); the consents are
+    /// enqueued once every customer is delivered.
+    async fn until_drained(&self, consents: Vec<NewDelivery>) -> anyhow::Result<()> {
+        let mut consents = Some(consents);
+        let progress = Progress::new(self.opts.records as u64);
+        let mut watch = Watch::default();
+        let mut rival = Rival::new(self.opts.rate, self.opts.records);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut last = (Instant::now(), 0u64);
+        let mut rate = 0.0;
+        let mut next_line = Duration::ZERO;
+        let mut delivered = 0;
+        loop {
+            tick.tick().await;
+            let elapsed = self.started.elapsed();
+            if let Some(line) = rival.step(self.target, delivered, elapsed) {
+                progress.event(&line);
+            }
+            for line in watch.events(self.pool).await? {
+                progress.event(&line);
+            }
+            let row = Tick::read(self.pool).await?;
+            // The current rate is the target's view: calls per second over the last second.
+            let now = Instant::now();
+            let counters = self.target.counters();
+            if now - last.0 >= Duration::from_secs(1) {
+                rate = (counters.requests - last.1) as f64 / (now - last.0).as_secs_f64();
+                last = (now, counters.requests);
+            }
+            delivered = row.delivered;
+            if row.customers as usize == self.counts[0]
+                && let Some(import) = consents.take()
+            {
+                enqueue::enqueue_many(self.pool, "consents", import).await?;
+                progress.event(&format!(
+                    "a bulk consent import arrives: {} consent changes, sent as mass updates \
+                     of up to {CONSENTS_PER_CALL} custom ids per call",
+                    self.counts[1]
+                ));
+                continue;
+            }
+            let done =
+                (row.pending == 0 && consents.is_none()) || self.engine.shutdown.is_cancelled();
+            // Piped output gets a plain line a second (and the last one).
+            if progress.is_live() || elapsed >= next_line || done {
+                next_line = elapsed + Duration::from_secs(1);
+                let message = format!(
+                    "pending {}  failed {}  runs waiting {} throttled {}  429s met {}  calls {rate:.1}/s",
+                    row.pending, row.failed, row.waiting, row.throttled, counters.throttled
+                );
+                progress.update(row.delivered as u64, &message, || {
+                    format!(
+                        "[{:5.1}s] delivered {:>6}  {message}",
+                        elapsed.as_secs_f64(),
+                        row.delivered
+                    )
+                });
+            }
+            if done {
+                progress.finish();
+                return Ok(());
+            }
         }
-        for line in watch.events(&pool).await? {
-            progress.event(&line);
-        }
-        let row = sqlx::query!(
+    }
+
+    /// Prints the summary; returns whether every record arrived exactly once, with no
+    /// failed outcome and no attempt spent on a 429.
+    async fn summary(&self) -> anyhow::Result<bool> {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let summary = sqlx::query!(
+            r#"SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered') AS "delivered!",
+                      (SELECT count(*) FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')) AS "failed!",
+                      (SELECT count(*) FROM ledger WHERE http_status = 429) AS "ledger_429s!",
+                      (SELECT coalesce(sum(attempts), 0) FROM deliveries)::bigint
+                        - (SELECT count(*) FROM ledger
+                           WHERE outcome IN ('delivered', 'failed', 'exhausted', 'rejected')) AS "attempts_on_429s!",
+                      (SELECT count(*) FROM connection_blocks) AS "blocks!",
+                      (SELECT max(blocked_until) FROM connection_blocks) AS blocked_until,
+                      (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled_runs!""#
+        )
+        .fetch_one(self.pool)
+        .await?;
+        let counters = self.target.counters();
+        let ws = counters
+            .workspaces
+            .get(WORKSPACE)
+            .cloned()
+            .unwrap_or_default();
+        let arrived = arrived(&ws);
+        let per_call = self.records_per_call().await?;
+        let rate = self.opts.rate;
+        let last_block = summary
+            .blocked_until
+            .map(|t| format!(" (last block until {})", t.format("%H:%M:%S%.3f")))
+            .unwrap_or_default();
+        println!("\nsummary");
+        println!(
+            "  delivered            {} of {} ({} customers, {} consents, {} price changes arrived)",
+            summary.delivered, self.opts.records, arrived[0], arrived[1], arrived[2]
+        );
+        println!(
+            "  failed outcomes      {} (ledger rows with 429: {}; a 429 is not an outcome)",
+            summary.failed, summary.ledger_429s
+        );
+        println!(
+            "  duplicates           {} (accepted writes beyond the first per record key)",
+            ws.duplicates
+        );
+        println!(
+            "  attempts on 429s     {} (attempts counted beyond the calls with an outcome)",
+            summary.attempts_on_429s
+        );
+        println!(
+            "  429s met             {} of {} requests; connection blocks: {} row(s){last_block}, throttled runs: {}",
+            ws.throttled, ws.requests, summary.blocks, summary.throttled_runs
+        );
+        println!(
+            "  rate                 {:.1} deliveries/s achieved vs {rate} declared ({}/min); \
+             the target saw at most {} requests in any second, {} in any minute",
+            summary.delivered as f64 / elapsed,
+            rate * 60,
+            ws.peak_per_second,
+            ws.peak_per_minute
+        );
+        println!("  records per call     {per_call}");
+        println!("  most calls at once   {}", counters.max_in_flight);
+        println!("  elapsed              {elapsed:.1}s");
+        Ok(summary.delivered as usize == self.opts.records
+            && summary.failed == 0
+            && arrived == self.counts
+            && ws.duplicates == 0
+            && summary.attempts_on_429s == 0)
+    }
+
+    /// Each rule's records per call, from the worker's own metrics exposition.
+    async fn records_per_call(&self) -> anyhow::Result<String> {
+        let now = chrono::Utc::now();
+        let exposition = courier::metrics::render(&self.engine.metrics, self.pool, now).await?;
+        Ok(RULES
+            .map(|(rule, _, _)| {
+                let (records, calls) = records_per_call(&exposition, rule);
+                format!(
+                    "{rule} {:.1} ({records:.0} in {calls:.0} calls)",
+                    records / calls.max(1.0)
+                )
+            })
+            .join(", "))
+    }
+}
+
+/// The records of each kind that arrived in the workspace: customers, consents (single
+/// or mass updates), price changes.
+fn arrived(ws: &courier_target::WorkspaceCounters) -> [usize; 3] {
+    let kinds: [&[&str]; 3] = [
+        &["user:"],
+        &["user_attributes:", "mass_update:"],
+        &["product_event:"],
+    ];
+    kinds.map(|p| {
+        ws.accepted
+            .keys()
+            .filter(|k| p.iter().any(|p| k.starts_with(p)))
+            .count()
+    })
+}
+
+/// One look at the demo's database while it runs.
+struct Tick {
+    pending: i64,
+    delivered: i64,
+    customers: i64,
+    failed: i64,
+    waiting: i64,
+    throttled: i64,
+}
+
+impl Tick {
+    async fn read(pool: &sqlx::PgPool) -> Result<Self, sqlx::Error> {
+        sqlx::query_as!(
+            Tick,
             r#"SELECT count(*) FILTER (WHERE status = 'pending') AS "pending!",
                       count(*) FILTER (WHERE status = 'delivered') AS "delivered!",
                       count(*) FILTER (WHERE status = 'delivered' AND record_key LIKE 'customer:%')
@@ -246,145 +457,9 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
                       (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled!"
                FROM deliveries"#
         )
-        .fetch_one(&pool)
-        .await?;
-        // The current rate is the target's view: calls per second over the last second.
-        let now = Instant::now();
-        let counters = target.counters();
-        if now - last.0 >= Duration::from_secs(1) {
-            rate = (counters.requests - last.1) as f64 / (now - last.0).as_secs_f64();
-            last = (now, counters.requests);
-        }
-        delivered = row.delivered;
-        let elapsed = started.elapsed();
-        if row.customers as usize == counts[0]
-            && let Some(import) = consents.take()
-        {
-            enqueue::enqueue_many(&pool, "consents", import).await?;
-            progress.event(&format!(
-                "a bulk consent import arrives: {} consent changes, sent as mass updates of up \
-                 to {CONSENTS_PER_CALL} custom ids per call",
-                counts[1]
-            ));
-            continue;
-        }
-        let done = (row.pending == 0 && consents.is_none()) || engine.shutdown.is_cancelled();
-        // Piped output gets a plain line a second (and the last one).
-        if progress.is_live() || elapsed >= next_line || done {
-            next_line = elapsed + Duration::from_secs(1);
-            let message = format!(
-                "pending {}  failed {}  runs waiting {} throttled {}  429s met {}  calls {rate:.1}/s",
-                row.pending, row.failed, row.waiting, row.throttled, counters.throttled
-            );
-            progress.update(row.delivered as u64, &message, || {
-                format!(
-                    "[{:5.1}s] delivered {:>6}  {message}",
-                    elapsed.as_secs_f64(),
-                    row.delivered
-                )
-            });
-        }
-        if done {
-            break;
-        }
+        .fetch_one(pool)
+        .await
     }
-    progress.finish();
-    engine.shutdown.cancel();
-    handle.await??;
-
-    let elapsed = started.elapsed().as_secs_f64();
-    let summary = sqlx::query!(
-        r#"SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered') AS "delivered!",
-                  (SELECT count(*) FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')) AS "failed!",
-                  (SELECT count(*) FROM ledger WHERE http_status = 429) AS "ledger_429s!",
-                  (SELECT coalesce(sum(attempts), 0) FROM deliveries)::bigint
-                    - (SELECT count(*) FROM ledger
-                       WHERE outcome IN ('delivered', 'failed', 'exhausted', 'rejected')) AS "attempts_on_429s!",
-                  (SELECT count(*) FROM connection_blocks) AS "blocks!",
-                  (SELECT max(blocked_until) FROM connection_blocks) AS blocked_until,
-                  (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled_runs!""#
-    )
-    .fetch_one(&pool)
-    .await?;
-    let counters = target.counters();
-    let ws = counters
-        .workspaces
-        .get(WORKSPACE)
-        .cloned()
-        .unwrap_or_default();
-    let kinds: [&[&str]; 3] = [
-        &["user:"],
-        &["user_attributes:", "mass_update:"],
-        &["product_event:"],
-    ];
-    let arrived: Vec<usize> = kinds
-        .iter()
-        .map(|p| {
-            ws.accepted
-                .keys()
-                .filter(|k| p.iter().any(|p| k.starts_with(p)))
-                .count()
-        })
-        .collect();
-    let exposition = courier::metrics::render(&engine.metrics, &pool, chrono::Utc::now()).await?;
-    let per_call = rules
-        .map(|(rule, _, _)| {
-            let (records, calls) = records_per_call(&exposition, rule);
-            format!(
-                "{rule} {:.1} ({records:.0} in {calls:.0} calls)",
-                records / calls.max(1.0)
-            )
-        })
-        .join(", ");
-    println!("\nsummary");
-    println!(
-        "  delivered            {} of {} ({} customers, {} consents, {} price changes arrived)",
-        summary.delivered, opts.records, arrived[0], arrived[1], arrived[2]
-    );
-    println!(
-        "  failed outcomes      {} (ledger rows with 429: {}; a 429 is not an outcome)",
-        summary.failed, summary.ledger_429s
-    );
-    println!(
-        "  duplicates           {} (accepted writes beyond the first per record key)",
-        ws.duplicates
-    );
-    println!(
-        "  attempts on 429s     {} (attempts counted beyond the calls with an outcome)",
-        summary.attempts_on_429s
-    );
-    println!(
-        "  429s met             {} of {} requests; connection blocks: {} row(s){}, throttled runs: {}",
-        ws.throttled,
-        ws.requests,
-        summary.blocks,
-        summary
-            .blocked_until
-            .map(|t| format!(" (last block until {})", t.format("%H:%M:%S%.3f")))
-            .unwrap_or_default(),
-        summary.throttled_runs
-    );
-    println!(
-        "  rate                 {:.1} deliveries/s achieved vs {} declared ({declared}/min); \
-         the target saw at most {} requests in any second, {} in any minute",
-        summary.delivered as f64 / elapsed,
-        opts.rate,
-        ws.peak_per_second,
-        ws.peak_per_minute
-    );
-    println!("  records per call     {per_call}");
-    println!("  most calls at once   {}", counters.max_in_flight);
-    println!("  elapsed              {elapsed:.1}s");
-    pool.close().await;
-    anyhow::ensure!(
-        summary.delivered as usize == opts.records
-            && summary.failed == 0
-            && arrived == counts
-            && ws.duplicates == 0
-            && summary.attempts_on_429s == 0,
-        "not every record arrived exactly once, without a failed outcome or an attempt spent on a 429"
-    );
-    Ok(())
 }
 
 /// The records and calls of `rule` in a Prometheus exposition's

@@ -704,51 +704,97 @@ async fn handle(
             }
         };
     }
-
     if let Route::Limit(name) = &route {
         return limit_route(&s, &method, name.as_deref(), &body);
     }
 
     let arrived = Instant::now();
-    s.requests.fetch_add(1, Ordering::SeqCst);
-    let _in_flight = InFlight::enter(&s);
-    *lock(&s.paths).entry(path.clone()).or_default() += 1;
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
     let workspace = match &route {
         Route::Workspace(name, _) => Some(name.clone()),
         _ => None,
     };
-    {
-        let now = Instant::now();
-        let mut inner = lock(&s.inner);
-        inner.peaks.record(now);
-        if let Some(w) = workspace.as_ref().and_then(|n| inner.workspaces.get_mut(n)) {
-            w.peaks.record(now);
-            w.counters.requests += 1;
-        }
-        if inner.log.len() >= REQUEST_LOG_LIMIT {
-            inner.log.pop_front();
-        }
-        inner.log.push_back(RecordedRequest {
-            workspace: workspace.clone(),
-            method: method.to_string(),
-            path: path.clone(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.as_str().to_owned(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
-                .collect(),
-            body: parsed
-                .clone()
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned().into()),
-        });
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
+    record_arrival(
+        &s,
+        workspace.as_deref(),
+        &method,
+        &path,
+        &headers,
+        &parsed,
+        &body,
+    );
+    if let Some(faulted) = faults(&s, workspace.as_deref()).await {
+        return faulted;
     }
+    match route {
+        Route::Counters(_) | Route::Limit(_) => Json(snapshot(&s)).into_response(),
+        Route::UnknownWorkspace => {
+            json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
+        }
+        Route::Generic => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
+            Some(batch) => batch.answer(&s, arrived),
+            None => generic(&s, &headers, parsed.is_some(), arrived),
+        },
+        Route::Workspace(name, api) => {
+            let call = WorkspaceCall {
+                method: &method,
+                api: &api,
+                headers: &headers,
+                body: parsed.as_ref(),
+                arrived,
+            };
+            workspace_call(&s, &name, call)
+        }
+    }
+}
 
-    // Latency, then faults, then a forced status: what a proxy in front of the app does.
+/// Counts a request that is not the target's own (counters, limits) and keeps it in the
+/// log: per path, per workspace, the peaks.
+fn record_arrival(
+    s: &TargetState,
+    workspace: Option<&str>,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    parsed: &Option<serde_json::Value>,
+    body: &[u8],
+) {
+    s.requests.fetch_add(1, Ordering::SeqCst);
+    *lock(&s.paths).entry(path.to_owned()).or_default() += 1;
+    let now = Instant::now();
+    let mut inner = lock(&s.inner);
+    inner.peaks.record(now);
+    if let Some(w) = workspace.and_then(|n| inner.workspaces.get_mut(n)) {
+        w.peaks.record(now);
+        w.counters.requests += 1;
+    }
+    if inner.log.len() >= REQUEST_LOG_LIMIT {
+        inner.log.pop_front();
+    }
+    inner.log.push_back(RecordedRequest {
+        workspace: workspace.map(str::to_owned),
+        method: method.to_string(),
+        path: path.to_owned(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: parsed
+            .clone()
+            .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned().into()),
+    });
+}
+
+/// Latency, then faults, then a forced status, as a proxy in front of the app would add
+/// them: the answer a fault gives instead of the app's, if one does. The request counts
+/// as in flight meanwhile.
+async fn faults(s: &Arc<TargetState>, workspace: Option<&str>) -> Option<Response> {
+    let _in_flight = InFlight::enter(s);
     let faults = lock(&s.faults).clone();
     let mut delay = Duration::from_millis(s.latency_ms.load(Ordering::SeqCst));
     if let Some((lo, hi)) = faults.latency {
@@ -764,95 +810,103 @@ async fn handle(
     let fault = |s: &TargetState| {
         let mut inner = lock(&s.inner);
         inner.faults += 1;
-        if let Some(w) = workspace.as_ref().and_then(|n| inner.workspaces.get_mut(n)) {
+        if let Some(w) = workspace.and_then(|n| inner.workspaces.get_mut(n)) {
             w.counters.faults += 1;
         }
     };
     let draw = |share: f64| share > 0.0 && rand::rng().random_bool(share.clamp(0.0, 1.0));
     if draw(faults.reset_share) {
-        fault(&s);
+        fault(s);
         let mut r = StatusCode::INTERNAL_SERVER_ERROR.into_response();
         r.extensions_mut().insert(DropConnection);
-        return r;
+        return Some(r);
     }
     if draw(faults.hang_share) {
-        fault(&s);
+        fault(s);
         tokio::time::sleep(faults.hang_for).await;
     }
     if draw(faults.share_5xx) {
-        fault(&s);
+        fault(s);
         let status = [500, 502, 504][rand::rng().random_range(0..3)];
-        return json_reply(status, serde_json::json!({"detail": "injected failure"}));
+        return Some(json_reply(
+            status,
+            serde_json::json!({"detail": "injected failure"}),
+        ));
     }
     let forced = s.status.load(Ordering::SeqCst);
     if forced != 0 && !(200..300).contains(&forced) {
-        return forced_response(&s, forced, workspace.as_deref());
+        return Some(forced_response(s, forced, workspace));
     }
+    None
+}
 
-    match route {
-        Route::Counters(_) | Route::Limit(_) => Json(snapshot(&s)).into_response(),
-        Route::UnknownWorkspace => {
-            json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
+/// One API call to a workspace, as it arrived.
+struct WorkspaceCall<'a> {
+    method: &'a Method,
+    /// The path after `api/public/`.
+    api: &'a str,
+    headers: &'a HeaderMap,
+    /// The body, when it is JSON.
+    body: Option<&'a serde_json::Value>,
+    arrived: Instant,
+}
+
+/// A workspace's answer: its token, then its limiter (the rate-limit headers state what
+/// it has left at the instant it admits or refuses, so they say exactly what the next
+/// request meets), then the batch sink or the User.com endpoint.
+fn workspace_call(s: &TargetState, name: &str, call: WorkspaceCall<'_>) -> Response {
+    let authorization = call
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let mode = *lock(&s.retry_after_mode);
+    let mut inner = lock(&s.inner);
+    let inner = &mut *inner;
+    let Some(w) = inner.workspaces.get_mut(name) else {
+        return json_reply(404, serde_json::json!({"detail": "Unknown workspace."}));
+    };
+    if let Some(reply) = w.authenticate(authorization) {
+        w.counters.unauthorized += 1;
+        let mut r = json_reply(reply.status, reply.body);
+        r.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Token"),
+        );
+        return r;
+    }
+    let now = Instant::now();
+    let admitted = w.limiter.check(now);
+    let stated = limiter::rate_headers(&w.limiter.budget(now), w.rate_headers, SystemTime::now());
+    let batch = call
+        .body
+        .and_then(|b| batch_sink(call.api, b, call.headers));
+    let mut response = if let Err(wait) = admitted {
+        w.counters.throttled += 1;
+        inner.throttled += 1;
+        throttled_response(wait, mode)
+    } else if let Some(batch) = batch {
+        for key in &batch.accepted {
+            *w.counters.accepted.entry(key.clone()).or_default() += 1;
         }
-        Route::Generic => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
-            Some(batch) => batch.answer(&s, arrived),
-            None => generic(&s, &headers, parsed.is_some(), arrived),
-        },
-        Route::Workspace(name, api) => {
-            let authorization = headers
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            let mode = *lock(&s.retry_after_mode);
-            let mut inner = lock(&s.inner);
-            let inner = &mut *inner;
-            let Some(w) = inner.workspaces.get_mut(&name) else {
-                return json_reply(404, serde_json::json!({"detail": "Unknown workspace."}));
-            };
-            if let Some(reply) = w.authenticate(authorization) {
-                w.counters.unauthorized += 1;
-                let mut r = json_reply(reply.status, reply.body);
-                r.headers_mut().insert(
-                    axum::http::header::WWW_AUTHENTICATE,
-                    axum::http::HeaderValue::from_static("Token"),
-                );
-                return r;
-            }
-            // What the limiter has left is read at the same instant it admits or refuses,
-            // so the headers state exactly what the next request meets.
-            let now = Instant::now();
-            let admitted = w.limiter.check(now);
-            let stated =
-                limiter::rate_headers(&w.limiter.budget(now), w.rate_headers, SystemTime::now());
-            let mut response = if let Err(wait) = admitted {
-                w.counters.throttled += 1;
-                inner.throttled += 1;
-                throttled_response(wait, mode)
-            } else if let Some(batch) = parsed.as_ref().and_then(|b| batch_sink(&api, b, &headers))
-            {
-                for key in &batch.accepted {
-                    *w.counters.accepted.entry(key.clone()).or_default() += 1;
-                }
-                batch.answer(&s, arrived)
-            } else if let Some(body) = parsed {
-                let reply = w.apply(method.as_str(), &api, &body);
-                for key in &reply.accepted {
-                    accept(&s, key, arrived);
-                }
-                json_reply(reply.status, reply.body)
-            } else {
-                json_reply(
-                    400,
-                    serde_json::json!({"detail": "JSON parse error - the body is not JSON."}),
-                )
-            };
-            for (name, value) in stated {
-                if let Ok(value) = axum::http::HeaderValue::try_from(value) {
-                    response.headers_mut().insert(name, value);
-                }
-            }
-            response
+        batch.answer(s, call.arrived)
+    } else if let Some(body) = call.body {
+        let reply = w.apply(call.method.as_str(), call.api, body);
+        for key in &reply.accepted {
+            accept(s, key, call.arrived);
+        }
+        json_reply(reply.status, reply.body)
+    } else {
+        json_reply(
+            400,
+            serde_json::json!({"detail": "JSON parse error - the body is not JSON."}),
+        )
+    };
+    for (name, value) in stated {
+        if let Ok(value) = axum::http::HeaderValue::try_from(value) {
+            response.headers_mut().insert(name, value);
         }
     }
+    response
 }
 
 /// The answer [`Target::respond_with`] forced.
