@@ -118,22 +118,61 @@ pub async fn record(
     if entries.is_empty() {
         return Ok(());
     }
-    let ids: Vec<i64> = entries.iter().map(|e| e.delivery_id).collect();
-    let outcomes: Vec<&str> = entries.iter().map(|e| e.outcome.as_str()).collect();
-    let statuses: Vec<&str> = entries
+    let columns = Columns::of(entries);
+    update_deliveries(&mut *tx, &columns, connection_id, now).await?;
+    append_ledger(&mut *tx, &columns, run_id, rule_id).await?;
+    let delivered: Vec<i64> = entries
         .iter()
-        .map(|e| e.outcome.delivery_status().as_str())
+        .filter(|e| e.outcome == Outcome::Delivered)
+        .map(|e| e.delivery_id)
         .collect();
-    let attempts: Vec<i32> = entries.iter().map(|e| e.attempt).collect();
-    let next_at: Vec<Option<DateTime<Utc>>> = entries.iter().map(|e| e.next_attempt_at).collect();
-    let errors: Vec<Option<&str>> = entries.iter().map(|e| e.error.as_deref()).collect();
-    let http: Vec<Option<i16>> = entries.iter().map(|e| e.http_status).collect();
-    let durations: Vec<Option<i32>> = entries.iter().map(|e| e.duration_ms).collect();
-    let ats: Vec<DateTime<Utc>> = entries.iter().map(|e| e.at).collect();
+    if !delivered.is_empty() {
+        record_delivered(&mut *tx, &delivered, connection_id, now).await?;
+    }
+    Ok(())
+}
 
-    // A delivery held for its `depends_on` whose dependency was delivered meanwhile (its
-    // batch was triaged before) is due now: the statement that recorded the dependency
-    // found it claimed, due already, and left it alone.
+/// A batch's entries as the columns the bulk statements unnest.
+struct Columns<'a> {
+    ids: Vec<i64>,
+    outcomes: Vec<&'a str>,
+    statuses: Vec<&'a str>,
+    attempts: Vec<i32>,
+    next_at: Vec<Option<DateTime<Utc>>>,
+    errors: Vec<Option<&'a str>>,
+    http: Vec<Option<i16>>,
+    durations: Vec<Option<i32>>,
+    ats: Vec<DateTime<Utc>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(entries: &'a [Entry]) -> Self {
+        Self {
+            ids: entries.iter().map(|e| e.delivery_id).collect(),
+            outcomes: entries.iter().map(|e| e.outcome.as_str()).collect(),
+            statuses: entries
+                .iter()
+                .map(|e| e.outcome.delivery_status().as_str())
+                .collect(),
+            attempts: entries.iter().map(|e| e.attempt).collect(),
+            next_at: entries.iter().map(|e| e.next_attempt_at).collect(),
+            errors: entries.iter().map(|e| e.error.as_deref()).collect(),
+            http: entries.iter().map(|e| e.http_status).collect(),
+            durations: entries.iter().map(|e| e.duration_ms).collect(),
+            ats: entries.iter().map(|e| e.at).collect(),
+        }
+    }
+}
+
+/// The deliveries' new state. A delivery held for its `depends_on` whose dependency was
+/// delivered meanwhile (its batch was triaged before) is due now: the statement that
+/// recorded the dependency found it claimed, due already, and left it alone.
+async fn update_deliveries(
+    tx: &mut PgConnection,
+    c: &Columns<'_>,
+    connection_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "UPDATE deliveries d SET
             status = u.status, attempts = u.attempt,
@@ -150,19 +189,28 @@ pub async fn record(
                      $7::timestamptz[], $9::text[])
               AS u(id, status, attempt, next_at, error, at, outcome)
          WHERE d.id = u.id AND d.status = 'pending'",
-        &ids,
-        &statuses as &[&str],
-        &attempts,
-        &next_at as &[Option<DateTime<Utc>>],
-        &errors as &[Option<&str>],
+        &c.ids,
+        &c.statuses as &[&str],
+        &c.attempts,
+        &c.next_at as &[Option<DateTime<Utc>>],
+        &c.errors as &[Option<&str>],
         now,
-        &ats,
+        &c.ats,
         connection_id,
-        &outcomes as &[&str]
+        &c.outcomes as &[&str]
     )
-    .execute(&mut *tx)
+    .execute(tx)
     .await?;
+    Ok(())
+}
 
+/// One ledger row per entry.
+async fn append_ledger(
+    tx: &mut PgConnection,
+    c: &Columns<'_>,
+    run_id: i64,
+    rule_id: i64,
+) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "INSERT INTO ledger (run_id, rule_id, delivery_id, outcome, attempt, http_status, error,
                              duration_ms, created_at)
@@ -171,55 +219,56 @@ pub async fn record(
                      $9::timestamptz[]) AS u",
         run_id,
         rule_id,
-        &ids,
-        &outcomes as &[&str],
-        &attempts,
-        &http as &[Option<i16>],
-        &errors as &[Option<&str>],
-        &durations as &[Option<i32>],
-        &ats
+        &c.ids,
+        &c.outcomes as &[&str],
+        &c.attempts,
+        &c.http as &[Option<i16>],
+        &c.errors as &[Option<&str>],
+        &c.durations as &[Option<i32>],
+        &c.ats
     )
-    .execute(&mut *tx)
+    .execute(tx)
     .await?;
+    Ok(())
+}
 
-    let delivered: Vec<i64> = entries
-        .iter()
-        .filter(|e| e.outcome == Outcome::Delivered)
-        .map(|e| e.delivery_id)
-        .collect();
-    if !delivered.is_empty() {
-        // One statement: the delivered keys, then the deliveries held for one of them
-        // (`depends_on`, on any rule of the connection), made due now rather than at their
-        // next look, which comes after half the time they have waited; the dispatchers
-        // hear of it with the commit (trigger `deliveries_due_sooner`). The keys and the
-        // connection's rules are arrays, each evaluated once, so the held deliveries are
-        // found through `deliveries_waiting_on` alone: a join to `rules` let the planner
-        // walk `deliveries_due` instead, every pending delivery of the connection due later
-        // (checked with EXPLAIN on a fresh and on an analysed table, generic plan).
-        sqlx::query!(
-            "WITH recorded AS (
-                 INSERT INTO delivered_records (rule_id, record_key, connection_id, payload,
-                                                delivery_id, delivered_at)
-                 SELECT DISTINCT ON (d.record_key) d.rule_id, d.record_key, $2, d.payload, d.id, $3
-                 FROM deliveries d WHERE d.id = ANY($1)
-                 ORDER BY d.record_key, d.id DESC
-                 ON CONFLICT (rule_id, record_key) DO UPDATE SET
-                    payload = EXCLUDED.payload, delivery_id = EXCLUDED.delivery_id,
-                    delivered_at = EXCLUDED.delivered_at
-                 WHERE delivered_records.delivery_id < EXCLUDED.delivery_id
-                 RETURNING record_key)
-             UPDATE deliveries w SET next_attempt_at = $3, updated_at = $3
-             WHERE w.status = 'pending' AND w.depends_on IS NOT NULL
-               AND w.depends_on = ANY(ARRAY(SELECT record_key FROM recorded))
-               AND w.rule_id = ANY(ARRAY(SELECT id FROM rules WHERE connection_id = $2))
-               AND w.next_attempt_at > $3",
-            &delivered,
-            connection_id,
-            now
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
+/// One statement: the delivered keys, then the deliveries held for one of them
+/// (`depends_on`, on any rule of the connection), made due now rather than at their
+/// next look, which comes after half the time they have waited; the dispatchers
+/// hear of it with the commit (trigger `deliveries_due_sooner`). The keys and the
+/// connection's rules are arrays, each evaluated once, so the held deliveries are
+/// found through `deliveries_waiting_on` alone: a join to `rules` let the planner
+/// walk `deliveries_due` instead, every pending delivery of the connection due later
+/// (checked with EXPLAIN on a fresh and on an analysed table, generic plan).
+async fn record_delivered(
+    tx: &mut PgConnection,
+    delivered: &[i64],
+    connection_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "WITH recorded AS (
+             INSERT INTO delivered_records (rule_id, record_key, connection_id, payload,
+                                            delivery_id, delivered_at)
+             SELECT DISTINCT ON (d.record_key) d.rule_id, d.record_key, $2, d.payload, d.id, $3
+             FROM deliveries d WHERE d.id = ANY($1)
+             ORDER BY d.record_key, d.id DESC
+             ON CONFLICT (rule_id, record_key) DO UPDATE SET
+                payload = EXCLUDED.payload, delivery_id = EXCLUDED.delivery_id,
+                delivered_at = EXCLUDED.delivered_at
+             WHERE delivered_records.delivery_id < EXCLUDED.delivery_id
+             RETURNING record_key)
+         UPDATE deliveries w SET next_attempt_at = $3, updated_at = $3
+         WHERE w.status = 'pending' AND w.depends_on IS NOT NULL
+           AND w.depends_on = ANY(ARRAY(SELECT record_key FROM recorded))
+           AND w.rule_id = ANY(ARRAY(SELECT id FROM rules WHERE connection_id = $2))
+           AND w.next_attempt_at > $3",
+        delivered,
+        connection_id,
+        now
+    )
+    .execute(tx)
+    .await?;
     Ok(())
 }
 

@@ -143,17 +143,7 @@ pub fn build_request(op: Operation, out: &Outgoing<'_>) -> Result<Request, Strin
         .payload
         .as_object()
         .ok_or_else(|| format!("{}: the payload must be a JSON object", op.name()))?;
-    let need_str = |field: &str| -> Result<String, String> {
-        match payload.get(field) {
-            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
-            Some(Value::Number(n)) => Ok(n.to_string()),
-            Some(_) => Err(format!(
-                "{}: field {field:?} must be a non-empty string",
-                op.name()
-            )),
-            None => Err(format!("{}: missing required field {field:?}", op.name())),
-        }
-    };
+    let fields = Fields { op, payload };
     let req = |method: Method, segments: &[&str], body: Value| Request {
         method,
         segments: segments.iter().map(|s| (*s).to_owned()).collect(),
@@ -161,7 +151,7 @@ pub fn build_request(op: Operation, out: &Outgoing<'_>) -> Result<Request, Strin
     };
     match op {
         Operation::UserUpsert => {
-            need_str("custom_id")?;
+            fields.string("custom_id")?;
             Ok(req(
                 Method::POST,
                 &["users", "update_or_create"],
@@ -169,7 +159,7 @@ pub fn build_request(op: Operation, out: &Outgoing<'_>) -> Result<Request, Strin
             ))
         }
         Operation::DealUpsert => {
-            need_str("custom_id")?;
+            fields.string("custom_id")?;
             Ok(req(
                 Method::POST,
                 &["deals", "update_or_create"],
@@ -177,70 +167,24 @@ pub fn build_request(op: Operation, out: &Outgoing<'_>) -> Result<Request, Strin
             ))
         }
         Operation::UserAttributes => {
-            let custom_id = need_str("custom_id")?;
-            let attributes = match payload.get("attributes") {
-                Some(Value::Object(m)) if !m.is_empty() => Value::Object(m.clone()),
-                Some(_) => {
-                    return Err(format!(
-                        "{}: field \"attributes\" must be a non-empty object",
-                        op.name()
-                    ));
-                }
-                None => {
-                    return Err(format!(
-                        "{}: missing required field \"attributes\"",
-                        op.name()
-                    ));
-                }
-            };
+            let custom_id = fields.string("custom_id")?;
+            let attributes = fields.attributes()?;
             Ok(req(
                 Method::POST,
                 &["users-by-id", &custom_id, "set_multiple_attributes"],
                 attributes,
             ))
         }
-        Operation::MassUpdateCustomAttributes => {
-            let attribute = need_str("attribute")?;
-            let value = payload
-                .get("value")
-                .ok_or_else(|| format!("{}: missing required field \"value\"", op.name()))?;
-            let (resource, ids) = match (payload.get("custom_ids"), payload.get("ids")) {
-                (Some(ids), None) => ("users-by-id", ids),
-                (None, Some(ids)) => ("users", ids),
-                (Some(_), Some(_)) => {
-                    return Err(format!(
-                        "{}: give either \"custom_ids\" or \"ids\", not both",
-                        op.name()
-                    ));
-                }
-                (None, None) => {
-                    return Err(format!(
-                        "{}: missing required field \"custom_ids\" (or \"ids\")",
-                        op.name()
-                    ));
-                }
-            };
-            if ids.as_array().is_none_or(|a| a.is_empty()) {
-                return Err(format!(
-                    "{}: the user ids must be a non-empty array",
-                    op.name()
-                ));
-            }
-            Ok(req(
-                Method::PUT,
-                &[resource, "mass_update_custom_attributes"],
-                serde_json::json!({"ids": ids, "attribute": attribute, "value": value}),
-            ))
-        }
+        Operation::MassUpdateCustomAttributes => fields.mass_update(),
         Operation::Event => {
-            need_str("name")?;
+            fields.string("name")?;
             need_user(op, payload)?;
             let body = with_delivery_id(op, payload, out.delivery_id)?;
             Ok(req(Method::POST, &["events"], body))
         }
         Operation::ProductEvent => {
-            let product = need_str("product_custom_id")?;
-            need_str("event_type")?;
+            let product = fields.string("product_custom_id")?;
+            fields.string("event_type")?;
             need_user(op, payload)?;
             let mut body = with_delivery_id(op, payload, out.delivery_id)?;
             if let Value::Object(m) = &mut body {
@@ -252,6 +196,78 @@ pub fn build_request(op: Operation, out: &Outgoing<'_>) -> Result<Request, Strin
                 body,
             ))
         }
+    }
+}
+
+/// A payload read for operation `op`: each error names the operation and the field.
+struct Fields<'a> {
+    op: Operation,
+    payload: &'a Map<String, Value>,
+}
+
+impl Fields<'_> {
+    /// A required non-empty string (or a number, as its text).
+    fn string(&self, field: &str) -> Result<String, String> {
+        match self.payload.get(field) {
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+            Some(Value::Number(n)) => Ok(n.to_string()),
+            Some(_) => Err(format!(
+                "{}: field {field:?} must be a non-empty string",
+                self.op.name()
+            )),
+            None => Err(format!(
+                "{}: missing required field {field:?}",
+                self.op.name()
+            )),
+        }
+    }
+
+    /// `attributes`, a non-empty object.
+    fn attributes(&self) -> Result<Value, String> {
+        match self.payload.get("attributes") {
+            Some(Value::Object(m)) if !m.is_empty() => Ok(Value::Object(m.clone())),
+            Some(_) => Err(format!(
+                "{}: field \"attributes\" must be a non-empty object",
+                self.op.name()
+            )),
+            None => Err(format!(
+                "{}: missing required field \"attributes\"",
+                self.op.name()
+            )),
+        }
+    }
+
+    /// The mass update a payload names: `custom_ids` (or User.com's `ids`), `attribute`,
+    /// `value`.
+    fn mass_update(&self) -> Result<Request, String> {
+        let name = self.op.name();
+        let attribute = self.string("attribute")?;
+        let value = self
+            .payload
+            .get("value")
+            .ok_or_else(|| format!("{name}: missing required field \"value\""))?;
+        let (resource, ids) = match (self.payload.get("custom_ids"), self.payload.get("ids")) {
+            (Some(ids), None) => ("users-by-id", ids),
+            (None, Some(ids)) => ("users", ids),
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "{name}: give either \"custom_ids\" or \"ids\", not both"
+                ));
+            }
+            (None, None) => {
+                return Err(format!(
+                    "{name}: missing required field \"custom_ids\" (or \"ids\")"
+                ));
+            }
+        };
+        if ids.as_array().is_none_or(|a| a.is_empty()) {
+            return Err(format!("{name}: the user ids must be a non-empty array"));
+        }
+        Ok(Request {
+            method: Method::PUT,
+            segments: vec![resource.into(), "mass_update_custom_attributes".into()],
+            body: serde_json::json!({"ids": ids, "attribute": attribute, "value": value}),
+        })
     }
 }
 
