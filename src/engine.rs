@@ -79,7 +79,7 @@ impl Engine {
         Self {
             pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
             blocks: Arc::new(Blocks::default()),
-            health: Health::default(),
+            health: Health::new(clock.clone()),
             metrics: Arc::new(Metrics::new()),
             pool,
             settings,

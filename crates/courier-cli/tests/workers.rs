@@ -1,0 +1,155 @@
+//! Workers come and go (issue #28), with real `courier worker` processes: several on one
+//! host with the default settings all run, each at an address of its own that `courier
+//! status` lists; a killed holder's work resumes within seconds in a process younger than
+//! the liveness window; a start that fails leaves nothing behind.
+
+mod common;
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+/// `courier worker` on `url`, its log in `log` (it serves metrics nowhere unless the
+/// caller changes `COURIER_HTTP_ADDR` on the command before spawning it).
+fn worker(url: &str, log: &PathBuf) -> Command {
+    let mut command = courier();
+    command
+        .arg("worker")
+        .env("DATABASE_URL", url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(log).unwrap())
+        .stderr(std::fs::File::create(log.with_extension("err")).unwrap());
+    command
+}
+
+fn log_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "courier-workers-test-{}-{:08x}-{name}.log",
+        std::process::id(),
+        rand::random::<u32>()
+    ))
+}
+
+/// SIGTERM, then the exit status (SIGKILL after 30 s).
+fn stop(child: &mut Child) -> std::process::ExitStatus {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("worker {} did not stop within 30 s", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills every child left when a test fails half-way.
+struct Fleet(Vec<Child>);
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The work of a holder killed with SIGKILL resumes within 10 s in a process started just
+/// before the kill, far younger than the liveness window (15 s): the killed process's
+/// session being gone is evidence enough. Before, the young process judged nobody until it
+/// had been up for a whole window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_work_resumes_within_seconds_in_a_process_younger_than_the_window() {
+    let (db, target) = shop(&["customers"], 10, 1).await;
+    // 5 calls/s: the backlog lasts a minute.
+    sqlx::query("UPDATE connections SET requests_per_minute = 300")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    courier::enqueue::enqueue_many(&db.pool, "customers", burst("c", 300))
+        .await
+        .unwrap();
+    let (log_a, log_b) = (log_path("a"), log_path("b"));
+    let mut fleet = Fleet(vec![worker(&db.url, &log_a).spawn().unwrap()]);
+    let holder = format!("courier-%-{}-%", fleet.0[0].id());
+    eventually("the first worker holds the rule and calls", || async {
+        let held: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM rules WHERE lease_owner LIKE $1)")
+                .bind(&holder)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        held && target.counters().requests > 0
+    })
+    .await;
+
+    fleet.0.push(worker(&db.url, &log_b).spawn().unwrap());
+    let young_started = Instant::now();
+    let young = format!("courier-%-{}-%", fleet.0[1].id());
+    eventually("the second worker beats and names its session", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM workers WHERE name LIKE $1
+                            AND session_role IS NOT NULL)",
+        )
+        .bind(&young)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+
+    // Killed while it runs the rule's chain job and holds its lease (the young one cannot
+    // take the run on its own: it waits for the job to be put back).
+    eventually("the first worker runs the rule's job", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM rules WHERE lease_owner LIKE $1)
+                AND EXISTS (SELECT 1 FROM apalis.jobs WHERE status = 'Running' AND lock_by LIKE $1)",
+        )
+        .bind(&holder)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    fleet.0[0].kill().unwrap(); // SIGKILL
+    fleet.0[0].wait().unwrap();
+    let killed = Instant::now();
+    let calls_at_kill = target.counters().requests;
+    // Only the rule's lease holder calls, and the killed one calls no more.
+    within(
+        Duration::from_secs(10),
+        "the young worker resumes the killed one's run",
+        || async { target.counters().requests > calls_at_kill },
+    )
+    .await;
+    let resumed = Instant::now();
+    println!(
+        "resumed {:?} after the kill, the young worker {:?} old",
+        resumed - killed,
+        resumed - young_started
+    );
+    assert!(
+        resumed - young_started < Duration::from_secs(15),
+        "the resuming process was younger than the window: {:?}",
+        resumed - young_started
+    );
+    let mut b = fleet.0.remove(1);
+    fleet.0.clear();
+    assert!(stop(&mut b).success());
+    for log in [log_a, log_b] {
+        let _ = std::fs::remove_file(&log);
+        let _ = std::fs::remove_file(log.with_extension("err"));
+    }
+}
