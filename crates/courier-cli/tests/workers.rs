@@ -12,6 +12,7 @@ use std::{
 };
 
 use common::*;
+use sqlx::PgPool;
 
 /// `courier worker` on `url`, its log in `log` (it serves metrics nowhere unless the
 /// caller changes `COURIER_HTTP_ADDR` on the command before spawning it).
@@ -64,6 +65,118 @@ impl Drop for Fleet {
             let _ = c.wait();
         }
     }
+}
+
+/// What a worker leaves in the database: its `workers` rows, apalis' worker rows, rule
+/// leases, chain jobs locked by anyone.
+async fn left_behind(pool: &PgPool) -> (i64, i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM apalis.workers),
+                (SELECT count(*) FROM rules WHERE lease_owner IS NOT NULL),
+                (SELECT count(*) FROM apalis.jobs WHERE lock_by IS NOT NULL
+                                                    AND status IN ('Queued', 'Running'))",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A start that fails leaves nothing behind: no worker row that others take for alive, no
+/// apalis registration, no lease, no locked job; whether it failed on a bad setting, on an
+/// address the operator set that another process holds, on the database not answering a
+/// statement in time, or on a database that does not answer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_leaves_nothing_behind() {
+    let (db, _target) = shop(&["customers"], 10, 1).await;
+    courier::enqueue::enqueue_many(&db.pool, "customers", burst("c", 5))
+        .await
+        .unwrap();
+    let run = |envs: &[(&str, &str)]| {
+        let mut command = courier();
+        command.arg("worker").env("DATABASE_URL", &db.url);
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        let started = Instant::now();
+        let out = command.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            started.elapsed(),
+        )
+    };
+
+    // A bad setting.
+    let (code, err, _) = run(&[("COURIER_WORKER_CONCURRENCY", "lots")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("COURIER_WORKER_CONCURRENCY"), "{err}");
+    assert_eq!(left_behind(&db.pool).await, (0, 0, 0, 0), "bad setting");
+
+    // An address the operator set, held by another process: today's error, nothing left.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    let (code, err, _) = run(&[("COURIER_HTTP_ADDR", &busy)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot serve metrics and the dashboard on {busy} (COURIER_HTTP_ADDR"
+        )) && err.contains("in use"),
+        "{err}"
+    );
+    assert_eq!(left_behind(&db.pool).await, (0, 0, 0, 0), "busy address");
+    drop(taken);
+
+    // The database does not answer the start's statements in time (a table it writes at
+    // start is locked): the start fails once the statement times out.
+    let mut locker = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE circuits IN EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let (code, err, _) = run(&[("COURIER_DB_STATEMENT_TIMEOUT_SECONDS", "1")]);
+    locker.rollback().await.unwrap();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("statement timeout"), "{err}");
+    assert_eq!(
+        left_behind(&db.pool).await,
+        (0, 0, 0, 0),
+        "statement timeout"
+    );
+
+    // A database that accepts the connection and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!(
+        "postgres://postgres@{}/courier?sslmode=disable",
+        silent.local_addr().unwrap()
+    );
+    let mut command = courier();
+    command
+        .arg("worker")
+        .env("DATABASE_URL", &silent_url)
+        .env("COURIER_DB_CONNECT_TIMEOUT_SECONDS", "1");
+    let started = Instant::now();
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "gave up after {:?}: {err}",
+        started.elapsed()
+    );
+    drop(silent);
+    assert_eq!(left_behind(&db.pool).await, (0, 0, 0, 0), "silent database");
+
+    // And the next worker starts at once and delivers, nothing to wait out.
+    let log = log_path("after");
+    let mut fleet = Fleet(vec![worker(&db.url, &log).spawn().unwrap()]);
+    within(Duration::from_secs(10), "the backlog delivered", || async {
+        delivered(&db.pool).await == 5
+    })
+    .await;
+    assert!(stop(&mut fleet.0[0]).success());
+    fleet.0.clear();
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(log.with_extension("err"));
 }
 
 /// The work of a holder killed with SIGKILL resumes within 10 s in a process started just
