@@ -1,5 +1,6 @@
 //! `courier status`: connections with their circuit, rules with their backlog and last run,
-//! and the most recent runs, as a table for people or JSON for machines.
+//! the live worker processes with where each serves its metrics, and the most recent runs,
+//! as a table for people or JSON for machines.
 
 use std::fmt::Write;
 
@@ -145,6 +146,19 @@ impl RunLine {
     }
 }
 
+/// One live worker process.
+#[derive(Debug, Serialize)]
+pub struct WorkerLine {
+    /// Its unique name (`courier-<host>-<pid>-<random>`).
+    pub name: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last beat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// Where it serves `/metrics` and the dashboard (`None`: nowhere).
+    pub http_addr: Option<String>,
+}
+
 /// Everything `courier status` shows.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -152,6 +166,8 @@ pub struct Report {
     pub connections: Vec<ConnectionStatus>,
     /// Rules.
     pub rules: Vec<RuleStatus>,
+    /// The live worker processes, oldest first.
+    pub workers: Vec<WorkerLine>,
     /// The 15 most recent runs.
     pub recent_runs: Vec<RunLine>,
     /// Connections and rules left alone because they cannot be used, and why.
@@ -170,8 +186,31 @@ pub struct Problem {
     pub until: DateTime<Utc>,
 }
 
-/// Reads the report.
+/// Reads the report, judging workers alive by the default liveness window.
 pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::Error> {
+    let window = std::time::Duration::from_secs(crate::config::DEFAULT_WORKER_DEAD_AFTER_SECS);
+    report_with(pool, now, window).await
+}
+
+/// Reads the report; a worker is listed while alive by `worker_dead_after`
+/// (`COURIER_WORKER_DEAD_AFTER_SECONDS`), as the rescuer judges it.
+pub async fn report_with(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    worker_dead_after: std::time::Duration,
+) -> Result<Report, sqlx::Error> {
+    let window = chrono::Duration::from_std(worker_dead_after).unwrap_or(chrono::Duration::MAX);
+    // Two beats, as the rescuer's grace for a process whose session is gone.
+    let grace = window * 2 / 5;
+    let workers = sqlx::query_as!(
+        WorkerLine,
+        r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr FROM workers w
+           WHERE courier_worker_alive(w, $1, $2) ORDER BY w.started_at, w.name"#,
+        now - window,
+        now - grace
+    )
+    .fetch_all(pool)
+    .await?;
     let connections = sqlx::query_as!(
         ConnectionStatus,
         r#"SELECT c.name, c.writer, courier_budget_key(c) AS "budget_key!",
@@ -251,6 +290,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
     Ok(Report {
         connections,
         rules,
+        workers,
         recent_runs,
         problems,
     })
@@ -363,6 +403,24 @@ impl Report {
                     .collect::<Vec<_>>(),
             );
         }
+        out += "\nWORKERS (live)\n";
+        out += &table(
+            &["name", "started", "last beat", "metrics and dashboard"],
+            &self
+                .workers
+                .iter()
+                .map(|w| {
+                    vec![
+                        w.name.clone(),
+                        time(Some(w.started_at)),
+                        time(Some(w.heartbeat_at)),
+                        w.http_addr
+                            .as_ref()
+                            .map_or_else(|| "-".into(), |a| format!("http://{a}/")),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        );
         out += "\nRECENT RUNS\n";
         out += &table(
             &[

@@ -33,7 +33,8 @@ enum Command {
     #[command(subcommand)]
     Db(DbCmd),
     /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C; serves
-    /// metrics and the dashboard on COURIER_HTTP_ADDR (127.0.0.1:9187; empty: off).
+    /// metrics and the dashboard on COURIER_HTTP_ADDR (unset: 127.0.0.1:9187, or the next
+    /// free port up to 9196 when another worker holds it, past them any; empty: off).
     Worker,
     /// Enqueue deliveries for a rule from NDJSON (stdin or a file), all or nothing.
     Enqueue {
@@ -416,10 +417,13 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             db::migrate(&pool).await?;
             let engine = Arc::new(Engine::new(pool, settings));
             let server = match engine.settings.http_addr {
-                Some(addr) => Some(web::start(engine.clone(), addr).await?),
-                None => None,
+                config::HttpAddr::Default => Some(web::start_default(engine.clone()).await?),
+                config::HttpAddr::Set(addr) => Some(web::start(engine.clone(), addr).await?),
+                config::HttpAddr::Off => None,
             };
             if let Some(server) = &server {
+                // Recorded in this process's `workers` row by its first beat.
+                let _ = engine.http_addr.set(server.addr);
                 tracing::info!(addr = %server.addr, "serving /metrics and the dashboard");
             }
             worker::cancel_on_signal(engine.shutdown.clone());
@@ -692,7 +696,12 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             }
         }
         Command::Status { json } => {
-            let report = status::report(&pool().await?, chrono::Utc::now()).await?;
+            let report = status::report_with(
+                &pool().await?,
+                chrono::Utc::now(),
+                settings.worker_dead_after,
+            )
+            .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -67,6 +67,21 @@ impl Drop for Fleet {
     }
 }
 
+/// `courier status --json` on `url`.
+fn status_json(url: &str) -> serde_json::Value {
+    let out = courier()
+        .args(["status", "--json"])
+        .env("DATABASE_URL", url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// What a worker leaves in the database: its `workers` rows, apalis' worker rows, rule
 /// leases, chain jobs locked by anyone.
 async fn left_behind(pool: &PgPool) -> (i64, i64, i64, i64) {
@@ -79,6 +94,108 @@ async fn left_behind(pool: &PgPool) -> (i64, i64, i64, i64) {
     .fetch_one(pool)
     .await
     .unwrap()
+}
+
+/// Three workers started on one host with the default settings (no `COURIER_HTTP_ADDR`)
+/// all run and deliver; each serves its metrics at an address of its own, logs it, and
+/// `courier status` (table and JSON) lists it; each stops cleanly and removes its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_workers_on_one_host_with_the_defaults_all_run_each_at_its_own_address() {
+    let (db, target) = shop(&["a", "b", "c"], 10, 2).await;
+    let logs: Vec<PathBuf> = (0..3).map(|i| log_path(&format!("w{i}"))).collect();
+    let mut fleet = Fleet(Vec::new());
+    for log in &logs {
+        let child = worker(&db.url, log)
+            .env_remove("COURIER_HTTP_ADDR")
+            .spawn()
+            .unwrap();
+        fleet.0.push(child);
+    }
+    // Every one runs: none exits at start, all three are listed with an address.
+    let mut listed = serde_json::Value::Null;
+    eventually("three live workers listed with their addresses", || {
+        for c in &mut fleet.0 {
+            let exited = c.try_wait().unwrap();
+            assert!(exited.is_none(), "a worker exited at start: {exited:?}");
+        }
+        listed = status_json(&db.url)["workers"].clone();
+        let ok = listed
+            .as_array()
+            .is_some_and(|w| w.len() == 3 && w.iter().all(|w| w["http_addr"].is_string()));
+        async move { ok }
+    })
+    .await;
+    let mut addrs: Vec<String> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["http_addr"].as_str().unwrap().to_owned())
+        .collect();
+    for addr in &addrs {
+        let text = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(text.trim_end().ends_with("# EOF"), "{addr}: {text}");
+        let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+        assert!(port != 0, "{addr}");
+    }
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 3, "one address each: {addrs:?}");
+    let table = courier()
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    for addr in &addrs {
+        assert!(table.contains(&format!("http://{addr}/")), "{table}");
+    }
+
+    // They deliver.
+    for rule in ["a", "b", "c"] {
+        courier::enqueue::enqueue_many(&db.pool, rule, burst(rule, 20))
+            .await
+            .unwrap();
+    }
+    eventually("every delivery delivered", || async {
+        delivered(&db.pool).await == 60
+    })
+    .await;
+    assert_eq!(target.counters().requests, 60);
+
+    for c in &mut fleet.0 {
+        let status = stop(c);
+        assert!(status.success(), "{status}");
+    }
+    fleet.0.clear();
+    let mut logged = String::new();
+    for log in &logs {
+        logged += &std::fs::read_to_string(log.with_extension("err")).unwrap();
+        let _ = std::fs::remove_file(log);
+        let _ = std::fs::remove_file(log.with_extension("err"));
+    }
+    for addr in &addrs {
+        assert!(
+            logged.contains("serving /metrics and the dashboard") && logged.contains(addr),
+            "each address is logged: {addr}\n{logged}"
+        );
+    }
+    assert_eq!(
+        left_behind(&db.pool).await.0,
+        0,
+        "clean stops remove their rows"
+    );
+    assert!(
+        status_json(&db.url)["workers"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// A start that fails leaves nothing behind: no worker row that others take for alive, no
