@@ -860,13 +860,14 @@ impl Harness {
             anyhow::ensure!(!pids.is_empty(), "no worker left to kill");
             let busy = self.busy(&pids).await?;
             let oldest = pids[0];
-            let (victim, victim_rules) = if i % 2 == 1 && !busy.is_empty() {
+            let as_holder = i % 2 == 1 && !busy.is_empty();
+            let victim = if as_holder {
                 let candidates: Vec<u32> = busy.keys().copied().collect();
-                let pid = candidates[self.rng.random_range(0..candidates.len())];
-                (pid, busy.get(&pid).cloned().unwrap_or_default())
+                candidates[self.rng.random_range(0..candidates.len())]
             } else {
-                (oldest, busy.get(&oldest).cloned().unwrap_or_default())
+                oldest
             };
+            let victim_rules = busy.get(&victim).cloned().unwrap_or_default();
             let mut victim_rules = victim_rules;
             victim_rules.sort();
             victim_rules.dedup();
@@ -877,10 +878,10 @@ impl Harness {
             println!(
                 "chaos: rolling kill {i}/{kills} at {:.1} s: pid {victim} ({}; {}), {in_flight} calls in flight",
                 self.secs(at),
-                if victim == oldest {
-                    "the oldest"
-                } else {
+                if as_holder {
                     "a lease holder"
+                } else {
+                    "the oldest"
                 },
                 if victim_rules.is_empty() {
                     "held no lease".to_owned()
