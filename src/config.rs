@@ -54,6 +54,34 @@ pub const DEFAULT_RETENTION_DAYS: u64 = 7;
 pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,apalis=warn";
 /// Default `COURIER_HTTP_ADDR`: the worker's metrics and dashboard, on loopback only.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9187";
+/// With `COURIER_HTTP_ADDR` unset, the ports a worker tries in turn: the default address's
+/// and the ones after it (9187 to 9196), so several workers on one host each serve on a
+/// port a Prometheus configuration can name in advance. Past them, any free port.
+pub const DEFAULT_HTTP_PORTS: u16 = 10;
+
+/// Where the worker serves `/metrics` and the dashboard (`COURIER_HTTP_ADDR`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpAddr {
+    /// Unset: [`DEFAULT_HTTP_ADDR`], or when another process holds it the next free of
+    /// the [`DEFAULT_HTTP_PORTS`] ports from it, or past them any free port on the same
+    /// interface. The address taken is logged and listed by `courier status`.
+    Default,
+    /// Set by the operator: this address, or the start fails naming it.
+    Set(std::net::SocketAddr),
+    /// Set empty: nothing is served.
+    Off,
+}
+
+impl HttpAddr {
+    /// The address asked for first (`None`: nothing served).
+    pub fn first(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Self::Default => Some(DEFAULT_HTTP_ADDR.parse().expect("default address parses")),
+            Self::Set(addr) => Some(*addr),
+            Self::Off => None,
+        }
+    }
+}
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,9 +196,10 @@ pub struct Settings {
     /// (0 keeps everything: `None`), or `COURIER_RETENTION_SECONDS` when set (for benches
     /// and tests; it wins over the days).
     pub retention: Option<Duration>,
-    /// `COURIER_HTTP_ADDR`: where the worker serves `/metrics` and the dashboard; `None`
-    /// (the variable set empty) serves nothing.
-    pub http_addr: Option<std::net::SocketAddr>,
+    /// `COURIER_HTTP_ADDR`: where the worker serves `/metrics` and the dashboard: unset,
+    /// the default address or the next free port after it; an address, that one (taken:
+    /// the start fails); empty, nothing.
+    pub http_addr: HttpAddr,
     /// `COURIER_HTTP_TOKEN`: the bearer token the dashboard's actions require; without
     /// one the dashboard is read-only.
     pub http_token: Option<HttpToken>,
@@ -246,7 +275,7 @@ impl Default for Settings {
             throttle_max_wait: Duration::from_secs(DEFAULT_THROTTLE_MAX_WAIT_SECS),
             breaker: BreakerSettings::default(),
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
-            http_addr: Some(DEFAULT_HTTP_ADDR.parse().expect("default address parses")),
+            http_addr: HttpAddr::Default,
             http_token: None,
             retention: Some(Duration::from_secs(DEFAULT_RETENTION_DAYS * 86_400)),
         }
@@ -370,8 +399,8 @@ impl Settings {
             shutdown_timeout: secs("COURIER_SHUTDOWN_TIMEOUT_SECONDS", d.shutdown_timeout, 0)?,
             http_addr: match get("COURIER_HTTP_ADDR") {
                 None => d.http_addr,
-                Some(v) if v.trim().is_empty() => None,
-                Some(v) => Some(v.trim().parse().map_err(|_| {
+                Some(v) if v.trim().is_empty() => HttpAddr::Off,
+                Some(v) => HttpAddr::Set(v.trim().parse().map_err(|_| {
                     ConfigError {
                         name: "COURIER_HTTP_ADDR".into(),
                         value: v.clone(),
@@ -582,10 +611,17 @@ mod tests {
             Settings::from_lookup(move |n| (n == "COURIER_HTTP_ADDR").then(|| addr.to_owned()))
         };
         let d = Settings::from_lookup(|_| None).unwrap();
-        assert_eq!(d.http_addr.unwrap().to_string(), DEFAULT_HTTP_ADDR);
-        assert!(d.http_addr.unwrap().ip().is_loopback());
-        assert_eq!(with("").unwrap().http_addr, None);
-        assert_eq!(with("0.0.0.0:80").unwrap().http_addr.unwrap().port(), 80);
+        assert_eq!(d.http_addr, HttpAddr::Default);
+        assert_eq!(d.http_addr.first().unwrap().to_string(), DEFAULT_HTTP_ADDR);
+        assert!(d.http_addr.first().unwrap().ip().is_loopback());
+        assert_eq!(with("").unwrap().http_addr, HttpAddr::Off);
+        let set = with("0.0.0.0:80").unwrap().http_addr;
+        assert_eq!(set, HttpAddr::Set("0.0.0.0:80".parse().unwrap()));
+        assert_eq!(
+            with(DEFAULT_HTTP_ADDR).unwrap().http_addr,
+            HttpAddr::Set(DEFAULT_HTTP_ADDR.parse().unwrap()),
+            "the default address set by hand is the operator's: no other port is tried"
+        );
         let e = with("localhost").unwrap_err();
         assert_eq!(e.name, "COURIER_HTTP_ADDR");
     }

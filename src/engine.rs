@@ -39,6 +39,10 @@ pub struct Engine {
     pub health: Health,
     /// This process's Prometheus counters (served by the binary at `/metrics`).
     pub metrics: Arc<Metrics>,
+    /// Where this process serves its metrics and dashboard, once the binary has bound the
+    /// address (set before the first beat, which records it in the `workers` row so that
+    /// `courier status` lists it).
+    pub http_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Engine {
@@ -79,8 +83,9 @@ impl Engine {
         Self {
             pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
             blocks: Arc::new(Blocks::default()),
-            health: Health::default(),
+            health: Health::new(clock.clone()),
             metrics: Arc::new(Metrics::new()),
+            http_addr: std::sync::OnceLock::new(),
             pool,
             settings,
             clock,

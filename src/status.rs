@@ -1,5 +1,6 @@
 //! `courier status`: connections with their circuit, rules with their backlog and last run,
-//! and the most recent runs, as data (the command line renders it as tables for people,
+//! the live worker processes with where each serves its metrics, and the most recent runs,
+//! as data (the command line renders it as tables for people,
 //! or as JSON for machines; the dashboard as HTML).
 
 use chrono::{DateTime, Utc};
@@ -106,6 +107,19 @@ pub struct RunLine {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+/// One live worker process.
+#[derive(Debug, Serialize)]
+pub struct WorkerLine {
+    /// Its unique name (`courier-<host>-<pid>-<random>`).
+    pub name: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last beat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// Where it serves `/metrics` and the dashboard (`None`: nowhere).
+    pub http_addr: Option<String>,
+}
+
 /// Everything `courier status` shows.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -113,6 +127,8 @@ pub struct Report {
     pub connections: Vec<ConnectionStatus>,
     /// Rules.
     pub rules: Vec<RuleStatus>,
+    /// The live worker processes, oldest first.
+    pub workers: Vec<WorkerLine>,
     /// The 15 most recent runs.
     pub recent_runs: Vec<RunLine>,
     /// Connections and rules left alone because they cannot be used, and why.
@@ -131,8 +147,31 @@ pub struct Problem {
     pub until: DateTime<Utc>,
 }
 
-/// Reads the report.
+/// Reads the report, judging workers alive by the default liveness window.
 pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::Error> {
+    let window = std::time::Duration::from_secs(crate::config::DEFAULT_WORKER_DEAD_AFTER_SECS);
+    report_with(pool, now, window).await
+}
+
+/// Reads the report; a worker is listed while alive by `worker_dead_after`
+/// (`COURIER_WORKER_DEAD_AFTER_SECONDS`), as the rescuer judges it.
+pub async fn report_with(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    worker_dead_after: std::time::Duration,
+) -> Result<Report, sqlx::Error> {
+    let window = chrono::Duration::from_std(worker_dead_after).unwrap_or(chrono::Duration::MAX);
+    // Two beats, as the rescuer's grace for a process whose session is gone.
+    let grace = window * 2 / 5;
+    let workers = sqlx::query_as!(
+        WorkerLine,
+        r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr FROM workers w
+           WHERE courier_worker_alive(w, $1, $2) ORDER BY w.started_at, w.name"#,
+        now - window,
+        now - grace
+    )
+    .fetch_all(pool)
+    .await?;
     let connections = sqlx::query_as!(
         ConnectionStatus,
         r#"SELECT c.name, c.writer, courier_budget_key(c) AS "budget_key!",
@@ -214,6 +253,7 @@ pub async fn report(pool: &PgPool, now: DateTime<Utc>) -> Result<Report, sqlx::E
     Ok(Report {
         connections,
         rules,
+        workers,
         recent_runs,
         problems,
     })

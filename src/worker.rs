@@ -3,10 +3,14 @@
 //! the maintenance loops, and a graceful stop on SIGTERM or Ctrl-C (stop taking work, let
 //! in-flight calls finish within the shutdown timeout, record them).
 //!
-//! Start-up order: the first heartbeat; then the loops, the queue listener and the apalis
+//! Start-up order: what may fail without leaving anything behind (the unusable marks
+//! forgotten); the first heartbeat; then the loops, the queue listener and the apalis
 //! worker (which fetches once it registered, and again each time the listener subscribes);
 //! the dispatcher only once the listener listens, so no job it pushes is announced to
-//! nobody. "worker started" is logged then.
+//! nobody. "worker started" is logged then. From the first beat on, every way out (a
+//! stop, or a part that failed) goes through the same end: the queue worker stopped, the
+//! jobs this process still holds and its leases put back, its `workers` row removed; so a
+//! start that fails leaves nothing another process must wait out.
 
 use std::{
     sync::Arc,
@@ -109,10 +113,11 @@ pub async fn run(engine: Arc<Engine>) -> anyhow::Result<()> {
 /// fetches and restarts.
 pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Result<()> {
     let shutdown = engine.shutdown.clone();
+    // Before the first beat: a start that fails here has written nothing of its own.
+    crate::breaker::forget_unusable(&engine.pool).await?;
     // The first beat precedes any job this process takes: a job locked by a process
     // without a beat would be taken for a dead one's.
     Heartbeat::new(&engine).run_once().await?;
-    crate::breaker::forget_unusable(&engine.pool).await?;
     // The beat goes on until the jobs in flight have finished (a stop waits for them):
     // a process that stopped beating first would see them taken for a dead one's.
     let beat_stop = tokio_util::sync::CancellationToken::new();
@@ -181,29 +186,31 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
     });
     let mut monitor = std::pin::pin!(monitor);
     // Whichever ends first: the queue worker (stopped, or failed for good) or the
-    // dispatcher (which returns before a stop only when it could not start).
-    let (monitor_done, dispatched) = tokio::select! {
-        ran = &mut monitor => {
-            ran?;
-            (true, None)
-        }
-        ended = &mut dispatcher => (false, Some(ended)),
+    // dispatcher (which returns before a stop only when it could not start). Whatever
+    // failed, the end below runs in full; the first failure is the process's reason.
+    let dispatched = |ended: Result<Result<(), sqlx::Error>, tokio::task::JoinError>| match ended {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(anyhow::Error::new(e).context("the dispatcher could not run")),
+        Err(e) => Some(anyhow::Error::new(e).context("the dispatcher panicked")),
     };
-    let dispatcher_ended = dispatched.is_some();
-    let failure = match dispatched {
-        Some(Ok(Ok(()))) | None => None,
-        Some(Ok(Err(e))) => Some(anyhow::Error::new(e).context("the dispatcher could not run")),
-        Some(Err(e)) => Some(anyhow::Error::new(e).context("the dispatcher panicked")),
+    let (mut failure, monitor_done, dispatcher_done) = tokio::select! {
+        ran = &mut monitor => {
+            let failed = ran.err().map(|e| anyhow::Error::new(e).context("the chain worker failed"));
+            (failed, true, false)
+        }
+        ended = &mut dispatcher => (dispatched(ended), false, true),
     };
     shutdown.cancel();
-    if !monitor_done {
-        monitor.await?;
+    if !monitor_done && let Err(e) = monitor.await {
+        failure.get_or_insert(anyhow::Error::new(e).context("the chain worker failed"));
     }
-    if !dispatcher_ended {
-        dispatcher.await??;
+    if !dispatcher_done && let Some(e) = dispatched(dispatcher.await) {
+        failure.get_or_insert(e);
     }
     for handle in loops {
-        handle.await?;
+        if let Err(e) = handle.await {
+            failure.get_or_insert(anyhow::Error::new(e).context("a maintenance loop panicked"));
+        }
     }
     match Rescuer::new(&engine).release_own().await {
         Ok(jobs) if !jobs.is_empty() => {
@@ -219,7 +226,9 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
         ),
     }
     beat_stop.cancel();
-    beat.await?;
+    if let Err(e) = beat.await {
+        failure.get_or_insert(anyhow::Error::new(e).context("the heartbeat panicked"));
+    }
     match failure {
         Some(reason) => Err(reason),
         None => {

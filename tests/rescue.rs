@@ -233,3 +233,113 @@ async fn a_job_whose_run_moved_on_leaves_the_lease_free() {
     assert_eq!(leased, 0, "the lease is free for the run's job");
     assert_eq!(target.counters().requests, 0, "nothing called");
 }
+
+/// How far a process may judge others follows its own view of the database (issue #28).
+/// Just started, it judges nobody; once it has reached the database for two beats and
+/// ever since it started, it takes for dead only a process whose named session is gone
+/// (killed): not one whose beat alone has lapsed, as every beat looks lapsed to a process
+/// that was itself cut off; after a whole window, both. A process that was cut off from the
+/// database since it started judges nobody again until it has reached it for a window.
+#[tokio::test]
+async fn a_young_process_takes_only_the_killed_for_dead_and_one_cut_off_nobody() {
+    use courier::maintenance::rescuer::Judgement;
+
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &["a", "b", "c"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    for rule in ["a", "b", "c"] {
+        enqueue::enqueue_many(&db.pool, rule, burst(rule, 2))
+            .await
+            .unwrap();
+    }
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let jobs: Vec<String> = sqlx::query_scalar("SELECT id FROM apalis.jobs ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 3);
+    let rescuer = Rescuer::new(&engine);
+    assert_eq!(rescuer.judgement(), None, "just started: judges nobody");
+
+    // Three others, each holding a job: one killed 7 s after its last beat (its named
+    // session gone), one whose beat lapsed 20 s ago while its session is open (it cannot
+    // write, or this process's view of the beats is behind), one that named no session
+    // and last beat 20 s ago.
+    let now = engine.clock.now();
+    let open = sqlx::postgres::PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .application_name("courier-lapsed");
+    let lapsed_session = sqlx::PgConnection::connect_with(&open).await.unwrap();
+    for (name, job, beat, named) in [
+        ("courier-killed", &jobs[0], now - Span::seconds(7), true),
+        ("courier-lapsed", &jobs[1], now - Span::seconds(20), true),
+        ("courier-unnamed", &jobs[2], now - Span::seconds(20), false),
+    ] {
+        sqlx::query(
+            "INSERT INTO workers (name, started_at, heartbeat_at, session_role)
+             VALUES ($1, $2, $2, CASE WHEN $3 THEN current_user END)",
+        )
+        .bind(name)
+        .bind(beat)
+        .bind(named)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        held_by(&db.pool, name, job, "Running").await;
+    }
+    // A lease the killed one held.
+    sqlx::query(
+        "UPDATE rules SET lease_owner = 'courier-killed/1', lease_until = now() + interval '1 hour'
+         WHERE name = 'a'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    // Two beats (6 s of the 15 s window) after its start, never cut off.
+    engine.clock.advance(Span::seconds(5));
+    assert_eq!(rescuer.judgement(), None);
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(rescuer.judgement(), Some(Judgement::SessionGone));
+    let rescued = rescuer.run_as(Judgement::SessionGone).await.unwrap();
+    assert_eq!(
+        rescued.requeued,
+        vec![jobs[0].clone()],
+        "only the killed one's"
+    );
+    assert!(rescued.resumed.is_empty());
+    let leased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM rules WHERE lease_owner IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(leased, 0, "the killed one's lease is free");
+    assert!(
+        rescuer
+            .run_as(Judgement::SessionGone)
+            .await
+            .unwrap()
+            .requeued
+            .is_empty(),
+        "a lapsed beat alone is no proof for a young process"
+    );
+
+    // Cut off from the database for a moment: it judges nobody, not even by sessions,
+    // until it has reached the database for a whole window again.
+    engine.health.failed(&sqlx::Error::PoolTimedOut);
+    assert_eq!(rescuer.judgement(), None);
+    engine.health.ok();
+    engine.clock.advance(Span::seconds(14));
+    assert_eq!(
+        rescuer.judgement(),
+        None,
+        "cut off once: sessions are not enough"
+    );
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(rescuer.judgement(), Some(Judgement::Full));
+    let mut requeued = rescuer.run_as(Judgement::Full).await.unwrap().requeued;
+    requeued.sort();
+    assert_eq!(requeued, vec![jobs[1].clone(), jobs[2].clone()]);
+    lapsed_session.close().await.unwrap();
+}

@@ -1,6 +1,8 @@
 //! The process heartbeat (table `workers`, owned here): every worker process writes its
 //! beat a few times per `worker_dead_after` window. The [rescuer](super::rescuer) takes a
-//! process whose beat has lapsed for dead. A process that stops cleanly removes its row.
+//! process whose beat has lapsed for dead. The row also says where the process serves its
+//! metrics and dashboard (`http_addr`), for `courier status`. A process that stops cleanly
+//! (or fails once it has beaten) removes its row.
 
 use tokio_util::sync::CancellationToken;
 
@@ -22,10 +24,11 @@ impl<'a> Heartbeat<'a> {
     pub async fn run_once(&self) -> Result<(), sqlx::Error> {
         let now = self.engine.clock.now();
         let beat = sqlx::query!(
-            "INSERT INTO workers (name, started_at, heartbeat_at) VALUES ($1, $2, $2)
+            "INSERT INTO workers (name, started_at, heartbeat_at, http_addr) VALUES ($1, $2, $2, $3)
              ON CONFLICT (name) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at",
             self.engine.worker_name,
-            now
+            now,
+            self.engine.http_addr.get().map(|a| a.to_string())
         )
         .execute(&self.engine.pool)
         .await;

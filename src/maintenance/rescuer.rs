@@ -13,9 +13,15 @@
 //! after the session it named for itself (its queue listener's) has gone: a kill -9 closes
 //! the socket and the server drops the session at once (`courier_worker_alive`).
 //!
-//! A pass only judges others after this process has reached the database for a whole
-//! window itself (see [`Health`](crate::health::Health)): right after an outage every
-//! process looks dead until it beats again.
+//! How far a pass may judge others depends on this process's own view ([`Judgement`]):
+//! right after an outage every process looks dead until it beats again, so a process that
+//! has been cut off from the database judges nobody until it has reached it for a whole
+//! window again. A process that has reached the database ever since it started, for two
+//! beats, may already take for dead those whose session is gone (the killed ones): every
+//! live process it can see has beaten within that time, so a gone session with a beat
+//! older than two beats is evidence of its own; a lapsed beat alone waits for the window.
+//! So a fleet whose every process is younger than the window (a rolling restart, a crash
+//! loop) still resumes a killed holder's work within seconds.
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -29,6 +35,18 @@ use crate::{
 /// `worker_dead_after` windows was dropped (a queue worker's restart that could not put it
 /// back); its run gets a new job.
 const NEVER_STARTED_WINDOWS: i32 = 4;
+
+/// What a pass may take for dead, given what this process knows about its own view of
+/// the database (see [`Rescuer::judgement`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judgement {
+    /// A process whose beat has lapsed for the window, or whose named session is gone
+    /// and whose beat is two beats old; and runs whose job ended without moving them on.
+    Full,
+    /// Only a process whose named session is gone and whose beat is two beats old (the
+    /// evidence a young process can trust); no run is given a new job.
+    SessionGone,
+}
 
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -51,8 +69,29 @@ impl<'a> Rescuer<'a> {
         Self { engine }
     }
 
-    /// One pass.
+    /// How far this process may judge others now: [`Judgement::Full`] once it has reached
+    /// the database for a whole `worker_dead_after` window; [`Judgement::SessionGone`]
+    /// once it has reached it for two beats and ever since it started; else not at all
+    /// (it was cut off from the database lately, or it has only just started).
+    pub fn judgement(&self) -> Option<Judgement> {
+        let (health, settings) = (&self.engine.health, &self.engine.settings);
+        if health.healthy_for(settings.worker_dead_after) {
+            Some(Judgement::Full)
+        } else if health.never_cut_off_for(2 * settings.heartbeat_every()) {
+            Some(Judgement::SessionGone)
+        } else {
+            None
+        }
+    }
+
+    /// One pass with the full judgement (tests call it; [`Rescuer::run`] passes the
+    /// judgement this process may make at the time).
     pub async fn run_once(&self) -> Result<Rescued, sqlx::Error> {
+        self.run_as(Judgement::Full).await
+    }
+
+    /// One pass that takes for dead only what `judgement` allows.
+    pub async fn run_as(&self, judgement: Judgement) -> Result<Rescued, sqlx::Error> {
         let now = self.engine.clock.now();
         let window = chrono::Duration::from_std(self.engine.settings.worker_dead_after)
             .expect("a few seconds");
@@ -62,7 +101,21 @@ impl<'a> Rescuer<'a> {
             - chrono::Duration::from_std(2 * self.engine.settings.heartbeat_every())
                 .expect("a few seconds");
         let mut tx = self.engine.pool.begin().await?;
-        let requeued = requeue_dead(&mut tx, cutoff, grace, now).await?;
+        let beat_cutoff = (judgement == Judgement::Full).then_some(cutoff);
+        let requeued = requeue_dead(&mut tx, beat_cutoff, grace, now).await?;
+        if judgement == Judgement::SessionGone {
+            if !requeued.is_empty() {
+                queue::wake_fetchers(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            for id in &requeued {
+                tracing::warn!(task = %id, "job of a killed worker put back in the queue");
+            }
+            return Ok(Rescued {
+                requeued,
+                resumed: Vec::new(),
+            });
+        }
         // Runs whose job ended without moving them on, or was fetched long ago by a process
         // that never started it. A job `Running` in a live process is its business (it
         // beats while it calls; a slow database only delays the beat), and a job `Queued`
@@ -176,8 +229,8 @@ impl<'a> Rescuer<'a> {
         Ok(released)
     }
 
-    /// Runs passes every `heartbeat_every` until `shutdown`, each only once this process
-    /// has been reaching the database for a whole `worker_dead_after` window.
+    /// Runs passes every `heartbeat_every` until `shutdown`, each with the judgement this
+    /// process may make at the time ([`Rescuer::judgement`]).
     pub async fn run(self, shutdown: CancellationToken) {
         let settings = &self.engine.settings;
         super::every(
@@ -186,8 +239,8 @@ impl<'a> Rescuer<'a> {
             &self.engine.health,
             shutdown,
             || async {
-                if self.engine.health.healthy_for(settings.worker_dead_after) {
-                    self.run_once().await?;
+                if let Some(judgement) = self.judgement() {
+                    self.run_as(judgement).await?;
                 }
                 Ok(())
             },
@@ -197,10 +250,11 @@ impl<'a> Rescuer<'a> {
 }
 
 /// Puts jobs held by dead processes back in the queue (same id, no attempt counted) and
-/// frees the leases those processes held; returns the jobs' ids.
+/// frees the leases those processes held; returns the jobs' ids. Without a `cutoff`, a
+/// lapsed beat alone is no proof of death: only a gone session is.
 async fn requeue_dead(
     tx: &mut sqlx::PgConnection,
-    cutoff: DateTime<Utc>,
+    cutoff: Option<DateTime<Utc>>,
     grace: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, sqlx::Error> {
@@ -209,7 +263,7 @@ async fn requeue_dead(
          WHERE lease_owner IS NOT NULL AND NOT EXISTS (
              SELECT 1 FROM workers w
              WHERE w.name = split_part(rules.lease_owner, '/', 1)
-               AND courier_worker_alive(w, $1, $2))
+               AND courier_worker_alive(w, COALESCE($1::timestamptz, '-infinity'), $2))
            AND EXISTS (SELECT 1 FROM workers w WHERE w.name = split_part(rules.lease_owner, '/', 1))",
         cutoff,
         grace
@@ -221,7 +275,8 @@ async fn requeue_dead(
                 run_at = $4, attempts = LEAST(attempts, $5)
          WHERE j.job_type = $1 AND j.status IN ('Queued', 'Running')
            AND NOT EXISTS (SELECT 1 FROM workers w
-                           WHERE w.name = j.lock_by AND courier_worker_alive(w, $2, $3))
+                           WHERE w.name = j.lock_by
+                             AND courier_worker_alive(w, COALESCE($2::timestamptz, '-infinity'), $3))
          RETURNING j.id",
         CHAIN_QUEUE,
         cutoff,

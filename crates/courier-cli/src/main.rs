@@ -33,7 +33,8 @@ enum Command {
     #[command(subcommand)]
     Db(DbCmd),
     /// Run the worker: dispatcher, reaper and chain jobs, until SIGTERM or Ctrl-C; serves
-    /// metrics and the dashboard on COURIER_HTTP_ADDR (127.0.0.1:9187; empty: off).
+    /// metrics and the dashboard on COURIER_HTTP_ADDR (unset: 127.0.0.1:9187, or the next
+    /// free port up to 9196 when another worker holds it, past them any; empty: off).
     Worker,
     /// Enqueue deliveries for a rule from NDJSON (stdin or a file), all or nothing.
     Enqueue(EnqueueArgs),

@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
-use courier::status::{ConnectionStatus, Problem, Report, RuleStatus, RunLine};
+use courier::status::{ConnectionStatus, Problem, Report, RuleStatus, RunLine, WorkerLine};
 
 /// Renders rows as aligned columns under `headers`.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -103,9 +103,31 @@ pub fn status(report: &Report) -> String {
         out += "\nPROBLEMS (left alone until changed or the time given)\n";
         out += &problems(&report.problems);
     }
+    out += "\nWORKERS (live)\n";
+    out += &workers(&report.workers);
     out += "\nRECENT RUNS\n";
     out += &runs(&report.recent_runs);
     out
+}
+
+fn workers(workers: &[WorkerLine]) -> String {
+    let rows: Vec<Vec<String>> = workers
+        .iter()
+        .map(|w| {
+            vec![
+                w.name.clone(),
+                time(Some(w.started_at)),
+                time(Some(w.heartbeat_at)),
+                w.http_addr
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |a| format!("http://{a}/")),
+            ]
+        })
+        .collect();
+    table(
+        &["name", "started", "last beat", "metrics and dashboard"],
+        &rows,
+    )
 }
 
 fn connections(connections: &[ConnectionStatus]) -> String {

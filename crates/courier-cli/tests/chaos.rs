@@ -21,6 +21,7 @@ async fn a_kill_and_a_database_restart_lose_nothing_and_cost_seconds() {
         rate: 20,
         workers: 2,
         kills: 1,
+        rolling: 0,
         restart: true,
         outage: None,
         poison: false,
@@ -93,6 +94,7 @@ async fn a_long_database_outage_costs_seconds_once_it_answers() {
         rate: 10,
         workers: 2,
         kills: 0,
+        rolling: 0,
         restart: false,
         // Longer than the pool's acquire timeout, so every poller gives up during it.
         outage: Some(Duration::from_secs(40)),
@@ -121,4 +123,50 @@ async fn a_long_database_outage_costs_seconds_once_it_answers() {
         outage.duplicates,
         outage.bound
     );
+}
+
+/// Issue #28: the fleet rolls (a SIGKILL every 5 s, of a lease holder, then of the oldest
+/// process, a replacement started each time), so no process lives a whole liveness window
+/// (15 s). The work of each killed holder still resumes within 10 s: a killed process's
+/// session being gone is evidence enough for a process younger than the window. Before,
+/// delivery stopped until a window after the last kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_fleet_resumes_each_killed_holders_work_within_seconds() {
+    let options = ChaosOptions {
+        records: 240,
+        rate: 10,
+        workers: 2,
+        kills: 0,
+        rolling: 4,
+        rolling_every: Duration::from_secs(5),
+        restart: false,
+        outage: None,
+        poison: false,
+        poison_apalis: false,
+        latency: (Duration::from_millis(20), Duration::from_millis(80)),
+        seed: 28,
+        drain_limit: Duration::from_secs(120),
+        keep_logs: false,
+        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+    };
+    let (report, out) = chaos::run(options).await.unwrap();
+    let table = report.render();
+    println!("{table}");
+    assert_eq!(out.lost, 0, "{table}");
+    assert_eq!(out.workers_died, 0, "{table}");
+    let rolls: Vec<_> = out.of(FaultKind::Roll).collect();
+    assert_eq!(rolls.len(), 4, "{table}");
+    assert!(
+        rolls.iter().any(|f| !f.victim_rules.is_empty()),
+        "some kill must hit a lease holder, or it proves nothing\n{table}"
+    );
+    for f in &rolls {
+        let resumed = f.resumed_after.expect("delivery resumes after every kill");
+        assert!(
+            resumed <= 10.0,
+            "resumed {resumed:.1} s after a kill\n{table}"
+        );
+    }
+    let stall = out.rolling_stall.expect("the rolling phase ran");
+    assert!(stall <= 10.0, "delivery stalled {stall:.1} s\n{table}");
 }

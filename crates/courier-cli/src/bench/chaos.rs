@@ -5,6 +5,9 @@
 //!
 //! 1. kills a random busy worker with SIGKILL, again and again during a burst, starting
 //!    a replacement each time;
+//! 1. rolls the fleet: every few seconds, whether the last kill's work has resumed or not,
+//!    SIGKILLs a lease holder, then the oldest process, in turn, starting a replacement
+//!    each time (a bad rollout, a crash loop), so no process lives a whole liveness window;
 //! 2. restarts the cluster mid-burst (`pg_ctl restart`), then takes it down for a while
 //!    mid-burst (`pg_ctl stop`, wait, `pg_ctl start`);
 //! 3. writes poison rows by plain SQL (timestamps past chrono's range, a mistyped rule
@@ -79,6 +82,11 @@ pub struct ChaosOptions {
     pub workers: usize,
     /// SIGKILLs during the kill phase (0 skips it).
     pub kills: usize,
+    /// SIGKILLs during the rolling phase, one every [`ChaosOptions::rolling_every`] (0
+    /// skips it).
+    pub rolling: usize,
+    /// The time between two kills of the rolling phase.
+    pub rolling_every: Duration,
     /// Restart the cluster mid-burst.
     pub restart: bool,
     /// Take the cluster down this long mid-burst.
@@ -103,8 +111,8 @@ pub struct ChaosOptions {
 }
 
 impl ChaosOptions {
-    /// The benchmark's setup: 600 records at 10/s, 2 workers, 10 kills, a restart, a
-    /// 30 s outage and the poison rows.
+    /// The benchmark's setup: 600 records at 10/s, 2 workers, 10 kills, 10 rolling kills
+    /// 5 s apart, a restart, a 30 s outage and the poison rows.
     pub fn bench(worker_exe: PathBuf) -> Self {
         Self {
             worker_exe,
@@ -112,6 +120,8 @@ impl ChaosOptions {
             rate: 10,
             workers: 2,
             kills: 10,
+            rolling: 10,
+            rolling_every: Duration::from_secs(5),
             restart: true,
             outage: Some(Duration::from_secs(30)),
             poison: true,
@@ -132,6 +142,9 @@ impl ChaosOptions {
 pub enum FaultKind {
     /// SIGKILL of a worker process (a replacement started at once).
     Kill,
+    /// SIGKILL of a lease holder or of the oldest process while the fleet rolls (a kill
+    /// every few seconds, a replacement started at once).
+    Roll,
     /// `pg_ctl restart`.
     DbRestart,
     /// `pg_ctl stop`, a wait, `pg_ctl start`.
@@ -235,6 +248,9 @@ pub struct ChaosOutcome {
     pub longest_pause: f64,
     /// Where the longest pause was: `phase/rule`.
     pub longest_pause_where: String,
+    /// The rolling phase, when it ran: the longest time from its first kill until it
+    /// drained that no record of it arrived (s).
+    pub rolling_stall: Option<f64>,
     /// Worker processes that exited without being killed or stopped.
     pub workers_died: usize,
     /// Healthy runs still `running` or `waiting` at the end.
@@ -575,6 +591,9 @@ impl Harness {
         if self.options.kills > 0 {
             self.kill_phase(workers).await?;
         }
+        if self.options.rolling > 0 {
+            self.rolling_phase(workers).await?;
+        }
         let half = (self.options.records / 2).max(6);
         if self.options.restart {
             self.db_phase("restart", half, None, workers).await?;
@@ -817,6 +836,68 @@ impl Harness {
             f.victim_rules = victim_rules;
             previous = Some((at, backlog));
             settled_since = None;
+        }
+        self.drain(PHASE, from).await
+    }
+
+    /// The fleet rolls: `rolling` SIGKILLs, `rolling_every` apart whatever the last one
+    /// cost, each followed at once by a replacement; odd kills hit a worker holding a
+    /// rule's lease (the oldest when none does), even ones the oldest worker.
+    async fn rolling_phase(&mut self, workers: &mut Workers) -> anyhow::Result<()> {
+        const PHASE: &str = "rolling";
+        let records = self.options.records;
+        let kills = self.options.rolling;
+        let from = Instant::now();
+        self.enqueue(PHASE, records).await?;
+        // The first kill once delivery is under way.
+        self.until_arrived(PHASE, (records / 20).max(1)).await?;
+        let mut next = Instant::now();
+        for i in 1..=kills {
+            tokio::time::sleep_until(next.into()).await;
+            next += self.options.rolling_every;
+            workers.reap();
+            let pids = workers.pids();
+            anyhow::ensure!(!pids.is_empty(), "no worker left to kill");
+            let busy = self.busy(&pids).await?;
+            let oldest = pids[0];
+            let as_holder = i % 2 == 1 && !busy.is_empty();
+            let victim = if as_holder {
+                let candidates: Vec<u32> = busy.keys().copied().collect();
+                candidates[self.rng.random_range(0..candidates.len())]
+            } else {
+                oldest
+            };
+            let victim_rules = busy.get(&victim).cloned().unwrap_or_default();
+            let mut victim_rules = victim_rules;
+            victim_rules.sort();
+            victim_rules.dedup();
+            let backlog = self.backlog().await?;
+            let in_flight = self.target.in_flight();
+            let at = Instant::now();
+            workers.kill_and_replace(victim)?;
+            println!(
+                "chaos: rolling kill {i}/{kills} at {:.1} s: pid {victim} ({}; {}), {in_flight} calls in flight",
+                self.secs(at),
+                if as_holder {
+                    "a lease holder"
+                } else {
+                    "the oldest"
+                },
+                if victim_rules.is_empty() {
+                    "held no lease".to_owned()
+                } else {
+                    format!("held {}", victim_rules.join(", "))
+                }
+            );
+            self.marks.push(Mark {
+                t: self.secs(at),
+                until: None,
+                label: format!("roll {i}"),
+            });
+            self.record(FaultKind::Roll, at, None, in_flight, backlog);
+            let f = self.faults.last_mut().expect("just recorded");
+            f.victim_busy = busy.contains_key(&victim);
+            f.victim_rules = victim_rules;
         }
         self.drain(PHASE, from).await
     }
@@ -1120,6 +1201,32 @@ impl Harness {
             f.resumed_after = resumed.map(|t| (t - from).as_secs_f64());
             f.resumed_after_fault = resumed.map(|t| (t - *at).as_secs_f64());
         }
+        // The rolling phase: the longest time no record of it arrived, from its first kill
+        // until it drained.
+        let rolling_stall = self
+            .phases
+            .iter()
+            .find(|p| p.name == "rolling")
+            .zip(
+                self.fault_instants
+                    .iter()
+                    .zip(&self.faults)
+                    .find(|(_, f)| f.kind == FaultKind::Roll),
+            )
+            .map(|(phase, ((first_kill, _), _))| {
+                let mut times: Vec<Instant> = log
+                    .iter()
+                    .filter(|w| parse_key(&w.key).is_some_and(|(p, _)| p == phase.name))
+                    .map(|w| w.arrived)
+                    .filter(|t| *t >= *first_kill && *t <= phase.to)
+                    .collect();
+                times.push(*first_kill);
+                times.sort();
+                times
+                    .windows(2)
+                    .map(|pair| (pair[1] - pair[0]).as_secs_f64())
+                    .fold(0.0, f64::max)
+            });
         // The longest pause of a rule with a backlog, per phase.
         let mut longest = (0.0, String::new());
         for phase in &self.phases {
@@ -1178,6 +1285,7 @@ impl Harness {
             unexplained_duplicates: unexplained,
             longest_pause: longest.0,
             longest_pause_where: longest.1,
+            rolling_stall,
             workers_died: workers.died,
             runs_left_active,
             poison: self.poison.clone(),
@@ -1374,7 +1482,64 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
             verdict(kills.iter().all(|f| f.duplicates <= f.bound)),
         );
     }
-    for f in out.faults.iter().filter(|f| f.kind != FaultKind::Kill) {
+    let rolls: Vec<&FaultRecord> = out.of(FaultKind::Roll).collect();
+    if !rolls.is_empty() {
+        report.figure("rolling: kills", rolls.len() as u64);
+        report.figure(
+            "rolling: time between kills (s)",
+            o.rolling_every.as_secs_f64(),
+        );
+        report.figure(
+            "rolling: kills of a worker holding a lease",
+            format!(
+                "{} of {}",
+                rolls.iter().filter(|f| !f.victim_rules.is_empty()).count(),
+                rolls.len()
+            ),
+        );
+        for (i, f) in rolls.iter().enumerate() {
+            report.figure(
+                &format!("rolling kill {}", i + 1),
+                format!(
+                    "victim {}; {} in flight; every backlog rule called again in {}; {} duplicates",
+                    if f.victim_rules.is_empty() {
+                        "held no lease".to_owned()
+                    } else {
+                        format!("held {}", f.victim_rules.join("+"))
+                    },
+                    f.in_flight,
+                    f.resumed_after
+                        .map_or("never".into(), |s| format!("{s:.1} s")),
+                    f.duplicates,
+                ),
+            );
+        }
+        let worst = rolls
+            .iter()
+            .map(|f| f.resumed_after)
+            .try_fold(0.0f64, |m, r| r.map(|r| m.max(r)));
+        report.figure(
+            "rolling: kill → every backlog rule called again, max (s)",
+            secs(worst),
+        );
+        report.figure(
+            "rolling: longest delivery stall (s)",
+            secs(out.rolling_stall),
+        );
+        report.figure(
+            "rolling: duplicates",
+            rolls.iter().map(|f| f.duplicates).sum::<u64>(),
+        );
+        report.figure(
+            "goal: rolling: called again ≤ 10 s after every kill",
+            verdict(worst.is_some_and(|w| w <= 10.0)),
+        );
+    }
+    for f in out
+        .faults
+        .iter()
+        .filter(|f| !matches!(f.kind, FaultKind::Kill | FaultKind::Roll))
+    {
         let name = match f.kind {
             FaultKind::DbRestart => "database restart",
             _ => "database outage",
@@ -1410,6 +1575,7 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
     if let Some(last) = out.faults.last() {
         let what = match last.kind {
             FaultKind::Kill => "the last kill → called again",
+            FaultKind::Roll => "the last rolling kill → called again",
             FaultKind::DbRestart => "the last fault (restart): answering → called again",
             FaultKind::DbOutage => "the last fault (outage): answering → called again",
         };

@@ -158,13 +158,18 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         if let Some(phases) = &knobs.phases {
             for p in phases {
                 anyhow::ensure!(
-                    ["kill", "restart", "outage", "poison", "apalis"].contains(&p.as_str()),
-                    "unknown chaos phase {p:?}; phases are kill, restart, outage, poison, apalis"
+                    ["kill", "rolling", "restart", "outage", "poison", "apalis"]
+                        .contains(&p.as_str()),
+                    "unknown chaos phase {p:?}; phases are kill, rolling, restart, outage, \
+                     poison, apalis"
                 );
             }
             let on = |p: &str| phases.iter().any(|x| x == p);
             if !on("kill") {
                 options.kills = 0;
+            }
+            if !on("rolling") {
+                options.rolling = 0;
             }
             options.restart = on("restart");
             if !on("outage") {

@@ -33,7 +33,8 @@ pub struct BenchArgs {
     /// chaos: seed of the victim choice (random unless given).
     #[arg(long)]
     seed: Option<u64>,
-    /// chaos: the phases to run, of kill, restart, outage, poison, apalis (default: all).
+    /// chaos: the phases to run, of kill, rolling, restart, outage, poison, apalis
+    /// (default: all).
     #[arg(long, value_delimiter = ',')]
     phases: Option<Vec<String>>,
     /// limits: the limiter kinds to run, of fixed, sliding, gcra, token-bucket

@@ -175,7 +175,8 @@ pub async fn history(ctx: &Ctx, args: HistoryArgs) -> anyhow::Result<()> {
 
 /// Runs `courier status`.
 pub async fn status(ctx: &Ctx, args: StatusArgs) -> anyhow::Result<()> {
-    let report = status::report(&ctx.pool().await?, chrono::Utc::now()).await?;
+    let window = ctx.settings.worker_dead_after;
+    let report = status::report_with(&ctx.pool().await?, chrono::Utc::now(), window).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -61,10 +61,13 @@ pub async fn run(ctx: Ctx) -> anyhow::Result<()> {
     db::migrate(&pool).await?;
     let engine = Arc::new(Engine::new(pool, ctx.settings));
     let server = match engine.settings.http_addr {
-        Some(addr) => Some(web::start(engine.clone(), addr).await?),
-        None => None,
+        config::HttpAddr::Default => Some(web::start_default(engine.clone()).await?),
+        config::HttpAddr::Set(addr) => Some(web::start(engine.clone(), addr).await?),
+        config::HttpAddr::Off => None,
     };
     if let Some(server) = &server {
+        // Recorded in this process's `workers` row by its first beat.
+        let _ = engine.http_addr.set(server.addr);
         tracing::info!(addr = %server.addr, "serving /metrics and the dashboard");
     }
     worker::cancel_on_signal(engine.shutdown.clone());

@@ -1,4 +1,5 @@
-//! The worker's HTTP side on `COURIER_HTTP_ADDR`: Prometheus metrics at `/metrics` and a
+//! The worker's HTTP side on `COURIER_HTTP_ADDR` (unset: the default address, or the next
+//! free port after it, see [`start_default`]): Prometheus metrics at `/metrics` and a
 //! live dashboard at `/`, server-rendered, with a little embedded JavaScript that refreshes
 //! it from `/api/state` every two seconds. Everything it serves is compiled into the
 //! binary (no front-end build, no CDN).
@@ -22,6 +23,7 @@ use axum::{
 };
 use chrono::{DateTime, Utc};
 use courier::{
+    config,
     engine::Engine,
     ledger::Outcome,
     metrics,
@@ -50,12 +52,52 @@ pub struct Server {
 /// Binds `addr` and serves metrics and the dashboard for `engine` until its shutdown.
 /// A bind failure is an error naming the address.
 pub async fn start(engine: Arc<Engine>, addr: SocketAddr) -> anyhow::Result<Server> {
-    let listener = TcpListener::bind(addr).await.with_context(|| {
-        format!(
-            "cannot serve metrics and the dashboard on {addr} (COURIER_HTTP_ADDR; set it to \
-             another address, or empty to serve nothing)"
-        )
-    })?;
+    let listener = TcpListener::bind(addr).await.with_context(|| busy(addr))?;
+    serve(engine, listener)
+}
+
+/// What a bind failure of `addr` says.
+fn busy(addr: SocketAddr) -> String {
+    format!(
+        "cannot serve metrics and the dashboard on {addr} (COURIER_HTTP_ADDR; set it to \
+         another address, or empty to serve nothing)"
+    )
+}
+
+/// The default when `COURIER_HTTP_ADDR` is unset: binds the default address or, when
+/// another process holds it (several workers on one host), the next free of the
+/// [`DEFAULT_HTTP_PORTS`](config::DEFAULT_HTTP_PORTS) ports after it, so a Prometheus
+/// configuration can name every worker of a host in advance; past them, any free port on
+/// the same interface, so the worker still starts (its address is logged and listed by
+/// `courier status` either way). Any bind error but "in use" fails the start.
+pub async fn start_default(engine: Arc<Engine>) -> anyhow::Result<Server> {
+    let first = config::HttpAddr::Default
+        .first()
+        .expect("the default serves");
+    let ports = (0..config::DEFAULT_HTTP_PORTS)
+        .map(|i| first.port() + i)
+        .chain([0]);
+    for port in ports {
+        let addr = SocketAddr::new(first.ip(), port);
+        match TcpListener::bind(addr).await {
+            Ok(listener) => {
+                if port != first.port() {
+                    tracing::info!(
+                        default = %first,
+                        "another process serves on the default address; this one takes the next free port"
+                    );
+                }
+                return serve(engine, listener);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => return Err(anyhow::Error::new(e).context(busy(addr))),
+        }
+    }
+    unreachable!("port 0 is never in use")
+}
+
+/// Serves metrics and the dashboard on `listener` until `engine`'s shutdown.
+fn serve(engine: Arc<Engine>, listener: TcpListener) -> anyhow::Result<Server> {
     let addr = listener.local_addr()?;
     let stop = engine.shutdown.clone();
     let app = router(engine);
@@ -135,7 +177,7 @@ pub struct DashboardState {
 /// Reads the dashboard's state.
 pub async fn read_state(engine: &Engine) -> Result<DashboardState, sqlx::Error> {
     let now = engine.clock.now();
-    let report = status::report(&engine.pool, now).await?;
+    let report = status::report_with(&engine.pool, now, engine.settings.worker_dead_after).await?;
     let series = status::rate_series(&engine.pool, now, CHART_WINDOW_SECS, CHART_STEP_SECS).await?;
     let step = f64::from(CHART_STEP_SECS);
     let connections = report
