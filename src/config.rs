@@ -314,20 +314,8 @@ impl Settings {
         let millis = |name: &str, default: Duration, min: u64| {
             number(&get, name, default.as_millis() as u64, min).map(Duration::from_millis)
         };
-        let database_url = match get("DATABASE_URL") {
-            None => d.database_url,
-            Some(v) if v.starts_with("postgres://") || v.starts_with("postgresql://") => v,
-            Some(v) => {
-                return Err(ConfigError {
-                    name: "DATABASE_URL".into(),
-                    // Never echo a URL that may carry a password.
-                    value: redact_url(&v),
-                    reason: "must start with postgres:// or postgresql://".into(),
-                });
-            }
-        };
         let settings = Self {
-            database_url,
+            database_url: database_url(&get, d.database_url)?,
             db_max_connections: number(
                 &get,
                 "COURIER_DB_MAX_CONNECTIONS",
@@ -348,17 +336,7 @@ impl Settings {
             log_filter: get("COURIER_LOG")
                 .filter(|v| !v.trim().is_empty())
                 .unwrap_or(d.log_filter),
-            log_format: match get("COURIER_LOG_FORMAT").as_deref().map(str::trim) {
-                None | Some("") | Some("text") => LogFormat::Text,
-                Some("json") => LogFormat::Json,
-                Some(other) => {
-                    return Err(ConfigError {
-                        name: "COURIER_LOG_FORMAT".into(),
-                        value: other.to_owned(),
-                        reason: "must be text or json".into(),
-                    });
-                }
-            },
+            log_format: log_format(&get)?,
             worker_concurrency: number(
                 &get,
                 "COURIER_WORKER_CONCURRENCY",
@@ -382,50 +360,15 @@ impl Settings {
                 1,
             )?,
             throttle_max_wait: secs("COURIER_THROTTLE_MAX_WAIT_SECONDS", d.throttle_max_wait, 0)?,
-            breaker: BreakerSettings {
-                failure_threshold: number(
-                    &get,
-                    "COURIER_BREAKER_FAILURE_THRESHOLD",
-                    d.breaker.failure_threshold.into(),
-                    1,
-                )? as u32,
-                cooldown: secs("COURIER_BREAKER_COOLDOWN_SECONDS", d.breaker.cooldown, 1)?,
-                max_cooldown: secs(
-                    "COURIER_BREAKER_MAX_COOLDOWN_SECONDS",
-                    d.breaker.max_cooldown,
-                    1,
-                )?,
-            },
+            breaker: breaker(&get, &d.breaker)?,
             shutdown_timeout: secs("COURIER_SHUTDOWN_TIMEOUT_SECONDS", d.shutdown_timeout, 0)?,
-            http_addr: match get("COURIER_HTTP_ADDR") {
-                None => d.http_addr,
-                Some(v) if v.trim().is_empty() => HttpAddr::Off,
-                Some(v) => HttpAddr::Set(v.trim().parse().map_err(|_| {
-                    ConfigError {
-                        name: "COURIER_HTTP_ADDR".into(),
-                        value: v.clone(),
-                        reason: "must be an IP address and port, such as 127.0.0.1:9187, or empty \
-                             to serve no metrics and no dashboard"
-                            .into(),
-                    }
-                })?),
-            },
+            http_addr: http_addr(&get, d.http_addr)?,
             // Blank means unset; the value is never echoed.
             http_token: get("COURIER_HTTP_TOKEN")
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
                 .map(HttpToken),
-            retention: {
-                let days = number(&get, "COURIER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 0)?;
-                let seconds = get("COURIER_RETENTION_SECONDS")
-                    .map(|_| number(&get, "COURIER_RETENTION_SECONDS", 0, 1))
-                    .transpose()?;
-                match (seconds, days) {
-                    (Some(s), _) => Some(Duration::from_secs(s)),
-                    (None, 0) => None,
-                    (None, d) => Some(Duration::from_secs(d * 86_400)),
-                }
-            },
+            retention: retention(&get)?,
         };
         settings.validate()?;
         Ok(settings)
@@ -457,6 +400,91 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// `DATABASE_URL`: a `postgres://` or `postgresql://` URL (never echoed: it may carry a
+/// password).
+fn database_url(
+    get: &impl Fn(&str) -> Option<String>,
+    default: String,
+) -> Result<String, ConfigError> {
+    match get("DATABASE_URL") {
+        None => Ok(default),
+        Some(v) if v.starts_with("postgres://") || v.starts_with("postgresql://") => Ok(v),
+        Some(v) => Err(ConfigError {
+            name: "DATABASE_URL".into(),
+            value: redact_url(&v),
+            reason: "must start with postgres:// or postgresql://".into(),
+        }),
+    }
+}
+
+/// `COURIER_LOG_FORMAT`: `text` (or unset, blank) or `json`.
+fn log_format(get: &impl Fn(&str) -> Option<String>) -> Result<LogFormat, ConfigError> {
+    match get("COURIER_LOG_FORMAT").as_deref().map(str::trim) {
+        None | Some("") | Some("text") => Ok(LogFormat::Text),
+        Some("json") => Ok(LogFormat::Json),
+        Some(other) => Err(ConfigError {
+            name: "COURIER_LOG_FORMAT".into(),
+            value: other.to_owned(),
+            reason: "must be text or json".into(),
+        }),
+    }
+}
+
+/// The breaker's `COURIER_BREAKER_*` settings over `d`.
+fn breaker(
+    get: &impl Fn(&str) -> Option<String>,
+    d: &BreakerSettings,
+) -> Result<BreakerSettings, ConfigError> {
+    let secs = |name: &str, default: Duration| {
+        number(get, name, default.as_secs(), 1).map(Duration::from_secs)
+    };
+    Ok(BreakerSettings {
+        failure_threshold: number(
+            get,
+            "COURIER_BREAKER_FAILURE_THRESHOLD",
+            d.failure_threshold.into(),
+            1,
+        )? as u32,
+        cooldown: secs("COURIER_BREAKER_COOLDOWN_SECONDS", d.cooldown)?,
+        max_cooldown: secs("COURIER_BREAKER_MAX_COOLDOWN_SECONDS", d.max_cooldown)?,
+    })
+}
+
+/// `COURIER_HTTP_ADDR`: unset takes `default`, blank serves nothing, else an address.
+fn http_addr(
+    get: &impl Fn(&str) -> Option<String>,
+    default: HttpAddr,
+) -> Result<HttpAddr, ConfigError> {
+    match get("COURIER_HTTP_ADDR") {
+        None => Ok(default),
+        Some(v) if v.trim().is_empty() => Ok(HttpAddr::Off),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(HttpAddr::Set)
+            .map_err(|_| ConfigError {
+                name: "COURIER_HTTP_ADDR".into(),
+                value: v.clone(),
+                reason: "must be an IP address and port, such as 127.0.0.1:9187, or empty to \
+                     serve no metrics and no dashboard"
+                    .into(),
+            }),
+    }
+}
+
+/// `COURIER_RETENTION_SECONDS` if set, else `COURIER_RETENTION_DAYS` (0: keep forever).
+fn retention(get: &impl Fn(&str) -> Option<String>) -> Result<Option<Duration>, ConfigError> {
+    let days = number(get, "COURIER_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, 0)?;
+    let seconds = get("COURIER_RETENTION_SECONDS")
+        .map(|_| number(get, "COURIER_RETENTION_SECONDS", 0, 1))
+        .transpose()?;
+    Ok(match (seconds, days) {
+        (Some(s), _) => Some(Duration::from_secs(s)),
+        (None, 0) => None,
+        (None, d) => Some(Duration::from_secs(d * 86_400)),
+    })
 }
 
 fn number(

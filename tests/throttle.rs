@@ -307,11 +307,28 @@ async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waitin
         .unwrap();
     assert_eq!(jobs, 1, "no new job was pushed for the wait");
 
-    // When the block has passed, the same job runs and delivers.
+    // When the block has passed, the same job runs and delivers; while it calls, its run
+    // reads running, not waiting until a time past.
     engine.clock.advance(Span::seconds(21));
     let again = take_due_jobs(&db.pool, until).await.remove(0);
     assert_eq!(again.id, job.id);
-    run_job(&engine, &again).await;
+    target.set_latency(std::time::Duration::from_millis(500));
+    let running = tokio::spawn({
+        let engine = engine.clone();
+        async move { run_job(&engine, &again).await }
+    });
+    eventually("a call is in flight", || {
+        let target = target.clone();
+        async move { target.in_flight() == 1 }
+    })
+    .await;
+    let (run, resume_at): (String, Option<At>) =
+        sqlx::query_as("SELECT status, resume_at FROM runs")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((run.as_str(), resume_at), ("running", None));
+    running.await.unwrap();
     assert_eq!(delivered(&db.pool).await, 3);
 }
 

@@ -599,7 +599,8 @@ mod lease {
 
     /// Takes the rule's lease for `owner` until `now + length`, unless another owner holds
     /// an unexpired one; a job that gets it beats on its run at once, so a run resumed
-    /// after a wait is not taken for stalled before its first renewal.
+    /// after a wait is not taken for stalled before its first renewal, and a waiting run
+    /// reads `running` again (not `waiting` until a time past) while it calls.
     pub async fn acquire(
         db: impl PgExecutor<'_>,
         ctx: &JobContext,
@@ -613,7 +614,9 @@ mod lease {
                 UPDATE rules SET lease_owner = $2, lease_until = $3
                 WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
                 RETURNING id)
-             UPDATE runs SET heartbeat_at = $4
+             UPDATE runs SET heartbeat_at = $4,
+                 status = CASE WHEN status = 'waiting' THEN 'running' ELSE status END,
+                 resume_at = CASE WHEN status = 'waiting' THEN NULL ELSE resume_at END
              WHERE id = $5 AND job_id IS NOT DISTINCT FROM $6 AND EXISTS (SELECT 1 FROM l)
              RETURNING id",
             ctx.rule_id,

@@ -151,7 +151,9 @@ async fn the_dashboard_shows_connection_block_and_backlog_in_a_real_browser() {
     // Each rule's backlog: pending counts as the database has them.
     let rules = section("rules");
     for (name, pending) in [("prices", 9), ("customers", 4)] {
-        let row = format!("<td>{name}</td><td>shop</td><td>true</td><td>-</td><td>{pending}</td>");
+        let row = format!(
+            "<td>{name}</td><td>shop</td><td>1</td><td>true</td><td>-</td><td>{pending}</td>"
+        );
         assert!(rules.contains(&row), "{row} not in {rules}");
     }
     assert!(section("runs").contains("<td>customers</td>"));
@@ -360,14 +362,20 @@ async fn actions_need_the_token_and_call_the_operations() {
         let profile =
             std::env::temp_dir().join(format!("courier-chromium-{:016x}", rand::random::<u64>()));
         let url = format!("{base}/?key=customer:1");
+        // A 1300 px wide window: every table, the rules' action buttons included, fits.
         let dom = {
             let profile = profile.clone();
-            tokio::task::spawn_blocking(move || browse(&exe, &profile, &["--dump-dom"], &url))
+            let args = ["--dump-dom", "--window-size=1300,1000"];
+            tokio::task::spawn_blocking(move || browse(&exe, &profile, &args, &url))
                 .await
                 .unwrap()
         };
         let _ = std::fs::remove_dir_all(&profile);
         assert!(!dom.contains("data-refreshes=\"0\""), "{dom}");
+        assert!(
+            dom.contains("data-fits=\"true\""),
+            "cut off at 1300 px: {dom}"
+        );
         for button in [
             "lift block",
             "retry exhausted",

@@ -129,6 +129,9 @@
       s.runs.map((r) => ["#" + r.id, r.rule, r.status, String(r.delivered), String(r.failed), String(r.exhausted),
         String(r.rejected), String(r.suppressed), String(r.held), time(r.started_at), time(r.finished_at)])));
     document.getElementById("updated").textContent = "as of " + time(s.now);
+    // Whether the page fits its window's width, nothing cut off at the right edge (read by
+    // the browser test, and by anyone inspecting the page).
+    document.body.dataset.fits = String(document.documentElement.scrollWidth <= window.innerWidth);
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes) + 1);
   }
   async function refresh() {
