@@ -2,11 +2,14 @@
 //! page in docs/ and of crates/courier-target/README.md is either run here against a fresh
 //! database (each `courier` command through the real binary, each SQL snippet through
 //! PostgreSQL) or checked as far as it can be without running it, with the reason. A block
-//! this test does not know fails it, so a new example must come with its check.
+//! this test does not know fails it, so a new example must come with its check. The
+//! configuration page, `.env.example` and `courier::config::KNOWN_VARIABLES` are held to
+//! one another as well.
 
 mod common;
 
 use std::{
+    collections::BTreeSet,
     io::Write,
     path::{Path, PathBuf},
     process::Stdio,
@@ -352,4 +355,104 @@ async fn target_answers(commands: &[String]) {
     let _ = child.wait();
     let body = body.expect("courier target answers");
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+}
+
+/// A setting's default as a document states it: `None` for unset.
+type Defaults = std::collections::BTreeMap<String, Option<String>>;
+
+/// The rows `| `NAME` | default | meaning |` of the table under `heading` in a page; a
+/// default is `` `value` `` or `unset`.
+fn table_rows(page: &str, heading: &str) -> Defaults {
+    let section = page
+        .split_once(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no {heading} in the page"))
+        .1;
+    let section = section.split("\n## ").next().unwrap();
+    let mut rows = Defaults::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split(" | ").map(str::trim).collect();
+        let name = cells[0]
+            .trim_start_matches("| ")
+            .trim_matches('`')
+            .to_owned();
+        let default = match cells.get(1).copied() {
+            // The tooling table has no default column.
+            _ if heading == "## Read by the tooling" => None,
+            Some("unset") => None,
+            Some(v) if v.starts_with('`') && v.ends_with('`') && v.len() > 2 => {
+                Some(v.trim_matches('`').to_owned())
+            }
+            other => panic!("{name}: a default must be `value` or unset, not {other:?}"),
+        };
+        assert!(rows.insert(name.clone(), default).is_none(), "{name} twice");
+    }
+    rows
+}
+
+/// `.env.example`'s variables: `NAME=value` is a default, `NAME=` and a commented
+/// `# NAME=example` are unset.
+fn env_example(text: &str) -> Defaults {
+    let mut vars = Defaults::new();
+    for line in text.lines() {
+        let (commented, line) = match line.strip_prefix("# ") {
+            Some(rest) => (true, rest),
+            None => (false, line),
+        };
+        let Some((name, value)) = line.split_once('=') else {
+            continue;
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+            continue;
+        }
+        let default = (!commented && !value.is_empty()).then(|| value.to_owned());
+        assert!(
+            vars.insert(name.to_owned(), default).is_none(),
+            "{name} twice"
+        );
+    }
+    vars
+}
+
+#[test]
+fn configuration_page_env_example_and_known_variables_agree() {
+    let page = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    let example = std::fs::read_to_string(root().join(".env.example")).unwrap();
+    let documented = table_rows(&page, "## Settings");
+    let listed = env_example(&example);
+    let names = |d: &Defaults| d.keys().cloned().collect::<BTreeSet<_>>();
+    let known: BTreeSet<String> = courier::config::KNOWN_VARIABLES
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        names(&documented),
+        known,
+        "docs/configuration.md vs KNOWN_VARIABLES"
+    );
+    assert_eq!(names(&listed), known, ".env.example vs KNOWN_VARIABLES");
+    assert_eq!(
+        documented, listed,
+        "defaults: docs/configuration.md vs .env.example"
+    );
+    // Each default stated is the one courier uses when the variable is unset.
+    let unset = courier::config::Settings::from_lookup(|_| None).unwrap();
+    for (name, default) in &documented {
+        let Some(value) = default else { continue };
+        let set = courier::config::Settings::from_lookup(|n| (n == name).then(|| value.clone()))
+            .unwrap_or_else(|e| panic!("{name}={value}: {e:?}"));
+        assert_eq!(
+            format!("{set:?}"),
+            format!("{unset:?}"),
+            "{name}={value} is not courier's default"
+        );
+    }
+    let tooling: BTreeSet<String> = courier::config::TOOLING_VARIABLES
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        names(&table_rows(&page, "## Read by the tooling")),
+        tooling,
+        "docs/configuration.md vs TOOLING_VARIABLES"
+    );
 }
