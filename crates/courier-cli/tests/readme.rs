@@ -4,7 +4,7 @@
 //! PostgreSQL) or checked as far as it can be without running it, with the reason. A block
 //! this test does not know fails it, so a new example must come with its check. The
 //! configuration page, `.env.example` and `courier::config::KNOWN_VARIABLES` are held to
-//! one another as well.
+//! one another as well, and every link between the documents must lead somewhere.
 
 mod common;
 
@@ -455,4 +455,68 @@ fn configuration_page_env_example_and_known_variables_agree() {
         tooling,
         "docs/configuration.md vs TOOLING_VARIABLES"
     );
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.insert(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_between_the_documents_resolves() {
+    let mut documents = documents();
+    documents.extend(["BENCHMARKS.md".to_owned(), "ARCHITECTURE.md".to_owned()]);
+    let mut checked = 0;
+    for document in &documents {
+        let text = std::fs::read_to_string(root().join(document)).unwrap();
+        let dir = Path::new(document).parent().unwrap().to_owned();
+        for (i, line) in text.lines().enumerate() {
+            for link in line.split("](").skip(1) {
+                let Some(target) = link.split(')').next() else {
+                    continue;
+                };
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let (path, fragment) = match target.split_once('#') {
+                    Some((p, f)) => (p, Some(f)),
+                    None => (target, None),
+                };
+                let file = if path.is_empty() {
+                    Path::new(document).to_owned()
+                } else {
+                    dir.join(path)
+                };
+                let at = format!("{document} line {}: {target}", i + 1);
+                let full = root().join(&file);
+                assert!(full.exists(), "{at}: no such file");
+                if let Some(fragment) = fragment {
+                    let linked = std::fs::read_to_string(&full).unwrap();
+                    assert!(anchors(&linked).contains(fragment), "{at}: no such heading");
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 40, "only {checked} links found");
 }
