@@ -11,8 +11,8 @@ use sqlx::{PgExecutor, PgPool};
 pub const INSERT_CHUNK: usize = 5_000;
 /// A bulk enqueue at least this large refreshes the planner's statistics of `deliveries`
 /// right away instead of leaving the hot queries planned for a small table until
-/// autovacuum catches up (before the claim's query was reshaped, a 50,000-row burst made it
-/// 200 times slower).
+/// autovacuum catches up: a plan made for a few rows can run many times slower over a
+/// burst of tens of thousands.
 pub const ANALYZE_AFTER: usize = 10_000;
 
 /// One record to deliver.

@@ -61,15 +61,16 @@ pub const MAX_CUT: f64 = 0.99;
 pub const RECENT_CUT: f64 = 0.97;
 /// A 429 met while the learned rate probes up fast cuts the pace to this share: back below
 /// the limit it just crossed, with room for the probe's overshoot. The refusal comes a
-/// slice or two after the crossing (measured: 0.45 s at 10/s, 8–9% at
-/// [`FAST_PROBE_PER_SECOND`]); 8% left the pace 0.4% below the limit, where one late call
-/// meets the next 429. One that ends the slow probe cuts [`RECENT_CUT`]'s 3%.
+/// slice or two after the crossing (about 0.45 s at 10/s, 8–9% past the limit at
+/// [`FAST_PROBE_PER_SECOND`]; BENCHMARKS.md, `limits`); a cut of 8% would leave the pace
+/// 0.4% below the limit, where one late call meets the next 429. One that ends the slow
+/// probe cuts [`RECENT_CUT`]'s 3%.
 pub const PROBE_CUT: f64 = 0.88;
 /// A fast probe's 429 from a window comes this far past the window's limit: a window
 /// refuses once one of them fills, a second or so after the climb (20% a second) crossed
-/// it (measured: 1.29–1.43× a 5/s window, one process and three). Taken near the top: a
-/// rate found a few percent high costs another 429 and its block, one found a few percent
-/// low costs those few percent until the slow probe.
+/// it (1.29–1.43× a 5/s window, with one process and three; BENCHMARKS.md, `limits`).
+/// Taken near the top: a rate found a few percent high costs another 429 and its block, one
+/// found a few percent low costs those few percent until the slow probe.
 pub const WINDOW_PAST: f64 = 1.4;
 /// An accepted rate below this share of the rate sent says what the limit is...
 pub const MEASURED: f64 = 0.9;

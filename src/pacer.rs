@@ -63,8 +63,8 @@ pub const MAX_LATE_SHARE: f64 = 0.05;
 /// books its slots this share wider: its first calls go out on cold connections and code
 /// paths and may reach the target a few milliseconds late (the 2% [`HEADROOM`] is 2 ms at
 /// 10/s), and the next slot, another process's or its own, would then follow too closely
-/// for a limiter with no burst. Measured at 10/s: the second call of a drain was refused in
-/// 3 of 8 such cells of `courier bench limits`. A quarter second at 5% less once per start.
+/// for a limiter with no burst, which then refuses the second call of a drain
+/// (BENCHMARKS.md, `limits`). It costs a quarter second at 5% less once per start.
 pub const COLD_SPREAD: f64 = MAX_LATE_SHARE;
 
 /// How far the quickest round trip a budget remembers drifts towards a slower one, per
