@@ -20,10 +20,13 @@
 //! - [`db`]: connecting, creating the database, applying courier's and apalis' migrations.
 //! - [`catalog`]: connections and rules (tables `connections`, `rules`).
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
-//! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON and User.com writers.
+//! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON and User.com writers,
+//!   one record or several per call (`Writer::group`, `Writer::write_many`).
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
 //! - [`pacer`]: the request budget per connection or budget key (table `budgets`), fair
 //!   between rules, shared across processes.
+//! - [`learned`]: what a budget learns of the target's real limit from 429s and its probe
+//!   back up; the effective rate (pure).
 //! - [`rate_headers`]: what a response's headers say about the rate limit (pure).
 //! - [`blocks`]: 429s as budget blocks (table `connection_blocks`), kept in memory too.
 //! - [`throttle`]: the tower layer on the chain-job service: wait out a block or throttle.
@@ -32,10 +35,13 @@
 //! - [`ledger`]: outcome rows (table `ledger`) and the delivery state they imply.
 //! - [`queue`]: apalis wiring: the chain queue, pushing and snoozing jobs.
 //! - [`chain`]: one chain job in stages: admit, claim, triage, call, classify, settle.
-//! - [`maintenance`]: the background loops: dispatcher, reaper, pruner, retention.
+//! - [`maintenance`]: the background loops: the dispatcher (starts runs), the heartbeat
+//!   (this process's beat), the rescuer (resumes dead processes' work), the reaper
+//!   (last-resort staleness), the pruner (old call counts and beats), retention (old
+//!   finished rows), the quarantine (apalis rows courier cannot read).
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
 //! - [`ops`]: operator actions: pause and resume, retry, unblock, a record's history.
-//! - [`status`]: the `courier status` report.
+//! - [`status`]: the `courier status` report, as data.
 //! - [`metrics`]: Prometheus counters of the process and gauges read from the database.
 //!
 //! The tooling is not part of this library: the `courier` binary with its demo and

@@ -161,9 +161,24 @@ pub async fn report_with(
     worker_dead_after: std::time::Duration,
 ) -> Result<Report, sqlx::Error> {
     let window = chrono::Duration::from_std(worker_dead_after).unwrap_or(chrono::Duration::MAX);
-    // Two beats, as the rescuer's grace for a process whose session is gone.
+    Ok(Report {
+        connections: connections(pool, now).await?,
+        rules: rules(pool, now).await?,
+        workers: workers(pool, now, window).await?,
+        recent_runs: recent_runs(pool).await?,
+        problems: problems(pool, now).await?,
+    })
+}
+
+/// The live workers: alive by `window` (`COURIER_WORKER_DEAD_AFTER_SECONDS`), or, their
+/// session gone, by two beats of it, as the rescuer judges them.
+async fn workers(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    window: chrono::Duration,
+) -> Result<Vec<WorkerLine>, sqlx::Error> {
     let grace = window * 2 / 5;
-    let workers = sqlx::query_as!(
+    sqlx::query_as!(
         WorkerLine,
         r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr FROM workers w
            WHERE courier_worker_alive(w, $1, $2) ORDER BY w.started_at, w.name"#,
@@ -171,8 +186,15 @@ pub async fn report_with(
         now - grace
     )
     .fetch_all(pool)
-    .await?;
-    let connections = sqlx::query_as!(
+    .await
+}
+
+/// Each connection with its budget, circuit and block.
+async fn connections(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+) -> Result<Vec<ConnectionStatus>, sqlx::Error> {
+    sqlx::query_as!(
         ConnectionStatus,
         r#"SELECT c.name, c.writer, courier_budget_key(c) AS "budget_key!",
                   COALESCE(c.requests_per_minute, $2) AS "requests_per_minute!",
@@ -200,8 +222,12 @@ pub async fn report_with(
         crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
     )
     .fetch_all(pool)
-    .await?;
-    let rules = sqlx::query_as!(
+    .await
+}
+
+/// Each rule with its backlog, state and last run.
+async fn rules(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleStatus>, sqlx::Error> {
+    sqlx::query_as!(
         RuleStatus,
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   (SELECT ru.records_per_call FROM rules ru WHERE ru.id = s.rule_id)
@@ -226,8 +252,12 @@ pub async fn report_with(
         now
     )
     .fetch_all(pool)
-    .await?;
-    let recent_runs = sqlx::query_as!(
+    .await
+}
+
+/// The 15 most recent runs.
+async fn recent_runs(pool: &PgPool) -> Result<Vec<RunLine>, sqlx::Error> {
+    sqlx::query_as!(
         RunLine,
         r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
                 x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
@@ -235,8 +265,12 @@ pub async fn report_with(
          FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"#
     )
     .fetch_all(pool)
-    .await?;
-    let problems = sqlx::query_as!(
+    .await
+}
+
+/// Connections and rules left alone as unusable, until when, and why.
+async fn problems(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Problem>, sqlx::Error> {
+    sqlx::query_as!(
         Problem,
         r#"SELECT 'connection ' || c.name AS "what!", ci.unusable_error AS "reason!",
                   ci.unusable_until AS "until!"
@@ -249,14 +283,7 @@ pub async fn report_with(
         now
     )
     .fetch_all(pool)
-    .await?;
-    Ok(Report {
-        connections,
-        rules,
-        workers,
-        recent_runs,
-        problems,
-    })
+    .await
 }
 
 /// Calls per budget over time, for the dashboard's chart: one point per `step_secs`

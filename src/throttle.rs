@@ -138,6 +138,34 @@ enum Gate {
     Done(JobOutcome),
 }
 
+/// Whether this job carries run `ctx`: the run is active, names this job, and is of the
+/// rule the payload names; a job that does not does nothing (said in the log).
+fn carries(ctx: &JobContext, job: &ChainJob, task_id: &str) -> bool {
+    if !ctx.run_status.is_active() {
+        tracing::info!(run = job.run_id, status = ?ctx.run_status, "late job of a finished run: nothing to do");
+        return false;
+    }
+    if ctx
+        .job_id
+        .as_deref()
+        .is_some_and(|current| current != task_id)
+    {
+        tracing::info!(run = job.run_id, task = %task_id, current = ?ctx.job_id,
+            "the run has moved on to another job: nothing to do");
+        return false;
+    }
+    if ctx.rule_id != job.rule_id {
+        tracing::warn!(
+            run = job.run_id,
+            rule = ctx.rule_id,
+            payload_rule = job.rule_id,
+            "chain job names another rule than its run: ignored"
+        );
+        return false;
+    }
+    true
+}
+
 async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, BoxDynError> {
     let job: ChainJob = match serde_json::from_value(task.args.clone()) {
         Ok(job) => job,
@@ -154,31 +182,9 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
     let loaded = engine
         .retry_outage(|| context::load(&engine.pool, job.run_id))
         .await?;
-    let Some(ctx) = loaded else {
+    let Some(ctx) = loaded.filter(|ctx| carries(ctx, &job, &task_id)) else {
         return Ok(Gate::Done(JobOutcome::Skipped));
     };
-    if !ctx.run_status.is_active() {
-        tracing::info!(run = job.run_id, status = ?ctx.run_status, "late job of a finished run: nothing to do");
-        return Ok(Gate::Done(JobOutcome::Skipped));
-    }
-    if ctx
-        .job_id
-        .as_deref()
-        .is_some_and(|current| current != task_id)
-    {
-        tracing::info!(run = job.run_id, task = %task_id, current = ?ctx.job_id,
-            "the run has moved on to another job: nothing to do");
-        return Ok(Gate::Done(JobOutcome::Skipped));
-    }
-    if ctx.rule_id != job.rule_id {
-        tracing::warn!(
-            run = job.run_id,
-            rule = ctx.rule_id,
-            payload_rule = job.rule_id,
-            "chain job names another rule than its run: ignored"
-        );
-        return Ok(Gate::Done(JobOutcome::Skipped));
-    }
     engine
         .blocks
         .ensure_listening(&engine.pool, &engine.shutdown)

@@ -125,65 +125,9 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
         let (engine, token) = (engine.clone(), beat_stop.clone());
         tokio::spawn(async move { Heartbeat::new(&engine).run(token).await })
     };
-    let loops = [
-        spawn_loop(&engine, |e, token| async move {
-            Rescuer::new(&e).run(token).await
-        }),
-        spawn_loop(&engine, |e, token| async move {
-            Reaper::new(&e).run(token).await
-        }),
-        spawn_loop(&engine, |e, token| async move {
-            Pruner::new(&e).run(token).await
-        }),
-        spawn_loop(&engine, |e, token| async move {
-            Retention::new(&e).run(token).await
-        }),
-        spawn_loop(&engine, |e, token| async move {
-            Quarantine::new(&e).run(token).await
-        }),
-        tokio::spawn(queue::listen(
-            engine.pool.clone(),
-            engine.worker_name.clone(),
-            fetcher.clone(),
-            shutdown.clone(),
-        )),
-    ];
-    let mut dispatcher = {
-        let engine = engine.clone();
-        let token = shutdown.clone();
-        let fetcher = fetcher.clone();
-        tokio::spawn(async move {
-            // A job pushed before the queue listener listens would be announced to nobody.
-            tokio::select! {
-                _ = fetcher.listening() => {}
-                _ = token.cancelled() => return Ok(()),
-            }
-            tracing::info!(worker = %engine.worker_name, "worker started");
-            Dispatcher::new(&engine).run(token).await
-        })
-    };
-
-    let (factory_engine, factory_fetcher) = (engine.clone(), fetcher.clone());
-    let monitor = Monitor::new()
-        .register(move |_restarts| {
-            let e = factory_engine.clone();
-            WorkerBuilder::new(e.worker_name.clone())
-                .backend(ChainBackend::new(&e, &factory_fetcher))
-                .concurrency(e.settings.worker_concurrency)
-                .build(chain_service(e.clone()))
-        })
-        .should_restart(move |_ctx, error| {
-            // The restarted worker pauses before it registers again (doubling, capped).
-            fetcher.restarted();
-            tracing::error!(%error, "chain worker stopped; restarting it after a pause");
-            true
-        })
-        .shutdown_timeout(engine.settings.shutdown_timeout);
-    let token = shutdown.clone();
-    let monitor = monitor.run_with_signal(async move {
-        token.cancelled().await;
-        Ok(())
-    });
+    let loops = spawn_loops(&engine, &fetcher);
+    let mut dispatcher = spawn_dispatcher(&engine, &fetcher);
+    let monitor = chain_worker(&engine, fetcher);
     let mut monitor = std::pin::pin!(monitor);
     // Whichever ends first: the queue worker (stopped, or failed for good) or the
     // dispatcher (which returns before a stop only when it could not start). Whatever
@@ -207,12 +151,104 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
     if !dispatcher_done && let Some(e) = dispatched(dispatcher.await) {
         failure.get_or_insert(e);
     }
+    wind_down(&engine, loops, beat_stop, beat, failure).await
+}
+
+/// The maintenance loops and the queue listener, running until the engine's shutdown.
+fn spawn_loops(engine: &Arc<Engine>, fetcher: &Arc<Fetcher>) -> [tokio::task::JoinHandle<()>; 6] {
+    let shutdown = engine.shutdown.clone();
+    [
+        spawn_loop(engine, |e, token| async move {
+            Rescuer::new(&e).run(token).await
+        }),
+        spawn_loop(engine, |e, token| async move {
+            Reaper::new(&e).run(token).await
+        }),
+        spawn_loop(engine, |e, token| async move {
+            Pruner::new(&e).run(token).await
+        }),
+        spawn_loop(engine, |e, token| async move {
+            Retention::new(&e).run(token).await
+        }),
+        spawn_loop(engine, |e, token| async move {
+            Quarantine::new(&e).run(token).await
+        }),
+        tokio::spawn(queue::listen(
+            engine.pool.clone(),
+            engine.worker_name.clone(),
+            fetcher.clone(),
+            shutdown.clone(),
+        )),
+    ]
+}
+
+/// The dispatcher, once the queue listener listens (a job pushed before would be
+/// announced to nobody).
+fn spawn_dispatcher(
+    engine: &Arc<Engine>,
+    fetcher: &Arc<Fetcher>,
+) -> tokio::task::JoinHandle<Result<(), sqlx::Error>> {
+    let shutdown = engine.shutdown.clone();
+    {
+        let engine = engine.clone();
+        let token = shutdown.clone();
+        let fetcher = fetcher.clone();
+        tokio::spawn(async move {
+            // A job pushed before the queue listener listens would be announced to nobody.
+            tokio::select! {
+                _ = fetcher.listening() => {}
+                _ = token.cancelled() => return Ok(()),
+            }
+            tracing::info!(worker = %engine.worker_name, "worker started");
+            Dispatcher::new(&engine).run(token).await
+        })
+    }
+}
+
+/// The apalis monitor running the chain worker until the engine's shutdown, restarting it
+/// after a failure (with a pause).
+fn chain_worker(
+    engine: &Arc<Engine>,
+    fetcher: Arc<Fetcher>,
+) -> impl std::future::Future<Output = Result<(), apalis_core::monitor::MonitorError>> + use<> {
+    let shutdown = engine.shutdown.clone();
+    let (factory_engine, factory_fetcher) = (engine.clone(), fetcher.clone());
+    let monitor = Monitor::new()
+        .register(move |_restarts| {
+            let e = factory_engine.clone();
+            WorkerBuilder::new(e.worker_name.clone())
+                .backend(ChainBackend::new(&e, &factory_fetcher))
+                .concurrency(e.settings.worker_concurrency)
+                .build(chain_service(e.clone()))
+        })
+        .should_restart(move |_ctx, error| {
+            // The restarted worker pauses before it registers again (doubling, capped).
+            fetcher.restarted();
+            tracing::error!(%error, "chain worker stopped; restarting it after a pause");
+            true
+        })
+        .shutdown_timeout(engine.settings.shutdown_timeout);
+    monitor.run_with_signal(async move {
+        shutdown.cancelled().await;
+        Ok(())
+    })
+}
+
+/// The end of a worker, after a stop or a failure: the loops' ends, the process's jobs put
+/// back, the beat stopped last; the first `failure` (or a panic met here) is its reason.
+async fn wind_down(
+    engine: &Arc<Engine>,
+    loops: [tokio::task::JoinHandle<()>; 6],
+    beat_stop: tokio_util::sync::CancellationToken,
+    beat: tokio::task::JoinHandle<()>,
+    mut failure: Option<anyhow::Error>,
+) -> anyhow::Result<()> {
     for handle in loops {
         if let Err(e) = handle.await {
             failure.get_or_insert(anyhow::Error::new(e).context("a maintenance loop panicked"));
         }
     }
-    match Rescuer::new(&engine).release_own().await {
+    match Rescuer::new(engine).release_own().await {
         Ok(jobs) if !jobs.is_empty() => {
             tracing::info!(
                 jobs = jobs.len(),

@@ -15,10 +15,9 @@ async fn enqueue_rejects_bad_input_whole() {
         "{\"record_key\":\"a\",\"payload\":{}}\n{\"record_key\":\"b\",\"payload\":{}}\n{oops\n";
     let dir = std::env::temp_dir().join(format!("courier-ndjson-{}", rand::random::<u32>()));
     std::fs::write(&dir, input).unwrap();
-    let out = courier()
+    let out = courier_on(&db.url)
         .args(["enqueue", "--rule", "customers", "--file"])
         .arg(&dir)
-        .env("DATABASE_URL", &db.url)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -27,10 +26,9 @@ async fn enqueue_rejects_bad_input_whole() {
 
     let good = "{\"record_key\":\"a\",\"payload\":{}}\n";
     std::fs::write(&dir, good).unwrap();
-    let out = courier()
+    let out = courier_on(&db.url)
         .args(["enqueue", "--rule", "unknown-rule", "--file"])
         .arg(&dir)
-        .env("DATABASE_URL", &db.url)
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -41,10 +39,9 @@ async fn enqueue_rejects_bad_input_whole() {
         .unwrap();
     assert_eq!(n, 0, "nothing from a refused input is inserted");
 
-    let out = courier()
+    let out = courier_on(&db.url)
         .args(["enqueue", "--rule", "customers", "--file"])
         .arg(&dir)
-        .env("DATABASE_URL", &db.url)
         .output()
         .unwrap();
     assert!(
@@ -103,9 +100,8 @@ async fn status_reports_connections_rules_and_runs_as_json() {
     enqueue::enqueue(&db.pool, "customers", NewDelivery::new("c:9", json!({})))
         .await
         .unwrap();
-    let out = courier()
+    let out = courier_on(&db.url)
         .args(["status", "--json"])
-        .env("DATABASE_URL", &db.url)
         .output()
         .unwrap();
     assert!(
@@ -119,11 +115,7 @@ async fn status_reports_connections_rules_and_runs_as_json() {
     assert_eq!(report["rules"][0]["pending"], 1);
     assert_eq!(report["recent_runs"][0]["status"], "completed");
     assert_eq!(report["recent_runs"][0]["delivered"], 3);
-    let table = courier()
-        .arg("status")
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let table = courier_on(&db.url).arg("status").output().unwrap();
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(
         text.contains("CONNECTIONS") && text.contains("customers") && text.contains("completed"),
@@ -158,11 +150,7 @@ async fn only_db_create_creates_the_database() {
         &["rule", "list"],
         &["connection", "list"],
     ] {
-        let out = courier()
-            .args(args)
-            .env("DATABASE_URL", &url)
-            .output()
-            .unwrap();
+        let out = courier_on(&url).args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(
@@ -172,11 +160,7 @@ async fn only_db_create_creates_the_database() {
     }
     assert!(!exists(&name).await);
 
-    let out = courier()
-        .args(["db", "create"])
-        .env("DATABASE_URL", &url)
-        .output()
-        .unwrap();
+    let out = courier_on(&url).args(["db", "create"]).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -184,20 +168,12 @@ async fn only_db_create_creates_the_database() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("database created"));
     assert!(exists(&name).await);
-    let again = courier()
-        .args(["db", "create"])
-        .env("DATABASE_URL", &url)
-        .output()
-        .unwrap();
+    let again = courier_on(&url).args(["db", "create"]).output().unwrap();
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stdout).contains("exists already"));
 
     for args in [&["migrate"][..], &["status"]] {
-        let out = courier()
-            .args(args)
-            .env("DATABASE_URL", &url)
-            .output()
-            .unwrap();
+        let out = courier_on(&url).args(args).output().unwrap();
         assert!(
             out.status.success(),
             "{args:?}: {}",

@@ -11,32 +11,14 @@ use common::*;
 
 /// Runs the binary on `url` with `args`; returns (success, stderr).
 fn run(url: &str, args: &[&str]) -> (bool, String) {
-    let out = courier()
-        .args(args)
-        .env("DATABASE_URL", url)
-        .env_remove("COURIER_LOG")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let r = run_on(url, args);
+    (r.ok, r.stderr)
 }
 
 /// Like [`run`], with standard output and standard error together.
 fn both(url: &str, args: &[&str]) -> (bool, String) {
-    let out = courier()
-        .args(args)
-        .env("DATABASE_URL", url)
-        .env_remove("COURIER_LOG")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let r = run_on(url, args);
+    (r.ok, r.both())
 }
 
 fn temp_file(contents: &str) -> std::path::PathBuf {
@@ -219,10 +201,8 @@ async fn enqueue_refuses_blank_keys_and_self_dependencies_by_line() {
 #[tokio::test]
 async fn unknown_variables_are_warned_about_and_an_invalid_log_filter_is_refused() {
     let db = TestDb::new().await;
-    let out = courier()
+    let out = courier_on(&db.url)
         .arg("status")
-        .env("DATABASE_URL", &db.url)
-        .env_remove("COURIER_LOG")
         .env("COURIER_WORKER_CONCURENCY", "4")
         .output()
         .unwrap();
@@ -237,10 +217,8 @@ async fn unknown_variables_are_warned_about_and_an_invalid_log_filter_is_refused
     assert!(!err.contains('\u{1b}'), "ANSI codes in piped logs: {err:?}");
 
     // For log shippers: one JSON object per line.
-    let out = courier()
+    let out = courier_on(&db.url)
         .arg("status")
-        .env("DATABASE_URL", &db.url)
-        .env_remove("COURIER_LOG")
         .env("COURIER_LOG_FORMAT", "json")
         .env("COURIER_WORKER_CONCURENCY", "4")
         .output()
@@ -254,27 +232,24 @@ async fn unknown_variables_are_warned_about_and_an_invalid_log_filter_is_refused
             serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
         assert!(v.get("level").is_some(), "{line}");
     }
-    let out = courier()
+    let out = courier_on(&db.url)
         .arg("status")
-        .env("DATABASE_URL", &db.url)
         .env("COURIER_LOG_FORMAT", "xml")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("COURIER_LOG_FORMAT"));
 
-    let out = courier()
+    let out = courier_on(&db.url)
         .arg("status")
-        .env("DATABASE_URL", &db.url)
         .env("COURIER_LOG", "[[[")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("COURIER_LOG") && err.contains("[[["), "{err}");
-    let out = courier()
+    let out = courier_on(&db.url)
         .arg("status")
-        .env("DATABASE_URL", &db.url)
         .env("COURIER_LOG", "warn,courier=debug")
         .output()
         .unwrap();
@@ -366,11 +341,7 @@ async fn an_unmigrated_database_gets_one_line_naming_courier_migrate() {
     let url = database_url(&name);
     courier::db::create_database(&url).await.unwrap();
     for args in [&["status"][..], &["connection", "list"], &["rule", "list"]] {
-        let out = courier()
-            .args(args)
-            .env("DATABASE_URL", &url)
-            .output()
-            .unwrap();
+        let out = courier_on(&url).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}: {err}");
         let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("courier:")).collect();
@@ -378,17 +349,12 @@ async fn an_unmigrated_database_gets_one_line_naming_courier_migrate() {
         assert!(lines[0].contains("run `courier migrate` first"), "{err}");
         assert!(!err.contains("at line"), "{err}");
     }
-    let out = courier()
-        .arg("migrate")
-        .env("DATABASE_URL", &url)
-        .output()
-        .unwrap();
+    let out = courier_on(&url).arg("migrate").output().unwrap();
     assert!(out.status.success());
     // A database error is said once, by PostgreSQL's own message.
-    let out = courier()
+    let out = courier_on(&url)
         .args(["connection", "add", "--name", "x", "--writer", "http_json"])
         .args(["--base-url", "http://127.0.0.1:1/", "--budget-key", ""])
-        .env("DATABASE_URL", &url)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -421,9 +387,8 @@ async fn connection_list_shows_budget_timeout_and_header_names_never_values() {
         ],
     );
     assert!(ok, "{err}");
-    let out = courier()
+    let out = courier_on(&db.url)
         .args(["connection", "list"])
-        .env("DATABASE_URL", &db.url)
         .output()
         .unwrap();
     let list = String::from_utf8_lossy(&out.stdout);

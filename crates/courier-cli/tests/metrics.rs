@@ -228,9 +228,8 @@ async fn the_worker_binary_serves_metrics_and_names_a_busy_address() {
     let db = TestDb::new().await;
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy = taken.local_addr().unwrap().to_string();
-    let out = courier()
+    let out = courier_on(&db.url)
         .arg("worker")
-        .env("DATABASE_URL", &db.url)
         .env("COURIER_HTTP_ADDR", &busy)
         .output()
         .unwrap();
@@ -247,9 +246,8 @@ async fn the_worker_binary_serves_metrics_and_names_a_busy_address() {
         .local_addr()
         .unwrap()
         .to_string();
-    let mut child = courier()
+    let mut child = courier_on(&db.url)
         .arg("worker")
-        .env("DATABASE_URL", &db.url)
         .env("COURIER_HTTP_ADDR", &free)
         .stderr(std::process::Stdio::null())
         .spawn()

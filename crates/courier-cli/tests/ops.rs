@@ -7,11 +7,7 @@ use common::*;
 
 /// Runs `courier ARGS` on `url`: (success, stdout, stderr).
 fn run(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = courier()
-        .args(args)
-        .env("DATABASE_URL", url)
-        .output()
-        .unwrap();
+    let out = courier_on(url).args(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -131,10 +127,8 @@ async fn operator_commands_say_what_they_changed() {
 #[tokio::test]
 async fn a_worker_in_steady_state_writes_one_line_per_run() {
     let (db, _target) = shop(&["customers", "orders"], 50, 4).await;
-    let mut child = courier()
+    let mut child = courier_on(&db.url)
         .arg("worker")
-        .env("DATABASE_URL", &db.url)
-        .env_remove("COURIER_LOG")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();

@@ -117,10 +117,8 @@ fn run_courier(url: &str, command: &str, stdin: Option<&str>) -> String {
     };
     let args = words(command);
     assert_eq!(args[0], "courier", "{command}");
-    let mut child = courier()
+    let mut child = courier_on(url)
         .args(&args[1..])
-        .env("DATABASE_URL", url)
-        .env_remove("COURIER_LOG")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -301,10 +299,8 @@ fn cargo_command_is_known(command: &str, at: &str) {
 
 /// `courier worker` starts, and stops with status 0 on SIGTERM.
 async fn worker_runs_and_stops(url: &str) {
-    let child = courier()
+    let child = courier_on(url)
         .arg("worker")
-        .env("DATABASE_URL", url)
-        .env_remove("COURIER_LOG")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

@@ -69,11 +69,7 @@ impl Drop for Fleet {
 
 /// `courier status --json` on `url`.
 fn status_json(url: &str) -> serde_json::Value {
-    let out = courier()
-        .args(["status", "--json"])
-        .env("DATABASE_URL", url)
-        .output()
-        .unwrap();
+    let out = courier_on(url).args(["status", "--json"]).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -146,11 +142,7 @@ async fn several_workers_on_one_host_with_the_defaults_all_run_each_at_its_own_a
     addrs.sort();
     addrs.dedup();
     assert_eq!(addrs.len(), 3, "one address each: {addrs:?}");
-    let table = courier()
-        .arg("status")
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let table = courier_on(&db.url).arg("status").output().unwrap();
     let table = String::from_utf8_lossy(&table.stdout);
     for addr in &addrs {
         assert!(table.contains(&format!("http://{addr}/")), "{table}");
