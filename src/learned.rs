@@ -399,58 +399,11 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
             };
             (rate.min(paced).max(floor), None, Lesson::Measured)
         }
-        _ => match (evidence.probing, between, evidence.previous) {
-            // After a measured cut, the target let through 60–95% of the rate sent between
-            // the two refusals: a bucket's burst hid the excess the measure left, and over
-            // block and stretch it let through its refill rate. Settled without a probe.
-            (Probe::No, Some(e), Some((Lesson::Measured, _)))
-                if (sent * BETWEEN_CUT_BELOW..sent * BUCKET_BELOW).contains(&e) =>
-            {
-                (e.min(paced), None, Lesson::Bucket)
-            }
-            // The probe from a rate between refusals met the same rate again: a bucket.
-            (Probe::Fast, Some(e), Some((Lesson::Between, from)))
-                if (e - from).abs() <= from * SAME_BETWEEN =>
-            {
-                (e.min(paced), None, Lesson::Bucket)
-            }
-            // Not the same rate between refusals, and well below the pace over the probe's
-            // stretch: a window, whose block cost it part of a window between refusals,
-            // and which let through all the probe sent as it climbed from under its limit
-            // until one window filled, [`WINDOW_PAST`] past the limit. The pace refused
-            // over that overshoot, never below the rate between refusals, is taken as the
-            // probe's lesson (not as measured: a window's 429 at about that pace is a
-            // streak's, not a bucket's). The climb's average says only where it started.
-            (Probe::Fast, Some(e), Some((Lesson::Between, _))) if well_below => {
-                ((paced / WINDOW_PAST).max(e), None, Lesson::Probe)
-            }
-            (Probe::Fast, ..) => (paced * PROBE_CUT, None, Lesson::Probe),
-            // The slow probe overshoots the limit by a quarter second's growth at most.
-            (Probe::Slow, ..) => (paced * RECENT_CUT, None, Lesson::SlowProbe),
-            // Once: after a rate between refusals has been taken and probed from, a window
-            // whose block keeps costing it time would halve the pace at every other 429.
-            (Probe::No, Some(e), previous)
-                if e < sent * BETWEEN_CUT_BELOW
-                    && evidence.streak == 0
-                    && !previous.is_some_and(|(l, _)| {
-                        matches!(
-                            l,
-                            Lesson::Between | Lesson::Probe | Lesson::Bucket | Lesson::Halved
-                        )
-                    }) =>
-            {
-                (
-                    e.max(paced * NO_BURST_CUT),
-                    Some(paced * RECENT_CUT),
-                    Lesson::Between,
-                )
-            }
-            (Probe::No, ..) if evidence.recent_429 => {
-                streak = evidence.streak + 1;
-                (paced * recent_cut(streak), None, Lesson::Streak)
-            }
-            (Probe::No, ..) => (paced * MAX_CUT, None, Lesson::Sporadic),
-        },
+        _ => {
+            let (rpm, ceiling, by, run) = about_the_pace(evidence, paced, between, well_below);
+            streak = run;
+            (rpm, ceiling, by)
+        }
     };
     let floor = (f64::from(declared) * MIN_SHARE).max(1.0);
     Cut {
@@ -459,6 +412,71 @@ pub fn after_429(paced: f64, evidence: Evidence, declared: u32) -> Cut {
         streak,
         by,
     }
+}
+
+/// A 429 when the target let through about the pace, or while a probe climbed: what the
+/// rate between refusals (`between`) and the lesson before say the limit is. Also the
+/// streak of such cuts this one continues (0 when it is of another kind).
+fn about_the_pace(
+    evidence: Evidence,
+    paced: f64,
+    between: Option<f64>,
+    well_below: bool,
+) -> (f64, Option<f64>, Lesson, u32) {
+    let sent = paced * (1.0 - HEADROOM);
+    let (rpm, ceiling, by) = match (evidence.probing, between, evidence.previous) {
+        // After a measured cut, the target let through 60–95% of the rate sent between
+        // the two refusals: a bucket's burst hid the excess the measure left, and over
+        // block and stretch it let through its refill rate. Settled without a probe.
+        (Probe::No, Some(e), Some((Lesson::Measured, _)))
+            if (sent * BETWEEN_CUT_BELOW..sent * BUCKET_BELOW).contains(&e) =>
+        {
+            (e.min(paced), None, Lesson::Bucket)
+        }
+        // The probe from a rate between refusals met the same rate again: a bucket.
+        (Probe::Fast, Some(e), Some((Lesson::Between, from)))
+            if (e - from).abs() <= from * SAME_BETWEEN =>
+        {
+            (e.min(paced), None, Lesson::Bucket)
+        }
+        // Not the same rate between refusals, and well below the pace over the probe's
+        // stretch: a window, whose block cost it part of a window between refusals,
+        // and which let through all the probe sent as it climbed from under its limit
+        // until one window filled, [`WINDOW_PAST`] past the limit. The pace refused
+        // over that overshoot, never below the rate between refusals, is taken as the
+        // probe's lesson (not as measured: a window's 429 at about that pace is a
+        // streak's, not a bucket's). The climb's average says only where it started.
+        (Probe::Fast, Some(e), Some((Lesson::Between, _))) if well_below => {
+            ((paced / WINDOW_PAST).max(e), None, Lesson::Probe)
+        }
+        (Probe::Fast, ..) => (paced * PROBE_CUT, None, Lesson::Probe),
+        // The slow probe overshoots the limit by a quarter second's growth at most.
+        (Probe::Slow, ..) => (paced * RECENT_CUT, None, Lesson::SlowProbe),
+        // Once: after a rate between refusals has been taken and probed from, a window
+        // whose block keeps costing it time would halve the pace at every other 429.
+        (Probe::No, Some(e), previous)
+            if e < sent * BETWEEN_CUT_BELOW
+                && evidence.streak == 0
+                && !previous.is_some_and(|(l, _)| {
+                    matches!(
+                        l,
+                        Lesson::Between | Lesson::Probe | Lesson::Bucket | Lesson::Halved
+                    )
+                }) =>
+        {
+            (
+                e.max(paced * NO_BURST_CUT),
+                Some(paced * RECENT_CUT),
+                Lesson::Between,
+            )
+        }
+        (Probe::No, ..) if evidence.recent_429 => {
+            let streak = evidence.streak + 1;
+            return (paced * recent_cut(streak), None, Lesson::Streak, streak);
+        }
+        (Probe::No, ..) => (paced * MAX_CUT, None, Lesson::Sporadic),
+    };
+    (rpm, ceiling, by, 0)
 }
 
 /// Requests per minute a stated quota of `limit` per `window` allows.
@@ -641,16 +659,21 @@ mod tests {
         assert_eq!(cut(700.0, probing, 1_200), (700.0 * PROBE_CUT, None));
     }
 
+    /// Evidence of a 429 soon after another, at about the pace, with `between` let
+    /// through between the two refusals and `previous` the lesson before.
+    fn again(between: f64, previous: Option<(Lesson, f64)>) -> Evidence {
+        Evidence {
+            between_rpm: Some(between),
+            previous,
+            ..ev(Some(1_145.0), 21, true)
+        }
+    }
+
     #[test]
     fn a_bucket_declared_too_high_is_found_by_what_it_lets_through_between_refusals() {
         // A bucket of 10 refilling at 10/s, paced at 19/s: after each 1 s block it lets
         // 10 + 10·t through and refuses after t ≈ 1.1 s, at about the pace.
         assert_eq!(between_rpm(21, 1.0, 1.1), Some(600.0));
-        let again = |between, previous| Evidence {
-            between_rpm: Some(between),
-            previous,
-            ..ev(Some(1_145.0), 21, true)
-        };
         let sporadic = Some((Lesson::Sporadic, 1_188.0));
         let cut = after_429(1_200.0, again(600.0, sporadic), 1_200);
         assert_eq!(
@@ -675,6 +698,19 @@ mod tests {
             ..again(700.0, Some((Lesson::Between, 600.0)))
         };
         assert_eq!(after_429(1_000.0, window, 1_200).rpm, 1_000.0 * PROBE_CUT);
+        // A window's or a sliding log's refusals within one window of the block: at most
+        // halved, with the probe.
+        assert_eq!(after_429(600.0, again(200.0, sporadic), 1_200).rpm, 300.0);
+        // About the pace between refusals too: the limit lies just below the pace.
+        // A late call's 429 a few seconds after the block: cut as one at the pace.
+        let late = after_429(600.0, again(450.0, sporadic), 1_200);
+        assert_eq!((late.by, late.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
+        let near = after_429(600.0, again(580.0, sporadic), 1_200);
+        assert_eq!((near.by, near.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
+    }
+
+    #[test]
+    fn a_windows_limit_is_found_above_the_rate_between_refusals_by_the_probe() {
         // A window of 5/s after a drop (measured): 226 between refusals, 10% under the 250
         // the probe started from, and 295 let through over the probe's stretch, well below
         // the pace of 426 it was refused at: the limit lies ÷ 1.4 below that.
@@ -702,15 +738,10 @@ mod tests {
             ..window
         };
         assert_eq!(after_429(300.0, low, 600).rpm, 226.0);
-        // A window's or a sliding log's refusals within one window of the block: at most
-        // halved, with the probe.
-        assert_eq!(after_429(600.0, again(200.0, sporadic), 1_200).rpm, 300.0);
-        // About the pace between refusals too: the limit lies just below the pace.
-        // A late call's 429 a few seconds after the block: cut as one at the pace.
-        let late = after_429(600.0, again(450.0, sporadic), 1_200);
-        assert_eq!((late.by, late.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
-        let near = after_429(600.0, again(580.0, sporadic), 1_200);
-        assert_eq!((near.by, near.rpm), (Lesson::Streak, 600.0 * RECENT_CUT));
+    }
+
+    #[test]
+    fn after_a_measured_cut_a_bucket_settles_at_what_it_lets_through_between_refusals() {
         // After a measured cut (the burst of a bucket of 10 and a second's refill: 12/s),
         // the bucket let through its refill rate between the refusals, below the rate sent:
         // settled at once, no probe.
@@ -735,6 +766,11 @@ mod tests {
         );
         let late = after_429(720.0, again(690.0, measured), 3_000);
         assert_eq!((late.by, late.rpm), (Lesson::Streak, 720.0 * RECENT_CUT));
+    }
+
+    #[test]
+    fn the_rate_between_refusals_is_taken_once() {
+        let sporadic = Some((Lesson::Sporadic, 1_188.0));
         // The rate between refusals is taken once: after its probe's 429, or in a streak,
         // a window's lost block time would halve the pace at every other 429.
         // Nor after a halving: a limiter with no burst (GCRA) let through only the fast

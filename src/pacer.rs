@@ -113,6 +113,92 @@ pub fn lease(
     (start, start + len)
 }
 
+/// What a 429 taught budget `key`, paced at `paced`, at `debug`: the block the 429 set is
+/// the line at `info`; the rate learned shows in status, the metrics and the dashboard.
+fn trace_cut(key: &str, paced: f64, evidence: &learned::Evidence, cut: &learned::Cut) {
+    tracing::debug!(
+        budget = key,
+        paced,
+        accepted = ?evidence.accepted_rpm,
+        calls = evidence.accepted,
+        stretch = evidence.stretch,
+        between = ?evidence.between_rpm,
+        recent = evidence.recent_429,
+        by = cut.by.as_str(),
+        streak = cut.streak,
+        probing = ?evidence.probing,
+        learned = cut.rpm,
+        ceiling = ?cut.ceiling,
+        "a 429: the budget's learned rate is lowered"
+    );
+}
+
+/// A budget's row as a 429 reads it.
+struct BudgetRow {
+    declared_rpm: Option<i32>,
+    learned_rpm: Option<f64>,
+    learned_at: Option<DateTime<Utc>>,
+    ceiling_rpm: Option<f64>,
+    advertised_rpm: Option<f64>,
+    advertised_at: Option<DateTime<Utc>>,
+    last_429_at: Option<DateTime<Utc>>,
+    streak_429: i32,
+    accepted: i64,
+    accepted_since: Option<DateTime<Utc>>,
+    learned_by: Option<String>,
+}
+
+impl BudgetRow {
+    /// What it has learned.
+    fn learned(&self) -> learned::Learned {
+        learned::Learned {
+            rpm: self.learned_rpm,
+            at: self.learned_at,
+            ceiling: self.ceiling_rpm,
+        }
+    }
+
+    /// Its effective rate at `now` (see [`learned::effective`]).
+    fn effective(&self, declared: u32, now: DateTime<Utc>) -> f64 {
+        learned::effective(
+            declared,
+            self.learned().now(declared, now),
+            learned::advertised_now(self.advertised_rpm, self.advertised_at, now),
+        )
+    }
+
+    /// What a 429 met `now` tells, with `pending` calls this process saw accepted and has
+    /// not reported yet.
+    fn evidence(&self, pending: i64, now: DateTime<Utc>) -> learned::Evidence {
+        let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
+        let accepted = self.accepted + pending;
+        let stretch = self
+            .accepted_since
+            .map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0));
+        // The previous 429's block: from it to the end it set (`learned_at`).
+        let previous_block = self
+            .last_429_at
+            .zip(self.learned_at)
+            .map(|(last, end)| (end - last).as_seconds_f64());
+        learned::Evidence {
+            accepted_rpm: learned::accepted_rpm(accepted, self.accepted_since, now),
+            accepted,
+            stretch,
+            recent_429: self.last_429_at.is_some_and(|t| t > now - quiet),
+            streak: self.streak_429.max(0) as u32,
+            probing: self.learned().probing(now),
+            between_rpm: previous_block
+                .filter(|_| self.accepted_since.is_some())
+                .and_then(|block| learned::between_rpm(accepted, block, stretch)),
+            previous: self
+                .learned_by
+                .as_deref()
+                .and_then(learned::Lesson::parse)
+                .zip(self.learned_rpm),
+        }
+    }
+}
+
 /// Per-rule fair queue of waiting requests.
 #[derive(Default)]
 struct FairQueue {
@@ -296,7 +382,8 @@ impl Pacer {
             source,
         };
         let mut tx = self.pool.begin().await.map_err(lease_err)?;
-        let row = sqlx::query!(
+        let row = sqlx::query_as!(
+            BudgetRow,
             r#"SELECT declared_rpm, learned_rpm, learned_at, ceiling_rpm, advertised_rpm,
                       advertised_at, last_429_at, streak_429, accepted, accepted_since,
                       learned_by
@@ -326,52 +413,20 @@ impl Pacer {
             return Ok(());
         }
         let declared = row.declared_rpm.map_or(b.declared, |d| d.max(1) as u32);
-        let was = learned::Learned {
-            rpm: row.learned_rpm,
-            at: row.learned_at,
-            ceiling: row.ceiling_rpm,
-        };
         // The pace the refused call was spaced at: the rate of this process's last lease.
         // A probe has climbed since (by up to a slice's growth), or another process's 429
         // has cut the rate meanwhile: the lesser of the two.
-        let paced = learned::effective(
-            declared,
-            was.now(declared, now),
-            learned::advertised_now(row.advertised_rpm, row.advertised_at, now),
-        )
-        .min(f64::from_bits(b.effective.load(Ordering::Relaxed)));
-        let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
-        let accepted = row.accepted + pending;
-        let stretch = row
-            .accepted_since
-            .map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0));
-        // The previous 429's block: from it to the end it set (`learned_at`).
-        let previous_block = row
-            .last_429_at
-            .zip(row.learned_at)
-            .map(|(last, end)| (end - last).as_seconds_f64());
-        let evidence = learned::Evidence {
-            accepted_rpm: learned::accepted_rpm(accepted, row.accepted_since, now),
-            accepted,
-            stretch,
-            recent_429: row.last_429_at.is_some_and(|t| t > now - quiet),
-            streak: row.streak_429.max(0) as u32,
-            probing: was.probing(now),
-            between_rpm: previous_block
-                .filter(|_| row.accepted_since.is_some())
-                .and_then(|block| learned::between_rpm(accepted, block, stretch)),
-            previous: row
-                .learned_by
-                .as_deref()
-                .and_then(learned::Lesson::parse)
-                .zip(row.learned_rpm),
-        };
+        let paced = row
+            .effective(declared, now)
+            .min(f64::from_bits(b.effective.load(Ordering::Relaxed)));
+        let evidence = row.evidence(pending, now);
+        let cut = learned::after_429(paced, evidence, declared);
         let learned::Cut {
             rpm,
             ceiling,
             streak,
             by,
-        } = learned::after_429(paced, evidence, declared);
+        } = cut;
         let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
         sqlx::query!(
             "UPDATE budgets SET learned_rpm = $2, learned_at = $4, last_429_at = $3,
@@ -391,24 +446,7 @@ impl Pacer {
         .map_err(lease_err)?;
         tx.commit().await.map_err(lease_err)?;
         b.effective.store(rpm.to_bits(), Ordering::Relaxed);
-        // The block the 429 set is the line at `info`; the rate learned shows in status,
-        // the metrics and the dashboard.
-        tracing::debug!(
-            budget = key,
-            paced,
-            accepted = ?evidence.accepted_rpm,
-            calls = evidence.accepted,
-            stretch = evidence.stretch,
-            previous_block = ?previous_block,
-            between = ?evidence.between_rpm,
-            recent = evidence.recent_429,
-            by = by.as_str(),
-            streak,
-            probing = ?evidence.probing,
-            learned = rpm,
-            ?ceiling,
-            "a 429: the budget's learned rate is lowered"
-        );
+        trace_cut(key, paced, &evidence, &cut);
         Ok(())
     }
 
@@ -653,34 +691,8 @@ impl Pacer {
         // wider), and reports what this process saw since its last lease. The slice's
         // length comes from the rate booked at, not from this process's last lease: after
         // a cut, no process books seconds of slots at the new pace.
-        let leased = sqlx::query!(
-            r#"INSERT INTO budgets AS b (budget_key, tat, updated_at, declared_rpm, accepted,
-                                         accepted_since, advertised_rpm, advertised_at)
-               VALUES ($1, GREATEST($2::timestamptz, $6::timestamptz)
-                           + courier_slice_span(least($3::int::float8, $5::float8)) * $8::float8,
-                       $2, $3, $4, $2, $5, CASE WHEN $5::float8 IS NOT NULL THEN $2 END)
-               ON CONFLICT (budget_key) DO UPDATE SET
-                 tat = GREATEST(b.tat, EXCLUDED.updated_at, $6::timestamptz)
-                       + courier_slice_span(courier_effective_rpm(
-                           EXCLUDED.declared_rpm, b.learned_rpm, b.learned_at, b.ceiling_rpm,
-                           COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
-                           COALESCE(EXCLUDED.advertised_at, b.advertised_at), EXCLUDED.updated_at))
-                         * $8::float8,
-                 updated_at = EXCLUDED.updated_at,
-                 declared_rpm = EXCLUDED.declared_rpm,
-                 accepted = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $7::interval
-                                 THEN EXCLUDED.accepted ELSE b.accepted + EXCLUDED.accepted END,
-                 accepted_since = CASE WHEN b.accepted_since IS NULL OR b.tat < EXCLUDED.updated_at - $7::interval
-                                       THEN GREATEST(EXCLUDED.updated_at, b.learned_at)
-                                       ELSE b.accepted_since END,
-                 advertised_rpm = COALESCE(EXCLUDED.advertised_rpm, b.advertised_rpm),
-                 advertised_at = COALESCE(EXCLUDED.advertised_at, b.advertised_at)
-               RETURNING tat AS "tat!",
-                         courier_effective_rpm(b.declared_rpm, b.learned_rpm, b.learned_at,
-                             b.ceiling_rpm, b.advertised_rpm, b.advertised_at, b.updated_at) AS "effective!",
-                         courier_slice_len(courier_effective_rpm(b.declared_rpm, b.learned_rpm,
-                             b.learned_at, b.ceiling_rpm, b.advertised_rpm, b.advertised_at,
-                             b.updated_at)) AS "slice!""#,
+        let leased = sqlx::query_file!(
+            "queries/lease_slice.sql",
             budget.key,
             now,
             budget.declared as i32,

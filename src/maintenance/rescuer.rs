@@ -116,68 +116,7 @@ impl<'a> Rescuer<'a> {
                 resumed: Vec::new(),
             });
         }
-        // Runs whose job ended without moving them on, or was fetched long ago by a process
-        // that never started it. A job `Running` in a live process is its business (it
-        // beats while it calls; a slow database only delays the beat), and a job `Queued`
-        // may wait in its process's buffer for a free slot for a while under load.
-        let stalled = sqlx::query!(
-            r#"SELECT r.id, r.rule_id, r.job_id FROM runs r
-               LEFT JOIN apalis.jobs j ON j.id = r.job_id
-               WHERE r.status = 'running' AND r.heartbeat_at < $1
-                 AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed')
-                      OR (j.status = 'Queued' AND j.lock_at < $2))"#,
-            cutoff,
-            now - window * NEVER_STARTED_WINDOWS
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut jobs = Vec::with_capacity(stalled.len());
-        if !stalled.is_empty() {
-            // Rules first, then runs: the order of a chain job's lease statements, so the
-            // two never wait on each other in a circle.
-            let rules: Vec<i64> = stalled.iter().map(|r| r.rule_id).collect();
-            sqlx::query!(
-                "SELECT id FROM rules WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                &rules
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let runs: Vec<i64> = stalled.iter().map(|r| r.id).collect();
-            let old: Vec<Option<String>> = stalled.iter().map(|r| r.job_id.clone()).collect();
-            let ids: Vec<String> = stalled.iter().map(|_| queue::new_job_id()).collect();
-            // Only runs still as they were read: a job that beat meanwhile keeps its run.
-            let moved = sqlx::query!(
-                r#"WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
-                              AS u(run, job, old)),
-                        r AS (UPDATE runs SET job_id = u.job, heartbeat_at = $4
-                              FROM u
-                              WHERE runs.id = u.run AND runs.status = 'running'
-                                AND runs.heartbeat_at < $5
-                                AND runs.job_id IS NOT DISTINCT FROM u.old
-                              RETURNING runs.id, runs.rule_id, u.job),
-                        l AS (UPDATE rules SET lease_owner = NULL, lease_until = NULL
-                              WHERE id IN (SELECT rule_id FROM r))
-                   SELECT id AS "id!", rule_id AS "rule_id!", job AS "job!" FROM r"#,
-                &runs,
-                &ids,
-                &old as &[Option<String>],
-                now,
-                cutoff
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            jobs = moved
-                .into_iter()
-                .map(|m| {
-                    let job = ChainJob {
-                        run_id: m.id,
-                        rule_id: m.rule_id,
-                    };
-                    (job, m.job)
-                })
-                .collect();
-            queue::push(&mut tx, &jobs).await?;
-        }
+        let jobs = resume_stalled(&mut tx, cutoff, now, window).await?;
         if !requeued.is_empty() {
             queue::wake_fetchers(&mut *tx).await?;
         }
@@ -286,4 +225,78 @@ async fn requeue_dead(
     )
     .fetch_all(&mut *tx)
     .await
+}
+
+/// Gives a new chain job to every run whose job ended without moving it on, or was
+/// fetched long ago by a process that never started it (inside `tx`); returns the jobs
+/// pushed.
+async fn resume_stalled(
+    tx: &mut sqlx::PgConnection,
+    cutoff: DateTime<Utc>,
+    now: DateTime<Utc>,
+    window: chrono::Duration,
+) -> Result<Vec<(ChainJob, String)>, sqlx::Error> {
+    // Runs whose job ended without moving them on, or was fetched long ago by a process
+    // that never started it. A job `Running` in a live process is its business (it
+    // beats while it calls; a slow database only delays the beat), and a job `Queued`
+    // may wait in its process's buffer for a free slot for a while under load.
+    let stalled = sqlx::query!(
+        r#"SELECT r.id, r.rule_id, r.job_id FROM runs r
+           LEFT JOIN apalis.jobs j ON j.id = r.job_id
+           WHERE r.status = 'running' AND r.heartbeat_at < $1
+             AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed')
+                  OR (j.status = 'Queued' AND j.lock_at < $2))"#,
+        cutoff,
+        now - window * NEVER_STARTED_WINDOWS
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    if stalled.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Rules first, then runs: the order of a chain job's lease statements, so the
+    // two never wait on each other in a circle.
+    let rules: Vec<i64> = stalled.iter().map(|r| r.rule_id).collect();
+    sqlx::query!(
+        "SELECT id FROM rules WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        &rules
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let runs: Vec<i64> = stalled.iter().map(|r| r.id).collect();
+    let old: Vec<Option<String>> = stalled.iter().map(|r| r.job_id.clone()).collect();
+    let ids: Vec<String> = stalled.iter().map(|_| queue::new_job_id()).collect();
+    // Only runs still as they were read: a job that beat meanwhile keeps its run.
+    let moved = sqlx::query!(
+        r#"WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
+                      AS u(run, job, old)),
+                r AS (UPDATE runs SET job_id = u.job, heartbeat_at = $4
+                      FROM u
+                      WHERE runs.id = u.run AND runs.status = 'running'
+                        AND runs.heartbeat_at < $5
+                        AND runs.job_id IS NOT DISTINCT FROM u.old
+                      RETURNING runs.id, runs.rule_id, u.job),
+                l AS (UPDATE rules SET lease_owner = NULL, lease_until = NULL
+                      WHERE id IN (SELECT rule_id FROM r))
+           SELECT id AS "id!", rule_id AS "rule_id!", job AS "job!" FROM r"#,
+        &runs,
+        &ids,
+        &old as &[Option<String>],
+        now,
+        cutoff
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let jobs: Vec<(ChainJob, String)> = moved
+        .into_iter()
+        .map(|m| {
+            let job = ChainJob {
+                run_id: m.id,
+                rule_id: m.rule_id,
+            };
+            (job, m.job)
+        })
+        .collect();
+    queue::push(&mut *tx, &jobs).await?;
+    Ok(jobs)
 }
