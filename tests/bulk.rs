@@ -60,6 +60,14 @@ async fn statuses(pool: &PgPool) -> Vec<(String, i64)> {
         .unwrap()
 }
 
+/// Ledger rows `delivered`.
+async fn delivered_rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM ledger WHERE outcome = 'delivered'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// The ids of the deliveries whose payload is marked invalid.
 async fn invalid_ids(pool: &PgPool) -> Vec<i64> {
     sqlx::query_scalar("SELECT id FROM deliveries WHERE payload ? 'invalid' ORDER BY id")
@@ -146,11 +154,11 @@ async fn a_call_refused_as_a_whole_is_split_until_its_bad_records_are_alone() {
     for id in invalid_ids(&db.pool).await {
         assert_eq!(ledger(&db.pool, id).await, [("rejected".into(), 1)]);
     }
-    let split: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE outcome = 'delivered'")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(split, 61, "every good record delivered once");
+    assert_eq!(
+        delivered_rows(&db.pool).await,
+        61,
+        "every good record delivered once"
+    );
 }
 
 #[tokio::test]
@@ -285,12 +293,11 @@ async fn a_crash_mid_batch_resends_at_most_the_records_not_committed() {
         c.duplicates
     );
     assert!(target.accepted_log().len() as u64 == 100 + c.duplicates);
-    let delivered_rows: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM ledger WHERE outcome = 'delivered'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(delivered_rows, 100, "one delivered row per record");
+    assert_eq!(
+        delivered_rows(&db.pool).await,
+        100,
+        "one delivered row per record"
+    );
 }
 
 #[tokio::test]
