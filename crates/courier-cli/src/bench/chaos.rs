@@ -280,6 +280,39 @@ pub async fn bench(options: ChaosOptions) -> anyhow::Result<Report> {
 pub async fn run(options: ChaosOptions) -> anyhow::Result<(Report, ChaosOutcome)> {
     anyhow::ensure!(options.workers >= 1, "chaos needs at least one worker");
     anyhow::ensure!(options.records >= 6, "chaos needs at least 6 records");
+    let (cluster, url, pool) = private_database().await?;
+    let machine = super::machine(&pool).await;
+    let target = start_target(&options).await?;
+    declare_catalog(&pool, &target, &options).await?;
+    let mut workers = Workers::new(options.worker_exe.clone(), url)?;
+    for _ in 0..options.workers {
+        workers.spawn()?;
+    }
+    workers.until_beating(&pool, options.workers).await?;
+    let log_dir = workers.log_dir.clone();
+
+    let mut h = Harness::new(&options, &pool, &target, &cluster);
+    let timeline = h.drive(&mut workers).await?;
+    let outcome = h.outcome(&workers).await?;
+    let mut report = Report::new("chaos", machine);
+    report.declared_per_second = Some(options.rate as f64);
+    report.timeline = timeline;
+    report.marks = h.marks.clone();
+    figures(&mut report, &options, &outcome, &target);
+    pool.close().await;
+    if options.keep_logs {
+        println!("chaos: worker logs in {}", log_dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&log_dir);
+    }
+    drop(cluster);
+    Ok((report, outcome))
+}
+
+/// Starts the private throwaway cluster (never the shared server: the scenario restarts
+/// it and takes it down) and a migrated database on it; returns the cluster, the
+/// database's URL and a small pool for the harness.
+async fn private_database() -> anyhow::Result<(Arc<Cluster>, String, PgPool)> {
     let bin = server_binaries().context(
         "chaos runs on a private PostgreSQL cluster and needs the server binaries \
          (initdb, pg_ctl) under /usr/lib/postgresql/*/bin",
@@ -298,8 +331,13 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<(Report, ChaosOutcome)
         .connect(&url)
         .await?;
     db::migrate(&pool).await?;
-    let machine = super::machine(&pool).await;
+    Ok((cluster, url, pool))
+}
 
+/// Starts the local User.com target: one workspace allowing the declared rate (sliding
+/// window, `Retry-After` in seconds), answering after the configured latency so calls
+/// are in flight when a fault strikes.
+async fn start_target(options: &ChaosOptions) -> anyhow::Result<Target> {
     let target = Target::start_with(TargetConfig {
         workspaces: vec![courier_target::WorkspaceConfig::new(WORKSPACE, TOKEN)],
         rate: options.rate,
@@ -313,8 +351,18 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<(Report, ChaosOutcome)
         ..TargetConfig::default()
     })
     .await?;
+    Ok(target)
+}
+
+/// Declares the healthy connection (at the target's rate, its key in [`KEY_VAR`]) and
+/// the [`HEALTHY_RULES`] on it, through the catalog as an operator would.
+async fn declare_catalog(
+    pool: &PgPool,
+    target: &Target,
+    options: &ChaosOptions,
+) -> anyhow::Result<()> {
     catalog::upsert_connection(
-        &pool,
+        pool,
         &NewConnection {
             name: "shop".into(),
             writer: "usercom".into(),
@@ -329,7 +377,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<(Report, ChaosOutcome)
     .await?;
     for rule in HEALTHY_RULES {
         catalog::upsert_rule(
-            &pool,
+            pool,
             &NewRule {
                 name: rule.into(),
                 connection: "shop".into(),
@@ -339,91 +387,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<(Report, ChaosOutcome)
         )
         .await?;
     }
-
-    let log_dir = std::env::temp_dir().join(format!(
-        "courier-chaos-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&log_dir)?;
-    let mut workers = Workers {
-        exe: options.worker_exe.clone(),
-        url: url.clone(),
-        log_dir: log_dir.clone(),
-        spawned: 0,
-        live: Vec::new(),
-        died: 0,
-    };
-    for _ in 0..options.workers {
-        workers.spawn()?;
-    }
-    // Every worker beats before it takes a job.
-    let ready = Instant::now() + Duration::from_secs(60);
-    loop {
-        let beating: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM workers WHERE heartbeat_at > now() - interval '10 seconds'",
-        )
-        .fetch_one(&pool)
-        .await?;
-        if beating >= options.workers as i64 {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < ready,
-            "the workers did not beat within 60 s (their logs: {})",
-            log_dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-
-    let mut h = Harness {
-        options: options.clone(),
-        pool: pool.clone(),
-        target: target.clone(),
-        cluster: cluster.clone(),
-        started: Instant::now(),
-        faults: Vec::new(),
-        fault_instants: Vec::new(),
-        marks: Vec::new(),
-        next_index: HashMap::new(),
-        phases: Vec::new(),
-        rng: StdRng::seed_from_u64(options.seed),
-        poison: None,
-        apalis: None,
-    };
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = tokio::spawn(sample(target.clone(), h.started, sampling.clone()));
-
-    // Ctrl-C or SIGTERM ends the run cleanly: workers killed, cluster removed.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let ran = tokio::select! {
-        ran = h.phases(&mut workers) => ran,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-        _ = term.recv() => Err(anyhow::anyhow!("terminated")),
-    };
-    sampling.store(false, Ordering::SeqCst);
-    let timeline = sampler.await?;
-    if ran.is_err() {
-        dump_state(&pool, &log_dir.join("state.txt")).await;
-    }
-    let stopped = workers.stop_all();
-    ran.with_context(|| format!("worker logs kept in {}", log_dir.display()))?;
-    stopped.with_context(|| format!("worker logs kept in {}", log_dir.display()))?;
-
-    let outcome = h.outcome(&workers).await?;
-    let mut report = Report::new("chaos", machine);
-    report.declared_per_second = Some(options.rate as f64);
-    report.timeline = timeline;
-    report.marks = h.marks.clone();
-    figures(&mut report, &options, &outcome, &target);
-    pool.close().await;
-    if options.keep_logs {
-        println!("chaos: worker logs in {}", log_dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&log_dir);
-    }
-    drop(cluster);
-    Ok((report, outcome))
+    Ok(())
 }
 
 /// The worker processes.
@@ -437,6 +401,47 @@ struct Workers {
 }
 
 impl Workers {
+    /// No process yet; their logs go to a fresh directory under the system's temporary
+    /// one (kept or removed at the end of the run).
+    fn new(exe: PathBuf, url: String) -> anyhow::Result<Self> {
+        let log_dir = std::env::temp_dir().join(format!(
+            "courier-chaos-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&log_dir)?;
+        Ok(Self {
+            exe,
+            url,
+            log_dir,
+            spawned: 0,
+            live: Vec::new(),
+            died: 0,
+        })
+    }
+
+    /// Waits until `n` workers beat (every worker beats before it takes a job), so the
+    /// first burst meets the whole fleet; fails after 60 s.
+    async fn until_beating(&self, pool: &PgPool, n: usize) -> anyhow::Result<()> {
+        let ready = Instant::now() + Duration::from_secs(60);
+        loop {
+            let beating: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM workers WHERE heartbeat_at > now() - interval '10 seconds'",
+            )
+            .fetch_one(pool)
+            .await?;
+            if beating >= n as i64 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < ready,
+                "the workers did not beat within 60 s (their logs: {})",
+                self.log_dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn spawn(&mut self) -> anyhow::Result<()> {
         self.spawned += 1;
         let log = File::create(self.log_dir.join(format!("worker-{:02}.log", self.spawned)))?;
@@ -554,6 +559,23 @@ struct Phase {
     to: Instant,
 }
 
+/// The worker a kill picked: its pid, whether it was busy, the rules whose lease it held.
+struct Victim {
+    pid: u32,
+    busy: bool,
+    rules: Vec<String>,
+}
+
+/// Healthy records enqueued, and how many of them were lost and how.
+#[derive(Default)]
+struct Losses {
+    enqueued: u64,
+    /// Not `delivered` in the database, or never accepted by the target.
+    lost: u64,
+    not_delivered: u64,
+    never_arrived: u64,
+}
+
 /// The scenario's state while it runs.
 struct Harness {
     options: ChaosOptions,
@@ -583,6 +605,49 @@ fn parse_key(key: &str) -> Option<(&str, &str)> {
 }
 
 impl Harness {
+    /// The harness before its first phase: its clock starts now, no fault yet.
+    fn new(options: &ChaosOptions, pool: &PgPool, target: &Target, cluster: &Arc<Cluster>) -> Self {
+        Self {
+            options: options.clone(),
+            pool: pool.clone(),
+            target: target.clone(),
+            cluster: cluster.clone(),
+            started: Instant::now(),
+            faults: Vec::new(),
+            fault_instants: Vec::new(),
+            marks: Vec::new(),
+            next_index: HashMap::new(),
+            phases: Vec::new(),
+            rng: StdRng::seed_from_u64(options.seed),
+            poison: None,
+            apalis: None,
+        }
+    }
+
+    /// Runs every phase while the target is sampled; Ctrl-C or SIGTERM ends the run
+    /// cleanly (workers stopped, the cluster removed by its owner). On failure the
+    /// database's state is dumped beside the worker logs. Returns the timeline.
+    async fn drive(&mut self, workers: &mut Workers) -> anyhow::Result<Vec<Sample>> {
+        let log_dir = workers.log_dir.clone();
+        let sampling = Arc::new(AtomicBool::new(true));
+        let sampler = tokio::spawn(sample(self.target.clone(), self.started, sampling.clone()));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let ran = tokio::select! {
+            ran = self.phases(workers) => ran,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+        };
+        sampling.store(false, Ordering::SeqCst);
+        let timeline = sampler.await?;
+        if ran.is_err() {
+            dump_state(&self.pool, &log_dir.join("state.txt")).await;
+        }
+        let stopped = workers.stop_all();
+        ran.with_context(|| format!("worker logs kept in {}", log_dir.display()))?;
+        stopped.with_context(|| format!("worker logs kept in {}", log_dir.display()))?;
+        Ok(timeline)
+    }
+
     fn secs(&self, at: Instant) -> f64 {
         at.saturating_duration_since(self.started).as_secs_f64()
     }
@@ -748,81 +813,41 @@ impl Harness {
         resumed_at(&self.target.accepted_log(), rules, since)
     }
 
+    /// Kills a busy worker `kills` times over one burst, each time once the previous
+    /// kill's rules were called again, keeping a backlog in both rules meanwhile; then
+    /// waits for the burst to drain.
     async fn kill_phase(&mut self, workers: &mut Workers) -> anyhow::Result<()> {
         const PHASE: &str = "kill";
         let records = self.options.records;
         let kills = self.options.kills;
         let from = Instant::now();
         self.enqueue(PHASE, records).await?;
-        // The last kill's rules, and when they were all called again.
+        // The last kill's rules, and when it struck.
         let mut previous: Option<(Instant, Vec<String>)> = None;
-        let mut settled_since: Option<Instant> = None;
         for i in 1..=kills {
             let threshold = i * records / (kills + 1);
             self.until_arrived(PHASE, threshold).await?;
-            // Each kill after the previous one's rules were called again (and 2 s more),
-            // so every kill's cost is its own; a rule that never resumes is waited for
-            // RECOVERY_WAIT, and the record says so.
             if let Some((at, rules)) = &previous {
-                loop {
-                    if let Some(t) = self.resumed(rules, *at) {
-                        let since = *settled_since.get_or_insert(t);
-                        if since.elapsed() >= Duration::from_secs(2) {
-                            break;
-                        }
-                    } else if at.elapsed() > RECOVERY_WAIT {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                self.until_settled(rules, *at).await;
             }
-            // Keep a backlog in both rules while kills remain: a rule with less than a
-            // second's worth of calls left gets more records.
-            let rate = self.options.rate as i64;
-            for (rule, n) in self.pending().await? {
-                if n < rate {
-                    let rule = HEALTHY_RULES
-                        .into_iter()
-                        .find(|r| *r == rule)
-                        .expect("a healthy rule");
-                    let more = (records / (kills + 1)).max(2 * rate as usize);
-                    self.enqueue_rule(PHASE, rule, more).await?;
-                }
-            }
-            workers.reap();
-            let pids = workers.pids();
-            let mut busy = self.busy(&pids).await?;
-            for _ in 0..40 {
-                if !busy.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                busy = self.busy(&pids).await?;
-            }
-            let (victim, victim_busy, mut victim_rules) = if busy.is_empty() {
-                (
-                    pids[self.rng.random_range(0..pids.len())],
-                    false,
-                    Vec::new(),
-                )
-            } else {
-                let candidates: Vec<u32> = busy.keys().copied().collect();
-                let pid = candidates[self.rng.random_range(0..candidates.len())];
-                (pid, true, busy.remove(&pid).unwrap_or_default())
-            };
-            victim_rules.sort();
-            victim_rules.dedup();
+            self.top_up(
+                PHASE,
+                (records / (kills + 1)).max(2 * self.options.rate as usize),
+            )
+            .await?;
+            let victim = self.pick_victim(workers).await?;
             let backlog = self.backlog().await?;
             let in_flight = self.target.in_flight();
             let at = Instant::now();
-            workers.kill_and_replace(victim)?;
+            workers.kill_and_replace(victim.pid)?;
             println!(
-                "chaos: kill {i}/{kills} at {:.1} s: pid {victim} ({}), {in_flight} calls in flight",
+                "chaos: kill {i}/{kills} at {:.1} s: pid {} ({}), {in_flight} calls in flight",
                 self.secs(at),
-                if victim_rules.is_empty() {
+                victim.pid,
+                if victim.rules.is_empty() {
                     "held no lease".to_owned()
                 } else {
-                    format!("held {}", victim_rules.join(", "))
+                    format!("held {}", victim.rules.join(", "))
                 }
             );
             self.marks.push(Mark {
@@ -832,12 +857,78 @@ impl Harness {
             });
             self.record(FaultKind::Kill, at, None, in_flight, backlog.clone());
             let f = self.faults.last_mut().expect("just recorded");
-            f.victim_busy = victim_busy;
-            f.victim_rules = victim_rules;
+            f.victim_busy = victim.busy;
+            f.victim_rules = victim.rules;
             previous = Some((at, backlog));
-            settled_since = None;
         }
         self.drain(PHASE, from).await
+    }
+
+    /// Waits until the rules a kill at `at` stopped have all been called again, and 2 s
+    /// more, so the next kill's cost is its own; a rule that never resumes is waited for
+    /// [`RECOVERY_WAIT`] (the fault's record then says so).
+    async fn until_settled(&self, rules: &[String], at: Instant) {
+        let mut settled_since: Option<Instant> = None;
+        loop {
+            if let Some(t) = self.resumed(rules, at) {
+                let since = *settled_since.get_or_insert(t);
+                if since.elapsed() >= Duration::from_secs(2) {
+                    break;
+                }
+            } else if at.elapsed() > RECOVERY_WAIT {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Keeps a backlog in both rules while kills remain: a rule with less than a second's
+    /// worth of calls pending gets `more` records of `phase`.
+    async fn top_up(&mut self, phase: &'static str, more: usize) -> anyhow::Result<()> {
+        let rate = self.options.rate as i64;
+        for (rule, n) in self.pending().await? {
+            if n < rate {
+                let rule = HEALTHY_RULES
+                    .into_iter()
+                    .find(|r| *r == rule)
+                    .expect("a healthy rule");
+                self.enqueue_rule(phase, rule, more).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A random busy worker (executing a chain job or holding a lease), watched for up to
+    /// two seconds for one to be busy; a random idle one when none is.
+    async fn pick_victim(&mut self, workers: &mut Workers) -> anyhow::Result<Victim> {
+        workers.reap();
+        let pids = workers.pids();
+        let mut busy = self.busy(&pids).await?;
+        for _ in 0..40 {
+            if !busy.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            busy = self.busy(&pids).await?;
+        }
+        let mut victim = if busy.is_empty() {
+            Victim {
+                pid: pids[self.rng.random_range(0..pids.len())],
+                busy: false,
+                rules: Vec::new(),
+            }
+        } else {
+            let candidates: Vec<u32> = busy.keys().copied().collect();
+            let pid = candidates[self.rng.random_range(0..candidates.len())];
+            Victim {
+                pid,
+                busy: true,
+                rules: busy.remove(&pid).unwrap_or_default(),
+            }
+        };
+        victim.rules.sort();
+        victim.rules.dedup();
+        Ok(victim)
     }
 
     /// The fleet rolls: `rolling` SIGKILLs, `rolling_every` apart whatever the last one
@@ -985,12 +1076,61 @@ impl Harness {
         Ok(())
     }
 
+    /// Writes the poison rows by plain SQL beside a healthy burst, waits for the burst to
+    /// drain and the watch to end, then records what the rows led to: failed runs, runs
+    /// of the unusable rules, log lines and chain worker restarts over the watch.
     async fn poison_phase(&mut self, workers: &mut Workers) -> anyhow::Result<()> {
         const PHASE: &str = "poison";
         let from = Instant::now();
         let (lines_before, restarts_before) = workers.log_lines();
         let db_from: chrono::DateTime<chrono::Utc> =
             retry(|| sqlx::query_scalar("SELECT now()").fetch_one(&self.pool)).await?;
+        let mut rows = self.write_poison_rows().await?;
+        self.marks.push(Mark {
+            t: self.secs(from),
+            until: None,
+            label: "poison".into(),
+        });
+        let records = (self.options.records / 3).max(6);
+        self.enqueue(PHASE, records).await?;
+        self.drain(PHASE, from).await?;
+        let watch_end = from + self.options.poison_watch;
+        if let Some(left) = watch_end.checked_duration_since(Instant::now()) {
+            tokio::time::sleep(left).await;
+        }
+        let watched = from.elapsed().as_secs_f64();
+        let (lines_after, restarts_after) = workers.log_lines();
+        let (failed_runs, poison_runs): (i64, i64) = retry(|| {
+            sqlx::query_as(
+                "SELECT count(*) FILTER (WHERE r.status = 'failed'),
+                        count(*) FILTER (WHERE ru.name IN ('typo', 'nokey'))
+                 FROM runs r JOIN rules ru ON ru.id = r.rule_id WHERE r.started_at >= $1",
+            )
+            .bind(db_from)
+            .fetch_one(&self.pool)
+        })
+        .await?;
+        for (name, state) in self.poison_row_states().await? {
+            rows.entry(name).or_insert(state);
+        }
+        let failed_reasons = self.failed_reasons(db_from).await?;
+        self.poison = Some(PoisonRecord {
+            watched,
+            failed_runs,
+            poison_runs,
+            log_lines: lines_after.saturating_sub(lines_before),
+            worker_restarts: restarts_after.saturating_sub(restarts_before),
+            rows,
+            failed_reasons,
+        });
+        Ok(())
+    }
+
+    /// Writes the poison rows by plain SQL, as a careless operator or a bad migration
+    /// would (timestamps past chrono's range, a mistyped rule path, a connection whose
+    /// key variable is unset), and a backlog for the two unusable rules. Returns the rows
+    /// the schema refused, with why.
+    async fn write_poison_rows(&self) -> anyhow::Result<BTreeMap<String, String>> {
         let mut rows = BTreeMap::new();
         let url = self.target.workspace_url(WORKSPACE);
         let statements: Vec<(&str, String)> = vec![
@@ -1043,32 +1183,12 @@ impl Harness {
             .execute(&self.pool)
             .await?;
         }
-        self.marks.push(Mark {
-            t: self.secs(from),
-            until: None,
-            label: "poison".into(),
-        });
-        let records = (self.options.records / 3).max(6);
-        self.enqueue(PHASE, records).await?;
-        self.drain(PHASE, from).await?;
-        let watch_end = from + self.options.poison_watch;
-        if let Some(left) = watch_end.checked_duration_since(Instant::now()) {
-            tokio::time::sleep(left).await;
-        }
-        let watched = from.elapsed().as_secs_f64();
-        let (lines_after, restarts_after) = workers.log_lines();
-        let (failed_runs, poison_runs): (i64, i64) = retry(|| {
-            sqlx::query_as(
-                "SELECT count(*) FILTER (WHERE r.status = 'failed'),
-                        count(*) FILTER (WHERE ru.name IN ('typo', 'nokey'))
-                 FROM runs r JOIN rules ru ON ru.id = r.rule_id WHERE r.started_at >= $1",
-            )
-            .bind(db_from)
-            .fetch_one(&self.pool)
-        })
-        .await?;
-        // What became of each poison row.
-        let states: Vec<(String, String)> = retry(|| {
+        Ok(rows)
+    }
+
+    /// What became of each poison row: its deliveries' statuses and count, by row name.
+    async fn poison_row_states(&self) -> anyhow::Result<Vec<(String, String)>> {
+        retry(|| {
             sqlx::query_as(
                 "SELECT CASE WHEN d.record_key LIKE 'poisonrow-typo-%' THEN 'rule path user_upsertt'
                              WHEN d.record_key LIKE 'poisonrow-nokey-%' THEN 'connection with its key variable unset'
@@ -1079,30 +1199,25 @@ impl Harness {
             )
             .fetch_all(&self.pool)
         })
-        .await?;
-        for (name, state) in states {
-            rows.entry(name).or_insert(state);
-        }
-        let failed_reasons: Vec<String> = retry(|| {
+        .await
+    }
+
+    /// The errors of the first ten runs that failed since `since` (database time), each
+    /// as `rule: error`, for the report.
+    async fn failed_reasons(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<Vec<String>> {
+        retry(|| {
             sqlx::query_scalar(
                 "SELECT ru.name || ': ' || COALESCE(left(r.error, 160), '?') FROM runs r
                  JOIN rules ru ON ru.id = r.rule_id
                  WHERE r.status = 'failed' AND r.started_at >= $1 ORDER BY r.id LIMIT 10",
             )
-            .bind(db_from)
+            .bind(since)
             .fetch_all(&self.pool)
         })
-        .await?;
-        self.poison = Some(PoisonRecord {
-            watched,
-            failed_runs,
-            poison_runs,
-            log_lines: lines_after.saturating_sub(lines_before),
-            worker_restarts: restarts_after.saturating_sub(restarts_before),
-            rows,
-            failed_reasons,
-        });
-        Ok(())
+        .await
     }
 
     /// The apalis job whose id is not a ULID, beside a small healthy burst: watched for
@@ -1179,7 +1294,42 @@ impl Harness {
     /// Everything measured, from the target's log and the database.
     async fn outcome(&mut self, workers: &Workers) -> anyhow::Result<ChaosOutcome> {
         let log = self.target.accepted_log();
-        // Faults: recovery and duplicates.
+        let (duplicates, unexplained) = self.charge_duplicates(&log);
+        self.time_recoveries(&log);
+        let rolling_stall = self.rolling_stall(&log);
+        let longest = self.longest_pause(&log);
+        let losses = self.losses().await?;
+        let runs_left_active: i64 = retry(|| {
+            sqlx::query_scalar(
+                "SELECT count(*) FROM runs r JOIN rules ru ON ru.id = r.rule_id
+                 WHERE ru.name = ANY($1) AND r.status IN ('running', 'waiting')",
+            )
+            .bind(HEALTHY_RULES.map(String::from).to_vec())
+            .fetch_one(&self.pool)
+        })
+        .await?;
+        Ok(ChaosOutcome {
+            faults: self.faults.clone(),
+            enqueued: losses.enqueued,
+            lost: losses.lost,
+            not_delivered: losses.not_delivered,
+            never_arrived: losses.never_arrived,
+            duplicates,
+            unexplained_duplicates: unexplained,
+            longest_pause: longest.0,
+            longest_pause_where: longest.1,
+            rolling_stall,
+            workers_died: workers.died,
+            runs_left_active,
+            poison: self.poison.clone(),
+            apalis: self.apalis.clone(),
+            throttled: self.target.counters().throttled,
+        })
+    }
+
+    /// Counts the accepted writes of a record accepted before and charges each to the
+    /// last fault before it arrived; returns (all duplicates, those before any fault).
+    fn charge_duplicates(&mut self, log: &[AcceptedWrite]) -> (u64, u64) {
         let mut arrivals: HashMap<&str, Vec<Instant>> = HashMap::new();
         for w in log.iter().filter(|w| parse_key(&w.key).is_some()) {
             arrivals.entry(w.key.as_str()).or_default().push(w.arrived);
@@ -1195,16 +1345,24 @@ impl Harness {
                 }
             }
         }
+        (duplicates, unexplained)
+    }
+
+    /// Sets each fault's recovery times: from the fault (or from the database answering
+    /// again) until every rule that had a backlog was called again.
+    fn time_recoveries(&mut self, log: &[AcceptedWrite]) {
         for (f, (at, answering)) in self.faults.iter_mut().zip(&self.fault_instants) {
             let from = answering.unwrap_or(*at);
-            let resumed = resumed_at(&log, &f.backlog_rules, from);
+            let resumed = resumed_at(log, &f.backlog_rules, from);
             f.resumed_after = resumed.map(|t| (t - from).as_secs_f64());
             f.resumed_after_fault = resumed.map(|t| (t - *at).as_secs_f64());
         }
-        // The rolling phase: the longest time no record of it arrived, from its first kill
-        // until it drained.
-        let rolling_stall = self
-            .phases
+    }
+
+    /// The rolling phase, when it ran: the longest time no record of it arrived, from
+    /// its first kill until it drained (s).
+    fn rolling_stall(&self, log: &[AcceptedWrite]) -> Option<f64> {
+        self.phases
             .iter()
             .find(|p| p.name == "rolling")
             .zip(
@@ -1226,8 +1384,12 @@ impl Harness {
                     .windows(2)
                     .map(|pair| (pair[1] - pair[0]).as_secs_f64())
                     .fold(0.0, f64::max)
-            });
-        // The longest pause of a rule with a backlog, per phase.
+            })
+    }
+
+    /// The longest gap between two calls of one healthy rule within a phase (s), and
+    /// where (`phase/rule`).
+    fn longest_pause(&self, log: &[AcceptedWrite]) -> (f64, String) {
         let mut longest = (0.0, String::new());
         for phase in &self.phases {
             for rule in HEALTHY_RULES {
@@ -1246,7 +1408,12 @@ impl Harness {
                 }
             }
         }
-        // Lost: every healthy record delivered in the database and accepted by the target.
+        longest
+    }
+
+    /// Lost records: every healthy record must be delivered in the database and
+    /// accepted by the target.
+    async fn losses(&self) -> anyhow::Result<Losses> {
         let healthy: Vec<(String, String)> = retry(|| {
             sqlx::query_as(
                 "SELECT d.record_key, d.status FROM deliveries d JOIN rules r ON r.id = d.rule_id
@@ -1256,42 +1423,18 @@ impl Harness {
             .fetch_all(&self.pool)
         })
         .await?;
-        let mut not_delivered = 0;
-        let mut never_arrived = 0;
-        let mut lost = 0;
+        let mut losses = Losses {
+            enqueued: healthy.len() as u64,
+            ..Losses::default()
+        };
         for (key, status) in &healthy {
             let missing = self.target.accepted(&format!("user:{key}")) == 0;
             let undelivered = status != "delivered";
-            not_delivered += u64::from(undelivered);
-            never_arrived += u64::from(missing);
-            lost += u64::from(undelivered || missing);
+            losses.not_delivered += u64::from(undelivered);
+            losses.never_arrived += u64::from(missing);
+            losses.lost += u64::from(undelivered || missing);
         }
-        let runs_left_active: i64 = retry(|| {
-            sqlx::query_scalar(
-                "SELECT count(*) FROM runs r JOIN rules ru ON ru.id = r.rule_id
-                 WHERE ru.name = ANY($1) AND r.status IN ('running', 'waiting')",
-            )
-            .bind(HEALTHY_RULES.map(String::from).to_vec())
-            .fetch_one(&self.pool)
-        })
-        .await?;
-        Ok(ChaosOutcome {
-            faults: self.faults.clone(),
-            enqueued: healthy.len() as u64,
-            lost,
-            not_delivered,
-            never_arrived,
-            duplicates,
-            unexplained_duplicates: unexplained,
-            longest_pause: longest.0,
-            longest_pause_where: longest.1,
-            rolling_stall,
-            workers_died: workers.died,
-            runs_left_active,
-            poison: self.poison.clone(),
-            apalis: self.apalis.clone(),
-            throttled: self.target.counters().throttled,
-        })
+        Ok(losses)
     }
 }
 
@@ -1393,6 +1536,27 @@ fn verdict(held: bool) -> &'static str {
 
 /// The report's figures, in display order.
 fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &Target) {
+    setup_figures(report, o);
+    delivery_figures(report, out, target);
+    let kills: Vec<&FaultRecord> = out.of(FaultKind::Kill).collect();
+    kill_figures(report, o, &kills);
+    let rolls: Vec<&FaultRecord> = out.of(FaultKind::Roll).collect();
+    if !rolls.is_empty() {
+        rolling_figures(report, o, out, &rolls);
+    }
+    database_figures(report, out);
+    recovery_figures(report, out);
+    if let Some(p) = &out.poison {
+        poison_figures(report, p);
+    }
+    if let Some(a) = &out.apalis {
+        apalis_figures(report, a);
+    }
+    report.figure("goal: 0 lost", verdict(out.lost == 0));
+}
+
+/// How the run was set up, so a report can be read (and reproduced, by its seed) alone.
+fn setup_figures(report: &mut Report, o: &ChaosOptions) {
     report.figure("worker processes", o.workers as u64);
     report.figure("declared rate (calls/s)", u64::from(o.rate));
     report.figure(
@@ -1401,6 +1565,10 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
     );
     report.figure("max in flight per rule", o.max_in_flight as i64);
     report.figure("victim seed", o.seed.to_string());
+}
+
+/// The run's totals: records, calls, 429s, lost deliveries and duplicate sends.
+fn delivery_figures(report: &mut Report, out: &ChaosOutcome, target: &Target) {
     report.figure("healthy records enqueued", out.enqueued);
     report.figure("calls", target.counters().requests);
     report.figure("429s", out.throttled);
@@ -1409,132 +1577,149 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
     report.figure("  never accepted by the target", out.never_arrived);
     report.figure("duplicate sends (all faults)", out.duplicates);
     report.figure("  before any fault", out.unexplained_duplicates);
-    for (i, f) in out.of(FaultKind::Kill).enumerate() {
+}
+
+/// The longest recovery of these faults (s); `None` when some fault never recovered.
+fn worst_recovery(faults: &[&FaultRecord]) -> Option<f64> {
+    faults
+        .iter()
+        .map(|f| f.resumed_after)
+        .try_fold(0.0f64, |m, r| r.map(|r| m.max(r)))
+}
+
+/// A fault's recovery as text: `1.2 s`, or `never`.
+fn resumed_in(f: &FaultRecord) -> String {
+    f.resumed_after
+        .map_or("never".into(), |s| format!("{s:.1} s"))
+}
+
+/// `n of m` kills whose victim held a lease.
+fn lease_holders(faults: &[&FaultRecord]) -> String {
+    format!(
+        "{} of {}",
+        faults.iter().filter(|f| !f.victim_rules.is_empty()).count(),
+        faults.len()
+    )
+}
+
+/// The kill phase: a line per kill, then recovery and duplicates over every kill and
+/// the goals they are held to (nothing when no kill ran).
+fn kill_figures(report: &mut Report, o: &ChaosOptions, kills: &[&FaultRecord]) {
+    for (i, f) in kills.iter().enumerate() {
+        let victim = if f.victim_rules.is_empty() {
+            if f.victim_busy { "busy" } else { "idle" }.to_owned()
+        } else {
+            format!("held {}", f.victim_rules.join("+"))
+        };
         report.figure(
             &format!("kill {}", i + 1),
             format!(
-                "victim {}; {} in flight; resumed in {}; {} duplicates (bound {})",
-                if f.victim_rules.is_empty() {
-                    if f.victim_busy {
-                        "busy".to_owned()
-                    } else {
-                        "idle".to_owned()
-                    }
-                } else {
-                    format!("held {}", f.victim_rules.join("+"))
-                },
+                "victim {victim}; {} in flight; resumed in {}; {} duplicates (bound {})",
                 f.in_flight,
-                f.resumed_after
-                    .map_or("never".into(), |s| format!("{s:.1} s")),
+                resumed_in(f),
                 f.duplicates,
                 f.bound
             ),
         );
     }
-    let kills: Vec<&FaultRecord> = out.of(FaultKind::Kill).collect();
-    if !kills.is_empty() {
-        let worst = kills
-            .iter()
-            .map(|f| f.resumed_after)
-            .try_fold(0.0f64, |m, r| r.map(|r| m.max(r)));
-        let mut resumed: Vec<f64> = kills.iter().filter_map(|f| f.resumed_after).collect();
-        resumed.sort_by(f64::total_cmp);
+    if kills.is_empty() {
+        return;
+    }
+    let worst = worst_recovery(kills);
+    let mut resumed: Vec<f64> = kills.iter().filter_map(|f| f.resumed_after).collect();
+    resumed.sort_by(f64::total_cmp);
+    report.figure("kills of a worker holding a lease", lease_holders(kills));
+    report.figure(
+        "kill → every backlog rule called again, max (s)",
+        secs(worst),
+    );
+    report.figure(
+        "kill → called again, median (s)",
+        secs(resumed.get(resumed.len() / 2).copied()),
+    );
+    let dup: u64 = kills.iter().map(|f| f.duplicates).sum();
+    report.figure("duplicates after kills", dup);
+    report.figure(
+        "duplicates per kill, max",
+        kills.iter().map(|f| f.duplicates).max().unwrap_or(0),
+    );
+    report.figure(
+        "kills over the bound (in flight + 1 s of calls)",
+        kills.iter().filter(|f| f.duplicates > f.bound).count() as u64,
+    );
+    let fair = (o.max_in_flight as u64) * o.workers as u64;
+    report.figure(
+        "kills over max_in_flight × workers",
+        format!(
+            "{} (bound {fair})",
+            kills.iter().filter(|f| f.duplicates > fair).count()
+        ),
+    );
+    report.figure(
+        "goal: called again ≤ 30 s after every kill",
+        verdict(worst.is_some_and(|w| w <= 30.0)),
+    );
+    report.figure(
+        "goal: duplicates per kill ≤ in flight + 1 s of calls",
+        verdict(kills.iter().all(|f| f.duplicates <= f.bound)),
+    );
+}
+
+/// The rolling phase: its pace, a line per kill, the worst recovery, the longest stall
+/// and the goal it is held to.
+fn rolling_figures(
+    report: &mut Report,
+    o: &ChaosOptions,
+    out: &ChaosOutcome,
+    rolls: &[&FaultRecord],
+) {
+    report.figure("rolling: kills", rolls.len() as u64);
+    report.figure(
+        "rolling: time between kills (s)",
+        o.rolling_every.as_secs_f64(),
+    );
+    report.figure(
+        "rolling: kills of a worker holding a lease",
+        lease_holders(rolls),
+    );
+    for (i, f) in rolls.iter().enumerate() {
         report.figure(
-            "kills of a worker holding a lease",
+            &format!("rolling kill {}", i + 1),
             format!(
-                "{} of {}",
-                kills.iter().filter(|f| !f.victim_rules.is_empty()).count(),
-                kills.len()
+                "victim {}; {} in flight; every backlog rule called again in {}; {} duplicates",
+                if f.victim_rules.is_empty() {
+                    "held no lease".to_owned()
+                } else {
+                    format!("held {}", f.victim_rules.join("+"))
+                },
+                f.in_flight,
+                resumed_in(f),
+                f.duplicates,
             ),
-        );
-        report.figure(
-            "kill → every backlog rule called again, max (s)",
-            secs(worst),
-        );
-        report.figure(
-            "kill → called again, median (s)",
-            secs(resumed.get(resumed.len() / 2).copied()),
-        );
-        let dup: u64 = kills.iter().map(|f| f.duplicates).sum();
-        report.figure("duplicates after kills", dup);
-        report.figure(
-            "duplicates per kill, max",
-            kills.iter().map(|f| f.duplicates).max().unwrap_or(0),
-        );
-        report.figure(
-            "kills over the bound (in flight + 1 s of calls)",
-            kills.iter().filter(|f| f.duplicates > f.bound).count() as u64,
-        );
-        let fair = (o.max_in_flight as u64) * o.workers as u64;
-        report.figure(
-            "kills over max_in_flight × workers",
-            format!(
-                "{} (bound {fair})",
-                kills.iter().filter(|f| f.duplicates > fair).count()
-            ),
-        );
-        report.figure(
-            "goal: called again ≤ 30 s after every kill",
-            verdict(worst.is_some_and(|w| w <= 30.0)),
-        );
-        report.figure(
-            "goal: duplicates per kill ≤ in flight + 1 s of calls",
-            verdict(kills.iter().all(|f| f.duplicates <= f.bound)),
         );
     }
-    let rolls: Vec<&FaultRecord> = out.of(FaultKind::Roll).collect();
-    if !rolls.is_empty() {
-        report.figure("rolling: kills", rolls.len() as u64);
-        report.figure(
-            "rolling: time between kills (s)",
-            o.rolling_every.as_secs_f64(),
-        );
-        report.figure(
-            "rolling: kills of a worker holding a lease",
-            format!(
-                "{} of {}",
-                rolls.iter().filter(|f| !f.victim_rules.is_empty()).count(),
-                rolls.len()
-            ),
-        );
-        for (i, f) in rolls.iter().enumerate() {
-            report.figure(
-                &format!("rolling kill {}", i + 1),
-                format!(
-                    "victim {}; {} in flight; every backlog rule called again in {}; {} duplicates",
-                    if f.victim_rules.is_empty() {
-                        "held no lease".to_owned()
-                    } else {
-                        format!("held {}", f.victim_rules.join("+"))
-                    },
-                    f.in_flight,
-                    f.resumed_after
-                        .map_or("never".into(), |s| format!("{s:.1} s")),
-                    f.duplicates,
-                ),
-            );
-        }
-        let worst = rolls
-            .iter()
-            .map(|f| f.resumed_after)
-            .try_fold(0.0f64, |m, r| r.map(|r| m.max(r)));
-        report.figure(
-            "rolling: kill → every backlog rule called again, max (s)",
-            secs(worst),
-        );
-        report.figure(
-            "rolling: longest delivery stall (s)",
-            secs(out.rolling_stall),
-        );
-        report.figure(
-            "rolling: duplicates",
-            rolls.iter().map(|f| f.duplicates).sum::<u64>(),
-        );
-        report.figure(
-            "goal: rolling: called again ≤ 10 s after every kill",
-            verdict(worst.is_some_and(|w| w <= 10.0)),
-        );
-    }
+    let worst = worst_recovery(rolls);
+    report.figure(
+        "rolling: kill → every backlog rule called again, max (s)",
+        secs(worst),
+    );
+    report.figure(
+        "rolling: longest delivery stall (s)",
+        secs(out.rolling_stall),
+    );
+    report.figure(
+        "rolling: duplicates",
+        rolls.iter().map(|f| f.duplicates).sum::<u64>(),
+    );
+    report.figure(
+        "goal: rolling: called again ≤ 10 s after every kill",
+        verdict(worst.is_some_and(|w| w <= 10.0)),
+    );
+}
+
+/// Each database fault: how long it was down, the recovery after it answered again,
+/// duplicates, chain worker restarts and the goal it is held to.
+fn database_figures(report: &mut Report, out: &ChaosOutcome) {
     for f in out
         .faults
         .iter()
@@ -1567,6 +1752,11 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
             verdict(f.resumed_after.is_some_and(|r| r <= 10.0)),
         );
     }
+}
+
+/// Over the whole run: the longest pause of a rule with a backlog, the recovery after
+/// the last fault, workers that died by themselves and runs left active.
+fn recovery_figures(report: &mut Report, out: &ChaosOutcome) {
     report.figure(
         "longest pause of a rule with a backlog (s)",
         secs(Some(out.longest_pause)),
@@ -1589,65 +1779,70 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
         out.workers_died as u64,
     );
     report.figure("healthy runs left running or waiting", out.runs_left_active);
-    if let Some(p) = &out.poison {
-        report.figure("poison: watched (s)", secs(Some(p.watched)));
-        report.figure("poison: failed runs", p.failed_runs);
-        report.figure(
-            "poison: failed runs per second",
-            p.failed_runs as f64 / p.watched.max(1.0),
-        );
-        report.figure("poison: runs of the unusable rules", p.poison_runs);
-        report.figure(
-            "poison: worker log lines per second",
-            p.log_lines as f64 / p.watched.max(1.0),
-        );
-        report.figure("poison: chain worker restarts", p.worker_restarts);
-        for (row, state) in &p.rows {
-            report.figure(&format!("poison row: {row}"), state.clone());
-        }
-        let state = |row: &str| p.rows.get(row).map_or("", String::as_str);
-        report.figure(
-            "goal: an unusable connection or rule fails once, then waits",
-            verdict(p.poison_runs <= 2),
-        );
-        report.figure(
-            "goal: the mistyped rule's backlog stays pending",
-            verdict(
-                state("rule path user_upsertt").starts_with("pending")
-                    || state("rule path user_upsertt").starts_with("refused"),
-            ),
-        );
-        for (i, reason) in p.failed_reasons.iter().enumerate() {
-            report.figure(&format!("poison: failed run {}", i + 1), reason.clone());
-        }
+}
+
+/// The poison phase: failed runs, runs of the unusable rules, log noise, what each row
+/// led to, the goals it is held to and the first failed runs' errors.
+fn poison_figures(report: &mut Report, p: &PoisonRecord) {
+    report.figure("poison: watched (s)", secs(Some(p.watched)));
+    report.figure("poison: failed runs", p.failed_runs);
+    report.figure(
+        "poison: failed runs per second",
+        p.failed_runs as f64 / p.watched.max(1.0),
+    );
+    report.figure("poison: runs of the unusable rules", p.poison_runs);
+    report.figure(
+        "poison: worker log lines per second",
+        p.log_lines as f64 / p.watched.max(1.0),
+    );
+    report.figure("poison: chain worker restarts", p.worker_restarts);
+    for (row, state) in &p.rows {
+        report.figure(&format!("poison row: {row}"), state.clone());
     }
-    if let Some(a) = &out.apalis {
-        if let Some(refused) = &a.refused {
-            report.figure("apalis row: refused at the door", refused.clone());
-        }
-        report.figure("apalis row: watched (s)", secs(Some(a.watched)));
-        report.figure(
-            "apalis row: healthy records arrived while it sat there",
-            format!("{} of {}", a.arrived_while_there, a.enqueued),
-        );
-        report.figure(
-            "apalis row: worker log lines per second",
-            a.log_lines as f64 / a.watched.max(1.0),
-        );
-        report.figure(
-            "apalis row: chain worker restarts per second",
-            a.worker_restarts as f64 / a.watched.max(1.0),
-        );
-        report.figure("apalis row: its state", a.row.clone());
-        report.figure(
-            "apalis row: deleted by the harness; burst delivered after (s)",
-            a.drained_after_removal
-                .map_or(json!("not needed"), |s| secs(Some(s))),
-        );
-        report.figure(
-            "goal: an apalis row courier cannot read stops nothing",
-            verdict(a.arrived_while_there == a.enqueued),
-        );
+    let state = |row: &str| p.rows.get(row).map_or("", String::as_str);
+    report.figure(
+        "goal: an unusable connection or rule fails once, then waits",
+        verdict(p.poison_runs <= 2),
+    );
+    report.figure(
+        "goal: the mistyped rule's backlog stays pending",
+        verdict(
+            state("rule path user_upsertt").starts_with("pending")
+                || state("rule path user_upsertt").starts_with("refused"),
+        ),
+    );
+    for (i, reason) in p.failed_reasons.iter().enumerate() {
+        report.figure(&format!("poison: failed run {}", i + 1), reason.clone());
     }
-    report.figure("goal: 0 lost", verdict(out.lost == 0));
+}
+
+/// The apalis row phase: whether the row got in, what healthy delivery did beside it,
+/// the log noise, the row's state, whether the harness had to delete it, and the goal.
+fn apalis_figures(report: &mut Report, a: &ApalisRecord) {
+    if let Some(refused) = &a.refused {
+        report.figure("apalis row: refused at the door", refused.clone());
+    }
+    report.figure("apalis row: watched (s)", secs(Some(a.watched)));
+    report.figure(
+        "apalis row: healthy records arrived while it sat there",
+        format!("{} of {}", a.arrived_while_there, a.enqueued),
+    );
+    report.figure(
+        "apalis row: worker log lines per second",
+        a.log_lines as f64 / a.watched.max(1.0),
+    );
+    report.figure(
+        "apalis row: chain worker restarts per second",
+        a.worker_restarts as f64 / a.watched.max(1.0),
+    );
+    report.figure("apalis row: its state", a.row.clone());
+    report.figure(
+        "apalis row: deleted by the harness; burst delivered after (s)",
+        a.drained_after_removal
+            .map_or(json!("not needed"), |s| secs(Some(s))),
+    );
+    report.figure(
+        "goal: an apalis row courier cannot read stops nothing",
+        verdict(a.arrived_while_there == a.enqueued),
+    );
 }

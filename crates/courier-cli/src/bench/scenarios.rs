@@ -788,22 +788,73 @@ async fn soak(
     connection(pool, "open", "http_json", target.url(), 60_000_000, 16).await?;
     rule(pool, "soak", "open", "soak/", 100).await?;
     let waves = records.div_ceil(SOAK_WAVE).max(1);
-    let feed = SOAK_EVERY * waves as u32;
-    let retention = match config.settings.retention {
-        Some(r) if r < Duration::from_secs(86_400) => r,
-        _ => (feed / 6).clamp(Duration::from_secs(1), Duration::from_secs(10)),
-    };
-    // Retention passes come every tenth of the period, at least every second.
-    let pass = (retention / 10).max(Duration::from_secs(1));
-    let overdue = retention + pass + Duration::from_secs(3);
-    report.figure("retention (s)", retention.as_secs_f64());
-    report.figure("feeding for (s)", feed.as_secs_f64());
+    let clock = SoakClock::new(config, waves);
+    report.figure("retention (s)", clock.retention.as_secs_f64());
+    report.figure("feeding for (s)", clock.feed.as_secs_f64());
     let settings = courier::config::Settings {
-        retention: Some(retention),
+        retention: Some(clock.retention),
         ..config.settings.clone()
     };
     let started = Instant::now();
     let workers = Workers::in_process(pool, &settings);
+    let mut sizes = feed_soak(pool, records, started, clock.overdue).await?;
+    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
+    sizes.push((
+        started.elapsed().as_secs_f64(),
+        table_rows(pool, clock.overdue).await?,
+    ));
+    // One retention period (and two passes) after the last delivery: nothing finished left.
+    tokio::time::sleep(clock.retention + clock.pass * 2 + Duration::from_secs(1)).await;
+    let after = table_rows(pool, clock.overdue).await?;
+    workers.stop().await?;
+    let delivered: i64 = sqlx::query_scalar("SELECT count(*) FROM delivered_records")
+        .fetch_one(pool)
+        .await?;
+    report.figure("records delivered (delivered_records)", delivered);
+    report.figure("target requests", target.counters().requests);
+    soak_figures(report, &clock, &sizes, &after);
+    Ok(())
+}
+
+/// The soak's times: how long it feeds, the retention it runs with, how often retention
+/// passes, and the age past which a finished row is overdue (retention, a pass, 3 s).
+struct SoakClock {
+    feed: Duration,
+    retention: Duration,
+    pass: Duration,
+    overdue: Duration,
+}
+
+impl SoakClock {
+    /// The times for `waves` waves: a retention of a sixth of the feeding (1–10 s) unless
+    /// the settings name one below a day; passes every tenth of it, at least every second.
+    fn new(config: &BenchConfig, waves: usize) -> Self {
+        let feed = SOAK_EVERY * waves as u32;
+        let retention = match config.settings.retention {
+            Some(r) if r < Duration::from_secs(86_400) => r,
+            _ => (feed / 6).clamp(Duration::from_secs(1), Duration::from_secs(10)),
+        };
+        // Retention passes come every tenth of the period, at least every second.
+        let pass = (retention / 10).max(Duration::from_secs(1));
+        let overdue = retention + pass + Duration::from_secs(3);
+        Self {
+            feed,
+            retention,
+            pass,
+            overdue,
+        }
+    }
+}
+
+/// Enqueues the soak's `records` in waves of [`SOAK_WAVE`] every [`SOAK_EVERY`]; returns
+/// the table sizes sampled about every second meanwhile (seconds since `started`).
+async fn feed_soak(
+    pool: &PgPool,
+    records: usize,
+    started: Instant,
+    overdue: Duration,
+) -> anyhow::Result<Vec<(f64, [i64; 6])>> {
+    let waves = records.div_ceil(SOAK_WAVE).max(1);
     let mut sizes: Vec<(f64, [i64; 6])> = Vec::new();
     let mut tick = tokio::time::interval(SOAK_EVERY);
     let mut sampled = Instant::now();
@@ -820,23 +871,19 @@ async fn soak(
             ));
         }
     }
-    report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
-    sizes.push((
-        started.elapsed().as_secs_f64(),
-        table_rows(pool, overdue).await?,
-    ));
-    // One retention period (and two passes) after the last delivery: nothing finished left.
-    tokio::time::sleep(retention + pass * 2 + Duration::from_secs(1)).await;
-    let after = table_rows(pool, overdue).await?;
-    workers.stop().await?;
-    let delivered: i64 = sqlx::query_scalar("SELECT count(*) FROM delivered_records")
-        .fetch_one(pool)
-        .await?;
-    report.figure("records delivered (delivered_records)", delivered);
-    report.figure("target requests", target.counters().requests);
-    // Peak rows in the first and second half of the feeding: level when the second is
-    // no higher than the first.
-    let half = feed.as_secs_f64() / 2.0;
+    Ok(sizes)
+}
+
+/// The soak's verdict figures: peak rows per table in the first and second half of the
+/// feeding (level when the second is no higher), the most overdue rows in a sample, the
+/// rows left one retention period after the drain, and every size sample.
+fn soak_figures(
+    report: &mut Report,
+    clock: &SoakClock,
+    sizes: &[(f64, [i64; 6])],
+    after: &[i64; 6],
+) {
+    let half = clock.feed.as_secs_f64() / 2.0;
     let peak = |from: f64, to: f64, i: usize| {
         sizes
             .iter()
@@ -861,7 +908,7 @@ async fn soak(
     report.figure(
         &format!(
             "finished rows older than retention + {} s, most in a sample",
-            (overdue - retention).as_secs()
+            (clock.overdue - clock.retention).as_secs()
         ),
         peak(0.0, f64::MAX, 5),
     );
@@ -887,5 +934,4 @@ async fn soak(
             .collect::<Vec<_>>()
             .join(", "),
     );
-    Ok(())
 }
