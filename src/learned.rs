@@ -114,16 +114,16 @@ pub const FAST_PROBE_PER_SECOND: f64 = 0.2;
 pub const BETWEEN_CUT_BELOW: f64 = 0.6;
 /// After a measured cut, a 429 at about the pace when the target let through, between the
 /// two refusals (the block included), less than this share of the rate sent: the measure
-/// counted a bucket's burst (a bucket of a second's refill measured at 11–12/s for its
-/// 10/s), which then hid the excess until it was empty; over block and stretch it let
+/// counted a bucket's burst (a bucket of a second's refill reads 11–12/s for its 10/s
+/// while the burst lasts), which then hid the excess until it was empty; over block and stretch it let
 /// through its refill rate (92% of the rate sent at 11/s, 85% at 12/s), which is taken. A
 /// window's late call 1.5–19 s after its measured cut looks the same; the slow probe gives
 /// its pace back. Below [`BETWEEN_CUT_BELOW`] (a stretch shorter than one and a half
 /// blocks) a window's lost block time may be most of it: the rate between refusals is
 /// taken with a fast probe instead.
 pub const BUCKET_BELOW: f64 = 0.95;
-/// Two rates between refusals this close (a share of the first) are a bucket's refill
-/// (measured: 1% apart). A window's differ by more (10–12% measured): the block costs it
+/// Two rates between refusals this close (a share of the first) are a bucket's refill,
+/// which repeats to within a percent or so. A window's differ by more: the block costs it
 /// a varying part of a window each time.
 pub const SAME_BETWEEN: f64 = 0.05;
 /// The learned rate never goes below this share of the declared rate: a target that
