@@ -49,8 +49,8 @@ impl Stop {
 /// deliveries, and the deliveries).
 pub type Group = Vec<(usize, Arc<Claimed>)>;
 
-/// Makes the calls `source` yields, yielding each call's answer as it completes (calls of
-/// several groups run at once, up to the writer's max in flight). A call of several
+/// Makes the calls `source` yields, yielding each call's answer as it completes (the calls
+/// of up to the writer's max in flight groups run at once). A call of several
 /// records refused as a whole for its content ([`WriteError::Permanent`], but for a
 /// refusal of the request itself: see [`refuses_content`]) is split in halves, each sent
 /// again as a paced call of its own, down to single records. The source may be fed while
@@ -64,47 +64,49 @@ pub fn calls<'a>(
     stop: &'a Stop,
 ) -> impl Stream<Item = Answered> + 'a {
     source
-        .map(move |group| call_group(engine, ctx, writer, group, stop))
-        .buffer_unordered(writer.max_in_flight().max(1))
-        .flat_map(futures::stream::iter)
+        .map(move |group| Box::pin(call_group(engine, ctx, writer, group, stop)))
+        .flatten_unordered(writer.max_in_flight().max(1))
 }
 
-/// The calls of one group: the group, then the halves of any call refused as a whole.
-async fn call_group(
-    engine: &Engine,
-    ctx: &JobContext,
-    writer: &dyn Writer,
+/// The calls of one group, each answer yielded as it comes: the group, then the halves of
+/// any call refused as a whole (after a 429, the rest are not made).
+fn call_group<'a>(
+    engine: &'a Engine,
+    ctx: &'a JobContext,
+    writer: &'a dyn Writer,
     group: Group,
-    stop: &Stop,
-) -> Vec<Answered> {
-    let mut answers = Vec::new();
-    let mut todo = vec![group];
-    let mut limited = false;
-    while let Some(group) = todo.pop() {
-        let indices = group.iter().map(|(i, _)| *i).collect::<Vec<_>>();
-        let answer = match limited {
-            true => None,
-            false => call_once(engine, ctx, writer, &group, stop).await,
-        };
-        match &answer {
-            Some((Err(e), _)) if group.len() > 1 && refuses_content(e) => {
+    stop: &'a Stop,
+) -> impl Stream<Item = Answered> + 'a {
+    futures::stream::unfold(
+        (vec![group], false),
+        move |(mut todo, limited)| async move {
+            let group = todo.pop()?;
+            let indices = group.iter().map(|(i, _)| *i).collect::<Vec<_>>();
+            let answer = match limited {
+                true => None,
+                false => call_once(engine, ctx, writer, &group, stop).await,
+            };
+            if let Some((Err(e), _)) = &answer
+                && group.len() > 1
+                && refuses_content(e)
+            {
                 let (first, second) = group.split_at(group.len() / 2);
                 // Popped from the end: the first half goes first.
                 todo.push(second.to_vec());
                 todo.push(first.to_vec());
                 engine.metrics.split(&ctx.rule_name);
-                answers.push(Answered {
+                // The refused call itself decides no record: its halves do.
+                let answered = Answered {
                     indices: Vec::new(),
                     answer,
-                });
+                };
+                return Some((answered, (todo, limited)));
             }
-            _ => {
-                limited |= matches!(&answer, Some((Err(WriteError::RateLimited { .. }), _)));
-                answers.push(Answered { indices, answer });
-            }
-        }
-    }
-    answers
+            let limited =
+                limited || matches!(&answer, Some((Err(WriteError::RateLimited { .. }), _)));
+            Some((Answered { indices, answer }, (todo, limited)))
+        },
+    )
 }
 
 /// Whether a call's refusal may be one of its records' doing, so splitting the call finds
