@@ -7,7 +7,8 @@
 //! ([`Writer::group`]) and answers each call with one [`Written`], which holds the outcome
 //! of every record it carried. A whole call refused with [`WriteError::Permanent`] says
 //! that some record of it is bad without saying which: the call stage splits it in halves
-//! and sends each again, down to single records.
+//! and sends each again, down to single records (but for a refusal of the request itself,
+//! 401, 403, 404, 405 or 407, which is every record's).
 //!
 //! One file per target: [`http`] is the generic HTTP JSON writer and holds the response
 //! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace.

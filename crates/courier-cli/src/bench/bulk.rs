@@ -139,15 +139,7 @@ async fn consents(config: &BenchConfig, n: usize, per_call: i32) -> anyhow::Resu
         8,
     )
     .await?;
-    rule_per_call(
-        &pool,
-        "consents",
-        "workspace",
-        "user_attributes",
-        per_call,
-        None,
-    )
-    .await?;
+    rule_per_call(&pool, "consents", "workspace", "user_attributes", per_call).await?;
     let changes = (0..n)
         .map(|i| {
             NewDelivery::new(
@@ -189,7 +181,7 @@ async fn sink(config: &BenchConfig, n: usize, style: &str) -> anyhow::Result<(Ce
         .execute(&pool)
         .await?;
     let path = format!("batch/{style}/");
-    rule_per_call(&pool, "records", "sink", &path, PER_CALL, None).await?;
+    rule_per_call(&pool, "records", "sink", &path, PER_CALL).await?;
     let records = (0..n)
         .map(|i| {
             let payload = match i % INVALID_EVERY == INVALID_EVERY / 2 {
@@ -219,7 +211,7 @@ async fn unlimited(config: &BenchConfig, n: usize, per_call: i32) -> anyhow::Res
     let (pool, _) = fresh_database(config).await?;
     let target = Target::start(0).await?;
     connection(&pool, "open", "http_json", target.url(), 60_000_000, 64).await?;
-    rule_per_call(&pool, "records", "open", "batch/per-item/", per_call, None).await?;
+    rule_per_call(&pool, "records", "open", "batch/per-item/", per_call).await?;
     let records = (0..n)
         .map(|i| NewDelivery::new(format!("record:{i}"), json!({"n": i})))
         .collect();

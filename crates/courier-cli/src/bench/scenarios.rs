@@ -282,15 +282,13 @@ pub(super) async fn rule(
     Ok(())
 }
 
-/// Rule `name` on `conn` sending up to `per_call` records per call (batches of 100),
-/// wrapped in `envelope` when given.
+/// Rule `name` on `conn` sending up to `per_call` records per call (batches of 100).
 pub(super) async fn rule_per_call(
     pool: &PgPool,
     name: &str,
     conn: &str,
     path: &str,
     per_call: i32,
-    envelope: Option<&str>,
 ) -> anyhow::Result<()> {
     catalog::upsert_rule(
         pool,
@@ -300,7 +298,6 @@ pub(super) async fn rule_per_call(
             path: path.into(),
             batch_size: Some(100),
             records_per_call: Some(per_call),
-            batch_envelope: envelope.map(str::to_owned),
             ..Default::default()
         },
     )
