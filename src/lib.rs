@@ -66,6 +66,7 @@ pub mod ops;
 pub mod pacer;
 pub mod queue;
 pub mod rate_headers;
+pub mod ratelimit;
 pub mod retry;
 pub mod runs;
 pub mod status;

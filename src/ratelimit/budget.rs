@@ -1,0 +1,401 @@
+//! A budget's shared state (pure): where its pace stands, what each declared window has
+//! spent, what it has learned. The pacer keeps it in the budget's row (`budgets.state`,
+//! JSON), reads it under a row lock, and changes it only through these methods; the
+//! simulator drives the same methods on a virtual clock.
+//!
+//! - **The pace.** Slots are spaced evenly at the effective rate: the least of the
+//!   shortest declared window's rate, the learned rate and the advertised one, with
+//!   [`HEADROOM`] to spare (GCRA without burst: `tat`, the next free slot). A limiter
+//!   with no burst sees its rate at most.
+//! - **Longer windows are counted.** Each further limit (`300/min`, `100000/day`) counts
+//!   the slots it saw in [`BUCKETS`] buckets per window; a slot goes where every window
+//!   has room for it, counting whole buckets (never fewer than were spent in any window).
+//!   So the burst of the short window is used until a long one is spent, and then the
+//!   budget waits until its oldest bucket leaves the window.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    controller::{Learned, Params},
+    limits::{Limit, usable_quota},
+};
+
+/// Share of the rate left unused, so that arrival jitter (timers, scheduling, the network)
+/// never pushes a limiter that counts on a sliding window over its limit: slots are spaced
+/// 2% wider than the rate needs, and long windows count 2% longer.
+pub const HEADROOM: f64 = 0.02;
+/// Buckets a long window is counted in: a spent window waits at most a bucket (1/60 of
+/// it) longer than an exact count would.
+pub const BUCKETS: i64 = 60;
+/// A budget whose slots all lay this far in the past was idle: the count of accepted
+/// calls a 429 measures starts afresh.
+pub const IDLE_AFTER: f64 = 5.0;
+/// How long a statement from the target's headers holds unless restated (seconds).
+pub const ADVERTISED_FOR: f64 = 600.0;
+
+/// The slots of one long window, in buckets of `window / BUCKETS`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Spent {
+    /// The limit counted.
+    pub limit: Limit,
+    /// Slots per bucket, by bucket number (microseconds since the epoch ÷ bucket length).
+    pub buckets: Vec<(i64, u32)>,
+}
+
+/// A budget's shared state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BudgetState {
+    /// The next free slot of the pace.
+    pub tat: Option<DateTime<Utc>>,
+    /// What each long window has spent.
+    #[serde(default)]
+    pub spent: Vec<Spent>,
+    /// What 429s taught.
+    #[serde(default)]
+    pub learned: Learned,
+    /// Calls the target accepted since `stretch_from` (the last cut, or the start of the
+    /// busy stretch).
+    #[serde(default)]
+    pub accepted: u64,
+    /// Where the stretch the next 429 measures began.
+    pub stretch_from: Option<DateTime<Utc>>,
+    /// The rate (per second) the target's headers advertised, and when.
+    pub advertised: Option<(f64, DateTime<Utc>)>,
+    /// No slot before this: the target said its budget is spent until then.
+    pub hold: Option<DateTime<Utc>>,
+}
+
+/// A slice of slots a process leased.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slice {
+    /// The slots, in order.
+    pub slots: Vec<DateTime<Utc>>,
+    /// The rate they are paced at (requests per second, before headroom).
+    pub rate: f64,
+    /// A long window is spent: the next slot is no earlier than this (past the horizon).
+    pub spent_until: Option<DateTime<Utc>>,
+}
+
+fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn at_micros(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).expect("in range")
+}
+
+/// The time between two slots at `rate` requests per second, [`HEADROOM`] wider.
+pub fn interval(rate: f64) -> chrono::Duration {
+    let exact = 1.0 / (rate.max(super::controller::MIN_RATE) * (1.0 - HEADROOM));
+    chrono::Duration::microseconds((exact * 1e6).ceil() as i64)
+}
+
+/// Slots to lease at once at `rate` requests per second: a quarter second's worth, 1 to 50.
+pub fn slice_len(rate: f64) -> u32 {
+    ((rate.max(0.0) / 4.0).floor() as u32).clamp(1, 50)
+}
+
+impl Spent {
+    fn bucket_len(&self) -> i64 {
+        (self.limit.window.as_micros() as i64 / BUCKETS).max(1)
+    }
+
+    /// The counted window: [`HEADROOM`] longer than declared.
+    fn window_len(&self) -> i64 {
+        (self.limit.window.as_micros() as f64 * (1.0 + HEADROOM)) as i64
+    }
+
+    /// The first bucket that counts for a slot at `t`.
+    fn first_counted(&self, t: i64) -> i64 {
+        (t - self.window_len()).div_euclid(self.bucket_len())
+    }
+
+    /// Slots counted for a slot at `t`, and the earliest time one more would fit.
+    fn room(&self, t: i64, quota: u32) -> Result<(), i64> {
+        let first = self.first_counted(t);
+        let mut used = 0u64;
+        let mut free_at = None;
+        // Buckets are kept in order; walk from the newest, the oldest frees first.
+        for &(b, n) in self.buckets.iter().rev() {
+            if b < first {
+                break;
+            }
+            used += u64::from(n);
+            if used >= u64::from(quota) && free_at.is_none() {
+                // Once this bucket leaves the window, the slots after it fit.
+                free_at = Some((b + 1) * self.bucket_len() + self.window_len());
+            }
+        }
+        match free_at {
+            Some(at) => Err(at.max(t + 1)),
+            None => Ok(()),
+        }
+    }
+
+    fn count(&mut self, t: i64) {
+        let b = t.div_euclid(self.bucket_len());
+        match self.buckets.last_mut() {
+            Some((last, n)) if *last == b => *n += 1,
+            _ => self.buckets.push((b, 1)),
+        }
+        // Buckets stay ordered as long as slots come in order; keep them sorted anyway.
+        if self.buckets.len() > 1 && self.buckets[self.buckets.len() - 2].0 > b {
+            self.buckets.sort_by_key(|&(b, _)| b);
+        }
+    }
+
+    fn forget_before(&mut self, t: i64) {
+        let first = self.first_counted(t);
+        self.buckets.retain(|&(b, _)| b >= first);
+    }
+
+    /// Slots counted in the window ending at `now`, and when the oldest of them leaves it.
+    pub fn used(&self, now: DateTime<Utc>) -> (u32, Option<DateTime<Utc>>) {
+        let first = self.first_counted(micros(now));
+        let live = self.buckets.iter().filter(|&&(b, _)| b >= first);
+        let used = live.clone().map(|&(_, n)| n).sum();
+        let oldest = live.map(|&(b, _)| b).min();
+        (
+            used,
+            oldest.map(|b| at_micros((b + 1) * self.bucket_len() + self.window_len())),
+        )
+    }
+}
+
+impl BudgetState {
+    /// The pace (requests per second) at `now`: the shortest window's rate, the learned
+    /// rate and the advertised one, the least; at least [`MIN_RATE`](super::controller::MIN_RATE).
+    pub fn rate(&self, limits: &[Limit], params: &Params, now: DateTime<Utc>) -> f64 {
+        let declared = limits.first().map_or(f64::MAX, Limit::per_second);
+        let mut rate = declared;
+        if let Some(l) = self.learned.rate(params, declared, now) {
+            rate = rate.min(l);
+        }
+        if let Some((a, at)) = self.advertised {
+            if (now - at).num_milliseconds() as f64 / 1e3 < ADVERTISED_FOR {
+                rate = rate.min(a);
+            }
+        }
+        rate.max(super::controller::MIN_RATE)
+    }
+
+    /// Leases up to `n` slots from `now` on (`spread` ≥ 1 spaces them that much wider),
+    /// honouring every limit in `limits` (shortest window first) with `reserve` percent of
+    /// the long windows kept for others, and reports `accepted` calls answered since the
+    /// process's last lease. Stops early at a slot further than `horizon` from now (a
+    /// spent long window): the slots leased up to it, possibly none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lease(
+        &mut self,
+        limits: &[Limit],
+        reserve: u8,
+        params: &Params,
+        now: DateTime<Utc>,
+        n: u32,
+        spread: f64,
+        accepted: u64,
+        horizon: chrono::Duration,
+    ) -> Slice {
+        self.sync_windows(limits);
+        self.hold = self.hold.filter(|&h| h > now);
+        let idle = chrono::Duration::microseconds((IDLE_AFTER * 1e6) as i64);
+        let was_idle = self.tat.is_none_or(|t| t < now - idle);
+        if was_idle || self.stretch_from.is_none() {
+            self.stretch_from = Some(self.learned.since.map_or(now, |s| s.max(now)));
+            self.accepted = 0;
+        }
+        self.accepted += accepted;
+        let rate = self.rate(limits, params, now);
+        let step = interval(rate / spread);
+        let mut t = micros(
+            self.tat
+                .unwrap_or(now)
+                .max(now)
+                .max(self.hold.unwrap_or(now)),
+        );
+        let quotas: Vec<u32> = self
+            .spent
+            .iter()
+            .map(|s| usable_quota(&s.limit, reserve))
+            .collect();
+        let mut slots = Vec::new();
+        let mut spent_until = None;
+        let horizon = micros(now + horizon);
+        'slots: while slots.len() < n.min(slice_len(rate)) as usize {
+            // The earliest time every long window has room.
+            loop {
+                let wait = self
+                    .spent
+                    .iter()
+                    .zip(&quotas)
+                    .filter_map(|(s, &q)| s.room(t, q).err())
+                    .max();
+                match wait {
+                    Some(later) => t = later,
+                    None => break,
+                }
+            }
+            if t > horizon {
+                spent_until = Some(at_micros(t));
+                break 'slots;
+            }
+            for s in &mut self.spent {
+                s.count(t);
+            }
+            slots.push(at_micros(t));
+            t += step.num_microseconds().expect("fits");
+            self.tat = Some(at_micros(t));
+        }
+        for s in &mut self.spent {
+            s.forget_before(micros(now));
+        }
+        Slice {
+            slots,
+            rate,
+            spent_until,
+        }
+    }
+
+    /// Keeps one count per long limit (every declared limit but the shortest), dropping
+    /// counts of limits no longer declared.
+    fn sync_windows(&mut self, limits: &[Limit]) {
+        let long = limits.get(1..).unwrap_or_default();
+        self.spent.retain(|s| long.contains(&s.limit));
+        for l in long {
+            if !self.spent.iter().any(|s| s.limit == *l) {
+                self.spent.push(Spent {
+                    limit: *l,
+                    buckets: Vec::new(),
+                });
+            }
+        }
+        self.spent.sort_by_key(|s| s.limit.window);
+    }
+
+    /// A call paced at `paced` met a 429 at `now` whose block ends at `block_end`;
+    /// `accepted` calls were answered since the process's last lease. Teaches the
+    /// controller, drops the booking past the block. Returns whether it cut.
+    pub fn refused(
+        &mut self,
+        params: &Params,
+        paced: f64,
+        accepted: u64,
+        now: DateTime<Utc>,
+        block_end: DateTime<Utc>,
+    ) -> bool {
+        self.accepted += accepted;
+        let from = self.stretch_from.unwrap_or(now);
+        let stretch = ((now - from).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0);
+        let cut = self
+            .learned
+            .refused(params, paced, self.accepted, stretch, now, block_end);
+        if cut {
+            self.accepted = 0;
+            self.stretch_from = self.learned.since;
+            self.tat = self.tat.map(|t| t.min(block_end));
+        }
+        cut
+    }
+
+    /// The target's headers advertised `rate` requests per second at `now`.
+    pub fn advertise(&mut self, rate: f64, now: DateTime<Utc>) {
+        self.advertised = Some((rate, now));
+    }
+
+    /// The target said its budget is spent until `until`: no slot before then.
+    pub fn hold_until(&mut self, until: DateTime<Utc>) {
+        self.hold = Some(self.hold.map_or(until, |h| h.max(until)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ratelimit::controller::PARAMS;
+
+    fn t0() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+    }
+
+    fn lease_all(limits: &[Limit], secs: i64, processes: usize) -> Vec<DateTime<Utc>> {
+        let mut st = BudgetState::default();
+        let mut slots = Vec::new();
+        let mut now = t0();
+        let end = t0() + chrono::Duration::seconds(secs);
+        let horizon = chrono::Duration::seconds(1);
+        while now < end {
+            for _ in 0..processes {
+                let s = st.lease(limits, 0, &PARAMS, now, 50, 1.0, 0, horizon);
+                slots.extend(s.slots);
+            }
+            now = slots.last().copied().unwrap_or(now).max(now) + chrono::Duration::milliseconds(7);
+        }
+        slots.retain(|&s| s < end);
+        slots.sort();
+        slots
+    }
+
+    fn most_in(slots: &[DateTime<Utc>], len: chrono::Duration) -> usize {
+        let (mut end, mut most) = (0, 0);
+        for start in 0..slots.len() {
+            while end < slots.len() && slots[end] < slots[start] + len {
+                end += 1;
+            }
+            most = most.max(end - start);
+        }
+        most
+    }
+
+    #[test]
+    fn every_window_holds_and_the_burst_is_used() {
+        let limits = [Limit::new(10, 1), Limit::new(300, 60)];
+        let slots = lease_all(&limits, 185, 3);
+        assert!(most_in(&slots, chrono::Duration::seconds(1)) <= 10);
+        assert!(most_in(&slots, chrono::Duration::seconds(60)) <= 300);
+        // The first 300 go at the short window's pace, in about 30 s, not 60.
+        let first_300 = slots[299] - slots[0];
+        assert!(first_300 < chrono::Duration::seconds(31), "{first_300}");
+        // Over three minutes, about 3 × 300 (less a bucket per window).
+        assert!(slots.len() >= 850, "{}", slots.len());
+    }
+
+    #[test]
+    fn a_spent_window_stops_a_lease_at_the_horizon_and_says_when() {
+        let limits = [Limit::new(10, 1), Limit::new(20, 3600)];
+        let mut st = BudgetState::default();
+        let h = chrono::Duration::seconds(1);
+        let mut got = 0;
+        let mut now = t0();
+        for _ in 0..20 {
+            got += st
+                .lease(&limits, 0, &PARAMS, now, 50, 1.0, 0, h)
+                .slots
+                .len();
+            now += chrono::Duration::milliseconds(300);
+        }
+        assert_eq!(got, 20);
+        let (used, frees) = st.spent[0].used(now);
+        assert_eq!(used, 20);
+        assert!(frees.unwrap() > t0() + chrono::Duration::seconds(3600));
+        // With a 10% reserve, 18 of 20.
+        let mut st = BudgetState::default();
+        let got: usize = (0..20)
+            .map(|i| {
+                let now = t0() + chrono::Duration::milliseconds(300 * i);
+                st.lease(&limits, 10, &PARAMS, now, 50, 1.0, 0, h)
+                    .slots
+                    .len()
+            })
+            .sum();
+        assert_eq!(got, 18);
+    }
+
+    #[test]
+    fn a_single_limit_paces_evenly() {
+        let slots = lease_all(&[Limit::new(600, 60)], 30, 2);
+        assert!(most_in(&slots, chrono::Duration::seconds(1)) <= 10);
+        let gaps = slots.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+        assert!(gaps >= chrono::Duration::milliseconds(100), "{gaps}");
+    }
+}

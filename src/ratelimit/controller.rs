@@ -1,0 +1,203 @@
+//! The learned rate: what 429s teach a budget about the target's real limit, as one small
+//! controller (pure; the pacer keeps its state in the budget's row).
+//!
+//! The rule (rates in requests per second; `p` is the pace a refused call was sent at):
+//!
+//! 1. A 429 cuts the pace to `p × decrease`, or to the rate the target accepted since the
+//!    last cut if that is lower; with fewer than `min_sample` calls accepted the pace was
+//!    far above the limit and is cut to `p × deep_decrease`. One cut per block: calls in
+//!    flight meeting the same refusal do not cut again.
+//! 2. The refused pace becomes the **ceiling**. From the cut, the pace climbs back towards
+//!    the ceiling, closing the gap with time constant `approach` and never reaching it.
+//! 3. A 429 that ends at least `quiet` seconds without one remembers the pace that held
+//!    (**held**, for `memory` seconds). While the ceiling lies below `decrease × held` (the
+//!    limit dropped, as when another client shares the account), the pace climbs towards
+//!    held instead, `recover` seconds after the last cut.
+//! 4. After `quiet` seconds without a 429 the ceiling itself grows by `probe` per second:
+//!    a limit that rose is found again. Back at the declared rate, nothing is learned.
+//!
+//! The effective rate is the least of the declared pace, this learned rate and what the
+//! target's headers advertise. [`Learned::by`] labels what the last 429 did, for
+//! diagnostics only: nothing reads it back.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The controller's parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Params {
+    /// A 429 cuts the pace to this share of the pace refused (at most).
+    pub decrease: f64,
+    /// A 429 with fewer than `min_sample` calls accepted before it cuts to this share.
+    pub deep_decrease: f64,
+    /// Calls accepted since the last cut for their rate to say where the limit lies.
+    pub min_sample: u64,
+    /// Seconds: the time constant of the climb back towards the ceiling.
+    pub approach: f64,
+    /// Seconds without a 429 before the ceiling grows, and for a pace to count as held.
+    pub quiet: f64,
+    /// The ceiling's growth per second after `quiet` (multiplicative).
+    pub probe: f64,
+    /// Seconds after a cut before the pace climbs back towards a held pace far above it.
+    pub recover: f64,
+    /// Seconds a held pace is remembered.
+    pub memory: f64,
+}
+
+/// The parameters courier runs with (fitted in the simulator, `src/ratelimit/sim.rs`).
+pub const PARAMS: Params = Params {
+    decrease: 0.85,
+    deep_decrease: 0.4,
+    min_sample: 5,
+    approach: 1.5,
+    quiet: 20.0,
+    probe: 0.02,
+    recover: 3.0,
+    memory: 30.0,
+};
+
+/// The slowest learned pace: one request a minute.
+pub const MIN_RATE: f64 = 1.0 / 60.0;
+/// The largest exponent the probe grows by (keeps `exp` finite on a budget quiet for days).
+const MAX_GROWTH: f64 = 40.0;
+
+/// What a budget has learned; the default is nothing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Learned {
+    /// When the last cut took hold (the end of its block); `None`: nothing learned.
+    pub since: Option<DateTime<Utc>>,
+    /// The pace right after the cut (requests per second).
+    pub base: f64,
+    /// The pace the last 429 refused.
+    pub ceiling: f64,
+    /// The pace that held for `quiet` seconds before a 429, and when it was remembered.
+    pub held: Option<(f64, DateTime<Utc>)>,
+    /// When the last 429 that cut came.
+    pub last_429: Option<DateTime<Utc>>,
+    /// What the last cut did, for diagnostics only (`cut`, `measured`, `deep`).
+    pub by: String,
+}
+
+fn secs(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+impl Learned {
+    /// The learned pace at `now` (requests per second), or `None` when nothing is learned
+    /// or it has climbed back to `declared`.
+    pub fn rate(&self, p: &Params, declared: f64, now: DateTime<Utc>) -> Option<f64> {
+        let since = self.since?;
+        let s = secs(since, now).max(0.0);
+        let held = self
+            .held
+            .filter(|&(h, at)| secs(at, now) < p.memory && self.ceiling < p.decrease * h);
+        let (top, from, t) = match held {
+            Some((h, _)) if s > p.recover => (h, self.ceiling.min(h), s - p.recover),
+            _ => (self.ceiling * (1.0 + p.decrease) / 2.0, self.base, s),
+        };
+        let grown = top * (p.probe * (s - p.quiet).max(0.0)).min(MAX_GROWTH).exp();
+        let rate = grown - (grown - from) * (-t / p.approach).exp();
+        (rate < declared).then_some(rate.max(MIN_RATE))
+    }
+
+    /// A call sent at pace `paced` (requests per second) met a 429 at `now`, after
+    /// `accepted` calls were accepted over `stretch` seconds since the last cut (or since
+    /// the budget got busy); its block ends at `block_end`. Returns whether it cut.
+    #[allow(clippy::too_many_arguments)]
+    pub fn refused(
+        &mut self,
+        p: &Params,
+        paced: f64,
+        accepted: u64,
+        stretch: f64,
+        now: DateTime<Utc>,
+        block_end: DateTime<Utc>,
+    ) -> bool {
+        if self.since.is_some_and(|s| s > now) {
+            return false; // the same refusal, met by another call in flight
+        }
+        if self.last_429.is_none_or(|t| secs(t, now) >= p.quiet) && stretch >= p.quiet {
+            self.held = Some((paced, now));
+        }
+        let (share, by) = if accepted < p.min_sample {
+            (p.deep_decrease, "deep")
+        } else {
+            let measured = accepted as f64 / stretch.max(1.0) / paced;
+            if measured < p.decrease {
+                (measured, "measured")
+            } else {
+                (p.decrease, "cut")
+            }
+        };
+        self.base = (paced * share).max(MIN_RATE);
+        self.ceiling = paced;
+        self.since = Some(block_end.max(now));
+        self.last_429 = Some(now);
+        self.by = by.to_owned();
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: f64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+            + chrono::Duration::microseconds((s * 1e6) as i64)
+    }
+
+    #[test]
+    fn a_429_cuts_then_the_pace_climbs_back_towards_the_ceiling_without_reaching_it() {
+        let p = PARAMS;
+        let mut l = Learned::default();
+        assert_eq!(l.rate(&p, 10.0, t(0.0)), None, "nothing learned");
+        assert!(l.refused(&p, 10.0, 50, 5.0, t(5.0), t(6.0)));
+        assert_eq!(l.by, "cut");
+        let at = |s| l.rate(&p, 20.0, t(s)).unwrap();
+        assert!((at(6.0) - 8.5).abs() < 1e-9, "{}", at(6.0));
+        assert!(at(7.0) > 8.5 && at(7.0) < 10.0);
+        assert!(at(20.0) > 9.9 && at(20.0) < 10.0, "{}", at(20.0));
+        // After the quiet period the ceiling grows; past the declared rate all is forgotten.
+        assert!(at(60.0) > 10.5);
+        assert_eq!(l.rate(&p, 20.0, t(200.0)), None);
+    }
+
+    #[test]
+    fn a_pace_far_too_high_is_cut_to_what_was_accepted_or_deeply() {
+        let p = PARAMS;
+        let mut l = Learned::default();
+        // A window let 10 through in a tenth of a second at 100/s: measured 10/s.
+        l.refused(&p, 100.0, 10, 0.1, t(0.0), t(1.0));
+        assert_eq!(l.by, "measured");
+        assert!((l.rate(&p, 100.0, t(1.0)).unwrap() - 10.0).abs() < 1e-9);
+        // A limiter with no burst refused the second call: too few to measure.
+        let mut l = Learned::default();
+        l.refused(&p, 100.0, 1, 0.01, t(0.0), t(1.0));
+        assert_eq!(l.by, "deep");
+        assert!((l.rate(&p, 100.0, t(1.0)).unwrap() - 40.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn one_cut_per_block() {
+        let p = PARAMS;
+        let mut l = Learned::default();
+        assert!(l.refused(&p, 10.0, 50, 5.0, t(0.0), t(1.0)));
+        assert!(!l.refused(&p, 8.5, 50, 5.0, t(0.5), t(1.5)));
+        assert!((l.ceiling - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn after_a_drop_the_pace_that_held_is_tried_again() {
+        let p = PARAMS;
+        let mut l = Learned::default();
+        // 10/s held for a minute, then the limit halved: measured 5/s.
+        l.refused(&p, 10.0, 300, 60.0, t(60.0), t(61.0));
+        assert!(l.held.is_some());
+        l.refused(&p, 6.0, 10, 2.0, t(63.0), t(64.0));
+        // Within `recover` of the cut, the pace stays near the low ceiling...
+        assert!(l.rate(&p, 20.0, t(65.0)).unwrap() < 6.0);
+        // ...then climbs towards the pace that held.
+        assert!(l.rate(&p, 20.0, t(64.0 + p.recover + 3.0)).unwrap() > 9.0);
+    }
+}

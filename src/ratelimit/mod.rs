@@ -1,0 +1,13 @@
+//! A target's rate limits, in one place: the limits a connection declares ([`limits`]),
+//! what the target's headers state ([`headers`]), a budget's shared state and how slots
+//! are leased from it ([`budget`]), the learned rate ([`controller`]), 429 blocks
+//! ([`blocks`]) and the in-process pacer that hands slots to calls ([`pacer`]).
+//!
+//! The chain hands it one signal per answer (accepted; refused with a wait; headers
+//! stating a quota, what remains, the reset) and asks it for request slots.
+
+pub mod budget;
+pub mod controller;
+pub mod limits;
+#[cfg(test)]
+mod sim;

@@ -1,0 +1,599 @@
+//! A deterministic simulator: the real budget state and controller (the same methods the
+//! pacer calls with the budget's row) driven on a virtual clock against models of the
+//! limiters targets run, by 1 to 3 processes, with no database. Each cell drains 600
+//! records and checks the drain time against the ideal (the same limiter fed by an oracle
+//! that knows it) and the share of calls refused with 429.
+
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, VecDeque},
+};
+
+use chrono::{DateTime, Utc};
+
+use super::{
+    budget::BudgetState,
+    controller::{PARAMS, Params},
+    limits::Limit,
+};
+
+/// Microseconds.
+type Us = i64;
+const SEC: Us = 1_000_000;
+
+/// A limiter model: whether a call arriving at `t` is accepted, else the wait its 429 names.
+#[derive(Clone, Debug)]
+enum Model {
+    /// `quota` per aligned window; Retry-After: the window's end, rounded up to seconds.
+    Fixed { quota: f64, window: Us },
+    /// `quota` in any window; Retry-After: until the oldest leaves, rounded up.
+    Sliding {
+        quota: f64,
+        window: Us,
+        log: VecDeque<Us>,
+    },
+    /// nginx `limit_req` with no burst: counts in milliseconds; Retry-After: 1.
+    Leaky {
+        rate: f64,
+        excess: f64,
+        last: Option<Us>,
+    },
+    /// A token bucket of `burst` refilled at `rate`.
+    Token {
+        rate: f64,
+        burst: f64,
+        tokens: f64,
+        last: Us,
+    },
+    /// Both at once: a burst window and a steady one.
+    Both(Box<Model>, Box<Model>),
+}
+
+fn ceil_secs(us: Us) -> Us {
+    ((us + SEC - 1) / SEC).max(1) * SEC
+}
+
+impl Model {
+    fn fixed(quota: f64, secs: i64) -> Self {
+        Model::Fixed {
+            quota,
+            window: secs * SEC,
+        }
+    }
+    fn sliding(quota: f64, secs: i64) -> Self {
+        Model::Sliding {
+            quota,
+            window: secs * SEC,
+            log: VecDeque::new(),
+        }
+    }
+    fn leaky(rate: f64) -> Self {
+        Model::Leaky {
+            rate,
+            excess: 0.0,
+            last: None,
+        }
+    }
+    fn token(rate: f64, burst: f64) -> Self {
+        Model::Token {
+            rate,
+            burst,
+            tokens: burst,
+            last: 0,
+        }
+    }
+
+    /// Whether a call at `t` fits with the limit scaled by `scale` (no state change).
+    fn check(&mut self, t: Us, scale: f64) -> Result<(), Us> {
+        match self {
+            Model::Fixed { quota, window } => {
+                // Counted by `take`: the count of this window lives in the log of calls.
+                let _ = (quota, window);
+                unreachable!("fixed windows are checked with their count")
+            }
+            Model::Sliding { quota, window, log } => {
+                while log.front().is_some_and(|&a| a <= t - *window) {
+                    log.pop_front();
+                }
+                if (log.len() as f64) < (*quota * scale).floor() {
+                    Ok(())
+                } else {
+                    Err(ceil_secs(log.front().copied().unwrap_or(t) + *window - t))
+                }
+            }
+            Model::Leaky { rate, excess, last } => {
+                // nginx: excess − rate × ms + 1 (in requests) must not pass the burst (0).
+                let ms = last.map_or(i64::MAX / 4, |l| (t - l) / 1000);
+                let e = *excess - *rate * scale * ms as f64 / 1000.0 + 1.0;
+                if e <= 1e-9 { Ok(()) } else { Err(SEC) }
+            }
+            Model::Token {
+                rate,
+                burst,
+                tokens,
+                last,
+            } => {
+                let now = (*tokens + (t - *last) as f64 / 1e6 * *rate * scale).min(*burst * scale);
+                if now >= 1.0 {
+                    Ok(())
+                } else {
+                    Err(ceil_secs(((1.0 - now) / (*rate * scale) * 1e6) as Us))
+                }
+            }
+            Model::Both(a, b) => match (a.check(t, scale), b.check(t, scale)) {
+                (Ok(()), Ok(())) => Ok(()),
+                (x, y) => Err(x.err().unwrap_or(0).max(y.err().unwrap_or(0))),
+            },
+        }
+    }
+
+    fn take(&mut self, t: Us) {
+        match self {
+            Model::Fixed { .. } => {}
+            Model::Sliding { log, .. } => log.push_back(t),
+            Model::Leaky { rate, excess, last } => {
+                let ms = last.map_or(i64::MAX / 4, |l| (t - l) / 1000);
+                *excess = (*excess - *rate * ms as f64 / 1000.0 + 1.0).max(0.0);
+                *last = Some(t);
+            }
+            Model::Token {
+                rate,
+                burst,
+                tokens,
+                last,
+            } => {
+                *tokens = (*tokens + (t - *last) as f64 / 1e6 * *rate).min(*burst) - 1.0;
+                *last = t;
+            }
+            Model::Both(a, b) => {
+                a.take(t);
+                b.take(t);
+            }
+        }
+    }
+}
+
+/// A fixed window's count kept beside its model.
+#[derive(Clone, Debug)]
+struct Limiter {
+    model: Model,
+    fixed: Vec<(Us, f64, Us, u32)>, // (window, quota, current window index, count)
+}
+
+impl Limiter {
+    fn new(model: Model) -> Self {
+        let mut fixed = Vec::new();
+        let model = Self::split(model, &mut fixed);
+        Limiter { model, fixed }
+    }
+
+    /// Takes fixed windows out of the model (they count by window index).
+    fn split(model: Model, fixed: &mut Vec<(Us, f64, Us, u32)>) -> Model {
+        match model {
+            Model::Fixed { quota, window } => {
+                fixed.push((window, quota, -1, 0));
+                Model::token(1e12, 1e12) // always room
+            }
+            Model::Both(a, b) => {
+                let a = Self::split(*a, fixed);
+                let b = Self::split(*b, fixed);
+                Model::Both(Box::new(a), Box::new(b))
+            }
+            m => m,
+        }
+    }
+
+    fn arrive(&mut self, t: Us, scale: f64) -> Result<(), Us> {
+        let mut wait: Option<Us> = None;
+        for (window, quota, idx, count) in &mut self.fixed {
+            let i = t / *window;
+            if i != *idx {
+                *idx = i;
+                *count = 0;
+            }
+            if f64::from(*count) >= (*quota * scale).floor() {
+                let w = ceil_secs((i + 1) * *window - t);
+                wait = Some(wait.map_or(w, |x| x.max(w)));
+            }
+        }
+        if let Err(w) = self.model.check(t, scale) {
+            wait = Some(wait.map_or(w, |x| x.max(w)));
+        }
+        if let Some(w) = wait {
+            return Err(w);
+        }
+        for (_, _, _, count) in &mut self.fixed {
+            *count += 1;
+        }
+        self.model.take(t);
+        Ok(())
+    }
+}
+
+/// How the real limit moves: its scale at time `t` (from the drain's start).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Schedule {
+    Constant,
+    /// Halved from 20 s on.
+    Drop,
+    /// Halved from 20 s to 30 s, then back.
+    Dip,
+}
+
+impl Schedule {
+    fn scale(self, t: Us) -> f64 {
+        match self {
+            Schedule::Constant => 1.0,
+            Schedule::Drop if t >= 20 * SEC => 0.5,
+            Schedule::Dip if (20 * SEC..30 * SEC).contains(&t) => 0.5,
+            _ => 1.0,
+        }
+    }
+}
+
+/// A cell of the matrix.
+#[derive(Clone, Debug)]
+struct Cell {
+    name: &'static str,
+    model: Model,
+    /// The limits the connection declares.
+    declared: Vec<Limit>,
+    schedule: Schedule,
+    processes: usize,
+    /// Latency one way, and its jitter (uniform, added), microseconds.
+    latency: (Us, Us),
+}
+
+/// What a cell measured.
+#[derive(Debug)]
+struct Outcome {
+    drain: f64,
+    ideal: f64,
+    calls: u64,
+    refused: u64,
+    /// Calls accepted in the two seconds before 40 s (the dip's return plus 10 s).
+    accepted_38_40: u64,
+}
+
+impl Outcome {
+    fn ratio(&self) -> f64 {
+        self.drain / self.ideal
+    }
+    fn share_429(&self) -> f64 {
+        self.refused as f64 / self.calls as f64
+    }
+}
+
+const RECORDS: u64 = 600;
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// A process asks for a slice.
+    Lease(usize),
+    /// A process's slot (generation, paced rate ×1e6) comes.
+    Send(usize, u64, u64),
+    /// A call reaches the target.
+    Arrive(usize, u64),
+    /// Its answer reaches the process: accepted, or the 429's wait.
+    Answer(usize, u64, Option<Us>),
+}
+
+struct Process {
+    generation: u64,
+    /// Calls accepted not yet reported to the budget.
+    pending: u64,
+    /// Slots leased and not yet come.
+    slots: u64,
+    /// A lease is scheduled.
+    leasing: bool,
+}
+
+fn at(t: Us) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000, 0).unwrap() + chrono::Duration::microseconds(t)
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: Us) -> Us {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        if n <= 0 { 0 } else { (self.0 % n as u64) as Us }
+    }
+}
+
+/// The ideal drain: an oracle calling whenever the limiter has room, checked each ms.
+fn ideal(cell: &Cell) -> f64 {
+    let mut lim = Limiter::new(cell.model.clone());
+    let (mut t, mut done) = (0, 0);
+    while done < RECORDS {
+        if lim.arrive(t, cell.schedule.scale(t)).is_ok() {
+            done += 1;
+        }
+        t += 1000;
+    }
+    (t - 1000) as f64 / 1e6
+}
+
+fn run(cell: &Cell, params: &Params) -> Outcome {
+    let mut lim = Limiter::new(cell.model.clone());
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut st = BudgetState::default();
+    let mut procs: Vec<Process> = (0..cell.processes)
+        .map(|_| Process {
+            generation: 0,
+            pending: 0,
+            slots: 0,
+            leasing: true,
+        })
+        .collect();
+    let mut q: BinaryHeap<Reverse<(Us, u64, Ev)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |q: &mut BinaryHeap<_>, t: Us, e: Ev| {
+        seq += 1;
+        q.push(Reverse((t, seq, e)));
+    };
+    // Processes start a few ms apart.
+    for p in 0..cell.processes {
+        push(&mut q, p as Us * 3_000, Ev::Lease(p));
+    }
+    let (mut delivered, mut in_flight, mut calls, mut refused) = (0u64, 0u64, 0u64, 0u64);
+    let (mut block_end, mut last_accept, mut accepted_38_40): (Us, Us, u64) = (0, 0, 0);
+    let latency = |rng: &mut Rng| cell.latency.0 + rng.below(cell.latency.1);
+    while let Some(Reverse((t, _, ev))) = q.pop() {
+        if t > 3_600 * SEC {
+            panic!("{}: no drain within an hour", cell.name);
+        }
+        match ev {
+            Ev::Lease(p) => {
+                procs[p].leasing = false;
+                if delivered + in_flight >= RECORDS {
+                    continue;
+                }
+                let now = t.max(block_end);
+                if now > t {
+                    procs[p].leasing = true;
+                    push(&mut q, now, Ev::Lease(p));
+                    continue;
+                }
+                let accepted = std::mem::take(&mut procs[p].pending);
+                let slice = st.lease(
+                    &cell.declared,
+                    0,
+                    params,
+                    at(now),
+                    50,
+                    1.0,
+                    accepted,
+                    chrono::Duration::seconds(1),
+                );
+                let generation = procs[p].generation;
+                for s in &slice.slots {
+                    let s = (*s - at(0)).num_microseconds().unwrap();
+                    push(
+                        &mut q,
+                        s,
+                        Ev::Send(p, generation, (slice.rate * 1e6) as u64),
+                    );
+                }
+                procs[p].slots += slice.slots.len() as u64;
+                let next = match (slice.slots.last(), slice.spent_until) {
+                    (Some(last), _) => (*last - at(0)).num_microseconds().unwrap() - 100_000,
+                    (None, Some(until)) => (until - at(0)).num_microseconds().unwrap(),
+                    (None, None) => now + 1000,
+                };
+                procs[p].leasing = true;
+                push(&mut q, next.max(now + 1), Ev::Lease(p));
+            }
+            Ev::Send(p, generation, rate) => {
+                procs[p].slots -= 1;
+                if generation != procs[p].generation
+                    || t < block_end
+                    || delivered + in_flight >= RECORDS
+                {
+                    continue;
+                }
+                in_flight += 1;
+                calls += 1;
+                let arrive = t + latency(&mut rng);
+                push(&mut q, arrive, Ev::Arrive(p, rate));
+            }
+            Ev::Arrive(p, rate) => {
+                let answer = lim.arrive(t, cell.schedule.scale(t));
+                if answer.is_ok() {
+                    last_accept = t;
+                    if (38 * SEC..40 * SEC).contains(&t) {
+                        accepted_38_40 += 1;
+                    }
+                }
+                let back = t + latency(&mut rng);
+                push(&mut q, back, Ev::Answer(p, rate, answer.err()));
+            }
+            Ev::Answer(p, rate, wait) => {
+                in_flight -= 1;
+                match wait {
+                    None => {
+                        delivered += 1;
+                        procs[p].pending += 1;
+                    }
+                    Some(wait) => {
+                        refused += 1;
+                        let end = t + wait;
+                        let accepted = std::mem::take(&mut procs[p].pending);
+                        let cut = st.refused(params, rate as f64 / 1e6, accepted, at(t), at(end));
+                        if std::env::var("SIM_TRACE").is_ok_and(|c| cell.name.starts_with(&c))
+                            && cut
+                        {
+                            eprintln!(
+                                "{:7.2}s 429 p{p} paced {:.2} -> {} base {:.2} ceiling {:.2} held {:?}",
+                                t as f64 / 1e6,
+                                rate as f64 / 1e6,
+                                st.learned.by,
+                                st.learned.base,
+                                st.learned.ceiling,
+                                st.learned.held.map(|h| h.0)
+                            );
+                        }
+                        st.hold_until(at(end));
+                        block_end = block_end.max(end);
+                        procs[p].generation += 1;
+                    }
+                }
+                if delivered >= RECORDS {
+                    break;
+                }
+                if !procs[p].leasing {
+                    procs[p].leasing = true;
+                    push(&mut q, t.max(block_end), Ev::Lease(p));
+                }
+            }
+        }
+    }
+    Outcome {
+        drain: last_accept as f64 / 1e6,
+        ideal: ideal(cell),
+        calls,
+        refused,
+        accepted_38_40,
+    }
+}
+
+/// The limiters at a real limit of 10/s.
+fn models() -> Vec<(&'static str, Model, Vec<Limit>, (Us, Us))> {
+    let loopback = (1_000, 2_000);
+    vec![
+        (
+            "fixed 10/s",
+            Model::fixed(10.0, 1),
+            vec![Limit::new(10, 1)],
+            loopback,
+        ),
+        (
+            "sliding 10/s",
+            Model::sliding(10.0, 1),
+            vec![Limit::new(10, 1)],
+            loopback,
+        ),
+        (
+            "leaky 10/s no burst (nginx)",
+            Model::leaky(10.0),
+            vec![Limit::new(10, 1)],
+            loopback,
+        ),
+        (
+            "token 10/s burst 10",
+            Model::token(10.0, 10.0),
+            vec![Limit::new(10, 1)],
+            loopback,
+        ),
+        (
+            "sliding 10/s, 40±20 ms",
+            Model::sliding(10.0, 1),
+            vec![Limit::new(10, 1)],
+            (30_000, 20_000),
+        ),
+        (
+            "fixed 10/s and 300/min",
+            Model::Both(
+                Box::new(Model::fixed(10.0, 1)),
+                Box::new(Model::fixed(300.0, 60)),
+            ),
+            vec![Limit::new(10, 1), Limit::new(300, 60)],
+            loopback,
+        ),
+    ]
+}
+
+fn scaled(limits: &[Limit], ratio: f64) -> Vec<Limit> {
+    limits
+        .iter()
+        .map(|l| Limit {
+            quota: (f64::from(l.quota) * ratio).round() as u32,
+            window: l.window,
+        })
+        .collect()
+}
+
+/// Runs the matrix for `ratios` and schedules; returns each cell's line and the failures.
+fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>) {
+    let (mut lines, mut failures) = (Vec::new(), Vec::new());
+    for (name, model, declared, latency) in models() {
+        for &schedule in schedules {
+            for &ratio in ratios {
+                if schedule != Schedule::Constant && (ratio != 1.0 || declared.len() > 1) {
+                    continue;
+                }
+                for processes in 1..=3 {
+                    let cell = Cell {
+                        name,
+                        model: model.clone(),
+                        declared: scaled(&declared, ratio),
+                        schedule,
+                        processes,
+                        latency,
+                    };
+                    let o = run(&cell, &PARAMS);
+                    let line = format!(
+                        "{name:32} {schedule:?} ×{ratio:<4} {processes}p: drain {:.1}s ideal {:.1}s = {:.3}×, 429s {}/{} = {:.2}%, 38–40 s {}",
+                        o.drain,
+                        o.ideal,
+                        o.ratio(),
+                        o.refused,
+                        o.calls,
+                        o.share_429() * 100.0,
+                        o.accepted_38_40
+                    );
+                    let two_windows = declared.len() > 1 && ratio == 1.0;
+                    let (max_ratio, max_share) = match (schedule, ratio) {
+                        _ if two_windows => (1.05, 0.0),
+                        (Schedule::Constant, r) if r == 1.0 => (1.05, 0.005),
+                        (Schedule::Constant, _) => (1.15, 0.02),
+                        (Schedule::Drop, _) => (1.15, 0.02),
+                        (Schedule::Dip, _) => (f64::MAX, 1.0),
+                    };
+                    let mut bad = o.ratio() > max_ratio || o.share_429() > max_share;
+                    if schedule == Schedule::Dip && o.accepted_38_40 < 18 {
+                        bad = true;
+                    }
+                    if bad {
+                        failures.push(line.clone());
+                    }
+                    lines.push(line);
+                }
+            }
+        }
+    }
+    (lines, failures)
+}
+
+fn report(name: &str, ratios: &[f64], schedules: &[Schedule]) {
+    let (lines, failures) = matrix(ratios, schedules);
+    println!("{name}\n{}", lines.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cells out of bounds:\n{}",
+        failures.len(),
+        lines.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn declared_equal_to_the_real_limit_drains_at_the_ideal_pace() {
+    report("declared = real", &[1.0], &[Schedule::Constant]);
+}
+
+#[test]
+fn declared_above_the_real_limit_is_learned() {
+    report(
+        "declared above real",
+        &[1.5, 2.0, 5.0, 10.0],
+        &[Schedule::Constant],
+    );
+}
+
+#[test]
+fn a_limit_that_drops_or_dips_is_followed() {
+    report("drop and dip", &[1.0], &[Schedule::Drop, Schedule::Dip]);
+}
