@@ -10,7 +10,11 @@
 use serde::{Deserialize, Serialize};
 use sqlx::{Acquire, PgConnection, PgExecutor, Postgres};
 
-use crate::{config::redact_url, writer};
+use crate::{
+    config::redact_url,
+    ratelimit::limits::{self, Limit},
+    writer,
+};
 
 /// Which writer a connection uses.
 pub const WRITERS: &[&str] = &["http_json", "usercom"];
@@ -39,10 +43,17 @@ pub struct NewConnection {
     /// Connections naming the same key (e.g. the workspace) share one budget and one block.
     #[serde(default)]
     pub budget_key: Option<String>,
+    /// Declared limits (`10/s`, `300/min`, `100000/day`); empty: `requests_per_minute`
+    /// (or the writer's declaration) is the one limit.
+    #[serde(default)]
+    pub limits: Vec<Limit>,
+    /// Percent of each window of a minute or longer kept for other clients (`10%`).
+    #[serde(default)]
+    pub reserve: Option<String>,
 }
 
 /// A stored connection.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Connection {
     /// Primary key.
     pub id: i64,
@@ -62,8 +73,35 @@ pub struct Connection {
     pub max_in_flight: i32,
     /// Per-request timeout in milliseconds.
     pub timeout_ms: i32,
-    /// The budget (and block) it spends from: its own `connection:<id>` or a shared key.
+    /// The budget (and block) it spends from: its own `connection:<id>` or a shared key
+    /// (in a chain job: the rule's own key, if it has one).
     pub budget_key: String,
+    /// Declared limits as stored (`N/window`).
+    pub limits: Vec<String>,
+    /// Percent of each long window kept for other clients.
+    pub reserve_percent: i16,
+}
+
+impl Connection {
+    /// The limits its budget keeps: those declared, else `requests_per_minute` (or the
+    /// writer's `writer_rpm`) per minute. A stored limit courier cannot read is skipped
+    /// (the schema's check refuses malformed ones).
+    pub fn declared_limits(&self, writer_rpm: u32) -> Vec<Limit> {
+        let declared: Vec<Limit> = self.limits.iter().filter_map(|l| l.parse().ok()).collect();
+        if declared.is_empty() {
+            let rpm = self
+                .requests_per_minute
+                .map_or(writer_rpm, |r| r.max(1) as u32);
+            return vec![Limit::per_minute(rpm)];
+        }
+        limits::check(declared).unwrap_or_default()
+    }
+
+    /// The reserve kept on long windows, in percent.
+    pub fn reserve(&self) -> u8 {
+        self.reserve_percent
+            .clamp(0, i16::from(limits::MAX_RESERVE)) as u8
+    }
 }
 
 /// A new rule.
@@ -96,6 +134,10 @@ pub struct NewRule {
     /// (`{"<field>": [...]}`); absent, the records go as a bare JSON array.
     #[serde(default)]
     pub batch_envelope: Option<String>,
+    /// A budget of its own (an endpoint the target limits apart), overriding its
+    /// connection's; its 429s block this budget only.
+    #[serde(default)]
+    pub budget_key: Option<String>,
 }
 
 /// A stored rule.
@@ -125,6 +167,8 @@ pub struct Rule {
     pub records_per_call: i32,
     /// The field wrapping an `http_json` bulk call's records, if any.
     pub batch_envelope: Option<String>,
+    /// Its own budget key, if it has one.
+    pub budget_key: Option<String>,
 }
 
 /// Why a connection or rule could not be stored.
@@ -192,6 +236,13 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
         ))
     })?;
     writer::http::header_map(&serde_json::Value::Object(c.headers.clone())).map_err(invalid)?;
+    limits::check(c.limits.clone()).map_err(|e| invalid(e.to_string()))?;
+    if let Some(r) = &c.reserve {
+        limits::parse_reserve(r).map_err(|e| invalid(e.to_string()))?;
+    }
+    if c.requests_per_minute.is_some_and(|r| r < 1) {
+        return Err(invalid("requests_per_minute must be at least 1".into()));
+    }
     Ok(())
 }
 
@@ -222,14 +273,15 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
     sqlx::query_scalar!(
         r#"INSERT INTO connections
              (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
-              timeout_ms, budget_key)
-           VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000), $9)
+              timeout_ms, budget_key, limits, reserve_percent)
+           VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000), $9, $10, $11)
            ON CONFLICT (name) DO UPDATE SET
              writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
              api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
              requests_per_minute = EXCLUDED.requests_per_minute,
              max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
-             budget_key = EXCLUDED.budget_key, updated_at = now()
+             budget_key = EXCLUDED.budget_key, limits = EXCLUDED.limits,
+             reserve_percent = EXCLUDED.reserve_percent, updated_at = now()
            RETURNING id"#,
         c.name,
         c.writer,
@@ -240,6 +292,13 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
         c.max_in_flight,
         c.timeout_ms,
         c.budget_key,
+        &c.limits.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        i16::from(
+            c.reserve
+                .as_deref()
+                .map_or(Ok(0), limits::parse_reserve)
+                .unwrap_or(0)
+        ),
     )
     .fetch_one(db)
     .await
@@ -327,9 +386,10 @@ pub async fn upsert_rule<'c>(
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight, records_per_call, batch_envelope)
+              enabled, weight, records_per_call, batch_envelope, budget_key)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
-                  COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11
+                  COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11,
+                  $12
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -337,7 +397,8 @@ pub async fn upsert_rule<'c>(
              backoff_base_ms = EXCLUDED.backoff_base_ms, backoff_max_ms = EXCLUDED.backoff_max_ms,
              enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
              records_per_call = EXCLUDED.records_per_call,
-             batch_envelope = EXCLUDED.batch_envelope, updated_at = now()
+             batch_envelope = EXCLUDED.batch_envelope, budget_key = EXCLUDED.budget_key,
+             updated_at = now()
            RETURNING id"#,
         r.name,
         r.connection,
@@ -350,6 +411,7 @@ pub async fn upsert_rule<'c>(
         r.weight,
         r.records_per_call,
         r.batch_envelope,
+        r.budget_key,
     )
     .fetch_one(&mut *tx)
     .await
@@ -455,7 +517,8 @@ pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>
     sqlx::query_as!(
         Connection,
         r#"SELECT id, name, writer, base_url, api_key_env, headers, requests_per_minute,
-                  max_in_flight, timeout_ms, courier_budget_key(connections) AS "budget_key!"
+                  max_in_flight, timeout_ms, courier_budget_key(connections) AS "budget_key!",
+                  limits, reserve_percent
            FROM connections ORDER BY name"#
     )
     .fetch_all(db)
@@ -467,7 +530,8 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
     sqlx::query_as!(
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
-                backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope
+                backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope,
+                budget_key
          FROM rules ORDER BY name"
     )
     .fetch_all(db)
@@ -683,7 +747,7 @@ async fn stored_connection(
 ) -> Result<Option<NewConnection>, sqlx::Error> {
     let row = sqlx::query!(
         "SELECT name, writer, base_url, api_key_env, headers, requests_per_minute,
-                max_in_flight, timeout_ms, budget_key
+                max_in_flight, timeout_ms, budget_key, limits, reserve_percent
          FROM connections WHERE name = $1",
         name
     )
@@ -699,6 +763,8 @@ async fn stored_connection(
         max_in_flight: Some(r.max_in_flight),
         timeout_ms: Some(r.timeout_ms),
         budget_key: r.budget_key,
+        limits: r.limits.iter().filter_map(|l| l.parse().ok()).collect(),
+        reserve: (r.reserve_percent > 0).then(|| format!("{}%", r.reserve_percent)),
     }))
 }
 
@@ -706,7 +772,7 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
                 r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
-                r.batch_envelope
+                r.batch_envelope, r.budget_key
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -724,5 +790,6 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
         weight: Some(r.weight),
         records_per_call: Some(r.records_per_call),
         batch_envelope: r.batch_envelope,
+        budget_key: r.budget_key,
     }))
 }

@@ -9,12 +9,11 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    blocks::Blocks,
     clock::Clock,
     config::Settings,
     health::{Health, is_outage},
     metrics::Metrics,
-    pacer::Pacer,
+    ratelimit::{blocks::Blocks, pacer::Pacer},
 };
 
 /// What every part of a worker process shares.

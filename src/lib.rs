@@ -23,12 +23,10 @@
 //! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON and User.com writers,
 //!   one record or several per call (`Writer::group`, `Writer::write_many`).
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
-//! - [`pacer`]: the request budget per connection or budget key (table `budgets`), fair
-//!   between rules, shared across processes.
-//! - [`learned`]: what a budget learns of the target's real limit from 429s and its probe
-//!   back up; the effective rate (pure).
-//! - [`rate_headers`]: what a response's headers say about the rate limit (pure).
-//! - [`blocks`]: 429s as budget blocks (table `connection_blocks`), kept in memory too.
+//! - [`ratelimit`]: a target's limits in one place: the limits a connection declares, the
+//!   budget's shared state (table `budgets`) and the pacer handing out request slots, fair
+//!   between rules and shared across processes; the learned rate; what response headers
+//!   state; 429 blocks (table `connection_blocks`, kept in memory too).
 //! - [`throttle`]: the tower layer on the chain-job service: wait out a block or throttle.
 //! - [`retry`]: a rule's retry policy (attempts, backoff).
 //! - [`runs`]: runs and their lifecycle (table `runs`).
@@ -48,7 +46,6 @@
 //! benchmarks is `crates/courier-cli`, the local User.com-like target
 //! `crates/courier-target` (a dev-dependency of the tests here).
 
-pub mod blocks;
 pub mod breaker;
 pub mod catalog;
 pub mod chain;
@@ -58,14 +55,11 @@ pub mod db;
 pub mod engine;
 pub mod enqueue;
 pub mod health;
-pub mod learned;
 pub mod ledger;
 pub mod maintenance;
 pub mod metrics;
 pub mod ops;
-pub mod pacer;
 pub mod queue;
-pub mod rate_headers;
 pub mod ratelimit;
 pub mod retry;
 pub mod runs;

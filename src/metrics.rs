@@ -335,9 +335,8 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     let budgets = sqlx::query!(
         r#"SELECT courier_budget_key(c) AS "budget!",
                   min(COALESCE(c.requests_per_minute, $2))::bigint AS "rpm!",
-                  courier_effective_rpm(min(COALESCE(c.requests_per_minute, $2)), max(bu.learned_rpm),
-                                        max(bu.learned_at), max(bu.ceiling_rpm), max(bu.advertised_rpm),
-                                        max(bu.advertised_at), $1) AS "effective!",
+                  (array_agg(c.limits))[1] AS "limits!: Vec<String>",
+                  max(c.reserve_percent) AS "reserve!", (array_agg(bu.state))[1] AS state,
                   courier_ts(max(b.blocked_until)) AS blocked_until
            FROM connections c
            LEFT JOIN budgets bu ON bu.budget_key = courier_budget_key(c)
@@ -350,7 +349,21 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .map(|r| (r.budget, r.rpm, r.effective, r.blocked_until))
+    .map(|r| {
+        let conn = crate::catalog::Connection {
+            requests_per_minute: Some(r.rpm as i32),
+            limits: r.limits,
+            reserve_percent: r.reserve,
+            ..Default::default()
+        };
+        let limits = conn.declared_limits(r.rpm.max(1) as u32);
+        let state = r
+            .state
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        let pace = crate::status::budget_pace(&state, &limits, conn.reserve(), now);
+        (r.budget, r.rpm, pace.effective_rpm, r.blocked_until)
+    })
     .collect();
     let circuits = sqlx::query!(
         r#"SELECT c.name, ci.state::text AS "state!"

@@ -20,10 +20,11 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::{
-    blocks,
     catalog::{self, Paused},
     ledger::{self, DeliveryStatus, Outcome},
-    queue, runs,
+    queue,
+    ratelimit::blocks,
+    runs,
 };
 
 /// Why an operator action could not be done.

@@ -7,6 +7,15 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::{
+    catalog::Connection,
+    ratelimit::{
+        budget::{ADVERTISED_FOR, BudgetState},
+        controller::PARAMS,
+        limits::{Limit, usable_quota},
+    },
+};
+
 /// One connection's line.
 #[derive(Debug, Serialize)]
 pub struct ConnectionStatus {
@@ -18,6 +27,8 @@ pub struct ConnectionStatus {
     pub budget_key: String,
     /// Declared requests per minute.
     pub requests_per_minute: i32,
+    /// Each declared limit: its use in its window, and when a spent one frees.
+    pub limits: Vec<LimitUse>,
     /// Calls made against its budget in the last 60 s (429s included).
     pub used_last_minute: i64,
     /// The rate its budget learned from 429s, while below the declared rate.
@@ -42,6 +53,21 @@ pub struct ConnectionStatus {
     pub retry_after_raw: Option<String>,
     /// Paused by an operator: none of its rules gets a run.
     pub paused: bool,
+}
+
+/// A declared limit's use.
+#[derive(Debug, Serialize)]
+pub struct LimitUse {
+    /// The limit (`N/window`).
+    pub limit: String,
+    /// What the budget may spend of it (its quota less the reserve).
+    pub quota: u32,
+    /// Calls counted in the window ending now (the shortest window: its pace).
+    pub used: u32,
+    /// Whether it is spent.
+    pub spent: bool,
+    /// When a spent window frees (its oldest calls leave it).
+    pub frees_at: Option<DateTime<Utc>>,
 }
 
 /// One rule's line.
@@ -194,21 +220,14 @@ async fn connections(
     pool: &PgPool,
     now: DateTime<Utc>,
 ) -> Result<Vec<ConnectionStatus>, sqlx::Error> {
-    sqlx::query_as!(
-        ConnectionStatus,
+    let rows = sqlx::query!(
         r#"SELECT c.name, c.writer, courier_budget_key(c) AS "budget_key!",
                   COALESCE(c.requests_per_minute, $2) AS "requests_per_minute!",
+                  c.limits, c.reserve_percent,
                   COALESCE((SELECT sum(u.calls) FROM budget_calls u
                             WHERE u.budget_key = courier_budget_key(c)
                               AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
-                  courier_learned_rpm(bu.learned_rpm, bu.learned_at, bu.ceiling_rpm,
-                                      COALESCE(c.requests_per_minute, $2), $1) AS learned_rpm,
-                  courier_advertised_rpm(bu.advertised_rpm, bu.advertised_at, $1) AS advertised_rpm,
-                  courier_effective_rpm(COALESCE(c.requests_per_minute, $2), bu.learned_rpm,
-                                        bu.learned_at, bu.ceiling_rpm, bu.advertised_rpm,
-                                        bu.advertised_at, $1)
-                      AS "effective_rpm!",
-                  courier_ts(bu.last_429_at) AS "last_429_at?",
+                  bu.state AS "budget_state?",
                   ci.state AS circuit, courier_ts(ci.open_until) AS open_until, ci.consecutive_failures,
                   courier_ts(b.blocked_until) AS "blocked_until?", br.name AS "blocked_by?",
                   b.retry_after_raw AS "retry_after_raw?", c.paused
@@ -222,7 +241,94 @@ async fn connections(
         crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let conn = Connection {
+                requests_per_minute: Some(r.requests_per_minute),
+                limits: r.limits,
+                reserve_percent: r.reserve_percent,
+                ..Connection::default()
+            };
+            let limits = conn.declared_limits(r.requests_per_minute.max(1) as u32);
+            let state: BudgetState = r
+                .budget_state
+                .and_then(|s| serde_json::from_value(s).ok())
+                .unwrap_or_default();
+            let pace = budget_pace(&state, &limits, conn.reserve(), now);
+            ConnectionStatus {
+                name: r.name,
+                writer: r.writer,
+                budget_key: r.budget_key,
+                requests_per_minute: r.requests_per_minute,
+                limits: pace.limits,
+                used_last_minute: r.used_last_minute,
+                learned_rpm: pace.learned_rpm,
+                advertised_rpm: pace.advertised_rpm,
+                effective_rpm: pace.effective_rpm,
+                last_429_at: state.learned.last_429,
+                circuit: r.circuit,
+                open_until: r.open_until,
+                consecutive_failures: r.consecutive_failures,
+                blocked_until: r.blocked_until,
+                blocked_by: r.blocked_by,
+                retry_after_raw: r.retry_after_raw,
+                paused: r.paused,
+            }
+        })
+        .collect())
+}
+
+/// Where a budget's pace stands (see [`budget_pace`]).
+pub struct Pace {
+    /// Each declared limit's use.
+    pub limits: Vec<LimitUse>,
+    /// The learned rate (requests per minute), while below the declared pace.
+    pub learned_rpm: Option<f64>,
+    /// The advertised rate, while its statement holds.
+    pub advertised_rpm: Option<f64>,
+    /// The rate paced at.
+    pub effective_rpm: f64,
+}
+
+/// A budget's pace at `now` from its shared state: what each limit has used in its window
+/// and when that frees, the learned and the effective rate.
+pub fn budget_pace(state: &BudgetState, limits: &[Limit], reserve: u8, now: DateTime<Utc>) -> Pace {
+    let declared = limits.first().map_or(f64::MAX, Limit::per_second);
+    let effective = state.rate(limits, &PARAMS, now);
+    let uses = limits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let quota = usable_quota(l, reserve);
+            let (used, frees_at) = match state.spent.iter().find(|s| s.limit == *l) {
+                Some(s) => s.used(now),
+                // The shortest window is paced, not counted: at most its quota.
+                None if i == 0 => (
+                    (effective.min(declared) * l.window.as_secs_f64()) as u32,
+                    None,
+                ),
+                None => (0, None),
+            };
+            LimitUse {
+                limit: l.to_string(),
+                quota,
+                used: used.min(quota),
+                spent: used >= quota,
+                frees_at: frees_at.filter(|_| used >= quota),
+            }
+        })
+        .collect();
+    Pace {
+        limits: uses,
+        learned_rpm: state.learned.rate(&PARAMS, declared, now).map(|r| r * 60.0),
+        advertised_rpm: state
+            .advertised
+            .filter(|(_, at)| ((now - *at).num_seconds() as f64) < ADVERTISED_FOR)
+            .map(|(r, _)| r * 60.0),
+        effective_rpm: effective * 60.0,
+    }
 }
 
 /// Each rule with its backlog, state and last run.

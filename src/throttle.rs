@@ -1,6 +1,6 @@
 //! The throttle: a tower [`Layer`] on the apalis chain-job service (ADR-0036). Before a
 //! chain job runs, it reads the job's run (rule and connection come from the run row, not
-//! the payload) and the block on the connection's budget from [`Blocks`](crate::blocks::Blocks),
+//! the payload) and the block on the connection's budget from [`Blocks`](crate::ratelimit::blocks::Blocks),
 //! the in-memory copy kept current by NOTIFY. A wait up to `throttle_max_wait` snoozes
 //! **the same apalis job** until the block ends and marks the run `waiting`; a longer one
 //! finishes the run `throttled`. Only jobs that may call reach the chain job itself, which

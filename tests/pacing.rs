@@ -8,6 +8,7 @@ use std::{sync::Arc, time::Duration};
 use chrono::{DateTime, Duration as Span, Utc};
 use common::*;
 use courier::chain::JobOutcome;
+use courier::ratelimit::limits::Limit;
 use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
@@ -67,7 +68,12 @@ async fn slots_are_spaced_across_processes_and_budgets_are_independent() {
     let ask = |e: Arc<Engine>, rule: i64| async move {
         let mut slots = Vec::new();
         for _ in 0..15 {
-            slots.push(e.pacer.acquire("ws:shared", 600, rule, 1).await.unwrap());
+            slots.push(
+                e.pacer
+                    .acquire("ws:shared", &[Limit::per_minute(600)], 0, rule, 1)
+                    .await
+                    .unwrap(),
+            );
         }
         slots
     };
@@ -87,8 +93,12 @@ async fn slots_are_spaced_across_processes_and_budgets_are_independent() {
         );
     }
     // Another budget key is not held back by the first one.
-    let other = a.pacer.acquire("ws:other", 600, 1, 1).await.unwrap();
-    let first = Span::from_std(courier::pacer::FIRST_LOOKAHEAD).unwrap();
+    let other = a
+        .pacer
+        .acquire("ws:other", &[Limit::per_minute(600)], 0, 1, 1)
+        .await
+        .unwrap();
+    let first = Span::from_std(courier::ratelimit::pacer::FIRST_LOOKAHEAD).unwrap();
     assert!(
         other <= a.clock.now() + first + Span::milliseconds(1),
         "{other} vs {}",
@@ -277,46 +287,21 @@ async fn budget_key(pool: &sqlx::PgPool) -> String {
         .unwrap()
 }
 
-/// Declared, learned and effective rate as the view `budget_rates` shows them now... at
-/// `at` (the engine's manual clock), through the same SQL functions.
+/// Declared (per minute), learned and effective rate of budget `key` at `at` (the engine's
+/// manual clock), as status computes them from the budget's row.
 async fn rates(pool: &sqlx::PgPool, key: &str, at: DateTime<Utc>) -> (i32, Option<f64>, f64) {
-    sqlx::query_as(
-        "SELECT declared_rpm,
-                courier_learned_rpm(learned_rpm, learned_at, ceiling_rpm, declared_rpm, $2),
-                courier_effective_rpm(declared_rpm, learned_rpm, learned_at, ceiling_rpm,
-                                      advertised_rpm, advertised_at, $2)
-         FROM budgets WHERE budget_key = $1",
-    )
-    .bind(key)
-    .bind(at)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-/// `n` more deliveries answered 200, then the clock moves `secs` on.
-async fn accepted_for(engine: &Arc<Engine>, target: &Target, prefix: &str, n: usize, secs: i64) {
-    target.respond_with(200, None);
-    enqueue::enqueue_many(&engine.pool, "customers", burst(prefix, n))
-        .await
-        .unwrap();
-    drive(engine).await;
-    engine.clock.advance(Span::seconds(secs));
-}
-
-/// One delivery answered 429 (`retry-after: 1`); the clock stays inside the block.
-async fn refused(engine: &Arc<Engine>, target: &Target, prefix: &str) {
-    target.respond_with(429, Some("1"));
-    enqueue::enqueue_many(&engine.pool, "customers", burst(prefix, 1))
-        .await
-        .unwrap();
-    drive(engine).await;
-}
-
-/// One delivery answered 429 (`retry-after: 1`), then the clock moves past the block.
-async fn one_429(engine: &Arc<Engine>, target: &Target, prefix: &str) {
-    refused(engine, target, prefix).await;
-    engine.clock.advance(Span::milliseconds(1_100));
+    let (state, limits): (serde_json::Value, Vec<String>) =
+        sqlx::query_as("SELECT state, limits FROM budgets WHERE budget_key = $1")
+            .bind(key)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let limits: Vec<courier::ratelimit::limits::Limit> =
+        limits.iter().map(|l| l.parse().unwrap()).collect();
+    let state: courier::ratelimit::budget::BudgetState = serde_json::from_value(state).unwrap();
+    let pace = courier::status::budget_pace(&state, &limits, 0, at);
+    let declared = (limits[0].per_second() * 60.0).round() as i32;
+    (declared, pace.learned_rpm, pace.effective_rpm)
 }
 
 #[tokio::test]
@@ -328,12 +313,21 @@ async fn requests_that_stopped_waiting_book_no_slots() {
     // A batch of ten calls asks for slots and is stopped at once (a 429 met by another
     // call): their requests go away before the first lease comes back.
     for _ in 0..10 {
-        assert!(e.pacer.acquire("ws:k", 600, 1, 1).now_or_never().is_none());
+        assert!(
+            e.pacer
+                .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
+                .now_or_never()
+                .is_none()
+        );
     }
     // The next call gets a slot right after the first slice (2 slots at 600/min), not
     // after ten slots booked for calls that were never made.
-    let slot = e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
-    let interval = Span::from_std(courier::pacer::emission_interval(600)).unwrap();
+    let slot = e
+        .pacer
+        .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
+        .await
+        .unwrap();
+    let interval = Span::from_std(courier::ratelimit::pacer::emission_interval(600)).unwrap();
     assert!(
         slot <= start + interval * 3,
         "slot {} after the start, interval {interval}",
@@ -345,18 +339,23 @@ async fn requests_that_stopped_waiting_book_no_slots() {
 async fn a_call_let_go_late_holds_the_next_one_back_by_most_of_an_interval() {
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
-    let interval = courier::pacer::emission_interval(600);
+    let interval = courier::ratelimit::pacer::emission_interval(600);
     // Unknown budget: nothing to space from.
     assert_eq!(e.pacer.spaced("ws:k"), e.clock.now());
-    e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
+    e.pacer
+        .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
+        .await
+        .unwrap();
     let first = e.pacer.spaced("ws:k");
     assert_eq!(first, e.clock.now());
     // The next slot came right away (the first call went late): held back.
     e.clock.advance(Span::from_std(interval / 2).unwrap());
-    let min_gap = interval.mul_f64(courier::pacer::MIN_GAP_SHARE);
+    let min_gap = interval.mul_f64(courier::ratelimit::pacer::MIN_GAP_SHARE);
     let second = e.pacer.spaced("ws:k");
     assert_eq!((second - first).to_std().unwrap(), min_gap);
-    assert!(min_gap < interval && min_gap > interval.mul_f64(1.0 - courier::pacer::HEADROOM));
+    assert!(
+        min_gap < interval && min_gap > interval.mul_f64(1.0 - courier::ratelimit::pacer::HEADROOM)
+    );
     // On schedule, nothing is held back.
     e.clock.advance(Span::from_std(interval * 2).unwrap());
     assert_eq!(e.pacer.spaced("ws:k"), e.clock.now());
@@ -364,10 +363,11 @@ async fn a_call_let_go_late_holds_the_next_one_back_by_most_of_an_interval() {
 
 #[tokio::test]
 async fn a_process_first_slice_on_a_budget_is_spaced_wider_until_it_has_called() {
-    use courier::pacer::{IDLE_AFTER, cold_interval_for, interval_for};
+    use courier::ratelimit::pacer::{IDLE_AFTER, cold_interval_for, interval_for};
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
-    let slot = || e.pacer.acquire("ws:k", 600, 1, 1);
+    let limits = [Limit::per_minute(600)];
+    let slot = || e.pacer.acquire("ws:k", &limits, 0, 1, 1);
     let gap = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).to_std().unwrap();
     // No call of this process on the budget yet: its first calls go out cold, their slots
     // (a slice of two at 600/min) 5% further apart.
@@ -391,10 +391,13 @@ async fn a_process_first_slice_on_a_budget_is_spaced_wider_until_it_has_called()
 async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
-    let interval = courier::pacer::emission_interval(600);
-    let min_gap = interval.mul_f64(courier::pacer::MIN_GAP_SHARE);
+    let interval = courier::ratelimit::pacer::emission_interval(600);
+    let min_gap = interval.mul_f64(courier::ratelimit::pacer::MIN_GAP_SHARE);
     let ms = std::time::Duration::from_millis;
-    e.pacer.acquire("ws:k", 600, 1, 1).await.unwrap();
+    e.pacer
+        .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
+        .await
+        .unwrap();
     // Calls answering in 1 ms: the quickest trip.
     let mut go = e.pacer.spaced("ws:k");
     for _ in 0..3 {
@@ -414,319 +417,12 @@ async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
     let after = e.pacer.spaced("ws:k");
     assert_eq!(
         (after - next).to_std().unwrap(),
-        min_gap + interval.mul_f64(courier::pacer::MAX_LATE_SHARE)
+        min_gap + interval.mul_f64(courier::ratelimit::pacer::MAX_LATE_SHARE)
     );
     // An answer of a call that is no longer the latest holds nothing back.
     e.pacer.returned("ws:k", go, ms(50));
     let last = e.pacer.spaced("ws:k");
     assert_eq!((last - after).to_std().unwrap(), min_gap);
-}
-
-#[tokio::test]
-async fn a_sporadic_429_costs_a_percent_of_the_pace_not_half() {
-    let (db, target) = shop(&["customers"], 100, 1).await;
-    set_rate(&db.pool, 600).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    let key = budget_key(&db.pool).await;
-    // 98 calls accepted over 10 s (98% of 10/s), then one 429.
-    accepted_for(&engine, &target, "a", 98, 10).await;
-    one_429(&engine, &target, "b").await;
-    let (declared, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
-    assert_eq!(declared, 600);
-    let learned = learned.expect("a 429 teaches the budget");
-    assert!((590.0..600.0).contains(&learned), "{learned}");
-    assert_eq!(effective, learned);
-    assert_eq!(engine.pacer.effective_rpm(&key), Some(learned));
-    // The process's next slots are spaced at the learned rate, no wider.
-    let a = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
-    let b = engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
-    let gap = (b - a).to_std().unwrap();
-    assert_eq!(gap, courier::pacer::interval_for(learned), "{a} {b}");
-    assert!(gap < std::time::Duration::from_millis(105), "{gap:?}");
-    // The 429 cost no attempt and no failure.
-    let attempts: i64 = sqlx::query_scalar("SELECT sum(attempts) FROM deliveries")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(
-        attempts, 98,
-        "the delivery that met the 429 spent no attempt"
-    );
-}
-
-#[tokio::test]
-async fn a_rate_declared_five_times_too_high_is_corrected_by_one_429() {
-    let (db, target) = shop(&["customers"], 100, 1).await;
-    set_rate(&db.pool, 3_000).await; // 50/s declared
-    let engine = engine(&db.pool, settings(&db.url));
-    let key = budget_key(&db.pool).await;
-    // The target accepts 10 in its second, then answers 429.
-    accepted_for(&engine, &target, "a", 10, 1).await;
-    one_429(&engine, &target, "b").await;
-    let (_, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
-    assert_eq!(
-        learned,
-        Some(600.0),
-        "what the target let through per second"
-    );
-    assert_eq!(effective, 600.0);
-    // The pace holds there while the target keeps accepting it.
-    accepted_for(&engine, &target, "c", 50, 5).await;
-    assert_eq!(rates(&db.pool, &key, engine.clock.now()).await.2, 600.0);
-}
-
-/// How far past `slot` the shared budget is booked (its `tat`).
-async fn booked(pool: &sqlx::PgPool, key: &str, slot: DateTime<Utc>) -> Duration {
-    let tat: DateTime<Utc> = sqlx::query_scalar("SELECT tat FROM budgets WHERE budget_key = $1")
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    (tat - slot).to_std().unwrap()
-}
-
-#[tokio::test]
-async fn a_process_taking_over_after_a_cut_books_a_quarter_second_at_the_new_pace() {
-    use courier::pacer::{cold_interval_for, slice_len};
-    let (db, target) = shop(&["customers"], 100, 1).await;
-    set_rate(&db.pool, 6_000).await; // 100/s declared
-    let first = engine(&db.pool, settings(&db.url));
-    let key = budget_key(&db.pool).await;
-    // Another process has paced the budget at the declared rate: a quarter second's slots.
-    let other = engine(&db.pool, settings(&db.url));
-    let a = other.pacer.acquire(&key, 6_000, 1, 1).await.unwrap();
-    assert_eq!(
-        booked(&db.pool, &key, a).await,
-        cold_interval_for(6_000.0) * 25
-    );
-    // The target lets 10 a second through: one 429 cuts the rate to 600/min. (Later than
-    // the idle time: the stretch the 429 measures starts afresh.)
-    other.clock.advance(Span::seconds(10));
-    first.clock.advance(Span::seconds(10));
-    accepted_for(&first, &target, "a", 10, 1).await;
-    one_429(&first, &target, "b").await;
-    assert_eq!(rates(&db.pool, &key, first.clock.now()).await.2, 600.0);
-    // The run moves on to the other process (its job fetched there after the block): it
-    // books a quarter second at 600/min, not 25 slots (4 s) as at its last lease.
-    other.clock.advance(first.clock.now() - other.clock.now());
-    let b = other.pacer.acquire(&key, 6_000, 1, 1).await.unwrap();
-    assert_eq!(slice_len(600.0), 2);
-    assert_eq!(
-        booked(&db.pool, &key, b).await,
-        cold_interval_for(600.0) * 2
-    );
-    // So does a process that never leased on the budget.
-    let fresh = engine(&db.pool, settings(&db.url));
-    fresh
-        .clock
-        .advance(first.clock.now() - fresh.clock.now() + Span::seconds(1));
-    let c = fresh.pacer.acquire(&key, 6_000, 1, 1).await.unwrap();
-    assert_eq!(
-        booked(&db.pool, &key, c).await,
-        cold_interval_for(600.0) * 2
-    );
-    assert_eq!(fresh.pacer.effective_rpm(&key), Some(600.0));
-    // The SQL formula the lease books by is the Rust one.
-    for rpm in [
-        0.0, 1.0, 239.9, 240.0, 479.99, 480.0, 6_000.0, 11_999.0, 12_000.0, 1e6,
-    ] {
-        let sql: i32 = sqlx::query_scalar("SELECT courier_slice_len($1)")
-            .bind(rpm)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        assert_eq!(sql as u32, slice_len(rpm), "{rpm}");
-    }
-}
-
-/// How the budget's learned rate was set last (`budget_rates.learned_by`).
-async fn learned_by(pool: &sqlx::PgPool, key: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT learned_by FROM budget_rates WHERE budget_key = $1")
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-#[tokio::test]
-async fn a_bucket_declared_twice_too_high_is_found_by_what_it_lets_through_between_429s() {
-    let (db, target) = shop(&["customers"], 100, 1).await;
-    set_rate(&db.pool, 1_200).await; // 20/s declared; a bucket of 10 refilling at 10/s
-    let engine = engine(&db.pool, settings(&db.url));
-    let key = budget_key(&db.pool).await;
-    // From idle the bucket lets 21 through in a second at the pace: a sporadic 429.
-    accepted_for(&engine, &target, "a", 21, 1).await;
-    one_429(&engine, &target, "b").await;
-    assert_eq!(
-        learned_by(&db.pool, &key).await.as_deref(),
-        Some("sporadic")
-    );
-    // Refilled by the 1 s block, it lets 21 through in the next second again: 21 between
-    // the two refusals, 2 s apart, is its rate, 10.5/s; a fast probe climbs back up.
-    accepted_for(&engine, &target, "c", 21, 1).await;
-    one_429(&engine, &target, "d").await;
-    assert_eq!(learned_by(&db.pool, &key).await.as_deref(), Some("between"));
-    let (_, learned, _) = rates(&db.pool, &key, engine.clock.now()).await;
-    let between = learned.expect("learned");
-    // About 21 over 2 s (the clock stands still while the calls go): far below the 20/s
-    // paced, above the half of it.
-    assert!((600.0..700.0).contains(&between), "{between}");
-    let soon = engine.clock.now() + Span::seconds(2);
-    let probed = rates(&db.pool, &key, soon).await.2;
-    assert!(probed > between * 1.2, "probing up: {probed}");
-    // The probe meets the bucket's 429 with the same let through between refusals: a
-    // bucket's rate, held without a probe.
-    accepted_for(&engine, &target, "e", 21, 1).await;
-    one_429(&engine, &target, "f").await;
-    assert_eq!(learned_by(&db.pool, &key).await.as_deref(), Some("bucket"));
-    let (_, learned, _) = rates(&db.pool, &key, engine.clock.now()).await;
-    let bucket = learned.expect("learned");
-    assert!(
-        (bucket - between).abs() < 0.1 * between,
-        "{bucket} {between}"
-    );
-    let later = engine.clock.now() + Span::seconds(30);
-    assert_eq!(rates(&db.pool, &key, later).await.2, bucket, "no probe");
-}
-
-#[tokio::test]
-async fn a_bucket_declared_five_times_too_high_is_found_by_its_second_429() {
-    let (db, target) = shop(&["customers"], 100, 1).await;
-    set_rate(&db.pool, 3_000).await; // 50/s declared; a bucket of 10 refilling at 10/s
-    let engine = engine(&db.pool, settings(&db.url));
-    let key = budget_key(&db.pool).await;
-    // From idle the bucket lets its 10 and a little refill through: 12 in the first
-    // second, measured as the limit.
-    accepted_for(&engine, &target, "a", 12, 1).await;
-    one_429(&engine, &target, "b").await;
-    assert_eq!(
-        learned_by(&db.pool, &key).await.as_deref(),
-        Some("measured")
-    );
-    assert_eq!(
-        rates(&db.pool, &key, engine.clock.now()).await.1,
-        Some(720.0)
-    );
-    // Refilled by the block, the bucket hides the 2/s excess for 6 s: 70 accepted, about
-    // the pace, but over block and stretch (7 s) its refill, 10/s. Taken, and held.
-    accepted_for(&engine, &target, "c", 70, 6).await;
-    one_429(&engine, &target, "d").await;
-    assert_eq!(learned_by(&db.pool, &key).await.as_deref(), Some("bucket"));
-    let (_, learned, _) = rates(&db.pool, &key, engine.clock.now()).await;
-    // 71 (the 70 and the delivery refused before) over 7 s: the leases start where the
-    // manual clock stands, however slow the database's round trip.
-    let bucket = learned.expect("learned");
-    assert!((600.0..=610.0).contains(&bucket), "{bucket}");
-    let later = engine.clock.now() + Span::seconds(30);
-    assert_eq!(rates(&db.pool, &key, later).await.2, bucket, "no probe");
-}
-
-#[tokio::test]
-async fn the_stretch_a_429_measures_starts_when_the_block_before_it_ends() {
-    let (db, target) = shop(&["customers"], 100, 1).await;
-    set_rate(&db.pool, 600).await;
-    let engine = engine(&db.pool, settings(&db.url));
-    let key = budget_key(&db.pool).await;
-    accepted_for(&engine, &target, "a", 10, 1).await;
-    refused(&engine, &target, "b").await;
-    // A lease made while the block holds (a call that was already waiting for its slot)
-    // books slots after the block, and the stretch starts there: the block's second is
-    // counted once, as the block between the refusals, not again as the stretch's.
-    let during = engine.clock.now();
-    engine.pacer.acquire(&key, 600, 1, 1).await.unwrap();
-    let (since, block_end): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
-        sqlx::query_as("SELECT accepted_since, learned_at FROM budgets WHERE budget_key = $1")
-            .bind(&key)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    let block_end = block_end.expect("the 429 set its block's end");
-    assert!(block_end > during, "{block_end} {during}");
-    assert_eq!(since, Some(block_end));
-}
-
-#[tokio::test]
-async fn a_process_started_later_begins_at_the_learned_rate_which_probes_back_up() {
-    let (db, target) = shop(&["customers"], 100, 1).await;
-    set_rate(&db.pool, 600).await;
-    let first = engine(&db.pool, settings(&db.url));
-    let key = budget_key(&db.pool).await;
-    // Nothing accepted before either 429 (a limiter without burst refusing at once): a
-    // lone one costs 1%, the next one halves the pace.
-    one_429(&first, &target, "a").await;
-    let (_, learned, _) = rates(&db.pool, &key, first.clock.now()).await;
-    assert_eq!(learned, Some(600.0 * courier::learned::LONE_CUT));
-    one_429(&first, &target, "b").await;
-    let expected = 600.0 * courier::learned::LONE_CUT * courier::learned::NO_BURST_CUT;
-    let (_, learned, _) = rates(&db.pool, &key, first.clock.now()).await;
-    assert_eq!(learned, Some(expected));
-
-    let second = engine(&db.pool, settings(&db.url));
-    second.clock.advance(first.clock.now() - second.clock.now());
-    let a = second.pacer.acquire(&key, 600, 1, 1).await.unwrap();
-    let b = second.pacer.acquire(&key, 600, 1, 1).await.unwrap();
-    assert_eq!(
-        (b - a).to_std().unwrap(),
-        courier::pacer::cold_interval_for(expected),
-        "the new process paces at the learned rate from its first (cold) lease"
-    );
-    assert_eq!(second.pacer.effective_rpm(&key), Some(expected));
-    let report = status::report(&db.pool, second.clock.now()).await.unwrap();
-    assert_eq!(report.connections[0].learned_rpm, Some(expected));
-    assert_eq!(report.connections[0].effective_rpm, expected);
-    assert!(report.connections[0].last_429_at.is_some());
-
-    // Half a second after the block it probes up fast towards the pace refused (less 3%), holds
-    // there through the quiet period, then probes on slowly and is forgotten at the
-    // declared rate.
-    let (learned_at, ceiling): (DateTime<Utc>, Option<f64>) =
-        sqlx::query_as("SELECT learned_at, ceiling_rpm FROM budgets WHERE budget_key = $1")
-            .bind(&key)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    let ceiling = ceiling.expect("a halved pace probes back up");
-    assert_eq!(
-        ceiling,
-        600.0 * courier::learned::LONE_CUT * courier::learned::RECENT_CUT
-    );
-    let after = |ms: i64| learned_at + Span::milliseconds(ms);
-    let hold_ms = (courier::learned::FAST_HOLD * 1e3) as i64;
-    assert_eq!(
-        rates(&db.pool, &key, after(hold_ms)).await.1,
-        Some(expected)
-    );
-    let climbing = rates(&db.pool, &key, after(hold_ms + 2_000))
-        .await
-        .1
-        .unwrap();
-    let grown = (2.0 * courier::learned::FAST_PROBE_PER_SECOND).exp();
-    assert!((climbing - expected * grown).abs() < 1e-6, "{climbing}");
-    assert_eq!(rates(&db.pool, &key, after(59_000)).await.1, Some(ceiling));
-    let (_, learned, effective) = rates(&db.pool, &key, after(70_000)).await;
-    assert_eq!((learned, effective), (None, 600.0));
-    // The Rust formula and the SQL one agree.
-    let row: (Option<f64>, Option<DateTime<Utc>>, Option<f64>) = sqlx::query_as(
-        "SELECT learned_rpm, learned_at, ceiling_rpm FROM budgets WHERE budget_key = $1",
-    )
-    .bind(&key)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    let rust = courier::learned::Learned {
-        rpm: row.0,
-        at: row.1,
-        ceiling: row.2,
-    };
-    for ms in [
-        -500, 0, 1_500, 4_000, 17_000, 31_000, 61_000, 63_000, 90_000,
-    ] {
-        let sql = rates(&db.pool, &key, after(ms)).await.1;
-        match (sql, rust.now(600, after(ms))) {
-            (Some(x), Some(y)) => assert!((x - y).abs() < 1e-6, "{ms}: {x} {y}"),
-            (x, y) => assert_eq!(x, y, "{ms}"),
-        }
-    }
 }
 
 #[tokio::test]
@@ -753,7 +449,11 @@ async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_
         .execute(&db.pool)
         .await
         .unwrap();
-    let slot = engine.pacer.acquire(&key, 60, 1, 1).await.unwrap();
+    let slot = engine
+        .pacer
+        .acquire(&key, &[Limit::per_minute(60)], 0, 1, 1)
+        .await
+        .unwrap();
     assert!(slot >= booked - Span::milliseconds(1), "{slot} vs {booked}");
 
     courier::maintenance::dispatcher::Dispatcher::new(&engine)

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use courier::rate_headers::{self, ResetKind, Statement};
+use courier::ratelimit::headers::{self as rate_headers, ResetKind, Statement};
 use courier_target::{RateHeaders, Target, TargetConfig, Window, WorkspaceConfig};
 use serde_json::json;
 

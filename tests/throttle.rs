@@ -148,13 +148,13 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     .await
     .unwrap();
     let key = format!("connection:{conn}");
-    let cause = courier::blocks::Cause {
+    let cause = courier::ratelimit::blocks::Cause {
         budget_key: &key,
         connection_id: conn,
         rule_id: rule,
         run_id: run,
     };
-    let until = courier::blocks::block(
+    let until = courier::ratelimit::blocks::block(
         &db.pool,
         &cause,
         std::time::Duration::from_secs(600),
@@ -164,7 +164,7 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     .await
     .unwrap();
     // A shorter 429 never shortens it.
-    let again = courier::blocks::block(
+    let again = courier::ratelimit::blocks::block(
         &db.pool,
         &cause,
         std::time::Duration::from_secs(5),

@@ -50,6 +50,7 @@ fn connection(base_url: String, timeout_ms: i32) -> Connection {
         max_in_flight: 4,
         timeout_ms,
         budget_key: "connection:1".into(),
+        ..Connection::default()
     }
 }
 

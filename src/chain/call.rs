@@ -131,7 +131,8 @@ async fn call_once(
     group: &[(usize, Arc<Claimed>)],
     stop: &Stop,
 ) -> Option<(Result<Written, WriteError>, Duration)> {
-    let rpm = writer.requests_per_minute();
+    let limits = ctx.connection.declared_limits(writer.requests_per_minute());
+    let reserve = ctx.connection.reserve();
     let weight = ctx.weight.max(1) as u32;
     let halted = || stop.stopped() || engine.shutdown.is_cancelled();
     if halted() {
@@ -142,7 +143,10 @@ async fn call_once(
     let slot = async {
         let asked = Instant::now();
         loop {
-            let at = engine.pacer.acquire(key, rpm, ctx.rule_id, weight).await?;
+            let at = engine
+                .pacer
+                .acquire(key, &limits, reserve, ctx.rule_id, weight)
+                .await?;
             engine.clock.sleep_until_precise(at).await;
             // The target said its budget is spent until later than this slot
             // (remaining 0): a new slot, from then on.
@@ -150,7 +154,7 @@ async fn call_once(
                 let go = engine.pacer.spaced(key);
                 engine.clock.sleep_until_precise(go).await;
                 engine.metrics.pacer_waited(key, asked.elapsed());
-                return Ok::<_, crate::pacer::PacerError>(go);
+                return Ok::<_, crate::ratelimit::pacer::PacerError>(go);
             }
         }
     };
@@ -158,6 +162,11 @@ async fn call_once(
     let go = tokio::select! {
         waited = slot => match waited {
             Ok(go) => go,
+            Err(e @ crate::ratelimit::pacer::PacerError::Spent(_)) => {
+                tracing::debug!(reason = %e, "no request slot; deliveries left pending");
+                stop.stop();
+                return None;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "no request slot; deliveries left pending");
                 return None;

@@ -62,7 +62,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
                   ru.path, ru.batch_size, ru.records_per_call, ru.batch_envelope, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
-                  courier_budget_key(c) AS "budget_key!",
+                  courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
                   ci.state AS "state: breaker::State", ci.consecutive_failures, ci.times_opened,
                   courier_ts(ci.open_until) AS open_until, ci.probe_run_id
            FROM runs r
@@ -109,6 +109,8 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
             max_in_flight: r.max_in_flight,
             timeout_ms: r.timeout_ms,
             budget_key: r.budget_key,
+            limits: r.limits,
+            reserve_percent: r.reserve_percent,
         },
         circuit: Circuit {
             state: r.state,

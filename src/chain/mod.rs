@@ -38,9 +38,9 @@ use self::{
 use crate::{
     breaker::Circuit,
     engine::Engine,
-    learned,
     ledger::Entry,
-    queue, rate_headers,
+    queue,
+    ratelimit::{blocks, headers as rate_headers, pacer},
     runs::RunStatus,
     writer::{self, Receipt, WriteError, Writer, Written},
 };
@@ -440,7 +440,7 @@ impl Job<'_> {
                 tracing::debug!(records = indices.len(), ?wait, raw = ?raw, "target rate-limited the connection");
                 let key = &self.ctx.connection.budget_key;
                 self.engine.metrics.rate_limited(key);
-                let block = crate::blocks::block_length(wait);
+                let block = blocks::block_length(wait);
                 if let Err(e) = self.engine.pacer.throttled(key, block).await {
                     tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                 }
@@ -488,10 +488,10 @@ impl Job<'_> {
             .unwrap_or_default();
         let (pacer, key) = (&self.engine.pacer, &self.ctx.connection.budget_key);
         if let Some(rpm) = statement.quota_per_minute() {
-            pacer.advertised(key, rpm);
+            pacer.advertised(key, rpm / 60.0);
         }
         let limited = matches!(result, Err(WriteError::RateLimited { .. }));
-        if let Some(until) = learned::spent_until(&statement, at).filter(|_| !limited) {
+        if let Some(until) = statement.spent_until(at).filter(|_| !limited) {
             let wait = (until - at).to_std().unwrap_or_default();
             tracing::debug!(?wait, "the target's budget is spent until its reset");
             pacer.hold(key, until);
@@ -499,7 +499,7 @@ impl Job<'_> {
                 until,
                 format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
             );
-            if wait > learned::HOLD_IN_BATCH {
+            if wait > pacer::SPENT_WAIT {
                 stop.stop();
             }
         }

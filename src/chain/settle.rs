@@ -11,11 +11,11 @@ use sqlx::PgConnection;
 
 use super::{JobOutcome, context::JobContext};
 use crate::{
-    blocks, breaker,
+    breaker,
     engine::Engine,
     ledger::{self, Entry},
-    pacer,
     queue::{self, ChainJob},
+    ratelimit::{blocks, pacer},
     runs::{self, Counters, Progress, RunStatus},
 };
 

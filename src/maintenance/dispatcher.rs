@@ -44,7 +44,8 @@ impl<'a> Dispatcher<'a> {
                AND (r.unusable_until IS NULL OR r.unusable_until <= $1)
                AND (c.unusable_until IS NULL OR c.unusable_until <= $1)
                AND NOT EXISTS (SELECT 1 FROM connection_blocks b
-                               WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
+                               WHERE b.budget_key = courier_rule_budget_key(r, k)
+                                 AND b.blocked_until > $1)
                AND NOT EXISTS (SELECT 1 FROM runs x
                                WHERE x.rule_id = r.id AND x.active)
                AND EXISTS (SELECT 1 FROM deliveries d

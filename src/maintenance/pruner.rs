@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{engine::Engine, pacer};
+use crate::{engine::Engine, ratelimit::pacer};
 
 /// How long call counts are kept.
 pub const KEEP_CALLS: Duration = Duration::from_secs(3600);

@@ -158,7 +158,7 @@ pub async fn wake_waiting(pool: &sqlx::PgPool, key: &str) -> Result<u64, sqlx::E
     let n = sqlx::query!(
         "UPDATE apalis.jobs j SET run_at = now()
          FROM runs x JOIN rules r ON r.id = x.rule_id JOIN connections c ON c.id = r.connection_id
-         WHERE x.status = 'waiting' AND courier_budget_key(c) = $1
+         WHERE x.status = 'waiting' AND courier_rule_budget_key(r, c) = $1
            AND j.id = x.job_id AND j.status = 'Pending' AND j.run_at > now()",
         key
     )

@@ -30,7 +30,7 @@ pub const HEADROOM: f64 = 0.02;
 pub const BUCKETS: i64 = 60;
 /// A budget whose slots all lay this far in the past was idle: the count of accepted
 /// calls a 429 measures starts afresh.
-pub const IDLE_AFTER: f64 = 5.0;
+pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a statement from the target's headers holds unless restated (seconds).
 pub const ADVERTISED_FOR: f64 = 600.0;
 
@@ -199,7 +199,7 @@ impl BudgetState {
     ) -> Slice {
         self.sync_windows(limits);
         self.hold = self.hold.filter(|&h| h > now);
-        let idle = chrono::Duration::microseconds((IDLE_AFTER * 1e6) as i64);
+        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
         let was_idle = self.tat.is_none_or(|t| t < now - idle);
         if was_idle || self.stretch_from.is_none() {
             self.stretch_from = Some(self.learned.since.map_or(now, |s| s.max(now)));

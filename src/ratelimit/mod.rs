@@ -6,8 +6,11 @@
 //! The chain hands it one signal per answer (accepted; refused with a wait; headers
 //! stating a quota, what remains, the reset) and asks it for request slots.
 
+pub mod blocks;
 pub mod budget;
 pub mod controller;
+pub mod headers;
 pub mod limits;
+pub mod pacer;
 #[cfg(test)]
 mod sim;

@@ -18,7 +18,7 @@ use super::{
     WriterConfigError, Written,
     secrets::{Secrets, is_secret_header},
 };
-use crate::{catalog::Connection, rate_headers::ResetKind};
+use crate::{catalog::Connection, ratelimit::headers::ResetKind};
 
 /// Longest response body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 300;

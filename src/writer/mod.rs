@@ -21,7 +21,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::{FutureExt, future::BoxFuture};
 
-use crate::{catalog::Connection, rate_headers::ResetKind};
+use crate::{catalog::Connection, ratelimit::headers::ResetKind};
 
 /// Requests per minute a writer declares when it knows nothing better.
 pub const DEFAULT_REQUESTS_PER_MINUTE: u32 = 600;
@@ -213,7 +213,7 @@ pub trait Writer: Send + Sync {
     fn requests_per_minute(&self) -> u32;
     /// How many calls may be in flight at once.
     fn max_in_flight(&self) -> usize;
-    /// How the target means `X-RateLimit-Reset` (see [`crate::rate_headers`]): a delta
+    /// How the target means `X-RateLimit-Reset` (see [`crate::ratelimit::headers`]): a delta
     /// unless the writer knows its target sends epoch seconds.
     fn reset_kind(&self) -> ResetKind {
         ResetKind::Delta
@@ -361,6 +361,7 @@ mod tests {
             max_in_flight: 1,
             timeout_ms: 1_000,
             budget_key: "connection:1".into(),
+            ..Connection::default()
         }
     }
 

@@ -266,16 +266,15 @@ async fn watch(
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
-        let (delivered, open, blocked, effective_rpm): (i64, i64, bool, Option<f64>) =
-            sqlx::query_as(
-                "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
-                        (SELECT count(*) FROM deliveries WHERE status = 'pending')
-                      + (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')),
-                        EXISTS (SELECT 1 FROM connection_blocks WHERE blocked_until > now()),
-                        (SELECT min(effective_rpm) FROM budget_rates)",
-            )
-            .fetch_one(pool)
-            .await?;
+        let (delivered, open, blocked): (i64, i64, bool) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
+                    (SELECT count(*) FROM deliveries WHERE status = 'pending')
+                  + (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')),
+                    EXISTS (SELECT 1 FROM connection_blocks WHERE blocked_until > now())",
+        )
+        .fetch_one(pool)
+        .await?;
+        let effective_rpm = effective_rpm(pool).await?;
         let c = target.counters();
         samples.push(Sample {
             t: started.elapsed().as_secs_f64(),
@@ -283,7 +282,7 @@ async fn watch(
             throttled: c.throttled,
             delivered,
             blocked,
-            pace: effective_rpm.map(|rpm| rpm / 60.0 * (1.0 - courier::pacer::HEADROOM)),
+            pace: effective_rpm.map(|rpm| rpm / 60.0 * (1.0 - courier::ratelimit::pacer::HEADROOM)),
         });
         if open == 0 {
             return Ok(samples);
@@ -293,6 +292,24 @@ async fn watch(
             "not drained within {limit:?}: {open} pending deliveries or active runs"
         );
     }
+}
+
+/// The least effective rate (requests per minute) of the budgets, as status computes it.
+async fn effective_rpm(pool: &PgPool) -> anyhow::Result<Option<f64>> {
+    let rows: Vec<(serde_json::Value, Vec<String>, i16)> =
+        sqlx::query_as("SELECT state, limits, reserve_percent FROM budgets WHERE limits <> '{}'")
+            .fetch_all(pool)
+            .await?;
+    let now = chrono::Utc::now();
+    Ok(rows
+        .into_iter()
+        .filter_map(|(state, limits, reserve)| {
+            let limits: Vec<_> = limits.iter().filter_map(|l| l.parse().ok()).collect();
+            let state = serde_json::from_value(state).ok()?;
+            let pace = courier::status::budget_pace(&state, &limits, reserve.max(0) as u8, now);
+            Some(pace.effective_rpm)
+        })
+        .reduce(f64::min))
 }
 
 /// A worker process: a child `courier worker` on the bench database.

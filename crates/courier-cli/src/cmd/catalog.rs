@@ -8,6 +8,7 @@ use clap::Subcommand;
 use courier::{
     catalog::{self, Connection, NewConnection, NewRule, Rule},
     ops,
+    ratelimit::limits::Limit,
 };
 use courier_cli::tables::table;
 
@@ -40,6 +41,14 @@ pub enum ConnectionCmd {
         /// (e.g. the workspace).
         #[arg(long)]
         budget_key: Option<String>,
+        /// A limit the target states, `N/window` (window: s, 10s, min, h, day;
+        /// repeatable): `--limit 10/s --limit 100000/day`. `--requests-per-minute N` is
+        /// the one-limit shorthand `--limit N/min`.
+        #[arg(long = "limit", value_parser = parse_limit)]
+        limits: Vec<Limit>,
+        /// Share of each window of a minute or longer kept for other clients, 0%–90%.
+        #[arg(long, value_parser = parse_reserve)]
+        reserve: Option<String>,
     },
     /// List connections.
     List,
@@ -84,6 +93,10 @@ pub enum RuleCmd {
         /// http_json bulk calls: send `{"FIELD": [...]}` instead of a bare JSON array.
         #[arg(long, value_name = "FIELD")]
         batch_envelope: Option<String>,
+        /// Spend from a budget of its own (an endpoint the target limits apart) instead of
+        /// its connection's; its 429s block that budget only.
+        #[arg(long, value_name = "K")]
+        budget_key: Option<String>,
     },
     /// List rules.
     List,
@@ -111,6 +124,19 @@ pub struct ApplyArgs {
     replace: bool,
 }
 
+/// A `--limit` value, refused with the reason.
+fn parse_limit(s: &str) -> Result<Limit, String> {
+    s.parse()
+        .map_err(|e: courier::ratelimit::limits::LimitError| e.to_string())
+}
+
+/// A `--reserve` value (`10%`), refused with the reason.
+fn parse_reserve(s: &str) -> Result<String, String> {
+    courier::ratelimit::limits::parse_reserve(s)
+        .map(|r| format!("{r}%"))
+        .map_err(|e| e.to_string())
+}
+
 /// Runs a `courier connection` subcommand.
 pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
     match cmd {
@@ -124,6 +150,8 @@ pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
             max_in_flight,
             timeout_ms,
             budget_key,
+            limits,
+            reserve,
         } => {
             let headers = header_map(&name, &headers)?;
             let c = NewConnection {
@@ -136,6 +164,8 @@ pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
                 max_in_flight,
                 timeout_ms,
                 budget_key,
+                limits,
+                reserve,
             };
             let id = catalog::upsert_connection(&ctx.pool().await?, &c).await?;
             println!("connection {id} saved");
@@ -192,8 +222,12 @@ fn connections_table(rows: &[Connection]) -> String {
                 c.writer.clone(),
                 c.base_url.clone(),
                 c.api_key_env.clone().unwrap_or_else(|| "-".into()),
-                c.requests_per_minute
-                    .map_or("default".into(), |r| r.to_string()),
+                if c.limits.is_empty() {
+                    c.requests_per_minute
+                        .map_or("default".into(), |r| format!("{r}/min"))
+                } else {
+                    c.limits.join(" ")
+                },
                 c.max_in_flight.to_string(),
                 c.timeout_ms.to_string(),
                 c.budget_key.clone(),
@@ -239,6 +273,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
             weight,
             records_per_call,
             batch_envelope,
+            budget_key,
         } => {
             let r = NewRule {
                 name,
@@ -252,6 +287,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 weight,
                 records_per_call,
                 batch_envelope,
+                budget_key,
             };
             let id = catalog::upsert_rule(&ctx.pool().await?, &r).await?;
             println!("rule {id} saved");

@@ -1,13 +1,13 @@
-//! Pacing against a declared rate, before the target has to say 429.
+//! Hands out request slots per budget, before the target has to say 429.
 //!
-//! Each budget (a connection, or every connection naming the same budget key) spends at
-//! most its declared requests per minute. The budget's state lives in PostgreSQL (table
-//! `budgets`) as a GCRA "theoretical arrival time": the earliest moment the next request
-//! may go out. A worker process leases a small slice of request slots at once by moving
-//! that time forward (one statement per slice), and hands the slots out in memory. Slots
-//! are spaced one emission interval apart across all processes, so no 60 s window and no
-//! 1 s window sees more than the declared rate; losing a process loses at most the slice
-//! it held.
+//! A budget (a connection, a rule with a budget key of its own, or every connection
+//! naming the same key) keeps its shared state in its `budgets` row as a
+//! [`BudgetState`]: the pace, what each long window has spent, what 429s taught. A worker
+//! process leases a small slice of slots at once (a quarter second's worth) in one short
+//! transaction: it locks the row, lets [`BudgetState::lease`] book the slots, and writes
+//! the state back, reporting the calls the target accepted since its last lease. Slots are
+//! spaced at the effective rate across all processes; losing a process loses at most the
+//! slice it held.
 //!
 //! Within a process, rules waiting on one budget are served by start-time fair queueing:
 //! each request of a rule is stamped `max(now_virtual, last_of_rule) + 1/weight`, and the
@@ -26,14 +26,13 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::{clock::Clock, learned};
-
-/// Slots leased per statement: about a quarter second's worth, at least 1, at most this.
-pub const MAX_SLICE: u32 = 50;
-
-/// A budget whose slots all lay this far in the past was idle: the count of accepted
-/// calls a 429 estimates the real rate from starts afresh.
-pub const IDLE_AFTER: Duration = Duration::from_secs(5);
+pub use super::budget::{HEADROOM, IDLE_AFTER};
+use super::{
+    budget::{BudgetState, interval},
+    controller::PARAMS,
+    limits::Limit,
+};
+use crate::clock::Clock;
 
 /// A slot may still be spent this late (or the interval's [`HEADROOM`], if longer: a call
 /// that late is still no closer to the next slot than the declared rate allows, which a
@@ -43,12 +42,6 @@ pub const MIN_STALE_TOLERANCE: Duration = Duration::from_millis(1);
 pub const FIRST_LOOKAHEAD: Duration = Duration::from_millis(20);
 /// The furthest ahead of now a lease may start.
 pub const MAX_LOOKAHEAD: Duration = Duration::from_millis(200);
-
-/// Share of the declared rate left unused, so that arrival jitter (timers, scheduling, the
-/// network) never pushes a target that counts on a sliding window over its limit: slots
-/// are spaced 2% wider than the declared rate needs, which tolerates a ~20 ms jitter at
-/// 10 requests/s while using 98% of the budget.
-pub const HEADROOM: f64 = 0.02;
 
 /// The least time between two calls of one process on a budget, as a share of the slot
 /// interval: half the [`HEADROOM`], so a call's trip to the target may vary by the other
@@ -61,143 +54,42 @@ pub const MAX_LATE_SHARE: f64 = 0.05;
 
 /// A process's first slice on a budget, or its first after [`IDLE_AFTER`] without a call,
 /// books its slots this share wider: its first calls go out on cold connections and code
-/// paths and may reach the target a few milliseconds late (the 2% [`HEADROOM`] is 2 ms at
-/// 10/s), and the next slot, another process's or its own, would then follow too closely
-/// for a limiter with no burst, which then refuses the second call of a drain
-/// (BENCHMARKS.md, `limits`). It costs a quarter second at 5% less once per start.
+/// paths and may reach the target a few milliseconds late, and the next slot, another
+/// process's or its own, would then follow too closely for a limiter with no burst. It
+/// costs a quarter second at 5% less once per start.
 pub const COLD_SPREAD: f64 = MAX_LATE_SHARE;
+
+/// A long window spent for longer than this stops the waiting calls (their deliveries stay
+/// pending); the chain's next job waits in the queue until the window has room.
+pub const SPENT_WAIT: Duration = Duration::from_secs(1);
 
 /// How far the quickest round trip a budget remembers drifts towards a slower one, per
 /// call: 1/this of the difference (a network that became slower is learned in a few
 /// hundred calls).
 const QUICKEST_DRIFT: u32 = 256;
 
-/// The time between two requests of a budget declaring `requests_per_minute`.
-pub fn emission_interval(requests_per_minute: u32) -> Duration {
-    interval_for(f64::from(requests_per_minute))
+fn std_interval(rate: f64) -> Duration {
+    interval(rate).to_std().unwrap_or_default()
 }
 
-/// The time between two requests of a budget paced at `rpm` requests per minute (the
-/// effective rate, see [`learned`](crate::learned)), [`HEADROOM`] wider; PostgreSQL's
-/// `courier_slot_interval` is the same formula.
+/// The time between two slots of a budget paced at `rpm` requests per minute.
 pub fn interval_for(rpm: f64) -> Duration {
-    let exact = 60.0 / (rpm.max(1.0) * (1.0 - HEADROOM));
-    // Whole microseconds: what PostgreSQL's interval and timestamp types hold.
-    Duration::from_micros((exact * 1e6).ceil() as u64)
+    std_interval(rpm / 60.0)
+}
+
+/// The time between two slots of a budget declaring `rpm` requests per minute.
+pub fn emission_interval(rpm: u32) -> Duration {
+    interval_for(f64::from(rpm))
 }
 
 /// The slot interval of a process's cold slice ([`COLD_SPREAD`] wider than
-/// [`interval_for`]), in whole microseconds.
+/// [`interval_for`]).
 pub fn cold_interval_for(rpm: f64) -> Duration {
-    let warm = interval_for(rpm).as_micros() as f64;
-    Duration::from_micros((warm * (1.0 + COLD_SPREAD)).round() as u64)
+    std_interval(rpm / 60.0 / (1.0 + COLD_SPREAD))
 }
 
-/// Slots to lease at once for a budget paced at `rpm` requests per minute: a quarter
-/// second's worth, within 1..=MAX_SLICE. PostgreSQL's `courier_slice_len` is the same
-/// formula; the lease statement computes it from the rate it books at and returns it.
-pub fn slice_len(rpm: f64) -> u32 {
-    ((rpm.max(0.0) / 240.0).floor() as u32).clamp(1, MAX_SLICE)
-}
-
-/// GCRA with no burst tolerance: leases `n` slots after `tat` (or now, if later); returns
-/// the first slot and the new arrival time. Slot `i` is `start + i · interval`.
-pub fn lease(
-    tat: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
-    n: u32,
-    interval: Duration,
-) -> (DateTime<Utc>, DateTime<Utc>) {
-    let start = tat.map_or(now, |t| t.max(now));
-    let len = chrono::Duration::from_std(interval * n).expect("slice fits");
-    (start, start + len)
-}
-
-/// What a 429 taught budget `key`, paced at `paced`, at `debug`: the block the 429 set is
-/// the line at `info`; the rate learned shows in status, the metrics and the dashboard.
-fn trace_cut(key: &str, paced: f64, evidence: &learned::Evidence, cut: &learned::Cut) {
-    tracing::debug!(
-        budget = key,
-        paced,
-        accepted = ?evidence.accepted_rpm,
-        calls = evidence.accepted,
-        stretch = evidence.stretch,
-        between = ?evidence.between_rpm,
-        recent = evidence.recent_429,
-        by = cut.by.as_str(),
-        streak = cut.streak,
-        probing = ?evidence.probing,
-        learned = cut.rpm,
-        ceiling = ?cut.ceiling,
-        "a 429: the budget's learned rate is lowered"
-    );
-}
-
-/// A budget's row as a 429 reads it.
-struct BudgetRow {
-    declared_rpm: Option<i32>,
-    learned_rpm: Option<f64>,
-    learned_at: Option<DateTime<Utc>>,
-    ceiling_rpm: Option<f64>,
-    advertised_rpm: Option<f64>,
-    advertised_at: Option<DateTime<Utc>>,
-    last_429_at: Option<DateTime<Utc>>,
-    streak_429: i32,
-    accepted: i64,
-    accepted_since: Option<DateTime<Utc>>,
-    learned_by: Option<String>,
-}
-
-impl BudgetRow {
-    /// What it has learned.
-    fn learned(&self) -> learned::Learned {
-        learned::Learned {
-            rpm: self.learned_rpm,
-            at: self.learned_at,
-            ceiling: self.ceiling_rpm,
-        }
-    }
-
-    /// Its effective rate at `now` (see [`learned::effective`]).
-    fn effective(&self, declared: u32, now: DateTime<Utc>) -> f64 {
-        learned::effective(
-            declared,
-            self.learned().now(declared, now),
-            learned::advertised_now(self.advertised_rpm, self.advertised_at, now),
-        )
-    }
-
-    /// What a 429 met `now` tells, with `pending` calls this process saw accepted and has
-    /// not reported yet.
-    fn evidence(&self, pending: i64, now: DateTime<Utc>) -> learned::Evidence {
-        let quiet = chrono::Duration::milliseconds((learned::QUIET * 1e3) as i64);
-        let accepted = self.accepted + pending;
-        let stretch = self
-            .accepted_since
-            .map_or(0.0, |since| (now - since).as_seconds_f64().max(0.0));
-        // The previous 429's block: from it to the end it set (`learned_at`).
-        let previous_block = self
-            .last_429_at
-            .zip(self.learned_at)
-            .map(|(last, end)| (end - last).as_seconds_f64());
-        learned::Evidence {
-            accepted_rpm: learned::accepted_rpm(accepted, self.accepted_since, now),
-            accepted,
-            stretch,
-            recent_429: self.last_429_at.is_some_and(|t| t > now - quiet),
-            streak: self.streak_429.max(0) as u32,
-            probing: self.learned().probing(now),
-            between_rpm: previous_block
-                .filter(|_| self.accepted_since.is_some())
-                .and_then(|block| learned::between_rpm(accepted, block, stretch)),
-            previous: self
-                .learned_by
-                .as_deref()
-                .and_then(learned::Lesson::parse)
-                .zip(self.learned_rpm),
-        }
-    }
-}
+/// What a waiting request gets: its slot, or the time a spent window frees.
+type Slot = Result<DateTime<Utc>, DateTime<Utc>>;
 
 /// Per-rule fair queue of waiting requests.
 #[derive(Default)]
@@ -207,13 +99,13 @@ struct FairQueue {
     /// The stamp of each rule's latest request.
     last: HashMap<i64, f64>,
     /// Waiting requests by (stamp, arrival order).
-    waiting: BTreeMap<(u64, u64), oneshot::Sender<DateTime<Utc>>>,
+    waiting: BTreeMap<(u64, u64), oneshot::Sender<Slot>>,
     /// Arrival counter, to keep equal stamps in arrival order.
     seq: u64,
 }
 
 impl FairQueue {
-    fn push(&mut self, rule: i64, weight: u32, tx: oneshot::Sender<DateTime<Utc>>) {
+    fn push(&mut self, rule: i64, weight: u32, tx: oneshot::Sender<Slot>) {
         let start = self
             .last
             .get(&rule)
@@ -227,7 +119,7 @@ impl FairQueue {
         self.waiting.insert((stamp.to_bits(), self.seq), tx);
     }
 
-    fn pop(&mut self) -> Option<oneshot::Sender<DateTime<Utc>>> {
+    fn pop(&mut self) -> Option<oneshot::Sender<Slot>> {
         let ((stamp, _), tx) = self.waiting.pop_first()?;
         self.now_virtual = f64::from_bits(stamp);
         Some(tx)
@@ -235,6 +127,13 @@ impl FairQueue {
 
     fn is_empty(&self) -> bool {
         self.waiting.is_empty()
+    }
+
+    /// Tells every waiting request that a spent window frees at `until`.
+    fn fail_all(&mut self, until: DateTime<Utc>) {
+        for (_, tx) in std::mem::take(&mut self.waiting) {
+            let _ = tx.send(Err(until));
+        }
     }
 
     /// Forgets requests whose caller stopped waiting (a 429 or a stop ended its batch): no
@@ -246,34 +145,39 @@ impl FairQueue {
 
 /// One budget's in-process state.
 struct Budget {
-    /// The budget key (`connection:<id>` or a shared key).
+    /// The budget key (`connection:<id>`, a rule's or a shared key).
     key: String,
-    /// Time between two slots.
-    interval: Duration,
+    /// The limits declared for it, shortest window first.
+    limits: Vec<Limit>,
+    /// Percent of its long windows kept for other clients.
+    reserve: u8,
     /// Leased slots not yet handed out, waiting requests, and whether a lease is under way.
-    state: Mutex<BudgetState>,
+    state: Mutex<Waiting>,
     /// Slots handed out by this process: one per writer call.
     granted: AtomicU64,
     /// How far ahead of now a lease starts (microseconds): twice the last lease's round
     /// trip, so the slots are still fresh when they arrive, however fast the rate.
     lookahead_us: AtomicU64,
-    /// The declared rate (requests per minute).
-    declared: u32,
-    /// The effective rate the last lease paced at (as f64 bits): the least of declared,
-    /// learned and advertised, as the shared budget row stood.
+    /// The rate (requests per second, as f64 bits) the last lease paced at.
     effective: AtomicU64,
     /// Calls the target accepted (answered other than 429) not yet reported to the budget
     /// row; the next lease adds them.
     accepted: AtomicU64,
-    /// The rate the target's headers advertised, not yet reported to the budget row.
+    /// The rate (per second) the target's headers advertised, not yet reported.
     advertised: Mutex<Option<f64>>,
     /// No slot before this time: the target said its budget is spent until then.
     hold: Mutex<Option<DateTime<Utc>>>,
     /// The shared budget's next free slot as of this process's last lease: how far other
-    /// processes have booked it.
+    /// processes (or a spent long window) have booked it.
     booked_until: Mutex<Option<DateTime<Utc>>>,
     /// This process's latest call on the budget (see [`Pacer::spaced`]).
     trip: Mutex<Trip>,
+}
+
+impl Budget {
+    fn rate(&self) -> f64 {
+        f64::from_bits(self.effective.load(Ordering::Relaxed))
+    }
 }
 
 /// A process's latest call on a budget and how quickly calls come back.
@@ -289,7 +193,7 @@ struct Trip {
 }
 
 #[derive(Default)]
-struct BudgetState {
+struct Waiting {
     slots: VecDeque<DateTime<Utc>>,
     queue: FairQueue,
     leasing: bool,
@@ -319,6 +223,9 @@ pub enum PacerError {
     /// The pacer went away while the request waited.
     #[error("pacer stopped")]
     Stopped,
+    /// A declared long window is spent until then (its deliveries wait).
+    #[error("a declared limit is spent until {0}")]
+    Spent(DateTime<Utc>),
 }
 
 impl Pacer {
@@ -331,21 +238,21 @@ impl Pacer {
         }
     }
 
-    fn budget(&self, key: &str, requests_per_minute: u32) -> Arc<Budget> {
-        let interval = emission_interval(requests_per_minute);
+    fn budget(&self, key: &str, limits: &[Limit], reserve: u8) -> Arc<Budget> {
         let mut budgets = self.budgets.lock().expect("pacer mutex");
         match budgets.get(key) {
             // A changed declaration takes effect with a fresh in-memory budget.
-            Some(b) if b.interval == interval => b.clone(),
+            Some(b) if b.limits == limits && b.reserve == reserve => b.clone(),
             _ => {
+                let first = limits.first().map_or(f64::MAX, Limit::per_second);
                 let b = Arc::new(Budget {
                     key: key.to_owned(),
-                    interval,
-                    state: Mutex::new(BudgetState::default()),
+                    limits: limits.to_vec(),
+                    reserve,
+                    state: Mutex::new(Waiting::default()),
                     granted: AtomicU64::new(0),
                     lookahead_us: AtomicU64::new(FIRST_LOOKAHEAD.as_micros() as u64),
-                    declared: requests_per_minute.max(1),
-                    effective: AtomicU64::new(f64::from(requests_per_minute.max(1)).to_bits()),
+                    effective: AtomicU64::new(first.to_bits()),
                     accepted: AtomicU64::new(0),
                     advertised: Mutex::new(None),
                     hold: Mutex::new(None),
@@ -362,92 +269,74 @@ impl Pacer {
         self.budgets.lock().expect("pacer mutex").get(key).cloned()
     }
 
-    /// A call on budget `key` met a 429: the target allows less than the pace. The
-    /// budget's learned rate (shared by every process, in its row) is set from what the
-    /// target accepted since the previous 429 (see [`learned::after_429`]); slots this
-    /// process leased at the old pace are dropped, and the shared budget's booking is cut
-    /// back to the end of the block this one sets (`block`). The stretch the next 429
-    /// measures starts with the first lease after it, or at the block's end if that is
-    /// later: time spent blocked, or waiting to be fetched again, is counted apart, as the
-    /// previous block ([`learned::between_rpm`]).
+    /// A call on budget `key` met a 429 whose block lasts `block`: the target allows less
+    /// than the pace. The controller learns from it in the budget's row (shared by every
+    /// process, see [`controller`](super::controller)); slots this process leased are
+    /// dropped, and no process books a slot before the block ends.
     pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
         b.state.lock().expect("budget mutex").slots.clear();
-        let pending = b.accepted.swap(0, Ordering::Relaxed) as i64;
+        let pending = b.accepted.swap(0, Ordering::Relaxed);
         let now = self.clock.now();
+        let block_end = now + chrono::Duration::from_std(block).unwrap_or_default();
+        let paced = b.rate();
+        let cut = self
+            .with_state(&b, |st| {
+                let cut = st.refused(&PARAMS, paced, pending, now, block_end);
+                st.hold_until(block_end);
+                cut
+            })
+            .await?;
+        if cut {
+            tracing::debug!(
+                budget = key,
+                paced,
+                "a 429: the budget's learned rate is lowered"
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs `change` on budget `b`'s shared state under its row lock, and stores it.
+    async fn with_state<T>(
+        &self,
+        b: &Budget,
+        change: impl FnOnce(&mut BudgetState) -> T,
+    ) -> Result<T, PacerError> {
         let lease_err = |source| PacerError::Lease {
-            key: key.to_owned(),
+            key: b.key.clone(),
             source,
         };
         let mut tx = self.pool.begin().await.map_err(lease_err)?;
-        let row = sqlx::query_as!(
-            BudgetRow,
-            r#"SELECT declared_rpm, learned_rpm, learned_at, ceiling_rpm, advertised_rpm,
-                      advertised_at, last_429_at, streak_429, accepted, accepted_since,
-                      learned_by
-               FROM budgets WHERE budget_key = $1 FOR UPDATE"#,
-            key
+        let row = sqlx::query_scalar!(
+            "INSERT INTO budgets (budget_key, updated_at) VALUES ($1, $2)
+             ON CONFLICT (budget_key) DO UPDATE SET updated_at = EXCLUDED.updated_at
+             RETURNING state",
+            b.key,
+            self.clock.now()
         )
-        .fetch_optional(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(lease_err)?;
-        let Some(row) = row else {
-            return Ok(());
-        };
-        if row
-            .last_429_at
-            .is_some_and(|t| t > now - learned::ONE_CUT_PER)
-        {
-            // The same exhausted window, met by another call in flight: one cut is enough.
-            sqlx::query!(
-                "UPDATE budgets SET accepted = accepted + $2 WHERE budget_key = $1",
-                key,
-                pending
-            )
-            .execute(&mut *tx)
-            .await
-            .map_err(lease_err)?;
-            tx.commit().await.map_err(lease_err)?;
-            return Ok(());
-        }
-        let declared = row.declared_rpm.map_or(b.declared, |d| d.max(1) as u32);
-        // The pace the refused call was spaced at: the rate of this process's last lease.
-        // A probe has climbed since (by up to a slice's growth), or another process's 429
-        // has cut the rate meanwhile: the lesser of the two.
-        let paced = row
-            .effective(declared, now)
-            .min(f64::from_bits(b.effective.load(Ordering::Relaxed)));
-        let evidence = row.evidence(pending, now);
-        let cut = learned::after_429(paced, evidence, declared);
-        let learned::Cut {
-            rpm,
-            ceiling,
-            streak,
-            by,
-        } = cut;
-        let block_ends = now + chrono::Duration::from_std(block).unwrap_or_default();
+        // A state courier cannot read (written by another version) starts afresh.
+        let mut st: BudgetState = serde_json::from_value(row).unwrap_or_default();
+        let out = change(&mut st);
+        let limits: Vec<String> = b.limits.iter().map(ToString::to_string).collect();
         sqlx::query!(
-            "UPDATE budgets SET learned_rpm = $2, learned_at = $4, last_429_at = $3,
-                                ceiling_rpm = $5, streak_429 = $6, accepted = 0,
-                                accepted_since = NULL, tat = LEAST(tat, $4), learned_by = $7
+            "UPDATE budgets SET state = $2, limits = $3, reserve_percent = $4
              WHERE budget_key = $1",
-            key,
-            rpm,
-            now,
-            block_ends,
-            ceiling,
-            streak as i32,
-            by.as_str()
+            b.key,
+            serde_json::to_value(&st).expect("a budget's state serializes"),
+            &limits,
+            i16::from(b.reserve)
         )
         .execute(&mut *tx)
         .await
         .map_err(lease_err)?;
         tx.commit().await.map_err(lease_err)?;
-        b.effective.store(rpm.to_bits(), Ordering::Relaxed);
-        trace_cut(key, paced, &evidence, &cut);
-        Ok(())
+        Ok(out)
     }
 
     /// `calls` calls on budget `key` were answered other than 429: the target accepted
@@ -458,11 +347,11 @@ impl Pacer {
         }
     }
 
-    /// The target's headers stated a quota of `rpm` requests per minute for budget `key`:
-    /// reported to the budget row with this process's next lease.
-    pub fn advertised(&self, key: &str, rpm: f64) {
+    /// The target's headers stated a quota of `rate` requests per second for budget
+    /// `key`: reported to the budget row with this process's next lease.
+    pub fn advertised(&self, key: &str, rate: f64) {
         if let Some(b) = self.known(key) {
-            *b.advertised.lock().expect("budget mutex") = Some(rpm);
+            *b.advertised.lock().expect("budget mutex") = Some(rate);
         }
     }
 
@@ -489,11 +378,11 @@ impl Pacer {
         hold.filter(|&h| h > self.clock.now())
     }
 
-    /// The rate (requests per minute) this process paces budget `key` at, as its last
-    /// lease (or 429) found the shared budget: declared, learned and advertised, the least.
-    pub fn effective_rpm(&self, key: &str) -> Option<f64> {
-        self.known(key)
-            .map(|b| f64::from_bits(b.effective.load(Ordering::Relaxed)))
+    /// The rate (requests per second) this process paces budget `key` at, as its last
+    /// lease found the shared budget: the shortest declared window's, the learned and the
+    /// advertised rate, the least.
+    pub fn effective_rate(&self, key: &str) -> Option<f64> {
+        self.known(key).map(|b| b.rate())
     }
 
     /// The earliest a new request on budget `key` could go out, as far as this process
@@ -527,10 +416,10 @@ impl Pacer {
         let Some(b) = self.known(key) else {
             return now;
         };
-        let rpm = f64::from_bits(b.effective.load(Ordering::Relaxed));
         let mut trip = b.trip.lock().expect("budget mutex");
-        let gap = chrono::Duration::from_std(interval_for(rpm).mul_f64(MIN_GAP_SHARE) + trip.late)
-            .expect("fits");
+        let gap =
+            chrono::Duration::from_std(std_interval(b.rate()).mul_f64(MIN_GAP_SHARE) + trip.late)
+                .expect("fits");
         let at = trip.let_go.map_or(now, |l| now.max(l + gap));
         trip.let_go = Some(at);
         trip.late = Duration::ZERO;
@@ -546,7 +435,7 @@ impl Pacer {
         let Some(b) = self.known(key) else {
             return;
         };
-        let rpm = f64::from_bits(b.effective.load(Ordering::Relaxed));
+        let rate = b.rate();
         let mut trip = b.trip.lock().expect("budget mutex");
         let quickest = match trip.quickest {
             Some(q) if q < round_trip => q + (round_trip - q) / QUICKEST_DRIFT,
@@ -556,7 +445,7 @@ impl Pacer {
         if trip.let_go == Some(let_go) {
             trip.late = round_trip
                 .saturating_sub(quickest)
-                .min(interval_for(rpm).mul_f64(MAX_LATE_SHARE));
+                .min(std_interval(rate).mul_f64(MAX_LATE_SHARE));
         }
     }
 
@@ -574,11 +463,12 @@ impl Pacer {
     pub async fn acquire(
         self: &Arc<Self>,
         key: &str,
-        requests_per_minute: u32,
+        limits: &[Limit],
+        reserve: u8,
         rule: i64,
         weight: u32,
     ) -> Result<DateTime<Utc>, PacerError> {
-        let budget = self.budget(key, requests_per_minute);
+        let budget = self.budget(key, limits, reserve);
         let (tx, rx) = oneshot::channel();
         let need_lease = {
             let mut st = budget.state.lock().expect("budget mutex");
@@ -596,16 +486,22 @@ impl Pacer {
             let budget = budget.clone();
             tokio::spawn(async move { pacer.refill(budget).await });
         }
-        rx.await.map_err(|_| PacerError::Stopped)
+        match rx.await {
+            Ok(Ok(slot)) => Ok(slot),
+            Ok(Err(until)) => Err(PacerError::Spent(until)),
+            Err(_) => Err(PacerError::Stopped),
+        }
     }
 
     /// Hands leased slots to waiting requests in fair order; drops slots already stale.
-    fn serve(&self, budget: &Budget, st: &mut BudgetState) {
+    fn serve(&self, budget: &Budget, st: &mut Waiting) {
         st.queue.forget_gone();
         let now = self.clock.now();
         // A slot nobody took in time is dropped rather than spent late, right before the
         // next one: two requests that close together could exceed the limit.
-        let tolerance = budget.interval.mul_f64(HEADROOM).max(MIN_STALE_TOLERANCE);
+        let tolerance = std_interval(budget.rate())
+            .mul_f64(HEADROOM)
+            .max(MIN_STALE_TOLERANCE);
         let stale = now - chrono::Duration::from_std(tolerance).expect("fits");
         while !st.queue.is_empty() {
             let Some(slot) = st.slots.pop_front() else {
@@ -616,7 +512,7 @@ impl Pacer {
             }
             if let Some(tx) = st.queue.pop() {
                 // A dropped waiter loses its slot; it was paid for, but it is only one.
-                if tx.send(slot).is_ok() {
+                if tx.send(Ok(slot)).is_ok() {
                     budget.granted.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -625,17 +521,30 @@ impl Pacer {
 
     /// Leases slices while requests wait, each when the previous one is nearly spent: a
     /// process books at most a slice ahead, so a changed rate (a 429's cut, a probe) shows
-    /// in its calls within a quarter second, and processes share the budget in turn.
+    /// in its calls within a quarter second, and processes share the budget in turn. A
+    /// long window spent for more than [`SPENT_WAIT`] fails the waiting requests
+    /// ([`PacerError::Spent`]): their deliveries stay pending, and the chain's next job
+    /// waits for the window in the queue.
     async fn refill(self: Arc<Self>, budget: Arc<Budget>) {
         loop {
             let result = self.lease_slice(&budget).await;
-            let last = {
+            let next = {
                 let mut st = budget.state.lock().expect("budget mutex");
-                let last = match result {
-                    Ok(slots) => {
+                let next = match result {
+                    Ok((slots, spent)) => {
                         let last = slots.last().copied();
                         st.slots.extend(slots);
-                        last
+                        let spent_wait = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
+                        match (last, spent) {
+                            (_, Some(until)) if until > self.clock.now() + spent_wait => {
+                                self.serve(&budget, &mut st);
+                                st.queue.fail_all(until);
+                                st.leasing = false;
+                                return;
+                            }
+                            (Some(last), _) => Some(last),
+                            (None, spent) => spent,
+                        }
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "pacer could not lease; waiting requests fail");
@@ -649,11 +558,11 @@ impl Pacer {
                     st.leasing = false;
                     return;
                 }
-                last
+                next
             };
-            if let Some(last) = last {
+            if let Some(next) = next {
                 let ahead = chrono::Duration::from_std(MAX_LOOKAHEAD / 2).expect("fits");
-                self.clock.sleep_until(last - ahead).await;
+                self.clock.sleep_until(next - ahead).await;
                 // The waiters may have gone meanwhile (their batch stopped on a 429).
                 let mut st = budget.state.lock().expect("budget mutex");
                 st.queue.forget_gone();
@@ -665,7 +574,12 @@ impl Pacer {
         }
     }
 
-    async fn lease_slice(&self, budget: &Budget) -> Result<Vec<DateTime<Utc>>, PacerError> {
+    /// Leases the next slice of budget `budget` from its shared state; returns the slots,
+    /// and when a spent long window frees if one stopped the slice.
+    async fn lease_slice(
+        &self,
+        budget: &Budget,
+    ) -> Result<(Vec<DateTime<Utc>>, Option<DateTime<Utc>>), PacerError> {
         // Timed on the engine's clock: a manual one stands still through the round trip, so
         // a test's leases start where it put the clock, whatever the database's speed.
         let asked = self.clock.now();
@@ -673,11 +587,7 @@ impl Pacer {
         let now = self.clock.now() + chrono::Duration::microseconds(lookahead);
         let accepted = budget.accepted.swap(0, Ordering::Relaxed);
         let advertised = budget.advertised.lock().expect("budget mutex").take();
-        let hold = {
-            let mut hold = budget.hold.lock().expect("budget mutex");
-            hold.take_if(|h| *h <= now);
-            *hold
-        };
+        let hold = *budget.hold.lock().expect("budget mutex");
         let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
         let cold = budget
             .trip
@@ -686,45 +596,37 @@ impl Pacer {
             .let_go
             .is_none_or(|l| l < now - idle);
         let spread = if cold { 1.0 + COLD_SPREAD } else { 1.0 };
-        // One statement: books a slice, a quarter second's worth at the budget's effective
-        // rate (declared, learned, advertised: the least; a cold slice [`COLD_SPREAD`]
-        // wider), and reports what this process saw since its last lease. The slice's
-        // length comes from the rate booked at, not from this process's last lease: after
-        // a cut, no process books seconds of slots at the new pace.
-        let leased = sqlx::query_file!(
-            "queries/lease_slice.sql",
-            budget.key,
-            now,
-            budget.declared as i32,
-            accepted as i64,
-            advertised,
-            hold,
-            sqlx::postgres::types::PgInterval::try_from(idle).expect("interval fits"),
-            spread,
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|source| {
-            // Not counted yet: the next lease reports them.
-            budget.accepted.fetch_add(accepted, Ordering::Relaxed);
-            PacerError::Lease {
-                key: budget.key.clone(),
-                source,
-            }
-        })?;
+        let horizon = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
+        let slice = self
+            .with_state(budget, |st| {
+                if let Some(rate) = advertised {
+                    st.advertise(rate, now);
+                }
+                if let Some(until) = hold.filter(|&h| h > now) {
+                    st.hold_until(until);
+                }
+                let slice = st.lease(
+                    &budget.limits,
+                    budget.reserve,
+                    &PARAMS,
+                    now,
+                    u32::MAX,
+                    spread,
+                    accepted,
+                    horizon,
+                );
+                (slice, st.tat)
+            })
+            .await
+            .inspect_err(|_| {
+                // Not counted yet: the next lease reports them.
+                budget.accepted.fetch_add(accepted, Ordering::Relaxed);
+            });
+        let (slice, tat) = slice?;
         budget
             .effective
-            .store(leased.effective.to_bits(), Ordering::Relaxed);
-        let interval = if cold {
-            cold_interval_for(leased.effective)
-        } else {
-            interval_for(leased.effective)
-        };
-        let interval = chrono::Duration::from_std(interval).expect("fits");
-        let slice = leased.slice;
-        let len = interval * slice;
-        let start = leased.tat - len;
-        *budget.booked_until.lock().expect("budget mutex") = Some(leased.tat);
+            .store(slice.rate.to_bits(), Ordering::Relaxed);
+        *budget.booked_until.lock().expect("budget mutex") = slice.spent_until.or(tat);
         let round_trip = (self.clock.now() - asked)
             .to_std()
             .unwrap_or_default()
@@ -732,7 +634,7 @@ impl Pacer {
         budget
             .lookahead_us
             .store(2 * round_trip.as_micros() as u64, Ordering::Relaxed);
-        Ok((0..slice).map(|i| start + interval * i).collect())
+        Ok((slice.slots, slice.spent_until))
     }
 }
 
@@ -774,48 +676,6 @@ pub async fn prune_calls(
 mod tests {
     use super::*;
 
-    /// Replays leases the way several processes would and checks the windows.
-    #[test]
-    fn leased_slots_never_exceed_the_rate_in_any_window() {
-        let rpm = 6_000;
-        let interval = emission_interval(rpm);
-        let slice = slice_len(f64::from(rpm));
-        let t0 = Utc::now();
-        let mut tat = None;
-        let mut slots = Vec::new();
-        // Three processes asking in turn, with idle gaps, for two simulated minutes.
-        let mut now = t0;
-        while now < t0 + chrono::Duration::seconds(120) {
-            for _process in 0..3 {
-                let (start, next) = lease(tat, now, slice, interval);
-                tat = Some(next);
-                slots.extend(
-                    (0..slice as i32)
-                        .map(|i| start + chrono::Duration::from_std(interval).unwrap() * i),
-                );
-            }
-            now += chrono::Duration::milliseconds(if slots.len() % 7 == 0 { 900 } else { 100 });
-        }
-        slots.sort();
-        // The most slots in any window of `len` starting at a slot (two pointers).
-        let most_in = |len: chrono::Duration| {
-            let (mut end, mut most) = (0, 0);
-            for start in 0..slots.len() {
-                while end < slots.len() && slots[end] < slots[start] + len {
-                    end += 1;
-                }
-                most = most.max(end - start);
-            }
-            most
-        };
-        assert!(most_in(chrono::Duration::seconds(1)) <= (rpm / 60) as usize);
-        assert!(most_in(chrono::Duration::seconds(60)) <= rpm as usize);
-        assert!(
-            slots.len() > 10_000,
-            "the replay leased enough to mean something"
-        );
-    }
-
     #[test]
     fn fair_queue_serves_rules_by_weight() {
         let mut q = FairQueue::default();
@@ -839,7 +699,7 @@ mod tests {
         }
         let now = Utc::now();
         for _ in 0..8 {
-            q.pop().unwrap().send(now).unwrap();
+            q.pop().unwrap().send(Ok(now)).unwrap();
         }
         for (rule, mut rx) in rxs {
             if rx.try_recv().is_ok() {
@@ -848,20 +708,5 @@ mod tests {
         }
         let served = |r| order.iter().filter(|&&x| x == r).count();
         assert_eq!((served(1), served(2), served(3)), (2, 2, 4), "{order:?}");
-    }
-
-    #[test]
-    fn slices_and_intervals() {
-        let i = emission_interval(600);
-        assert!(
-            i > Duration::from_millis(102) && i < Duration::from_millis(103),
-            "{i:?}"
-        );
-        assert_eq!(slice_len(600.0), 2);
-        assert_eq!(slice_len(479.9), 1);
-        assert_eq!(slice_len(6_000.0), 25);
-        assert_eq!(slice_len(60.0), 1);
-        assert_eq!(slice_len(0.0), 1);
-        assert_eq!(slice_len(1_000_000.0), MAX_SLICE);
     }
 }

@@ -76,6 +76,17 @@ impl Statement {
         self.quota.is_none() && self.remaining.is_none() && self.reset.is_none()
     }
 
+    /// When the response says the budget is spent (remaining 0 with a reset), measured
+    /// from `at`: the reset.
+    pub fn spent_until(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match (self.remaining, self.reset) {
+            (Some(0), Some(reset)) if !reset.is_zero() => {
+                Some(at + chrono::Duration::from_std(reset).ok()?)
+            }
+            _ => None,
+        }
+    }
+
     /// Requests per minute the quota allows, if one was stated.
     pub fn quota_per_minute(&self) -> Option<f64> {
         self.quota.map(|q| q.per_minute())
