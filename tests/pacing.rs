@@ -443,9 +443,9 @@ async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_
     // Other processes have booked the shared budget 30 s ahead; this one learns it with
     // its first lease.
     let booked = engine.clock.now() + Span::seconds(30);
-    sqlx::query("INSERT INTO budgets (budget_key, tat, updated_at) VALUES ($1, $2, now())")
+    sqlx::query("INSERT INTO budgets (budget_key, state, updated_at) VALUES ($1, $2, now())")
         .bind(&key)
-        .bind(booked)
+        .bind(json!({ "tat": booked }))
         .execute(&db.pool)
         .await
         .unwrap();
@@ -573,9 +573,17 @@ async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
     assert!(raw.starts_with("remaining 0"), "{raw}");
     let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
     assert_eq!(report.rules[0].state, "waiting");
-    // No 429 was met: nothing learned; the stated quota (4/min) is the advertised rate.
+    // No 429 was met: nothing learned; the stated quota (4/min) is the advertised rate,
+    // reported to the budget with the process's next lease, whose slot is past the reset.
     let key = budget_key(&db.pool).await;
+    let slot = engine
+        .pacer
+        .acquire(&key, &[Limit::per_minute(600)], 0, 1, 1)
+        .await
+        .unwrap();
+    assert!(slot >= until - Span::milliseconds(1), "{slot} vs {until}");
     let (_, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
     assert_eq!((learned, effective), (None, 4.0));
+    let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
     assert_eq!(report.connections[0].advertised_rpm, Some(4.0));
 }

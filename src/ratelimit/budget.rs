@@ -31,6 +31,9 @@ pub const BUCKETS: i64 = 60;
 /// A budget whose slots all lay this far in the past was idle: the count of accepted
 /// calls a 429 measures starts afresh.
 pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+/// The learned pace never goes below this share of the declared one: a target answering
+/// nothing but 429 (a spent quota nobody declared) is left to its blocks.
+pub const MIN_SHARE: f64 = 0.05;
 /// How long a statement from the target's headers holds unless restated (seconds).
 pub const ADVERTISED_FOR: f64 = 600.0;
 
@@ -168,9 +171,10 @@ impl BudgetState {
     /// rate and the advertised one, the least; at least [`MIN_RATE`](super::controller::MIN_RATE).
     pub fn rate(&self, limits: &[Limit], params: &Params, now: DateTime<Utc>) -> f64 {
         let declared = limits.first().map_or(f64::MAX, Limit::per_second);
+        let floor = (declared * MIN_SHARE).max(super::controller::MIN_RATE);
         let mut rate = declared;
         if let Some(l) = self.learned.rate(params, declared, now) {
-            rate = rate.min(l);
+            rate = rate.min(l.max(floor));
         }
         if let Some((a, at)) = self.advertised {
             if (now - at).num_milliseconds() as f64 / 1e3 < ADVERTISED_FOR {
@@ -224,6 +228,7 @@ impl BudgetState {
         let horizon = micros(now + horizon);
         'slots: while slots.len() < n.min(slice_len(rate)) as usize {
             // The earliest time every long window has room.
+            let paced = t;
             loop {
                 let wait = self
                     .spent
@@ -236,7 +241,9 @@ impl BudgetState {
                     None => break,
                 }
             }
-            if t > horizon {
+            // A window spent beyond the horizon stops the slice (the pace alone never does:
+            // a slot booked far ahead by other processes is still this process's turn).
+            if t > paced && t > horizon {
                 spent_until = Some(at_micros(t));
                 break 'slots;
             }

@@ -272,7 +272,7 @@ impl Pacer {
     /// A call on budget `key` met a 429 whose block lasts `block`: the target allows less
     /// than the pace. The controller learns from it in the budget's row (shared by every
     /// process, see [`controller`](super::controller)); slots this process leased are
-    /// dropped, and no process books a slot before the block ends.
+    /// dropped, and the shared booking is cut back to the end of the block.
     pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
@@ -283,11 +283,7 @@ impl Pacer {
         let block_end = now + chrono::Duration::from_std(block).unwrap_or_default();
         let paced = b.rate();
         let cut = self
-            .with_state(&b, |st| {
-                let cut = st.refused(&PARAMS, paced, pending, now, block_end);
-                st.hold_until(block_end);
-                cut
-            })
+            .with_state(&b, |st| st.refused(&PARAMS, paced, pending, now, block_end))
             .await?;
         if cut {
             tracing::debug!(
