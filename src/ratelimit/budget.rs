@@ -176,10 +176,10 @@ impl BudgetState {
         if let Some(l) = self.learned.rate(params, declared, now) {
             rate = rate.min(l.max(floor));
         }
-        if let Some((a, at)) = self.advertised {
-            if (now - at).num_milliseconds() as f64 / 1e3 < ADVERTISED_FOR {
-                rate = rate.min(a);
-            }
+        if let Some((a, at)) = self.advertised
+            && ((now - at).num_milliseconds() as f64 / 1e3) < ADVERTISED_FOR
+        {
+            rate = rate.min(a);
         }
         rate.max(super::controller::MIN_RATE)
     }

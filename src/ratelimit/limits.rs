@@ -118,7 +118,7 @@ impl fmt::Display for Limit {
         let secs = self.window.as_secs();
         let (count, unit) = [(86_400, "day"), (3_600, "h"), (60, "min"), (1, "s")]
             .into_iter()
-            .find(|(u, _)| secs % u == 0)
+            .find(|(u, _)| secs.is_multiple_of(*u))
             .map(|(u, name)| (secs / u, name))
             .unwrap_or((secs, "s"));
         if count == 1 {

@@ -460,7 +460,10 @@ fn run(cell: &Cell, params: &Params) -> Outcome {
 }
 
 /// The limiters at a real limit of 10/s.
-fn models() -> Vec<(&'static str, Model, Vec<Limit>, (Us, Us))> {
+/// A model's name, limiter, declared limits at ×1 and latency.
+type Setup = (&'static str, Model, Vec<Limit>, (Us, Us));
+
+fn models() -> Vec<Setup> {
     let loopback = (1_000, 2_000);
     vec![
         (
@@ -549,7 +552,7 @@ fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>) 
                     let two_windows = declared.len() > 1 && ratio == 1.0;
                     let (max_ratio, max_share) = match (schedule, ratio) {
                         _ if two_windows => (1.05, 0.0),
-                        (Schedule::Constant, r) if r == 1.0 => (1.05, 0.005),
+                        (Schedule::Constant, 1.0) => (1.05, 0.005),
                         (Schedule::Constant, _) => (1.22, 0.03),
                         (Schedule::Drop, _) => (1.25, 0.035),
                         (Schedule::Dip, _) => (1.25, 0.02),
