@@ -335,7 +335,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     let budgets = sqlx::query!(
         r#"SELECT courier_budget_key(c) AS "budget!",
                   min(COALESCE(c.requests_per_minute, $2))::bigint AS "rpm!",
-                  (array_agg(c.limits))[1] AS "limits!: Vec<String>",
+                  min(array_to_string(c.limits, ' ')) AS "limits!",
                   max(c.reserve_percent) AS "reserve!", (array_agg(bu.state))[1] AS state,
                   courier_ts(max(b.blocked_until)) AS blocked_until
            FROM connections c
@@ -352,7 +352,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     .map(|r| {
         let conn = crate::catalog::Connection {
             requests_per_minute: Some(r.rpm as i32),
-            limits: r.limits,
+            limits: r.limits.split_whitespace().map(str::to_owned).collect(),
             reserve_percent: r.reserve,
             ..Default::default()
         };
