@@ -8,11 +8,12 @@
 //!    far above the limit and is cut to `p × deep_decrease`. One cut per block: calls in
 //!    flight meeting the same refusal do not cut again.
 //! 2. The refused pace becomes the **ceiling**. From the cut, the pace climbs back towards
-//!    `(1 + decrease) / 2` of the ceiling, closing the gap with time constant `approach`.
-//! 3. A 429 that ends at least `quiet` seconds without one remembers the pace that held
+//!    halfway between a plain cut and the ceiling (`ceiling × (1 + decrease) / 2`), closing
+//!    the gap with time constant `approach`: the limit lies between the two.
+//! 3. A 429 that ends at least `hold` seconds without one remembers the pace that held
 //!    (**held**, for `memory` seconds). While the ceiling lies below `decrease × held` (the
 //!    limit dropped, as when another client shares the account), the pace climbs towards
-//!    held instead, `recover` seconds after the last cut.
+//!    held instead, from `approach` seconds after the last cut.
 //! 4. After `quiet` seconds without a 429 the ceiling itself grows by `probe` per second:
 //!    a limit that rose is found again. Back at the declared rate, nothing is learned.
 //!
@@ -34,26 +35,26 @@ pub struct Params {
     pub min_sample: u64,
     /// Seconds: the time constant of the climb back towards the ceiling.
     pub approach: f64,
-    /// Seconds without a 429 before the ceiling grows, and for a pace to count as held.
+    /// Seconds without a 429 before the ceiling grows.
     pub quiet: f64,
     /// The ceiling's growth per second after `quiet` (multiplicative).
     pub probe: f64,
-    /// Seconds after a cut before the pace climbs back towards a held pace far above it.
-    pub recover: f64,
+    /// Seconds without a 429 for the pace to count as held.
+    pub hold: f64,
     /// Seconds a held pace is remembered.
     pub memory: f64,
 }
 
 /// The parameters courier runs with (fitted in the simulator, `src/ratelimit/sim.rs`).
 pub const PARAMS: Params = Params {
-    decrease: 0.85,
+    decrease: 0.92,
     deep_decrease: 0.4,
     min_sample: 5,
-    approach: 1.5,
-    quiet: 20.0,
+    approach: 3.0,
+    quiet: 40.0,
     probe: 0.02,
-    recover: 3.0,
-    memory: 30.0,
+    hold: 15.0,
+    memory: 20.0,
 };
 
 /// The slowest learned pace: one request a minute.
@@ -70,7 +71,7 @@ pub struct Learned {
     pub base: f64,
     /// The pace the last 429 refused.
     pub ceiling: f64,
-    /// The pace that held for `quiet` seconds before a 429, and when it was remembered.
+    /// The pace that held for `hold` seconds before a 429, and when it was remembered.
     pub held: Option<(f64, DateTime<Utc>)>,
     /// When the last 429 that cut came.
     pub last_429: Option<DateTime<Utc>>,
@@ -92,7 +93,7 @@ impl Learned {
             .held
             .filter(|&(h, at)| secs(at, now) < p.memory && self.ceiling < p.decrease * h);
         let (top, from, t) = match held {
-            Some((h, _)) if s > p.recover => (h, self.ceiling.min(h), s - p.recover),
+            Some((h, _)) if s > p.approach => (h, self.ceiling.min(h), s - p.approach),
             _ => (self.ceiling * (1.0 + p.decrease) / 2.0, self.base, s),
         };
         let grown = top * (p.probe * (s - p.quiet).max(0.0)).min(MAX_GROWTH).exp();
@@ -116,7 +117,7 @@ impl Learned {
         if self.since.is_some_and(|s| s > now) {
             return false; // the same refusal, met by another call in flight
         }
-        if self.last_429.is_none_or(|t| secs(t, now) >= p.quiet) && stretch >= p.quiet {
+        if self.last_429.is_none_or(|t| secs(t, now) >= p.hold) && stretch >= p.hold {
             self.held = Some((paced, now));
         }
         let (share, by) = if accepted < p.min_sample {
@@ -148,17 +149,19 @@ mod tests {
     }
 
     #[test]
-    fn a_429_cuts_then_the_pace_climbs_back_towards_the_ceiling_without_reaching_it() {
+    fn a_429_cuts_then_the_pace_climbs_back_to_halfway_below_the_ceiling() {
         let p = PARAMS;
         let mut l = Learned::default();
         assert_eq!(l.rate(&p, 10.0, t(0.0)), None, "nothing learned");
         assert!(l.refused(&p, 10.0, 50, 5.0, t(5.0), t(6.0)));
         assert_eq!(l.by, "cut");
         let at = |s| l.rate(&p, 20.0, t(s)).unwrap();
-        assert!((at(6.0) - 8.5).abs() < 1e-9, "{}", at(6.0));
-        assert!(at(7.0) > 8.5 && at(7.0) < 10.0);
-        // Towards the middle of the cut and the ceiling: (1 + decrease) / 2 of the ceiling.
-        assert!(at(20.0) > 9.2 && at(20.0) < 9.25, "{}", at(20.0));
+        let (cut, half) = (10.0 * p.decrease, 10.0 * (1.0 + p.decrease) / 2.0);
+        assert!((at(6.0) - cut).abs() < 1e-9, "{}", at(6.0));
+        assert!(at(7.0) > cut && at(7.0) < half);
+        // Halfway between the plain cut and the ceiling, and no further while quiet.
+        assert!(at(20.0) > half - 0.05 && at(20.0) < half, "{}", at(20.0));
+        assert!(at(6.0 + p.quiet) < half);
         // After the quiet period the ceiling grows; past the declared rate all is forgotten.
         assert!(at(60.0) > 10.5);
         assert_eq!(l.rate(&p, 20.0, t(200.0)), None);
@@ -196,9 +199,9 @@ mod tests {
         l.refused(&p, 10.0, 300, 60.0, t(60.0), t(61.0));
         assert!(l.held.is_some());
         l.refused(&p, 6.0, 10, 2.0, t(63.0), t(64.0));
-        // Within `recover` of the cut, the pace stays near the low ceiling...
+        // Within `approach` of the cut, the pace stays near the low ceiling...
         assert!(l.rate(&p, 20.0, t(65.0)).unwrap() < 6.0);
         // ...then climbs towards the pace that held.
-        assert!(l.rate(&p, 20.0, t(64.0 + p.recover + 3.0)).unwrap() > 9.0);
+        assert!(l.rate(&p, 20.0, t(64.0 + 3.0 * p.approach)).unwrap() > 9.0);
     }
 }
