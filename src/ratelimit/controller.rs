@@ -11,9 +11,9 @@
 //!    halfway between a plain cut and the ceiling (`ceiling × (1 + decrease) / 2`), closing
 //!    the gap with time constant `approach`: the limit lies between the two.
 //! 3. A 429 that ends at least `hold` seconds without one remembers the pace that held
-//!    (**held**, for `memory` seconds). While the ceiling lies below `decrease × held` (the
-//!    limit dropped, as when another client shares the account), the pace climbs towards
-//!    held instead, from `approach` seconds after the last cut.
+//!    (**held**). If the last cut came within `memory` seconds of that and left the ceiling
+//!    below `decrease × held` (the limit dropped, as when another client shares the
+//!    account), the pace climbs towards held instead, from `approach` seconds after it.
 //! 4. After `quiet` seconds without a 429 the ceiling itself grows by `probe` per second:
 //!    a limit that rose is found again. Back at the declared rate, nothing is learned.
 //!
@@ -41,7 +41,7 @@ pub struct Params {
     pub probe: f64,
     /// Seconds without a 429 for the pace to count as held.
     pub hold: f64,
-    /// Seconds a held pace is remembered.
+    /// Seconds after a held pace is remembered during which cuts still climb back to it.
     pub memory: f64,
 }
 
@@ -54,7 +54,7 @@ pub const PARAMS: Params = Params {
     quiet: 40.0,
     probe: 0.02,
     hold: 15.0,
-    memory: 20.0,
+    memory: 15.0,
 };
 
 /// The slowest learned pace: one request a minute.
@@ -91,7 +91,7 @@ impl Learned {
         let s = secs(since, now).max(0.0);
         let held = self
             .held
-            .filter(|&(h, at)| secs(at, now) < p.memory && self.ceiling < p.decrease * h);
+            .filter(|&(h, at)| secs(at, since) < p.memory && self.ceiling < p.decrease * h);
         let (top, from, t) = match held {
             Some((h, _)) if s > p.approach => (h, self.ceiling.min(h), s - p.approach),
             _ => (self.ceiling * (1.0 + p.decrease) / 2.0, self.base, s),
@@ -203,5 +203,7 @@ mod tests {
         assert!(l.rate(&p, 20.0, t(65.0)).unwrap() < 6.0);
         // ...then climbs towards the pace that held.
         assert!(l.rate(&p, 20.0, t(64.0 + 3.0 * p.approach)).unwrap() > 9.0);
+        // With no cut since, it stays there however long ago held was remembered.
+        assert!(l.rate(&p, 20.0, t(64.0 + 2.0 * p.memory)).unwrap() > 9.9);
     }
 }
