@@ -62,8 +62,9 @@ pub struct LimitUse {
     pub limit: String,
     /// What the budget may spend of it (its quota less the reserve).
     pub quota: u32,
-    /// Calls counted in the window ending now (the shortest window: its pace).
-    pub used: u32,
+    /// Calls counted in the window ending now; `None` for the shortest window, which is
+    /// paced (its slots never exceed it) rather than counted.
+    pub used: Option<u32>,
     /// Whether it is spent.
     pub spent: bool,
     /// When a spent window frees (its oldest calls leave it).
@@ -302,21 +303,18 @@ pub fn budget_pace(state: &BudgetState, limits: &[Limit], reserve: u8, now: Date
         .enumerate()
         .map(|(i, l)| {
             let quota = usable_quota(l, reserve);
+            // The shortest window is paced, not counted (its slots never exceed it).
             let (used, frees_at) = match state.spent.iter().find(|s| s.limit == *l) {
                 Some(s) => s.used(now),
-                // The shortest window is paced, not counted: at most its quota.
-                None if i == 0 => (
-                    (effective.min(declared) * l.window.as_secs_f64()) as u32,
-                    None,
-                ),
                 None => (0, None),
             };
+            let spent = i > 0 && used >= quota;
             LimitUse {
                 limit: l.to_string(),
                 quota,
-                used: used.min(quota),
-                spent: used >= quota,
-                frees_at: frees_at.filter(|_| used >= quota),
+                used: (i > 0).then_some(used.min(quota)),
+                spent,
+                frees_at: frees_at.filter(|_| spent),
             }
         })
         .collect();

@@ -226,7 +226,7 @@ impl BudgetState {
         let mut slots = Vec::new();
         let mut spent_until = None;
         let horizon = micros(now + horizon);
-        'slots: while slots.len() < n.min(slice_len(rate)) as usize {
+        while slots.len() < n.min(slice_len(rate)) as usize {
             // The earliest time every long window has room.
             let paced = t;
             loop {
@@ -245,7 +245,7 @@ impl BudgetState {
             // a slot booked far ahead by other processes is still this process's turn).
             if t > paced && t > horizon {
                 spent_until = Some(at_micros(t));
-                break 'slots;
+                break;
             }
             for s in &mut self.spent {
                 s.count(t);

@@ -104,7 +104,6 @@ impl Learned {
     /// A call sent at pace `paced` (requests per second) met a 429 at `now`, after
     /// `accepted` calls were accepted over `stretch` seconds since the last cut (or since
     /// the budget got busy); its block ends at `block_end`. Returns whether it cut.
-    #[allow(clippy::too_many_arguments)]
     pub fn refused(
         &mut self,
         p: &Params,
