@@ -587,3 +587,37 @@ async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
     let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
     assert_eq!(report.connections[0].advertised_rpm, Some(4.0));
 }
+
+#[tokio::test]
+async fn what_a_429_teaches_one_process_paces_every_other() {
+    let db = TestDb::new().await;
+    let (a, b) = (
+        engine(&db.pool, settings(&db.url)),
+        engine(&db.pool, settings(&db.url)),
+    );
+    let limits = [Limit::per_minute(6_000)];
+    // Process a calls at 100/s; the target accepts 10 in its first second, then says 429.
+    for _ in 0..10 {
+        a.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
+    }
+    a.pacer.answered("ws:k", 10);
+    a.clock.advance(Span::milliseconds(100));
+    a.pacer
+        .throttled("ws:k", Duration::from_secs(1))
+        .await
+        .unwrap();
+    let at = a.clock.now() + Span::seconds(1);
+    let (declared, learned, effective) = rates(&db.pool, "ws:k", at).await;
+    // What the target accepted (10 in under a second: 10/s) is the learned rate.
+    assert_eq!(declared, 6_000);
+    let learned = learned.expect("a 429 teaches a rate");
+    assert!((learned - 600.0).abs() < 1.0, "{learned}");
+    assert_eq!(effective, learned);
+    // Process b, which met no 429, paces at the learned rate from its first lease (as it
+    // stands then: climbing back from 10/s, still far below the declared 100/s).
+    b.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
+    let rate = b.pacer.effective_rate("ws:k").unwrap();
+    let (_, _, shared) = rates(&db.pool, "ws:k", b.clock.now()).await;
+    assert!(rate < 20.0, "{rate}/s");
+    assert!((rate * 60.0 - shared).abs() < shared * 0.05, "{rate}/s vs {shared}/min");
+}
