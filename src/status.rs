@@ -90,6 +90,11 @@ pub struct RuleStatus {
     pub due: i64,
     /// Pending deliveries held until their `depends_on` is delivered.
     pub waiting_on_dependency: i64,
+    /// The budget it spends from (its own key, or its connection's).
+    pub budget_key: String,
+    /// Seconds its backlog takes at its share of its budget's pace (after a block or wait
+    /// it is in), if it has one; a spent long window comes on top.
+    pub drain_secs: Option<f64>,
     /// `running`, `waiting`, `disabled`, `paused` (it or its connection), `throttled` (its
     /// connection is blocked), `stale`, or `idle`.
     pub state: String,
@@ -329,13 +334,13 @@ pub fn budget_pace(state: &BudgetState, limits: &[Limit], reserve: u8, now: Date
     }
 }
 
-/// Each rule with its backlog, state and last run.
+/// Each rule with its backlog, state, last run and estimated drain time.
 async fn rules(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleStatus>, sqlx::Error> {
-    sqlx::query_as!(
-        RuleStatus,
+    let rows = sqlx::query!(
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
-                  (SELECT ru.records_per_call FROM rules ru WHERE ru.id = s.rule_id)
-                      AS "records_per_call!",
+                  s.budget_key AS "budget_key!", ru.weight, ru.records_per_call,
+                  COALESCE(c.requests_per_minute, $2) AS "requests_per_minute!", c.limits,
+                  c.reserve_percent, bu.state AS "budget_state?",
                   CASE WHEN s.rule_paused AND s.connection_paused THEN 'rule, connection'
                        WHEN s.rule_paused THEN 'rule'
                        WHEN s.connection_paused THEN 'connection' END AS paused,
@@ -345,18 +350,81 @@ async fn rules(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleStatus>, sql
                   courier_ts(s.blocked_until) AS blocked_until, s.blocked_by_rule,
                   s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
            FROM rule_states s
+           JOIN rules ru ON ru.id = s.rule_id
+           JOIN connections c ON c.id = ru.connection_id
+           LEFT JOIN budgets bu ON bu.budget_key = s.budget_key
            LEFT JOIN LATERAL (
                SELECT count(*) AS pending, count(*) FILTER (WHERE d.next_attempt_at <= $1) AS due,
                       count(*) FILTER (WHERE d.depends_on IS NOT NULL AND NOT EXISTS (
                           SELECT 1 FROM delivered_records x JOIN rules xr ON xr.id = x.rule_id
-                          WHERE xr.connection_id = (SELECT connection_id FROM rules WHERE id = s.rule_id)
+                          WHERE xr.connection_id = ru.connection_id
                             AND x.record_key = d.depends_on)) AS dependency
                FROM deliveries d WHERE d.rule_id = s.rule_id AND d.status = 'pending') p ON true
            ORDER BY s.rule"#,
-        now
+        now,
+        crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    // Each rule's budget's pace (requests per second), and the weight of the rules with a
+    // backlog on each budget: a rule's share of the pace.
+    let paces: Vec<f64> = rows
+        .iter()
+        .map(|r| {
+            let conn = Connection {
+                requests_per_minute: Some(r.requests_per_minute),
+                limits: r.limits.clone(),
+                reserve_percent: r.reserve_percent,
+                ..Connection::default()
+            };
+            let limits = conn.declared_limits(r.requests_per_minute.max(1) as u32);
+            let state: BudgetState = r
+                .budget_state
+                .clone()
+                .and_then(|s| serde_json::from_value(s).ok())
+                .unwrap_or_default();
+            state.rate(&limits, &PARAMS, now)
+        })
+        .collect();
+    let busy_weight = |key: &str| -> i64 {
+        rows.iter()
+            .filter(|r| r.budget_key == key && r.pending > 0)
+            .map(|r| i64::from(r.weight))
+            .sum()
+    };
+    Ok(rows
+        .iter()
+        .zip(paces)
+        .map(|(r, pace)| {
+            // Its backlog over its share of the budget's pace (calls of records_per_call),
+            // after the block or wait it is in.
+            let share = f64::from(r.weight) / busy_weight(&r.budget_key).max(1) as f64;
+            let waits = r
+                .blocked_until
+                .or(r.resume_at)
+                .map_or(0.0, |t| (t - now).as_seconds_f64().max(0.0));
+            let per_second = pace * share * f64::from(r.records_per_call.max(1));
+            let drain_secs = (r.pending > 0).then(|| waits + r.pending as f64 / per_second);
+            RuleStatus {
+                name: r.name.clone(),
+                connection: r.connection.clone(),
+                enabled: r.enabled,
+                records_per_call: r.records_per_call,
+                budget_key: r.budget_key.clone(),
+                paused: r.paused.clone(),
+                pending: r.pending,
+                due: r.due,
+                waiting_on_dependency: r.waiting_on_dependency,
+                drain_secs,
+                state: r.state.clone(),
+                resume_at: r.resume_at,
+                blocked_until: r.blocked_until,
+                blocked_by_rule: r.blocked_by_rule.clone(),
+                last_run: r.last_run,
+                last_run_status: r.last_run_status.clone(),
+            }
+        })
+        .collect())
 }
 
 /// The 15 most recent runs.

@@ -36,7 +36,9 @@ async fn a_spent_long_window_stops_the_batch_and_status_says_when_it_frees() {
         ["10/s", "3/h"]
     );
     assert_eq!((limits[1].used, limits[1].spent), (Some(3), true));
-    let frees = limits[1].frees_at.expect("a spent window says when it frees");
+    let frees = limits[1]
+        .frees_at
+        .expect("a spent window says when it frees");
     assert!(frees > hour && frees < hour + Span::minutes(3), "{frees}");
     assert!(!limits[0].spent && limits[0].used.is_none());
 
@@ -84,4 +86,52 @@ async fn a_rule_with_a_budget_of_its_own_is_blocked_apart_from_its_connection() 
     };
     assert_eq!(state("orders"), "throttled");
     assert_ne!(state("customers"), "throttled");
+}
+
+#[tokio::test]
+async fn status_estimates_each_backlog_s_drain_at_its_share_of_the_pace() {
+    let (db, _target) = shop(&["customers", "orders", "products"], 10, 1).await;
+    sqlx::query("UPDATE connections SET limits = '{10/s,100000/day}'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE rules SET weight = 3 WHERE name = 'orders'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE rules SET records_per_call = 10 WHERE name = 'products'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    for (rule, n) in [("customers", 30), ("orders", 60), ("products", 100)] {
+        enqueue::enqueue_many(&db.pool, rule, burst(rule, n))
+            .await
+            .unwrap();
+    }
+    let engine = engine(&db.pool, settings(&db.url));
+    let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
+    let drain = |name: &str| {
+        report
+            .rules
+            .iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.drain_secs)
+            .unwrap()
+    };
+    // 10 calls a second shared 1 : 3 : 1; products carries 10 records a call.
+    assert!(
+        (drain("customers") - 30.0 / 2.0).abs() < 1e-6,
+        "{}",
+        drain("customers")
+    );
+    assert!(
+        (drain("orders") - 60.0 / 6.0).abs() < 1e-6,
+        "{}",
+        drain("orders")
+    );
+    assert!(
+        (drain("products") - 100.0 / 20.0).abs() < 1e-6,
+        "{}",
+        drain("products")
+    );
 }

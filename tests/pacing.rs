@@ -619,5 +619,8 @@ async fn what_a_429_teaches_one_process_paces_every_other() {
     let rate = b.pacer.effective_rate("ws:k").unwrap();
     let (_, _, shared) = rates(&db.pool, "ws:k", b.clock.now()).await;
     assert!(rate < 20.0, "{rate}/s");
-    assert!((rate * 60.0 - shared).abs() < shared * 0.05, "{rate}/s vs {shared}/min");
+    assert!(
+        (rate * 60.0 - shared).abs() < shared * 0.05,
+        "{rate}/s vs {shared}/min"
+    );
 }

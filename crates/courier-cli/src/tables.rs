@@ -41,8 +41,32 @@ fn rate(rpm: Option<f64>) -> String {
     rpm.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
 }
 
+/// A connection's declared limits with their use: `10/s, 2/3 of 3/h` or, spent,
+/// `3/h spent, frees 10:15:02` (`time` formats the moment).
+pub fn limits_cell(c: &ConnectionStatus, time: fn(Option<DateTime<Utc>>) -> String) -> String {
+    c.limits
+        .iter()
+        .map(|l| match (l.used, l.spent) {
+            (_, true) => format!("{} spent, frees {}", l.limit, time(l.frees_at)),
+            (Some(used), false) => format!("{used}/{} of {}", l.quota, l.limit),
+            (None, false) => l.limit.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A backlog's estimated drain time: `45 s`, `12 min`, `3.5 h`.
+pub fn drain(secs: Option<f64>) -> String {
+    match secs {
+        None => "-".into(),
+        Some(s) if s < 120.0 => format!("{s:.0} s"),
+        Some(s) if s < 7_200.0 => format!("{:.0} min", s / 60.0),
+        Some(s) => format!("{:.1} h", s / 3_600.0),
+    }
+}
+
 /// The columns of a rule's line in `courier status` and on the dashboard.
-pub const RULE_HEADERS: [&str; 12] = [
+pub const RULE_HEADERS: [&str; 13] = [
     "rule",
     "connection",
     "per call",
@@ -51,6 +75,7 @@ pub const RULE_HEADERS: [&str; 12] = [
     "pending",
     "due",
     "on dep",
+    "drain",
     "state",
     "until",
     "blocked by",
@@ -68,6 +93,7 @@ pub fn rule_cells(r: &RuleStatus, time: fn(Option<DateTime<Utc>>) -> String) -> 
         r.pending.to_string(),
         r.due.to_string(),
         r.waiting_on_dependency.to_string(),
+        drain(r.drain_secs),
         r.state.clone(),
         time(r.resume_at.or(r.blocked_until)),
         r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
@@ -138,7 +164,7 @@ fn connections(connections: &[ConnectionStatus]) -> String {
                 c.name.clone(),
                 c.writer.clone(),
                 c.budget_key.clone(),
-                c.requests_per_minute.to_string(),
+                limits_cell(c, time),
                 rate(c.learned_rpm),
                 rate(c.advertised_rpm),
                 format!("{:.0}", c.effective_rpm),
@@ -158,7 +184,7 @@ fn connections(connections: &[ConnectionStatus]) -> String {
             "name",
             "writer",
             "budget",
-            "rate/min",
+            "limits",
             "learned",
             "advertised",
             "pace/min",

@@ -11,6 +11,9 @@
   const time = (t) => t ? new Date(t).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "-";
   const dash = (v) => v === null || v === undefined ? "-" : String(v);
   const rate = (r) => r.toFixed(1) + "/s";
+  // A backlog's drain time, as courier status writes it (tables::drain).
+  const drain = (s) => s == null ? "-" : s < 120 ? Math.round(s) + " s"
+    : s < 7200 ? Math.round(s / 60) + " min" : (s / 3600).toFixed(1) + " h";
   function table(headers, rows) {
     const t = el("table"), head = el("thead"), tr = el("tr"), body = el("tbody");
     headers.forEach((h) => tr.appendChild(el("th", h)));
@@ -88,7 +91,7 @@
   }
   function draw(s) {
     const conns = s.connections.map((c) => [
-      c.name, c.writer, c.budget_key, rate(c.declared_per_second), rate(c.effective_per_second),
+      c.name, c.writer, c.budget_key, c.limits_text, rate(c.effective_per_second),
       String(c.used_last_minute), c.circuit, c.paused ? "paused" : "-", c.blocked_until ? "blocked until " + time(c.blocked_until) : "-",
     ].concat(actions ? [buttons([
       ["pause", "/api/connections/" + encodeURIComponent(c.name) + "/pause"],
@@ -105,7 +108,7 @@
       chart(svg, c, s);
       charts.appendChild(fig);
     });
-    put("connections", table(["connection", "writer", "budget", "declared", "effective", "calls last min", "circuit", "paused", "block"]
+    put("connections", table(["connection", "writer", "budget", "limits", "effective", "calls last min", "circuit", "paused", "block"]
       .concat(actions ? [""] : []), conns), charts);
     const blocked = s.connections.filter((c) => c.blocked_until);
     put("blocks", blocked.length === 0 ? el("p", "No rate-limit block in force.", "none") :
@@ -113,10 +116,10 @@
         blocked.map((c) => [c.budget_key, c.name, time(c.blocked_until), dash(c.blocked_by), dash(c.retry_after_raw)])));
     put("circuits", table(["connection", "circuit", "failures in a row", "open until"],
       s.connections.map((c) => [c.name, c.circuit, String(c.consecutive_failures), time(c.open_until)])));
-    put("rules", table(["rule", "connection", "per call", "enabled", "paused", "pending", "due", "on dep", "state", "until", "blocked by", "last run"]
+    put("rules", table(["rule", "connection", "per call", "enabled", "paused", "pending", "due", "on dep", "drain", "state", "until", "blocked by", "last run"]
       .concat(actions ? [""] : []),
       s.rules.map((r) => [r.name, r.connection, String(r.records_per_call), String(r.enabled), dash(r.paused), String(r.pending), String(r.due),
-        String(r.waiting_on_dependency), r.state, time(r.resume_at || r.blocked_until), dash(r.blocked_by_rule),
+        String(r.waiting_on_dependency), drain(r.drain_secs), r.state, time(r.resume_at || r.blocked_until), dash(r.blocked_by_rule),
         r.last_run ? "#" + r.last_run + " " + r.last_run_status : "-"].concat(actions ? [buttons([
         ["retry exhausted", "/api/rules/" + encodeURIComponent(r.name) + "/retry?outcome=exhausted"],
         ["retry rejected", "/api/rules/" + encodeURIComponent(r.name) + "/retry?outcome=rejected"],

@@ -145,8 +145,10 @@ pub struct ConnectionView {
     /// What `courier status` shows.
     #[serde(flatten)]
     pub status: ConnectionStatus,
-    /// The declared rate, requests per second.
+    /// The declared pace (the shortest window's rate), requests per second.
     pub declared_per_second: f64,
+    /// Its declared limits with their use, as the table shows them.
+    pub limits_text: String,
     /// The rate this process paces the budget at, requests per second.
     pub effective_per_second: f64,
     /// `[bucket start (Unix s), calls per second]`, oldest first.
@@ -184,7 +186,12 @@ pub async fn read_state(engine: &Engine) -> Result<DashboardState, sqlx::Error> 
         .connections
         .into_iter()
         .map(|c| {
-            let declared = f64::from(c.requests_per_minute) / 60.0;
+            let declared = c
+                .limits
+                .first()
+                .and_then(|l| l.limit.parse::<courier::ratelimit::limits::Limit>().ok())
+                .map_or(f64::from(c.requests_per_minute) / 60.0, |l| l.per_second());
+            let limits_text = crate::tables::limits_cell(&c, page::time);
             let effective = c.effective_rpm / 60.0;
             let series = series
                 .iter()
@@ -194,6 +201,7 @@ pub async fn read_state(engine: &Engine) -> Result<DashboardState, sqlx::Error> 
             ConnectionView {
                 status: c,
                 declared_per_second: declared,
+                limits_text,
                 effective_per_second: effective,
                 series,
             }
