@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use crate::{
     catalog::Connection,
     ratelimit::{
-        budget::{ADVERTISED_FOR, BudgetState},
+        budget::BudgetState,
         controller::PARAMS,
         limits::{Limit, usable_quota},
     },
@@ -300,9 +300,15 @@ pub struct Pace {
 
 /// A budget's pace at `now` from its shared state: what each limit has used in its window
 /// and when that frees, the learned and the effective rate.
-pub fn budget_pace(state: &BudgetState, limits: &[Limit], reserve: u8, now: DateTime<Utc>) -> Pace {
-    let declared = limits.first().map_or(f64::MAX, Limit::per_second);
-    let effective = state.rate(limits, &PARAMS, now);
+pub fn budget_pace(
+    state: &BudgetState,
+    declared: &[Limit],
+    reserve: u8,
+    now: DateTime<Utc>,
+) -> Pace {
+    let limits = state.limits(declared, now);
+    let pace = limits.first().map_or(f64::MAX, Limit::per_second);
+    let effective = state.rate(declared, &PARAMS, now);
     let uses = limits
         .iter()
         .enumerate()
@@ -325,11 +331,12 @@ pub fn budget_pace(state: &BudgetState, limits: &[Limit], reserve: u8, now: Date
         .collect();
     Pace {
         limits: uses,
-        learned_rpm: state.learned.rate(&PARAMS, declared, now).map(|r| r * 60.0),
+        learned_rpm: state.learned.rate(&PARAMS, pace, now).map(|r| r * 60.0),
         advertised_rpm: state
-            .advertised
-            .filter(|(_, at)| ((now - *at).num_seconds() as f64) < ADVERTISED_FOR)
-            .map(|(r, _)| r * 60.0),
+            .advertised_now(now)
+            .iter()
+            .map(|l| l.per_second() * 60.0)
+            .reduce(f64::min),
         effective_rpm: effective * 60.0,
     }
 }

@@ -487,8 +487,9 @@ impl Job<'_> {
             .map(|h| rate_headers::read(h, writer.reset_kind(), at))
             .unwrap_or_default();
         let (pacer, key) = (&self.engine.pacer, &self.ctx.connection.budget_key);
-        if let Some(rpm) = statement.quota_per_minute() {
-            pacer.advertised(key, rpm / 60.0);
+        let stated = statement.limits();
+        if !stated.is_empty() {
+            pacer.advertised(key, stated);
         }
         let limited = matches!(result, Err(WriteError::RateLimited { .. }));
         if let Some(until) = statement.spent_until(at).filter(|_| !limited) {

@@ -63,8 +63,8 @@ pub struct BudgetState {
     pub accepted: u64,
     /// Where the stretch the next 429 measures began.
     pub stretch_from: Option<DateTime<Utc>>,
-    /// The rate (per second) the target's headers advertised, and when.
-    pub advertised: Option<(f64, DateTime<Utc>)>,
+    /// The limits the target's headers stated, and when.
+    pub advertised: Option<(Vec<Limit>, DateTime<Utc>)>,
     /// No slot before this: the target said its budget is spent until then.
     pub hold: Option<DateTime<Utc>>,
 }
@@ -167,21 +167,45 @@ impl Spent {
 }
 
 impl BudgetState {
-    /// The pace (requests per second) at `now`: the shortest window's rate, the learned
-    /// rate and the advertised one, the least; at least [`MIN_RATE`](super::controller::MIN_RATE).
-    pub fn rate(&self, limits: &[Limit], params: &Params, now: DateTime<Utc>) -> f64 {
-        let declared = limits.first().map_or(f64::MAX, Limit::per_second);
-        let floor = (declared * MIN_SHARE).max(super::controller::MIN_RATE);
-        let mut rate = declared;
-        if let Some(l) = self.learned.rate(params, declared, now) {
-            rate = rate.min(l.max(floor));
+    /// The limits in force at `now`: those `declared`, and those the target's headers
+    /// stated while their statement holds; of two on one window, the lesser quota.
+    /// Shortest window first.
+    pub fn limits(&self, declared: &[Limit], now: DateTime<Utc>) -> Vec<Limit> {
+        let mut limits = declared.to_vec();
+        for a in self.advertised_now(now) {
+            match limits.iter_mut().find(|l| l.window == a.window) {
+                Some(l) => l.quota = l.quota.min(a.quota),
+                None => limits.push(*a),
+            }
         }
-        if let Some((a, at)) = self.advertised
-            && ((now - at).num_milliseconds() as f64 / 1e3) < ADVERTISED_FOR
-        {
-            rate = rate.min(a);
+        limits.sort_by_key(|l| l.window);
+        limits
+    }
+
+    /// The limits the target's headers stated, while their statement holds.
+    pub fn advertised_now(&self, now: DateTime<Utc>) -> &[Limit] {
+        match &self.advertised {
+            Some((limits, at))
+                if ((now - *at).num_milliseconds() as f64 / 1e3) < ADVERTISED_FOR =>
+            {
+                limits
+            }
+            _ => &[],
         }
-        rate.max(super::controller::MIN_RATE)
+    }
+
+    /// The pace (requests per second) at `now`: the rate of the shortest window in force
+    /// ([`BudgetState::limits`]) or the learned rate, the lesser; the learned rate never
+    /// below [`MIN_SHARE`] of it.
+    pub fn rate(&self, declared: &[Limit], params: &Params, now: DateTime<Utc>) -> f64 {
+        let limits = self.limits(declared, now);
+        let pace = limits.first().map_or(f64::MAX, Limit::per_second);
+        let floor = (pace * MIN_SHARE).max(super::controller::MIN_RATE);
+        match self.learned.rate(params, pace, now) {
+            Some(l) => pace.min(l.max(floor)),
+            None => pace,
+        }
+        .max(super::controller::MIN_RATE)
     }
 
     /// Leases up to `n` slots from `now` on (`spread` ≥ 1 spaces them that much wider),
@@ -201,7 +225,7 @@ impl BudgetState {
         accepted: u64,
         horizon: chrono::Duration,
     ) -> Slice {
-        self.sync_windows(limits);
+        self.sync_windows(&self.limits(limits, now));
         self.hold = self.hold.filter(|&h| h > now);
         let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
         let was_idle = self.tat.is_none_or(|t| t < now - idle);
@@ -305,9 +329,9 @@ impl BudgetState {
         cut
     }
 
-    /// The target's headers advertised `rate` requests per second at `now`.
-    pub fn advertise(&mut self, rate: f64, now: DateTime<Utc>) {
-        self.advertised = Some((rate, now));
+    /// The target's headers stated `limits` at `now`.
+    pub fn advertise(&mut self, limits: Vec<Limit>, now: DateTime<Utc>) {
+        self.advertised = Some((limits, now));
     }
 
     /// The target said its budget is spent until `until`: no slot before then.
@@ -396,6 +420,29 @@ mod tests {
             })
             .sum();
         assert_eq!(got, 18);
+    }
+
+    #[test]
+    fn limits_the_target_states_are_kept_beside_the_declared_ones_while_they_hold() {
+        let mut st = BudgetState::default();
+        let declared = [Limit::new(10, 1)];
+        st.advertise(vec![Limit::new(5, 1), Limit::new(20, 3600)], t0());
+        assert_eq!(
+            st.limits(&declared, t0()),
+            [Limit::new(5, 1), Limit::new(20, 3600)]
+        );
+        let h = chrono::Duration::seconds(1);
+        let mut got = 0;
+        for i in 0..40 {
+            let now = t0() + chrono::Duration::milliseconds(300 * i);
+            got += st
+                .lease(&declared, 0, &PARAMS, now, 50, 1.0, 0, h)
+                .slots
+                .len();
+        }
+        assert_eq!(got, 20, "the stated hourly quota holds");
+        let later = t0() + chrono::Duration::seconds(ADVERTISED_FOR as i64 + 1);
+        assert_eq!(st.limits(&declared, later), declared);
     }
 
     #[test]

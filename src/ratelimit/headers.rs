@@ -26,6 +26,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 
+use super::limits::{Limit, MAX_WINDOW as LIMIT_MAX_WINDOW, MIN_WINDOW};
 use crate::writer::MAX_RATE_LIMIT_WAIT;
 
 /// The longest quota window read (a year and a day): longer ones are ignored as garbage.
@@ -60,10 +61,12 @@ impl Quota {
 }
 
 /// What one response stated about the rate limit; every field is optional.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Statement {
     /// The quota in force (the most restrictive per minute when several were stated).
     pub quota: Option<Quota>,
+    /// Every quota stated (a `RateLimit-Policy` naming several policies states several).
+    pub quotas: Vec<Quota>,
     /// Requests left in the current window (the lowest when several were stated).
     pub remaining: Option<u32>,
     /// Time until the window of `remaining` resets.
@@ -87,6 +90,28 @@ impl Statement {
         }
     }
 
+    /// The stated quotas as limits, one per window (the least quota of a window), each
+    /// window whole seconds of at least one; what a [`Limit`] cannot hold is left out.
+    pub fn limits(&self) -> Vec<Limit> {
+        let mut limits: Vec<Limit> = Vec::new();
+        for q in &self.quotas {
+            let secs = q.window.as_secs();
+            let limit = Limit::new(q.limit, secs);
+            if q.limit == 0
+                || q.window.subsec_nanos() != 0
+                || !(MIN_WINDOW..=LIMIT_MAX_WINDOW).contains(&limit.window)
+            {
+                continue;
+            }
+            match limits.iter_mut().find(|l| l.window == limit.window) {
+                Some(l) => l.quota = l.quota.min(limit.quota),
+                None => limits.push(limit),
+            }
+        }
+        limits.sort_by_key(|l| l.window);
+        limits
+    }
+
     /// Requests per minute the quota allows, if one was stated.
     pub fn quota_per_minute(&self) -> Option<f64> {
         self.quota.map(|q| q.per_minute())
@@ -97,9 +122,14 @@ impl Statement {
 /// `X-RateLimit-Reset` is meant, `now` is the time an epoch reset is measured from.
 pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> Statement {
     let ietf = ietf_remaining(headers);
-    let quota = ietf_policy(headers)
-        .or_else(|| limit_quota(headers, "ratelimit-limit"))
-        .or_else(|| limit_quota(headers, "x-ratelimit-limit"));
+    let quotas = Some(ietf_policy(headers))
+        .filter(|q| !q.is_empty())
+        .or_else(|| Some(limit_quota(headers, "ratelimit-limit")).filter(|q| !q.is_empty()))
+        .unwrap_or_else(|| limit_quota(headers, "x-ratelimit-limit"));
+    let quota = quotas
+        .iter()
+        .copied()
+        .min_by(|a, b| a.per_minute().total_cmp(&b.per_minute()));
     let remaining = ietf
         .and_then(|(r, _)| r)
         .or_else(|| scalar(headers, "ratelimit-remaining").and_then(count))
@@ -116,44 +146,47 @@ pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> S
         });
     Statement {
         quota,
+        quotas,
         remaining,
         reset,
     }
 }
 
-/// The most restrictive per-minute quota of `RateLimit-Policy` (every line of it).
-fn ietf_policy(headers: &HeaderMap) -> Option<Quota> {
+/// The quotas of `RateLimit-Policy` (every line of it).
+fn ietf_policy(headers: &HeaderMap) -> Vec<Quota> {
     let members = list(headers, "ratelimit-policy");
-    most_restrictive(members.iter().filter_map(|m| {
-        // A unit other than requests (content-bytes, concurrent-requests) is no rate.
-        if m.param("qu").is_some_and(|u| u != "requests") {
-            return None;
-        }
-        let limit = match m.param("q") {
-            Some(q) => count(q)?,
-            // Older drafts: the quota is the item itself (`10;w=1`).
-            None => count(m.item.as_str())?,
-        };
-        Some(Quota {
-            limit,
-            window: window(m.param("w")?)?,
+    members
+        .iter()
+        .filter_map(|m| {
+            // A unit other than requests (content-bytes, concurrent-requests) is no rate.
+            if m.param("qu").is_some_and(|u| u != "requests") {
+                return None;
+            }
+            let limit = match m.param("q") {
+                Some(q) => count(q)?,
+                // Older drafts: the quota is the item itself (`10;w=1`).
+                None => count(m.item.as_str())?,
+            };
+            Some(Quota {
+                limit,
+                window: window(m.param("w")?)?,
+            })
         })
-    }))
+        .collect()
 }
 
 /// A quota from a limit field that states its window (`100;w=60`, several allowed).
-fn limit_quota(headers: &HeaderMap, name: &str) -> Option<Quota> {
+fn limit_quota(headers: &HeaderMap, name: &str) -> Vec<Quota> {
     let members = list(headers, name);
-    most_restrictive(members.iter().filter_map(|m| {
-        Some(Quota {
-            limit: count(m.item.as_str())?,
-            window: window(m.param("w")?)?,
+    members
+        .iter()
+        .filter_map(|m| {
+            Some(Quota {
+                limit: count(m.item.as_str())?,
+                window: window(m.param("w")?)?,
+            })
         })
-    }))
-}
-
-fn most_restrictive(quotas: impl Iterator<Item = Quota>) -> Option<Quota> {
-    quotas.min_by(|a, b| a.per_minute().total_cmp(&b.per_minute()))
+        .collect()
 }
 
 /// `RateLimit`'s remaining and reset: of several items the one with the fewest requests
@@ -390,6 +423,8 @@ mod tests {
         assert_eq!(s.remaining, Some(50));
         assert_eq!(s.reset, Some(secs(30)));
         assert!((s.quota_per_minute().unwrap() - 1000.0 / 1440.0).abs() < 1e-9);
+        // Both policies are limits the budget keeps.
+        assert_eq!(s.limits(), [Limit::new(100, 60), Limit::new(1000, 86_400)]);
 
         let h = headers(&[
             (

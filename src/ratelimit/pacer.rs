@@ -163,8 +163,8 @@ struct Budget {
     /// Calls the target accepted (answered other than 429) not yet reported to the budget
     /// row; the next lease adds them.
     accepted: AtomicU64,
-    /// The rate (per second) the target's headers advertised, not yet reported.
-    advertised: Mutex<Option<f64>>,
+    /// The limits the target's headers stated, not yet reported.
+    advertised: Mutex<Option<Vec<Limit>>>,
     /// No slot before this time: the target said its budget is spent until then.
     hold: Mutex<Option<DateTime<Utc>>>,
     /// The shared budget's next free slot as of this process's last lease: how far other
@@ -343,11 +343,11 @@ impl Pacer {
         }
     }
 
-    /// The target's headers stated a quota of `rate` requests per second for budget
-    /// `key`: reported to the budget row with this process's next lease.
-    pub fn advertised(&self, key: &str, rate: f64) {
+    /// The target's headers stated `limits` for budget `key` (one per policy): the budget
+    /// keeps them beside the declared ones, reported with this process's next lease.
+    pub fn advertised(&self, key: &str, limits: Vec<Limit>) {
         if let Some(b) = self.known(key) {
-            *b.advertised.lock().expect("budget mutex") = Some(rate);
+            *b.advertised.lock().expect("budget mutex") = Some(limits);
         }
     }
 
@@ -595,8 +595,8 @@ impl Pacer {
         let horizon = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
         let slice = self
             .with_state(budget, |st| {
-                if let Some(rate) = advertised {
-                    st.advertise(rate, now);
+                if let Some(limits) = advertised {
+                    st.advertise(limits, now);
                 }
                 if let Some(until) = hold.filter(|&h| h > now) {
                     st.hold_until(until);
