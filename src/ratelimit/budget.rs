@@ -138,13 +138,10 @@ impl Spent {
 
     fn count(&mut self, t: i64) {
         let b = t.div_euclid(self.bucket_len());
-        match self.buckets.last_mut() {
-            Some((last, n)) if *last == b => *n += 1,
-            _ => self.buckets.push((b, 1)),
-        }
-        // Buckets stay ordered as long as slots come in order; keep them sorted anyway.
-        if self.buckets.len() > 1 && self.buckets[self.buckets.len() - 2].0 > b {
-            self.buckets.sort_by_key(|&(b, _)| b);
+        // In order (a 429 may move the pace back before buckets already counted).
+        match self.buckets.binary_search_by_key(&b, |&(b, _)| b) {
+            Ok(i) => self.buckets[i].1 += 1,
+            Err(i) => self.buckets.insert(i, (b, 1)),
         }
     }
 
