@@ -426,6 +426,37 @@ async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
 }
 
 #[tokio::test]
+async fn a_call_that_left_late_keeps_the_next_one_a_whole_gap_behind_it() {
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let interval = courier::ratelimit::pacer::emission_interval(600);
+    let min_gap = interval.mul_f64(courier::ratelimit::pacer::MIN_GAP_SHARE);
+    let ms = |n| Span::milliseconds(n);
+    e.pacer
+        .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
+        .await
+        .unwrap();
+    let go = e.pacer.spaced("ws:k");
+    // Its task woke 40 ms after the time it was let go (beyond what an answer's lateness
+    // may hold back): the next call keeps its gap from when it really left.
+    e.pacer.left("ws:k", go, go + ms(40));
+    e.pacer
+        .returned("ws:k", go, std::time::Duration::from_millis(41));
+    let next = e.pacer.spaced("ws:k");
+    assert_eq!(
+        (next - go).to_std().unwrap(),
+        min_gap + ms(40).to_std().unwrap()
+    );
+    // Never more than an interval later; and only for the process's latest call.
+    e.pacer.left("ws:k", next, next + Span::seconds(5));
+    let after = e.pacer.spaced("ws:k");
+    assert_eq!((after - next).to_std().unwrap(), min_gap + interval);
+    e.pacer.left("ws:k", next, next + ms(50));
+    let last = e.pacer.spaced("ws:k");
+    assert_eq!((last - after).to_std().unwrap(), min_gap);
+}
+
+#[tokio::test]
 async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_queue() {
     let (db, target) = shop(&["customers"], 10, 1).await;
     sqlx::query("UPDATE connections SET requests_per_minute = 60")

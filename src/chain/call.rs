@@ -188,6 +188,7 @@ async fn call_once(
             payload: &d.payload,
         })
         .collect();
+    engine.pacer.left(key, go, engine.clock.now());
     let started = Instant::now();
     let result = writer
         .write_many(Call {

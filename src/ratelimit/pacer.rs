@@ -185,8 +185,8 @@ impl Budget {
 struct Trip {
     /// When the latest call was let go.
     let_go: Option<DateTime<Utc>>,
-    /// How much slower than the quickest its round trip was, once it answered (at most
-    /// [`MAX_LATE_SHARE`] of the interval).
+    /// How late it left ([`Pacer::left`]), or how much slower than the quickest its round
+    /// trip was once it answered (at most [`MAX_LATE_SHARE`] of the interval): the more.
     late: Duration,
     /// The quickest round trip lately: the least seen, drifting towards slower ones.
     quickest: Option<Duration>,
@@ -422,6 +422,23 @@ impl Pacer {
         at
     }
 
+    /// The call on budget `key` let go at `let_go` (as [`Pacer::spaced`] returned) left
+    /// only at `left`: its task woke late, or building the call took that long. If it is
+    /// still the process's latest call, the next one keeps its gap from then (up to one
+    /// interval later): the pair never leaves closer together than [`MIN_GAP_SHARE`] of the
+    /// interval, which a limiter with no burst would refuse.
+    pub fn left(&self, key: &str, let_go: DateTime<Utc>, left: DateTime<Utc>) {
+        let Some(b) = self.known(key) else {
+            return;
+        };
+        let interval = std_interval(b.rate());
+        let mut trip = b.trip.lock().expect("budget mutex");
+        if trip.let_go == Some(let_go) {
+            let late = (left - let_go).to_std().unwrap_or_default().min(interval);
+            trip.late = trip.late.max(late);
+        }
+    }
+
     /// The call on budget `key` let go at `let_go` (as [`Pacer::spaced`] returned) answered
     /// after `round_trip`. If it is still the process's latest call, the time its trip took
     /// beyond the quickest lately (at most [`MAX_LATE_SHARE`] of the interval) holds the
@@ -439,9 +456,10 @@ impl Pacer {
         };
         trip.quickest = Some(quickest);
         if trip.let_go == Some(let_go) {
-            trip.late = round_trip
+            let late = round_trip
                 .saturating_sub(quickest)
                 .min(std_interval(rate).mul_f64(MAX_LATE_SHARE));
+            trip.late = trip.late.max(late);
         }
     }
 
