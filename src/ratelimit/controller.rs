@@ -5,8 +5,9 @@
 //!
 //! 1. A 429 cuts the pace to `p × decrease`, or to the rate the target accepted since the
 //!    last cut if that is lower; with fewer than `min_sample` calls accepted the pace was
-//!    far above the limit and is cut to `p × deep_decrease`. One cut per block: calls in
-//!    flight meeting the same refusal do not cut again.
+//!    far above the limit and is cut to `p × deep_decrease`. A pace that held `s` seconds
+//!    longer than `hold` was barely too high: the cut shrinks to `(1 − decrease) × hold / s`
+//!    of it. One cut per block: calls in flight meeting the same refusal do not cut again.
 //! 2. The refused pace becomes the **ceiling**. From the cut, the pace climbs back towards
 //!    halfway between a plain cut and the ceiling (`ceiling × (1 + decrease) / 2`), closing
 //!    the gap with time constant `approach`: the limit lies between the two.
@@ -27,7 +28,8 @@ use serde::{Deserialize, Serialize};
 /// The controller's parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Params {
-    /// A 429 cuts the pace to this share of the pace refused (at most).
+    /// A 429 cuts the pace to this share of the pace refused (at most), after a pace that
+    /// held `hold` seconds or less.
     pub decrease: f64,
     /// A 429 with fewer than `min_sample` calls accepted before it cuts to this share.
     pub deep_decrease: f64,
@@ -39,7 +41,7 @@ pub struct Params {
     pub quiet: f64,
     /// The ceiling's growth per second after `quiet` (multiplicative).
     pub probe: f64,
-    /// Seconds without a 429 for the pace to count as held.
+    /// Seconds without a 429 for the pace to count as held (and cut less, the longer).
     pub hold: f64,
     /// Seconds after a held pace is remembered during which cuts still climb back to it.
     pub memory: f64,
@@ -126,7 +128,9 @@ impl Learned {
             if measured < p.decrease {
                 (measured, "measured")
             } else {
-                (p.decrease, "cut")
+                // A pace that held longer than `hold` was barely too high: cut less.
+                let held_for = stretch.max(p.hold);
+                (1.0 - (1.0 - p.decrease) * p.hold / held_for, "cut")
             }
         };
         self.base = (paced * share).max(MIN_RATE);
@@ -179,6 +183,28 @@ mod tests {
         l.refused(&p, 100.0, 1, 0.01, t(0.0), t(1.0));
         assert_eq!(l.by, "deep");
         assert!((l.rate(&p, 100.0, t(1.0)).unwrap() - 40.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_pace_that_held_long_is_cut_less() {
+        let p = PARAMS;
+        let mut l = Learned::default();
+        // Four times `hold` at the pace before the 429: a quarter of the usual cut.
+        let s = 4.0 * p.hold;
+        l.refused(&p, 10.0, (10.0 * s) as u64, s, t(s), t(s + 1.0));
+        let cut = 10.0 * (1.0 - (1.0 - p.decrease) / 4.0);
+        assert!((l.base - cut).abs() < 1e-9, "{}", l.base);
+        // Held for `hold` or less: the usual cut.
+        let mut l = Learned::default();
+        l.refused(
+            &p,
+            10.0,
+            (10.0 * p.hold) as u64,
+            p.hold,
+            t(p.hold),
+            t(p.hold + 1.0),
+        );
+        assert!((l.base - 10.0 * p.decrease).abs() < 1e-9, "{}", l.base);
     }
 
     #[test]
