@@ -633,8 +633,9 @@ async fn what_a_429_teaches_one_process_paces_every_other() {
     }
     a.pacer.answered("ws:k", 10);
     a.clock.advance(Span::milliseconds(100));
+    let sent = a.clock.now();
     a.pacer
-        .throttled("ws:k", Duration::from_secs(1))
+        .throttled("ws:k", sent, Duration::from_secs(1))
         .await
         .unwrap();
     let at = a.clock.now() + Span::seconds(1);

@@ -441,7 +441,8 @@ impl Job<'_> {
                 let key = &self.ctx.connection.budget_key;
                 self.engine.metrics.rate_limited(key);
                 let block = blocks::block_length(wait);
-                if let Err(e) = self.engine.pacer.throttled(key, block).await {
+                let sent = at - chrono::Duration::from_std(elapsed).unwrap_or_default();
+                if let Err(e) = self.engine.pacer.throttled(key, sent, block).await {
                     tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                 }
                 tally.rate_limited(at, wait, raw);

@@ -36,6 +36,7 @@ pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 pub const MIN_SHARE: f64 = 0.05;
 /// How long a statement from the target's headers holds unless restated (seconds).
 pub const ADVERTISED_FOR: f64 = 600.0;
+const SECOND: chrono::Duration = chrono::Duration::seconds(1);
 
 /// The slots of one long window, in buckets of `window / BUCKETS`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,6 +64,9 @@ pub struct BudgetState {
     pub accepted: u64,
     /// Where the stretch the next 429 measures began.
     pub stretch_from: Option<DateTime<Utc>>,
+    /// The slots leased in the stretch's first second, by every process.
+    #[serde(default)]
+    pub first_second: Vec<DateTime<Utc>>,
     /// The limits the target's headers stated, and when.
     pub advertised: Option<(Vec<Limit>, DateTime<Utc>)>,
     /// No slot before this: the target said its budget is spent until then.
@@ -229,6 +233,7 @@ impl BudgetState {
         if was_idle || self.stretch_from.is_none() {
             self.stretch_from = Some(self.learned.since.map_or(now, |s| s.max(now)));
             self.accepted = 0;
+            self.first_second.clear();
         }
         self.accepted += accepted;
         let rate = self.rate(limits, params, now);
@@ -271,6 +276,9 @@ impl BudgetState {
             for s in &mut self.spent {
                 s.count(t);
             }
+            if self.stretch_from.is_some_and(|f| at_micros(t) < f + SECOND) {
+                self.first_second.push(at_micros(t));
+            }
             slots.push(at_micros(t));
             t += step.num_microseconds().expect("fits");
             self.tat = Some(at_micros(t));
@@ -301,24 +309,36 @@ impl BudgetState {
         self.spent.sort_by_key(|s| s.limit.window);
     }
 
-    /// A call paced at `paced` met a 429 at `now` whose block ends at `block_end`;
-    /// `accepted` calls were answered since the process's last lease. Teaches the
-    /// controller, drops the booking past the block. Returns whether it cut.
+    /// A call sent at `sent`, paced at `paced`, met a 429 at `now` whose block ends at
+    /// `block_end`; `accepted` calls were answered since the process's last lease. Teaches
+    /// the controller what the target let through: the calls accepted since the stretch
+    /// began, or, for a call refused in the stretch's first second, the calls every process
+    /// sent before it in that second (all let through; no process's count lags). Drops the
+    /// booking past the block. Returns whether it cut.
     pub fn refused(
         &mut self,
         params: &Params,
         paced: f64,
         accepted: u64,
+        sent: DateTime<Utc>,
         now: DateTime<Utc>,
         block_end: DateTime<Utc>,
     ) -> bool {
         self.accepted += accepted;
         let from = self.stretch_from.unwrap_or(now);
-        let stretch = ((now - from).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0);
+        let secs =
+            |to: DateTime<Utc>| ((to - from).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0);
+        let (through, stretch) = if sent < from + SECOND {
+            let before = self.first_second.iter().filter(|&&s| s < sent).count() as u64;
+            (before.max(self.accepted), secs(sent))
+        } else {
+            (self.accepted, secs(now))
+        };
         let cut = self
             .learned
-            .refused(params, paced, self.accepted, stretch, now, block_end);
+            .refused(params, paced, through, stretch, now, block_end);
         if cut {
+            self.first_second.clear();
             self.accepted = 0;
             self.stretch_from = self.learned.since;
             self.tat = self.tat.map(|t| t.min(block_end));
@@ -440,6 +460,33 @@ mod tests {
         assert_eq!(got, 20, "the stated hourly quota holds");
         let later = t0() + chrono::Duration::seconds(ADVERTISED_FOR as i64 + 1);
         assert_eq!(st.limits(&declared, later), declared);
+    }
+
+    #[test]
+    fn a_call_refused_in_the_first_second_counts_every_process_calls_before_it() {
+        let limits = [Limit::new(50, 1)];
+        let mut st = BudgetState::default();
+        let h = chrono::Duration::seconds(1);
+        // Three processes lease in turn at 50/s, none has reported an answer yet.
+        let slots: Vec<_> = (0..3)
+            .flat_map(|_| st.lease(&limits, 0, &PARAMS, t0(), 50, 1.0, 0, h).slots)
+            .collect();
+        assert_eq!(slots.len(), 36);
+        // The target lets 10 a second through: the eleventh call is refused.
+        let sent = slots[10];
+        let now = sent + chrono::Duration::milliseconds(2);
+        assert!(st.refused(&PARAMS, 50.0, 0, sent, now, t0() + h));
+        assert_eq!(st.learned.by, "measured");
+        assert!((st.learned.base - 10.0).abs() < 1e-9, "{}", st.learned.base);
+        assert!((st.learned.ceiling - 10.0 / PARAMS.decrease).abs() < 1e-9);
+        // A call refused after the first second is measured by what was accepted.
+        let mut st = BudgetState::default();
+        st.lease(&limits, 0, &PARAMS, t0(), 50, 1.0, 0, h);
+        let later = t0() + chrono::Duration::seconds(3);
+        st.lease(&limits, 0, &PARAMS, later, 50, 1.0, 0, h);
+        st.refused(&PARAMS, 50.0, 30, later, later, later + h);
+        assert!((st.learned.base - 10.0).abs() < 1e-9, "{}", st.learned.base);
+        assert!((st.learned.ceiling - 50.0).abs() < 1e-9);
     }
 
     #[test]

@@ -3,14 +3,17 @@
 //!
 //! The rule (rates in requests per second; `p` is the pace a refused call was sent at):
 //!
-//! 1. A 429 cuts the pace to `p × decrease`, or to the rate the target accepted since the
-//!    last cut if that is lower; with fewer than `min_sample` calls accepted the pace was
-//!    far above the limit and is cut to `p × deep_decrease`. A pace that held `s` seconds
-//!    longer than `hold` was barely too high: the cut shrinks to `(1 − decrease) × hold / s`
-//!    of it. One cut per block: calls in flight meeting the same refusal do not cut again.
-//! 2. The refused pace becomes the **ceiling**. From the cut, the pace climbs back towards
-//!    halfway between a plain cut and the ceiling (`ceiling × (1 + decrease) / 2`), closing
-//!    the gap with time constant `approach`: the limit lies between the two.
+//! 1. A 429 cuts the pace to `p × decrease`, or to the rate the target let through since
+//!    the last cut if that is lower (counted over at least a second); with fewer than
+//!    `min_sample` calls let through the pace was far above the limit and is cut to
+//!    `p × deep_decrease`. A pace that held `s` seconds longer than `hold` was barely too
+//!    high: the cut shrinks to `(1 − decrease) × hold / s` of it. One cut per block: calls
+//!    in flight meeting the same refusal do not cut again.
+//! 2. The refused pace becomes the **ceiling**; but a call refused within a second of the
+//!    last cut, after the rate let through cut deeper, found a window's quota: the ceiling
+//!    is that rate ÷ `decrease`. From the cut, the pace climbs back towards halfway
+//!    between a plain cut and the ceiling (`ceiling × (1 + decrease) / 2`), closing the gap
+//!    with time constant `approach`: the limit lies between the two.
 //! 3. A 429 that ends at least `hold` seconds without one remembers the pace that held
 //!    (**held**). If the last cut came within `memory` seconds of that and left the ceiling
 //!    below `decrease × held` (the limit dropped, as when another client shares the
@@ -103,9 +106,10 @@ impl Learned {
         (rate < declared).then_some(rate.max(MIN_RATE))
     }
 
-    /// A call sent at pace `paced` (requests per second) met a 429 at `now`, after
-    /// `accepted` calls were accepted over `stretch` seconds since the last cut (or since
-    /// the budget got busy); its block ends at `block_end`. Returns whether it cut.
+    /// A call sent at pace `paced` (requests per second) met a 429 at `now`, after the
+    /// target let `accepted` calls through over `stretch` seconds since the last cut (or
+    /// since the budget got busy; under a second: up to the refused call's sending); its
+    /// block ends at `block_end`. Returns whether it cut.
     pub fn refused(
         &mut self,
         p: &Params,
@@ -134,7 +138,12 @@ impl Learned {
             }
         };
         self.base = (paced * share).max(MIN_RATE);
-        self.ceiling = paced;
+        // Refused within a second, after a window let its quota through.
+        self.ceiling = if by == "measured" && stretch < 1.0 {
+            self.base / p.decrease
+        } else {
+            paced
+        };
         self.since = Some(block_end.max(now));
         self.last_429 = Some(now);
         self.by = by.to_owned();

@@ -273,7 +273,12 @@ impl Pacer {
     /// than the pace. The controller learns from it in the budget's row (shared by every
     /// process, see [`controller`](super::controller)); slots this process leased are
     /// dropped, and the shared booking is cut back to the end of the block.
-    pub async fn throttled(&self, key: &str, block: Duration) -> Result<(), PacerError> {
+    pub async fn throttled(
+        &self,
+        key: &str,
+        sent: DateTime<Utc>,
+        block: Duration,
+    ) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
@@ -283,7 +288,9 @@ impl Pacer {
         let block_end = now + chrono::Duration::from_std(block).unwrap_or_default();
         let paced = b.rate();
         let cut = self
-            .with_state(&b, |st| st.refused(&PARAMS, paced, pending, now, block_end))
+            .with_state(&b, |st| {
+                st.refused(&PARAMS, paced, pending, sent, now, block_end)
+            })
             .await?;
         if cut {
             tracing::debug!(
