@@ -125,25 +125,27 @@ impl Learned {
         if self.last_429.is_none_or(|t| secs(t, now) >= p.hold) && stretch >= p.hold {
             self.held = Some((paced, now));
         }
-        let (share, by) = if accepted < p.min_sample {
-            (p.deep_decrease, "deep")
+        // The share of `paced` to cut to, and the ceiling the refusal shows.
+        let (share, ceiling, by) = if accepted < p.min_sample {
+            (p.deep_decrease, paced, "deep")
         } else {
             let measured = accepted as f64 / stretch.max(1.0) / paced;
             if measured < p.decrease {
-                (measured, "measured")
+                // Refused within a second: a window let its quota through.
+                let ceiling = if stretch < 1.0 {
+                    (paced * measured / p.decrease).max(MIN_RATE)
+                } else {
+                    paced
+                };
+                (measured, ceiling, "measured")
             } else {
                 // A pace that held longer than `hold` was barely too high: cut less.
                 let held_for = stretch.max(p.hold);
-                (1.0 - (1.0 - p.decrease) * p.hold / held_for, "cut")
+                (1.0 - (1.0 - p.decrease) * p.hold / held_for, paced, "cut")
             }
         };
         self.base = (paced * share).max(MIN_RATE);
-        // Refused within a second, after a window let its quota through.
-        self.ceiling = if by == "measured" && stretch < 1.0 {
-            self.base / p.decrease
-        } else {
-            paced
-        };
+        self.ceiling = ceiling;
         self.since = Some(block_end.max(now));
         self.last_429 = Some(now);
         self.by = by.to_owned();

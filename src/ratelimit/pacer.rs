@@ -269,10 +269,10 @@ impl Pacer {
         self.budgets.lock().expect("pacer mutex").get(key).cloned()
     }
 
-    /// A call on budget `key` met a 429 whose block lasts `block`: the target allows less
-    /// than the pace. The controller learns from it in the budget's row (shared by every
-    /// process, see [`controller`](super::controller)); slots this process leased are
-    /// dropped, and the shared booking is cut back to the end of the block.
+    /// A call on budget `key` sent at `sent` met a 429 whose block lasts `block`: the
+    /// target allows less than the pace. The controller learns from it in the budget's row
+    /// (shared by every process, see [`controller`](super::controller)); slots this process
+    /// leased are dropped, and the shared booking is cut back to the end of the block.
     pub async fn throttled(
         &self,
         key: &str,
