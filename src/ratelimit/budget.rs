@@ -37,6 +37,8 @@ pub const MIN_SHARE: f64 = 0.05;
 /// How long a statement from the target's headers holds unless restated (seconds).
 pub const ADVERTISED_FOR: f64 = 600.0;
 const SECOND: chrono::Duration = chrono::Duration::seconds(1);
+/// The most slots of a stretch's first second kept (see [`BudgetState::first_second_us`]).
+const FIRST_SECOND_MOST: usize = 1000;
 
 /// The slots of one long window, in buckets of `window / BUCKETS`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -64,9 +66,11 @@ pub struct BudgetState {
     pub accepted: u64,
     /// Where the stretch the next 429 measures began.
     pub stretch_from: Option<DateTime<Utc>>,
-    /// The slots leased in the stretch's first second, by every process.
+    /// The slots leased in the stretch's first second by every process, in microseconds
+    /// after `stretch_from` (at most [`FIRST_SECOND_MOST`]); kept a second more for answers
+    /// still on their way, then dropped, so a busy budget's row stays small.
     #[serde(default)]
-    pub first_second: Vec<DateTime<Utc>>,
+    pub first_second_us: Vec<u32>,
     /// The limits the target's headers stated, and when.
     pub advertised: Option<(Vec<Limit>, DateTime<Utc>)>,
     /// No slot before this: the target said its budget is spent until then.
@@ -233,7 +237,10 @@ impl BudgetState {
         if was_idle || self.stretch_from.is_none() {
             self.stretch_from = Some(self.learned.since.map_or(now, |s| s.max(now)));
             self.accepted = 0;
-            self.first_second.clear();
+            self.first_second_us.clear();
+        }
+        if self.stretch_from.is_some_and(|f| now >= f + SECOND * 2) {
+            self.first_second_us = Vec::new();
         }
         self.accepted += accepted;
         let rate = self.rate(limits, params, now);
@@ -276,8 +283,13 @@ impl BudgetState {
             for s in &mut self.spent {
                 s.count(t);
             }
-            if self.stretch_from.is_some_and(|f| at_micros(t) < f + SECOND) {
-                self.first_second.push(at_micros(t));
+            if let Some(from) = self.stretch_from {
+                let after = t - micros(from);
+                if after < SECOND.num_microseconds().expect("fits")
+                    && self.first_second_us.len() < FIRST_SECOND_MOST
+                {
+                    self.first_second_us.push(after.max(0) as u32);
+                }
             }
             slots.push(at_micros(t));
             t += step.num_microseconds().expect("fits");
@@ -329,7 +341,12 @@ impl BudgetState {
         let secs =
             |to: DateTime<Utc>| ((to - from).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0);
         let (through, stretch) = if sent < from + SECOND {
-            let before = self.first_second.iter().filter(|&&s| s < sent).count() as u64;
+            let sent_after = (sent - from).num_microseconds().unwrap_or(0);
+            let before = self
+                .first_second_us
+                .iter()
+                .filter(|&&s| i64::from(s) < sent_after)
+                .count() as u64;
             (before.max(self.accepted), secs(sent))
         } else {
             (self.accepted, secs(now))
@@ -338,7 +355,7 @@ impl BudgetState {
             .learned
             .refused(params, paced, through, stretch, now, block_end);
         if cut {
-            self.first_second.clear();
+            self.first_second_us.clear();
             self.accepted = 0;
             self.stretch_from = self.learned.since;
             self.tat = self.tat.map(|t| t.min(block_end));
@@ -487,6 +504,21 @@ mod tests {
         st.refused(&PARAMS, 50.0, 30, later, later, later + h);
         assert!((st.learned.base - 10.0).abs() < 1e-9, "{}", st.learned.base);
         assert!((st.learned.ceiling - 50.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_busy_budget_keeps_its_first_second_small_and_briefly() {
+        // No limit declared: slices of 50 as fast as they are asked for.
+        let mut st = BudgetState::default();
+        let h = chrono::Duration::seconds(1);
+        for _ in 0..40 {
+            st.lease(&[], 0, &PARAMS, t0(), 50, 1.0, 0, h);
+        }
+        assert_eq!(st.first_second_us.len(), FIRST_SECOND_MOST);
+        // Two seconds into the stretch, no answer is still on its way from its first.
+        st.lease(&[], 0, &PARAMS, t0() + SECOND * 2, 50, 1.0, 0, h);
+        assert!(st.first_second_us.is_empty());
+        assert_eq!(st.first_second_us.capacity(), 0);
     }
 
     #[test]
