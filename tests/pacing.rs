@@ -387,17 +387,24 @@ async fn a_process_first_slice_on_a_budget_is_spaced_wider_until_it_has_called()
     assert_eq!(gap(f, g), cold_interval_for(600.0));
 }
 
-#[tokio::test]
-async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
+/// An engine whose process has taken a slot of budget `ws:k` at 600/min: the interval
+/// between slots and the least gap between two calls of the process.
+async fn one_call_on_600_a_minute() -> (TestDb, Arc<Engine>, Duration, Duration) {
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
     let interval = courier::ratelimit::pacer::emission_interval(600);
     let min_gap = interval.mul_f64(courier::ratelimit::pacer::MIN_GAP_SHARE);
-    let ms = std::time::Duration::from_millis;
     e.pacer
         .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
         .await
         .unwrap();
+    (db, e, interval, min_gap)
+}
+
+#[tokio::test]
+async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
+    let (_db, e, interval, min_gap) = one_call_on_600_a_minute().await;
+    let ms = std::time::Duration::from_millis;
     // Calls answering in 1 ms: the quickest trip.
     let mut go = e.pacer.spaced("ws:k");
     for _ in 0..3 {
@@ -427,15 +434,8 @@ async fn a_call_answered_slowly_holds_the_next_one_back_by_its_lateness() {
 
 #[tokio::test]
 async fn a_call_that_left_late_keeps_the_next_one_a_whole_gap_behind_it() {
-    let db = TestDb::new().await;
-    let e = engine(&db.pool, settings(&db.url));
-    let interval = courier::ratelimit::pacer::emission_interval(600);
-    let min_gap = interval.mul_f64(courier::ratelimit::pacer::MIN_GAP_SHARE);
+    let (_db, e, interval, min_gap) = one_call_on_600_a_minute().await;
     let ms = |n| Span::milliseconds(n);
-    e.pacer
-        .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
-        .await
-        .unwrap();
     let go = e.pacer.spaced("ws:k");
     // Its task woke 40 ms after the time it was let go (beyond what an answer's lateness
     // may hold back): the next call keeps its gap from when it really left.
