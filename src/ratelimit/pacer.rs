@@ -48,25 +48,26 @@ pub const MAX_LOOKAHEAD: Duration = Duration::from_millis(200);
 /// half without the pair arriving closer together than the rate allows.
 pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
 
-/// The most a call's answer coming back late holds the process's next call back, as a share
-/// of the slot interval (see [`Pacer::returned`]).
-pub const MAX_LATE_SHARE: f64 = 0.05;
-
 /// A process's first slice on a budget, or its first after [`IDLE_AFTER`] without a call,
 /// books its slots this share wider: its first calls go out on cold connections and code
 /// paths and may reach the target a few milliseconds late, and the next slot, another
 /// process's or its own, would then follow too closely for a limiter with no burst. It
 /// costs a quarter second at 5% less once per start.
-pub const COLD_SPREAD: f64 = MAX_LATE_SHARE;
+pub const COLD_SPREAD: f64 = 0.05;
+
+/// The round trip a process counts as usual on a budget is this quantile of its recent
+/// ones: only a trip slower than nine in ten holds the next call back (see
+/// [`Pacer::returned`]), so a path whose every trip varies widely is not slowed by it.
+pub const USUAL_QUANTILE: f64 = 0.9;
+
+/// The usual round trip moves by this share of itself per call (up by
+/// [`USUAL_QUANTILE`] of the step after a slower trip, down by the rest after a quicker
+/// one): a path that became slower is learned in tens of calls.
+const USUAL_STEP: f64 = 1.0 / 16.0;
 
 /// A long window spent for longer than this stops the waiting calls (their deliveries stay
 /// pending); the chain's next job waits in the queue until the window has room.
 pub const SPENT_WAIT: Duration = Duration::from_secs(1);
-
-/// How far the quickest round trip a budget remembers drifts towards a slower one, per
-/// call: 1/this of the difference (a network that became slower is learned in a few
-/// hundred calls).
-const QUICKEST_DRIFT: u32 = 256;
 
 fn std_interval(rate: f64) -> Duration {
     interval(rate).to_std().unwrap_or_default()
@@ -185,11 +186,11 @@ impl Budget {
 struct Trip {
     /// When the latest call was let go.
     let_go: Option<DateTime<Utc>>,
-    /// How late it left ([`Pacer::left`]), or how much slower than the quickest its round
-    /// trip was once it answered (at most [`MAX_LATE_SHARE`] of the interval): the more.
+    /// How late it left ([`Pacer::left`]), or how much slower than usual its round trip
+    /// was once it answered ([`Pacer::returned`]): the more, at most an interval.
     late: Duration,
-    /// The quickest round trip lately: the least seen, drifting towards slower ones.
-    quickest: Option<Duration>,
+    /// The usual round trip: the [`USUAL_QUANTILE`] of recent ones.
+    usual: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -448,26 +449,26 @@ impl Pacer {
 
     /// The call on budget `key` let go at `let_go` (as [`Pacer::spaced`] returned) answered
     /// after `round_trip`. If it is still the process's latest call, the time its trip took
-    /// beyond the quickest lately (at most [`MAX_LATE_SHARE`] of the interval) holds the
-    /// next call back: the call may have reached the target that late, and the next one,
-    /// on time, would follow it too closely.
+    /// beyond the usual one (at most an interval) holds the next call back: the call may
+    /// have reached the target that late, and the next one, on time, would follow it too
+    /// closely for a limiter with no burst.
     pub fn returned(&self, key: &str, let_go: DateTime<Utc>, round_trip: Duration) {
         let Some(b) = self.known(key) else {
             return;
         };
-        let rate = b.rate();
+        let interval = std_interval(b.rate());
         let mut trip = b.trip.lock().expect("budget mutex");
-        let quickest = match trip.quickest {
-            Some(q) if q < round_trip => q + (round_trip - q) / QUICKEST_DRIFT,
-            _ => round_trip,
-        };
-        trip.quickest = Some(quickest);
+        let usual = trip.usual.unwrap_or(round_trip);
         if trip.let_go == Some(let_go) {
-            let late = round_trip
-                .saturating_sub(quickest)
-                .min(std_interval(rate).mul_f64(MAX_LATE_SHARE));
+            let late = round_trip.saturating_sub(usual).min(interval);
             trip.late = trip.late.max(late);
         }
+        let step = usual.mul_f64(USUAL_STEP).max(Duration::from_micros(1));
+        trip.usual = Some(if round_trip > usual {
+            usual + step.mul_f64(USUAL_QUANTILE)
+        } else {
+            usual.saturating_sub(step.mul_f64(1.0 - USUAL_QUANTILE))
+        });
     }
 
     /// Slots this process has handed out for budget `key` (one per writer call).
