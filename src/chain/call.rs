@@ -151,8 +151,11 @@ async fn call_once(
             // The target said its budget is spent until later than this slot
             // (remaining 0): a new slot, from then on.
             if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
-                let go = engine.pacer.spaced(key);
-                engine.clock.sleep_until_precise(go).await;
+                let mut go = engine.clock.now();
+                while let Err(later) = engine.pacer.depart(key, go) {
+                    engine.clock.sleep_until_precise(later).await;
+                    go = later.max(engine.clock.now());
+                }
                 engine.metrics.pacer_waited(key, asked.elapsed());
                 return Ok::<_, crate::ratelimit::pacer::PacerError>(go);
             }

@@ -55,15 +55,11 @@ pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
 /// costs a quarter second at 5% less once per start.
 pub const COLD_SPREAD: f64 = 0.05;
 
-/// The round trip a process counts as usual on a budget is this quantile of its recent
-/// ones: only a trip slower than nine in ten holds the next call back (see
-/// [`Pacer::returned`]), so a path whose every trip varies widely is not slowed by it.
-pub const USUAL_QUANTILE: f64 = 0.9;
-
-/// The usual round trip moves by this share of itself per call (up by
-/// [`USUAL_QUANTILE`] of the step after a slower trip, down by the rest after a quicker
-/// one): a path that became slower is learned in tens of calls.
-const USUAL_STEP: f64 = 1.0 / 16.0;
+/// The round trips a process keeps per budget: a trip slower than nine in ten of them
+/// holds the next call back by how much slower than the middle one it was (see
+/// [`Pacer::returned`]), so a path whose every trip varies widely is not slowed on most
+/// calls.
+const RECENT_TRIPS: usize = 32;
 
 /// A long window spent for longer than this stops the waiting calls (their deliveries stay
 /// pending); the chain's next job waits in the queue until the window has room.
@@ -171,7 +167,7 @@ struct Budget {
     /// The shared budget's next free slot as of this process's last lease: how far other
     /// processes (or a spent long window) have booked it.
     booked_until: Mutex<Option<DateTime<Utc>>>,
-    /// This process's latest call on the budget (see [`Pacer::spaced`]).
+    /// This process's latest call on the budget (see [`Pacer::depart`]).
     trip: Mutex<Trip>,
 }
 
@@ -189,8 +185,8 @@ struct Trip {
     /// How late it left ([`Pacer::left`]), or how much slower than usual its round trip
     /// was once it answered ([`Pacer::returned`]): the more, at most an interval.
     late: Duration,
-    /// The usual round trip: the [`USUAL_QUANTILE`] of recent ones.
-    usual: Option<Duration>,
+    /// The latest [`RECENT_TRIPS`] round trips.
+    recent: VecDeque<Duration>,
 }
 
 #[derive(Default)]
@@ -408,29 +404,34 @@ impl Pacer {
         Some(free).filter(|&t| t > self.clock.now())
     }
 
-    /// When a call on budget `key` whose slot has come may go: now, unless this process's
-    /// previous call on the budget went less than [`MIN_GAP_SHARE`] of the slot interval
-    /// ago, plus the time its answer came back late ([`Pacer::returned`]). A call let go
-    /// late (a timer or a thread woke late), or slow on its way, and the next one on time
-    /// would arrive closer together than the rate allows, which a limiter with no burst
-    /// refuses; held back this way, the calls after a late one catch up on the schedule by
-    /// the rest of the headroom each.
-    pub fn spaced(&self, key: &str) -> DateTime<Utc> {
-        let now = self.clock.now();
+    /// Lets a call on budget `key` whose slot has come go at `at` (now, or the time it slept
+    /// until), and returns `at`; or returns the time it may go, if this process's latest
+    /// call on the budget went less than [`MIN_GAP_SHARE`] of the slot interval before,
+    /// plus how late that call left ([`Pacer::left`]) or came back ([`Pacer::returned`]).
+    /// A call late on its way and the next one on time would arrive closer together than
+    /// the rate allows, which a limiter with no burst refuses. The caller sleeps until the
+    /// time returned and asks again, so a lateness learned meanwhile still holds the call
+    /// back. Held back this way, the calls after a late one catch up on the schedule by the
+    /// rest of the headroom each.
+    pub fn depart(&self, key: &str, at: DateTime<Utc>) -> Result<DateTime<Utc>, DateTime<Utc>> {
         let Some(b) = self.known(key) else {
-            return now;
+            return Ok(at);
         };
         let mut trip = b.trip.lock().expect("budget mutex");
         let gap =
             chrono::Duration::from_std(std_interval(b.rate()).mul_f64(MIN_GAP_SHARE) + trip.late)
                 .expect("fits");
-        let at = trip.let_go.map_or(now, |l| now.max(l + gap));
-        trip.let_go = Some(at);
-        trip.late = Duration::ZERO;
-        at
+        match trip.let_go {
+            Some(l) if l + gap > at => Err(l + gap),
+            _ => {
+                trip.let_go = Some(at);
+                trip.late = Duration::ZERO;
+                Ok(at)
+            }
+        }
     }
 
-    /// The call on budget `key` let go at `let_go` (as [`Pacer::spaced`] returned) left
+    /// The call on budget `key` let go at `let_go` (as [`Pacer::depart`] returned) left
     /// only at `left`: its task woke late, or building the call took that long. If it is
     /// still the process's latest call, the next one keeps its gap from then (up to one
     /// interval later): the pair never leaves closer together than [`MIN_GAP_SHARE`] of the
@@ -447,9 +448,10 @@ impl Pacer {
         }
     }
 
-    /// The call on budget `key` let go at `let_go` (as [`Pacer::spaced`] returned) answered
-    /// after `round_trip`. If it is still the process's latest call, the time its trip took
-    /// beyond the usual one (at most an interval) holds the next call back: the call may
+    /// The call on budget `key` let go at `let_go` (as [`Pacer::depart`] returned) answered
+    /// after `round_trip`. If it is still the process's latest call and its trip was slower
+    /// than nine in ten of the process's [`RECENT_TRIPS`] on the budget, the time it took
+    /// beyond the middle one (at most an interval) holds the next call back: the call may
     /// have reached the target that late, and the next one, on time, would follow it too
     /// closely for a limiter with no burst.
     pub fn returned(&self, key: &str, let_go: DateTime<Utc>, round_trip: Duration) {
@@ -458,17 +460,17 @@ impl Pacer {
         };
         let interval = std_interval(b.rate());
         let mut trip = b.trip.lock().expect("budget mutex");
-        let usual = trip.usual.unwrap_or(round_trip);
-        if trip.let_go == Some(let_go) {
-            let late = round_trip.saturating_sub(usual).min(interval);
+        if trip.recent.len() == RECENT_TRIPS {
+            trip.recent.pop_front();
+        }
+        trip.recent.push_back(round_trip);
+        let mut sorted: Vec<Duration> = trip.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let tenths = |q: usize| sorted[(sorted.len() - 1) * q / 10];
+        if trip.let_go == Some(let_go) && round_trip > tenths(9) {
+            let late = round_trip.saturating_sub(tenths(5)).min(interval);
             trip.late = trip.late.max(late);
         }
-        let step = usual.mul_f64(USUAL_STEP).max(Duration::from_micros(1));
-        trip.usual = Some(if round_trip > usual {
-            usual + step.mul_f64(USUAL_QUANTILE)
-        } else {
-            usual.saturating_sub(step.mul_f64(1.0 - USUAL_QUANTILE))
-        });
     }
 
     /// Slots this process has handed out for budget `key` (one per writer call).
