@@ -61,6 +61,10 @@ pub const COLD_SPREAD: f64 = 0.05;
 /// calls.
 const RECENT_TRIPS: usize = 32;
 
+/// The leases a process remembers the pace of per budget, so that a 429 answered after
+/// later leases still reports the pace its call was booked at (a quarter second each).
+const RECENT_PACES: usize = 16;
+
 /// A long window spent for longer than this stops the waiting calls (their deliveries stay
 /// pending); the chain's next job waits in the queue until the window has room.
 pub const SPENT_WAIT: Duration = Duration::from_secs(1);
@@ -155,8 +159,9 @@ struct Budget {
     /// How far ahead of now a lease starts (microseconds): twice the last lease's round
     /// trip, so the slots are still fresh when they arrive, however fast the rate.
     lookahead_us: AtomicU64,
-    /// The rate (requests per second, as f64 bits) the last lease paced at.
-    effective: AtomicU64,
+    /// The first slot and the pace (requests per second) of this process's latest
+    /// [`RECENT_PACES`] leases, oldest first (before any lease: the declared pace).
+    paces: Mutex<VecDeque<(DateTime<Utc>, f64)>>,
     /// Calls the target accepted (answered other than 429) not yet reported to the budget
     /// row; the next lease adds them.
     accepted: AtomicU64,
@@ -172,8 +177,21 @@ struct Budget {
 }
 
 impl Budget {
+    /// The pace the latest lease booked its slots at.
     fn rate(&self) -> f64 {
-        f64::from_bits(self.effective.load(Ordering::Relaxed))
+        self.paces
+            .lock()
+            .expect("budget mutex")
+            .back()
+            .map_or(f64::MAX, |p| p.1)
+    }
+
+    /// The pace the slot of a call sent at `sent` was booked at: that of the latest lease
+    /// whose slots began by then.
+    fn rate_at(&self, sent: DateTime<Utc>) -> f64 {
+        let paces = self.paces.lock().expect("budget mutex");
+        let booked = paces.iter().rev().find(|p| p.0 <= sent).or(paces.front());
+        booked.map_or(f64::MAX, |p| p.1)
     }
 }
 
@@ -249,7 +267,7 @@ impl Pacer {
                     state: Mutex::new(Waiting::default()),
                     granted: AtomicU64::new(0),
                     lookahead_us: AtomicU64::new(FIRST_LOOKAHEAD.as_micros() as u64),
-                    effective: AtomicU64::new(first.to_bits()),
+                    paces: Mutex::new(VecDeque::from([(DateTime::<Utc>::MIN_UTC, first)])),
                     accepted: AtomicU64::new(0),
                     advertised: Mutex::new(None),
                     hold: Mutex::new(None),
@@ -267,8 +285,9 @@ impl Pacer {
     }
 
     /// A call on budget `key` sent at `sent` met a 429 whose block lasts `block`: the
-    /// target allows less than the pace. The controller learns from it in the budget's row
-    /// (shared by every process, see [`controller`](super::controller)); slots this process
+    /// target allows less than the pace its slot was booked at. The controller learns from
+    /// it in the budget's row (shared by every process, see
+    /// [`controller`](super::controller)); slots this process
     /// leased are dropped, and the shared booking is cut back to the end of the block.
     pub async fn throttled(
         &self,
@@ -283,7 +302,7 @@ impl Pacer {
         let pending = b.accepted.swap(0, Ordering::Relaxed);
         let now = self.clock.now();
         let block_end = now + chrono::Duration::from_std(block).unwrap_or_default();
-        let paced = b.rate();
+        let paced = b.rate_at(sent);
         let cut = self
             .with_state(&b, |st| {
                 st.refused(&PARAMS, paced, pending, sent, now, block_end)
@@ -647,9 +666,13 @@ impl Pacer {
                 budget.accepted.fetch_add(accepted, Ordering::Relaxed);
             });
         let (slice, tat) = slice?;
-        budget
-            .effective
-            .store(slice.rate.to_bits(), Ordering::Relaxed);
+        if let Some(&first) = slice.slots.first() {
+            let mut paces = budget.paces.lock().expect("budget mutex");
+            if paces.len() == RECENT_PACES {
+                paces.pop_front();
+            }
+            paces.push_back((first, slice.rate));
+        }
         *budget.booked_until.lock().expect("budget mutex") = slice.spent_until.or(tat);
         let round_trip = (self.clock.now() - asked)
             .to_std()
@@ -732,5 +755,31 @@ mod tests {
         }
         let served = |r| order.iter().filter(|&&x| x == r).count();
         assert_eq!((served(1), served(2), served(3)), (2, 2, 4), "{order:?}");
+    }
+
+    #[tokio::test]
+    async fn a_429_reports_the_pace_its_slot_was_booked_at() {
+        let pool = PgPool::connect_lazy("postgres://127.0.0.1/unused").unwrap();
+        let pacer = Pacer::new(pool, Clock::system());
+        let b = pacer.budget("k", &[Limit::new(100, 1)], 0);
+        let t = |ms| {
+            DateTime::from_timestamp(1_800_000_000, 0).unwrap() + chrono::Duration::milliseconds(ms)
+        };
+        assert_eq!(
+            b.rate_at(t(0)),
+            100.0,
+            "before any lease: the declared pace"
+        );
+        // A climbing pace: each quarter second's lease books faster slots.
+        for (i, rate) in [9.0, 9.5, 10.0, 10.5].into_iter().enumerate() {
+            b.paces.lock().unwrap().push_back((t(250 * i as i64), rate));
+        }
+        assert_eq!(b.rate(), 10.5);
+        assert_eq!(
+            b.rate_at(t(300)),
+            9.5,
+            "the lease whose slots began by then"
+        );
+        assert_eq!(b.rate_at(t(750)), 10.5);
     }
 }
