@@ -1,7 +1,7 @@
 //! The learned rate: what 429s teach a budget about the target's real limit, as one small
 //! controller (pure; the pacer keeps its state in the budget's row).
 //!
-//! The rule (rates in requests per second; `p` is the pace a refused call was sent at):
+//! The rule (rates in requests per second; `p` is the pace a refused call was booked at):
 //!
 //! 1. A 429 cuts the pace to `p × decrease`, or to the rate the target let through since
 //!    the last cut if that is lower (counted over at least a second); with fewer than
@@ -18,8 +18,9 @@
 //!    (**held**). If the last cut came within `memory` seconds of that and left the ceiling
 //!    below `decrease × held` (the limit dropped, as when another client shares the
 //!    account), the pace climbs towards held instead, from `approach` seconds after it.
-//! 4. After `quiet` seconds without a 429 the ceiling itself grows by `probe` per second:
-//!    a limit that rose is found again. Back at the declared rate, nothing is learned.
+//! 4. After `quiet` times the last block without a 429 the ceiling itself grows by `probe`
+//!    per second: a limit that rose is found again, and a refused probe costs at most one
+//!    block in `quiet`. Back at the declared rate, nothing is learned.
 //!
 //! The effective rate is the least of the declared pace, this learned rate and what the
 //! target's headers advertise. [`Learned::by`] labels what the last 429 did, for
@@ -40,7 +41,7 @@ pub struct Params {
     pub min_sample: u64,
     /// Seconds: the time constant of the climb back towards the ceiling.
     pub approach: f64,
-    /// Seconds without a 429 before the ceiling grows.
+    /// Blocks without a 429 (the last block's length times this) before the ceiling grows.
     pub quiet: f64,
     /// The ceiling's growth per second after `quiet` (multiplicative).
     pub probe: f64,
@@ -101,12 +102,15 @@ impl Learned {
             Some((h, _)) if s > p.approach => (h, self.ceiling.min(h), s - p.approach),
             _ => (self.ceiling * (1.0 + p.decrease) / 2.0, self.base, s),
         };
-        let grown = top * (p.probe * (s - p.quiet).max(0.0)).min(MAX_GROWTH).exp();
+        // The cut's block (its 429 came when it began) sets how long the quiet lasts.
+        let block = self.last_429.map_or(0.0, |at| secs(at, since));
+        let probing = (s - p.quiet * block).max(0.0);
+        let grown = top * (p.probe * probing).min(MAX_GROWTH).exp();
         let rate = grown - (grown - from) * (-t / p.approach).exp();
         (rate < declared).then_some(rate.max(MIN_RATE))
     }
 
-    /// A call sent at pace `paced` (requests per second) met a 429 at `now`, after the
+    /// A call booked at pace `paced` (requests per second) met a 429 at `now`, after the
     /// target let `accepted` calls through over `stretch` seconds since the last cut (or
     /// since the budget got busy; under a second: up to the refused call's sending); its
     /// block ends at `block_end`. Returns whether it cut.
@@ -179,6 +183,20 @@ mod tests {
         // After the quiet period the ceiling grows; past the declared rate all is forgotten.
         assert!(at(60.0) > 10.5);
         assert_eq!(l.rate(&p, 20.0, t(200.0)), None);
+    }
+
+    #[test]
+    fn the_probe_waits_in_proportion_to_the_block_it_risks() {
+        let p = PARAMS;
+        let half = 10.0 * (1.0 + p.decrease) / 2.0;
+        // A target that names no wait blocks for a minute: probing after `quiet` seconds
+        // would spend more time blocked than it could win.
+        let mut l = Learned::default();
+        l.refused(&p, 10.0, 50, 5.0, t(0.0), t(60.0));
+        let at = |s| l.rate(&p, 20.0, t(s)).unwrap();
+        assert!(at(60.0 + 2.0 * p.quiet) <= half);
+        assert!(at(60.0 + 60.0 * p.quiet - 1.0) <= half);
+        assert!(at(60.0 + 60.0 * p.quiet + 10.0) > half * 1.1);
     }
 
     #[test]
