@@ -287,8 +287,8 @@ impl Pacer {
     /// A call on budget `key` sent at `sent` met a 429 whose block lasts `block`: the
     /// target allows less than the pace its slot was booked at. The controller learns from
     /// it in the budget's row (shared by every process, see
-    /// [`controller`](super::controller)); slots this process
-    /// leased are dropped, and the shared booking is cut back to the end of the block.
+    /// [`controller`](super::controller)); slots this process leased are dropped, and the
+    /// shared booking is cut back to the end of the block.
     pub async fn throttled(
         &self,
         key: &str,
