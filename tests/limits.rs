@@ -39,9 +39,11 @@ async fn a_spent_long_window_stops_the_batch_and_status_says_when_it_frees() {
     let frees = limits[1]
         .frees_at
         .expect("a spent window says when it frees");
-    // The oldest call's minute bucket leaves the counted window (the hour and its 2%
+    // The oldest call's minute bucket leaves the counted window (the hour and its
     // headroom) at the bucket's end: within a minute (and the slot's lead) after that.
-    let (now, window) = (engine.clock.now(), Span::seconds(3600 * 102 / 100));
+    let headroom = courier::ratelimit::pacer::HEADROOM;
+    let window = Span::milliseconds((3_600_000.0 * (1.0 + headroom)) as i64);
+    let now = engine.clock.now();
     assert!(
         frees > now + window && frees <= now + window + Span::seconds(61),
         "{frees}"
