@@ -150,6 +150,9 @@ pub struct WorkerLine {
     pub heartbeat_at: DateTime<Utc>,
     /// Where it serves `/metrics` and the dashboard (`None`: nowhere).
     pub http_addr: Option<String>,
+    /// How far its host's wall clock is ahead of the database's, in milliseconds
+    /// (negative: behind), at its last beat. It keeps time by the database's clock.
+    pub clock_offset_ms: Option<f64>,
 }
 
 /// Everything `courier status` shows.
@@ -212,7 +215,7 @@ async fn workers(
     let grace = window * 2 / 5;
     sqlx::query_as!(
         WorkerLine,
-        r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr FROM workers w
+        r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr, w.clock_offset_ms FROM workers w
            WHERE courier_worker_alive(w, $1, $2) ORDER BY w.started_at, w.name"#,
         now - window,
         now - grace

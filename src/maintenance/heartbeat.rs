@@ -20,24 +20,33 @@ impl<'a> Heartbeat<'a> {
         Self { engine }
     }
 
-    /// One beat.
+    /// One beat: the database's clock measured, then the beat written by it.
     pub async fn run_once(&self) -> Result<(), sqlx::Error> {
-        let now = self.engine.clock.now();
-        let beat = sqlx::query!(
-            "INSERT INTO workers (name, started_at, heartbeat_at, http_addr) VALUES ($1, $2, $2, $3)
-             ON CONFLICT (name) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at",
-            self.engine.worker_name,
-            now,
-            self.engine.http_addr.get().map(|a| a.to_string())
-        )
-        .execute(&self.engine.pool)
-        .await;
+        let beat = self.beat().await;
         match &beat {
             Ok(_) => self.engine.health.ok(),
             Err(e) if crate::health::is_outage(e) => self.engine.health.failed(e),
             Err(_) => {}
         }
-        beat.map(|_| ())
+        beat
+    }
+
+    async fn beat(&self) -> Result<(), sqlx::Error> {
+        let offset = self.engine.clock.sync(&self.engine.pool).await?;
+        let offset_ms = offset.map(|o| o.wall.as_seconds_f64() * 1000.0);
+        sqlx::query!(
+            "INSERT INTO workers (name, started_at, heartbeat_at, http_addr, clock_offset_ms)
+             VALUES ($1, $2, $2, $3, $4)
+             ON CONFLICT (name) DO UPDATE
+                 SET heartbeat_at = EXCLUDED.heartbeat_at, clock_offset_ms = EXCLUDED.clock_offset_ms",
+            self.engine.worker_name,
+            self.engine.clock.now(),
+            self.engine.http_addr.get().map(|a| a.to_string()),
+            offset_ms
+        )
+        .execute(&self.engine.pool)
+        .await?;
+        Ok(())
     }
 
     /// Beats every `heartbeat_every` until `shutdown`, then removes this process's row.

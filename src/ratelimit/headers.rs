@@ -141,7 +141,9 @@ pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> S
             let raw = scalar(headers, "x-ratelimit-reset")?;
             match reset_kind {
                 ResetKind::Delta => delta(raw),
-                ResetKind::EpochSeconds => epoch(raw, now),
+                // An instant on the target's clock: read against the answer's `Date`
+                // (its clock too), so a host whose clock is off reads the same wait.
+                ResetKind::EpochSeconds => epoch(raw, answered_at(headers).unwrap_or(now)),
             }
         });
     Statement {
@@ -247,6 +249,13 @@ fn epoch(raw: &str, now: DateTime<Utc>) -> Option<Duration> {
     let now = now.timestamp_micros() as f64 / 1e6;
     let wait = (at - now).max(0.0);
     (wait <= MAX_RESET.as_secs_f64()).then(|| Duration::from_secs_f64(wait))
+}
+
+/// When the target answered, by its own clock: the answer's `Date` field (RFC 9110 asks
+/// every origin server with a clock to send it).
+pub fn answered_at(headers: &HeaderMap) -> Option<DateTime<Utc>> {
+    let raw = headers.get(reqwest::header::DATE)?.to_str().ok()?;
+    Some(httpdate::parse_http_date(raw.trim()).ok()?.into())
 }
 
 /// The first comma-separated value of a field that holds one number.
@@ -518,6 +527,20 @@ mod tests {
         assert_eq!(
             read(&h, ResetKind::EpochSeconds, now()).reset,
             Some(Duration::from_millis(1250))
+        );
+    }
+
+    #[test]
+    fn an_epoch_reset_is_read_against_the_answers_date() {
+        // The target's clock says 1700000000 (the answer's Date); ours is an hour ahead.
+        let h = headers(&[
+            ("X-RateLimit-Reset", "1700000030"),
+            ("Date", "Tue, 14 Nov 2023 22:13:20 GMT"),
+        ]);
+        let ours = now() + chrono::Duration::hours(1);
+        assert_eq!(
+            read(&h, ResetKind::EpochSeconds, ours).reset,
+            Some(secs(30))
         );
     }
 

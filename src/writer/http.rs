@@ -359,7 +359,10 @@ pub async fn classify_response(
         });
     }
     if status == 429 {
-        let (wait, raw) = rate_limit_wait(response.headers(), reset_headers, SystemTime::now());
+        // An HTTP-date is on the target's clock: read against its answer's `Date`.
+        let answered = crate::ratelimit::headers::answered_at(response.headers())
+            .map_or_else(SystemTime::now, SystemTime::from);
+        let (wait, raw) = rate_limit_wait(response.headers(), reset_headers, answered);
         return Err(WriteError::RateLimited {
             wait,
             raw,

@@ -143,7 +143,8 @@ pub fn rate_limit_headers(headers: &reqwest::header::HeaderMap) -> reqwest::head
         .iter()
         .filter(|(name, _)| {
             let n = name.as_str();
-            n.starts_with("ratelimit") || n.starts_with("x-ratelimit")
+            // `date`: the target's clock, which an absolute reset is read against.
+            n.starts_with("ratelimit") || n.starts_with("x-ratelimit") || n == "date"
         })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect()

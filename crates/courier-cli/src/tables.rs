@@ -144,6 +144,8 @@ fn workers(workers: &[WorkerLine]) -> String {
                 w.name.clone(),
                 time(Some(w.started_at)),
                 time(Some(w.heartbeat_at)),
+                w.clock_offset_ms
+                    .map_or_else(|| "-".into(), |ms| format!("{:+.3} s", ms / 1000.0)),
                 w.http_addr
                     .as_ref()
                     .map_or_else(|| "-".into(), |a| format!("http://{a}/")),
@@ -151,7 +153,13 @@ fn workers(workers: &[WorkerLine]) -> String {
         })
         .collect();
     table(
-        &["name", "started", "last beat", "metrics and dashboard"],
+        &[
+            "name",
+            "started",
+            "last beat",
+            "clock offset",
+            "metrics and dashboard",
+        ],
         &rows,
     )
 }

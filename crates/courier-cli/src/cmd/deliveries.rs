@@ -176,7 +176,10 @@ pub async fn history(ctx: &Ctx, args: HistoryArgs) -> anyhow::Result<()> {
 /// Runs `courier status`.
 pub async fn status(ctx: &Ctx, args: StatusArgs) -> anyhow::Result<()> {
     let window = ctx.settings.worker_dead_after;
-    let report = status::report_with(&ctx.pool().await?, chrono::Utc::now(), window).await?;
+    let pool = ctx.pool().await?;
+    // The database's time: what every worker keeps time by.
+    let now = courier::clock::Clock::synced(&pool).await?.now();
+    let report = status::report_with(&pool, now, window).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
