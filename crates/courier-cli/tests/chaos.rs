@@ -30,6 +30,7 @@ async fn a_kill_and_a_database_restart_lose_nothing_and_cost_seconds() {
         seed: 11,
         drain_limit: Duration::from_secs(60),
         keep_logs: false,
+        skews: Vec::new(),
         ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
     };
     let (report, out) = chaos::run(options).await.unwrap();
@@ -104,6 +105,7 @@ async fn a_long_database_outage_costs_seconds_once_it_answers() {
         seed: 11,
         drain_limit: Duration::from_secs(120),
         keep_logs: false,
+        skews: Vec::new(),
         ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
     };
     let (report, out) = chaos::run(options).await.unwrap();
@@ -150,6 +152,7 @@ async fn a_rolling_fleet_resumes_each_killed_holders_work_within_seconds() {
         seed: 28,
         drain_limit: Duration::from_secs(120),
         keep_logs: false,
+        skews: Vec::new(),
         ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
     };
     let (report, out) = chaos::run(options).await.unwrap();
@@ -172,4 +175,54 @@ async fn a_rolling_fleet_resumes_each_killed_holders_work_within_seconds() {
     }
     let stall = out.rolling_stall.expect("the rolling phase ran");
     assert!(stall <= 20.0, "delivery stalled {stall:.1} s\n{table}");
+}
+
+/// One host's wall clock off by a second either way, then by an hour either way: real
+/// worker processes under libfaketime (installed by `scripts/install-faketime`) keep the
+/// database's time, so every burst drains as with one clock, with no duplicate and no
+/// worker taken for dead, and each skewed worker reports its offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_clock_is_off_changes_nothing() {
+    let skews = ["+1", "-1", "+1h", "-1h"];
+    let options = ChaosOptions {
+        records: 120,
+        rate: 20,
+        workers: 2,
+        kills: 0,
+        rolling: 0,
+        restart: false,
+        outage: None,
+        poison: false,
+        poison_apalis: false,
+        latency: (Duration::from_millis(20), Duration::from_millis(80)),
+        seed: 12,
+        drain_limit: Duration::from_secs(60),
+        keep_logs: false,
+        skews: skews.iter().map(|s| (*s).to_owned()).collect(),
+        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+    };
+    let (report, out) = chaos::run(options).await.unwrap();
+    let table = report.render();
+    println!("{table}");
+    assert_eq!(out.lost, 0, "every record arrives\n{table}");
+    assert_eq!(out.duplicates, 0, "no record sent twice\n{table}");
+    assert_eq!(out.workers_died, 0, "{table}");
+    assert_eq!(out.skews.len(), skews.len(), "{table}");
+    for (k, want) in out.skews.iter().zip([1.0, -1.0, 3600.0, -3600.0]) {
+        let shown = k
+            .measured_offset
+            .expect("the skewed worker's offset is recorded");
+        assert!(
+            (shown - want).abs() < 0.5,
+            "skew {}: offset shown {shown:+.3} s\n{table}",
+            k.skew
+        );
+        // 60 records at 20/s: 3 s ideal; a stall or a wait on a wrong clock takes longer.
+        assert!(
+            k.drain_ratio < 2.0,
+            "skew {}: drained in {:.2} x ideal\n{table}",
+            k.skew,
+            k.drain_ratio
+        );
+    }
 }

@@ -12,7 +12,11 @@
 //!    mid-burst (`pg_ctl stop`, wait, `pg_ctl start`);
 //! 3. writes poison rows by plain SQL (timestamps past chrono's range, a mistyped rule
 //!    path, a connection whose key variable is unset, an apalis job whose id is not a
-//!    ULID) while a healthy burst is delivered.
+//!    ULID) while a healthy burst is delivered;
+//! 4. skews one host's clock: for each skew in turn, one worker is replaced by one whose
+//!    wall clock libfaketime shifts (monotonic time untouched), and a burst is drained
+//!    by it and the others; the fleet keeps the database's time, so the burst must
+//!    drain as with one clock, with no duplicate and nobody taken for dead.
 //!
 //! The target logs every accepted write with the moment its request arrived; from that
 //! log come the lost records, the duplicate sends (the same record accepted twice, each
@@ -108,7 +112,13 @@ pub struct ChaosOptions {
     pub drain_limit: Duration,
     /// Keep the worker logs (their directory is printed); otherwise they are removed.
     pub keep_logs: bool,
+    /// The skew phase's wall-clock shifts, as libfaketime's `FAKETIME` offsets (`+1`,
+    /// `-0.05`, `+1h`), one burst each (empty skips the phase).
+    pub skews: Vec<String>,
 }
+
+/// The skews `courier bench chaos` tries: ±50 ms, ±1 s, ±20 s and ±1 h.
+pub const BENCH_SKEWS: [&str; 8] = ["+0.05", "-0.05", "+1", "-1", "+20", "-20", "+1h", "-1h"];
 
 impl ChaosOptions {
     /// The benchmark's setup: 600 records at 10/s, 2 workers, 10 kills, 10 rolling kills
@@ -132,6 +142,7 @@ impl ChaosOptions {
             seed: rand::random(),
             drain_limit: Duration::from_secs(900),
             keep_logs: true,
+            skews: BENCH_SKEWS.iter().map(|s| (*s).to_owned()).collect(),
         }
     }
 }
@@ -149,6 +160,8 @@ pub enum FaultKind {
     DbRestart,
     /// `pg_ctl stop`, a wait, `pg_ctl start`.
     DbOutage,
+    /// A worker whose host's wall clock is off (started with libfaketime).
+    Skew,
 }
 
 /// One fault and what it cost.
@@ -259,6 +272,8 @@ pub struct ChaosOutcome {
     pub poison: Option<PoisonRecord>,
     /// The apalis row phase, when it ran.
     pub apalis: Option<ApalisRecord>,
+    /// The skew phase: one record per skew.
+    pub skews: Vec<SkewRecord>,
     /// 429s the target answered.
     pub throttled: u64,
 }
@@ -443,10 +458,16 @@ impl Workers {
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
+        self.spawn_with(&[])
+    }
+
+    /// Starts a worker with these extra environment variables.
+    fn spawn_with(&mut self, env: &[(&str, &str)]) -> anyhow::Result<()> {
         self.spawned += 1;
         let log = File::create(self.log_dir.join(format!("worker-{:02}.log", self.spawned)))?;
         let child = Command::new(&self.exe)
             .arg("worker")
+            .envs(env.iter().copied())
             .env("DATABASE_URL", &self.url)
             .env("COURIER_LOG", "warn")
             // Many workers on one host: none serves metrics (they would share a port).
@@ -459,6 +480,44 @@ impl Workers {
             .spawn()
             .with_context(|| format!("starting {} worker", self.exe.display()))?;
         self.live.push(child);
+        Ok(())
+    }
+
+    /// libfaketime's library, installed by `scripts/install-faketime` when missing.
+    fn faketime(&self) -> anyhow::Result<String> {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/install-faketime"
+        );
+        let out = Command::new("bash")
+            .arg(script)
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running scripts/install-faketime")?;
+        anyhow::ensure!(out.status.success(), "scripts/install-faketime failed");
+        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    }
+
+    /// Stops the oldest live process cleanly (SIGTERM, then waits for it).
+    fn stop_oldest(&mut self) -> anyhow::Result<()> {
+        self.stop_at(0)
+    }
+
+    /// Stops the newest live process cleanly.
+    fn stop_newest(&mut self) -> anyhow::Result<()> {
+        self.stop_at(self.live.len().saturating_sub(1))
+    }
+
+    fn stop_at(&mut self, i: usize) -> anyhow::Result<()> {
+        if i >= self.live.len() {
+            return Ok(());
+        }
+        let mut child = self.live.remove(i);
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let status = child.wait()?;
+        anyhow::ensure!(status.success(), "a worker stopped with {status}");
         Ok(())
     }
 
@@ -593,6 +652,20 @@ struct Harness {
     rng: StdRng,
     poison: Option<PoisonRecord>,
     apalis: Option<ApalisRecord>,
+    skews: Vec<SkewRecord>,
+}
+
+/// What one skew of the skew phase cost.
+#[derive(Clone, Debug, Serialize)]
+pub struct SkewRecord {
+    /// libfaketime's offset for the skewed worker.
+    pub skew: String,
+    /// Records of its burst.
+    pub records: usize,
+    /// The burst's drain over its ideal (records / rate).
+    pub drain_ratio: f64,
+    /// The largest wall-clock offset a live worker reported (s).
+    pub measured_offset: Option<f64>,
 }
 
 /// The parts of a healthy record's key at the target: `user:<phase>-<rule>-<n>`.
@@ -621,6 +694,7 @@ impl Harness {
             rng: StdRng::seed_from_u64(options.seed),
             poison: None,
             apalis: None,
+            skews: Vec::new(),
         }
     }
 
@@ -671,6 +745,9 @@ impl Harness {
         }
         if self.options.poison_apalis {
             self.apalis_phase(workers).await?;
+        }
+        for (i, skew) in self.options.skews.clone().into_iter().enumerate() {
+            self.skew_phase(i, &skew, workers).await?;
         }
         Ok(())
     }
@@ -1076,6 +1153,65 @@ impl Harness {
         Ok(())
     }
 
+    /// One skew: the oldest worker stopped cleanly and replaced by one whose wall clock is
+    /// off by `skew` (libfaketime), a burst of as many records as the database phases
+    /// drained by the fleet, then the skewed worker replaced by a plain one again.
+    async fn skew_phase(
+        &mut self,
+        i: usize,
+        skew: &str,
+        workers: &mut Workers,
+    ) -> anyhow::Result<()> {
+        let lib = workers.faketime()?;
+        workers.stop_oldest()?;
+        let beating = workers.live.len() + 1;
+        workers.spawn_with(&[
+            ("LD_PRELOAD", lib.as_str()),
+            ("FAKETIME", skew),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ])?;
+        workers.until_beating(&self.pool, beating).await?;
+        // The key's parts are split at '-': the phase's name carries the skew's index.
+        let phase: &'static str = Box::leak(format!("skew{i}").into_boxed_str());
+        let records = (self.options.records / 2).max(6);
+        let at = Instant::now();
+        let in_flight = self.target.in_flight();
+        self.record(FaultKind::Skew, at, None, in_flight, Vec::new());
+        self.marks.push(Mark {
+            t: self.secs(at),
+            until: None,
+            label: format!("skew {skew}"),
+        });
+        self.enqueue(phase, records).await?;
+        self.drain(phase, at).await?;
+        let drained = at.elapsed().as_secs_f64();
+        let offsets: Vec<f64> = sqlx::query_scalar(
+            "SELECT clock_offset_ms / 1000 FROM workers WHERE clock_offset_ms IS NOT NULL
+             ORDER BY abs(clock_offset_ms) DESC LIMIT 1",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let ideal = records as f64 / f64::from(self.options.rate);
+        println!(
+            "chaos: skew {skew}: {records} records drained in {drained:.1} s ({:.2} x ideal); offset shown {}",
+            drained / ideal,
+            offsets
+                .first()
+                .map_or("unknown".into(), |o| format!("{o:+.3} s"))
+        );
+        self.skews.push(SkewRecord {
+            skew: skew.to_owned(),
+            records,
+            drain_ratio: drained / ideal,
+            measured_offset: offsets.first().copied(),
+        });
+        workers.stop_newest()?;
+        workers.spawn()?;
+        workers.until_beating(&self.pool, beating).await?;
+        workers.reap();
+        Ok(())
+    }
+
     /// Writes the poison rows by plain SQL beside a healthy burst, waits for the burst to
     /// drain and the watch to end, then records what the rows led to: failed runs, runs
     /// of the unusable rules, log lines and chain worker restarts over the watch.
@@ -1323,6 +1459,7 @@ impl Harness {
             runs_left_active,
             poison: self.poison.clone(),
             apalis: self.apalis.clone(),
+            skews: self.skews.clone(),
             throttled: self.target.counters().throttled,
         })
     }
@@ -1552,6 +1689,19 @@ fn figures(report: &mut Report, o: &ChaosOptions, out: &ChaosOutcome, target: &T
     if let Some(a) = &out.apalis {
         apalis_figures(report, a);
     }
+    // One fault record per skew, in the same order.
+    for (f, k) in out.of(FaultKind::Skew).zip(&out.skews) {
+        let dups = f.duplicates;
+        report.figure(
+            &format!("skew {}: drain / ideal, duplicates, offset shown", k.skew),
+            format!(
+                "{:.2}, {dups}, {}",
+                k.drain_ratio,
+                k.measured_offset
+                    .map_or("none".into(), |o| format!("{o:+.3} s"))
+            ),
+        );
+    }
     report.figure("goal: 0 lost", verdict(out.lost == 0));
 }
 
@@ -1723,7 +1873,7 @@ fn database_figures(report: &mut Report, out: &ChaosOutcome) {
     for f in out
         .faults
         .iter()
-        .filter(|f| !matches!(f.kind, FaultKind::Kill | FaultKind::Roll))
+        .filter(|f| matches!(f.kind, FaultKind::DbRestart | FaultKind::DbOutage))
     {
         let name = match f.kind {
             FaultKind::DbRestart => "database restart",
@@ -1768,6 +1918,7 @@ fn recovery_figures(report: &mut Report, out: &ChaosOutcome) {
             FaultKind::Roll => "the last rolling kill → called again",
             FaultKind::DbRestart => "the last fault (restart): answering → called again",
             FaultKind::DbOutage => "the last fault (outage): answering → called again",
+            FaultKind::Skew => "the last skewed worker's start → called again",
         };
         report.figure(
             &format!("recovery after {what} (s)"),

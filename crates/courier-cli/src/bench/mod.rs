@@ -68,7 +68,7 @@ pub struct ChaosKnobs {
     pub skip_apalis_poison: bool,
     /// Seed of the victim choice (`None`: random, printed in the report).
     pub seed: Option<u64>,
-    /// The phases to run, of `kill`, `rolling`, `restart`, `outage`, `poison`, `apalis`
+    /// The phases to run, of `kill`, `rolling`, `restart`, `outage`, `poison`, `apalis`, `skew`
     /// (`None`: all).
     pub phases: Option<Vec<String>>,
 }

@@ -158,10 +158,12 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         if let Some(phases) = &knobs.phases {
             for p in phases {
                 anyhow::ensure!(
-                    ["kill", "rolling", "restart", "outage", "poison", "apalis"]
-                        .contains(&p.as_str()),
+                    [
+                        "kill", "rolling", "restart", "outage", "poison", "apalis", "skew"
+                    ]
+                    .contains(&p.as_str()),
                     "unknown chaos phase {p:?}; phases are kill, rolling, restart, outage, \
-                     poison, apalis"
+                     poison, apalis, skew"
                 );
             }
             let on = |p: &str| phases.iter().any(|x| x == p);
@@ -177,6 +179,9 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
             }
             options.poison = on("poison");
             options.poison_apalis &= on("apalis");
+            if !on("skew") {
+                options.skews.clear();
+            }
         }
         return chaos::bench(options).await;
     }

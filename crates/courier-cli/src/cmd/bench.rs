@@ -33,7 +33,7 @@ pub struct BenchArgs {
     /// chaos: seed of the victim choice (random unless given).
     #[arg(long)]
     seed: Option<u64>,
-    /// chaos: the phases to run, of kill, rolling, restart, outage, poison, apalis
+    /// chaos: the phases to run, of kill, rolling, restart, outage, poison, apalis, skew
     /// (default: all).
     #[arg(long, value_delimiter = ',')]
     phases: Option<Vec<String>>,
