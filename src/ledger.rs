@@ -283,17 +283,21 @@ pub async fn retry(
     actor: &str,
 ) -> Result<u64, sqlx::Error> {
     // One statement: the deliveries made pending and their ledger rows. A delivery whose
-    // key has a newer one pending (it would be superseded) or delivered (it would
-    // overwrite newer data) stays as it is.
+    // key has a newer delivery, in any state, stays as it is: the newer record wins (sent
+    // or pending, the older one would overwrite it; refused, it is the one to retry). So
+    // does one superseded while it was pending, and one older than the key's last
+    // delivered record (the newer delivery may be gone with retention). Only the newest
+    // delivery of a key can be retried, so a retry never needs to supersede another.
     let n = sqlx::query_scalar!(
         r#"WITH again AS (
                UPDATE deliveries d SET status = 'pending', attempts = 0, next_attempt_at = now(),
                       finished_at = NULL, updated_at = now()
                WHERE d.rule_id = $1 AND d.status = ANY($2::text[])
                  AND ($3::timestamptz IS NULL OR d.finished_at >= $3)
+                 AND NOT d.superseded
                  AND NOT EXISTS (SELECT 1 FROM deliveries n
-                                 WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
-                                   AND n.status = 'pending')
+                                 WHERE n.record_key = d.record_key AND n.rule_id = d.rule_id
+                                   AND n.id > d.id)
                  AND NOT EXISTS (SELECT 1 FROM delivered_records x
                                  WHERE x.rule_id = d.rule_id AND x.record_key = d.record_key
                                    AND x.delivery_id > d.id)
