@@ -167,6 +167,13 @@ impl<'a> Columns<'a> {
 /// The deliveries' new state. A delivery held for its `depends_on` whose dependency was
 /// delivered meanwhile (its batch was triaged before) is due now: the statement that
 /// recorded the dependency found it claimed, due already, and left it alone.
+///
+/// Each row is found by its primary key. The guard reads `IS NOT DISTINCT FROM 'pending'`
+/// (the same as `= 'pending'`: `status` is never NULL) so that no partial index on pending
+/// deliveries matches it: on a fresh table the planner takes 0.5% of the rows for pending
+/// (its default without statistics), and hashed every pending delivery of every rule for
+/// each batch (300,000 rows read to update 1,000, 177 ms instead of 13) rather than probe
+/// the key.
 async fn update_deliveries(
     tx: &mut PgConnection,
     c: &Columns<'_>,
@@ -188,7 +195,7 @@ async fn update_deliveries(
          FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::text[],
                      $7::timestamptz[], $9::text[])
               AS u(id, status, attempt, next_at, error, at, outcome)
-         WHERE d.id = u.id AND d.status = 'pending'",
+         WHERE d.id = u.id AND d.status IS NOT DISTINCT FROM 'pending'",
         &c.ids,
         &c.statuses as &[&str],
         &c.attempts,
@@ -235,11 +242,12 @@ async fn append_ledger(
 /// One statement: the delivered keys, then the deliveries held for one of them
 /// (`depends_on`, on any rule of the connection), made due now rather than at their
 /// next look, which comes after half the time they have waited; the dispatchers
-/// hear of it with the commit (trigger `deliveries_due_sooner`). The keys and the
-/// connection's rules are arrays, each evaluated once, so the held deliveries are
-/// found through `deliveries_waiting_on` alone: a join to `rules` let the planner
-/// walk `deliveries_due` instead, every pending delivery of the connection due later
-/// (checked with EXPLAIN on a fresh and on an analysed table, generic plan).
+/// hear of it with the commit (trigger `deliveries_due_sooner`). The held deliveries are
+/// found by one probe of `deliveries_waiting_on` per delivered key: the probe is a
+/// LATERAL subquery with OFFSET 0, which takes the rule and time filters outside it, so
+/// no other index can serve it. With those filters beside the key, a fresh table's
+/// planner walked `deliveries_due` instead, every pending delivery of the connection due
+/// later, for every batch (a join to `rules` had done the same before).
 async fn record_delivered(
     tx: &mut PgConnection,
     delivered: &[i64],
@@ -259,10 +267,15 @@ async fn record_delivered(
              WHERE delivered_records.delivery_id < EXCLUDED.delivery_id
              RETURNING record_key)
          UPDATE deliveries w SET next_attempt_at = $3, updated_at = $3
-         WHERE w.status = 'pending' AND w.depends_on IS NOT NULL
-           AND w.depends_on = ANY(ARRAY(SELECT record_key FROM recorded))
-           AND w.rule_id = ANY(ARRAY(SELECT id FROM rules WHERE connection_id = $2))
-           AND w.next_attempt_at > $3",
+         WHERE w.id = ANY(ARRAY(
+                   SELECT x.id FROM recorded k
+                   CROSS JOIN LATERAL (SELECT d.id, d.rule_id, d.next_attempt_at
+                                       FROM deliveries d
+                                       WHERE d.depends_on = k.record_key AND d.status = 'pending'
+                                       OFFSET 0) x
+                   WHERE x.rule_id = ANY(ARRAY(SELECT id FROM rules WHERE connection_id = $2))
+                     AND x.next_attempt_at > $3))
+           AND w.status = 'pending' AND w.next_attempt_at > $3",
         delivered,
         connection_id,
         now
@@ -283,17 +296,21 @@ pub async fn retry(
     actor: &str,
 ) -> Result<u64, sqlx::Error> {
     // One statement: the deliveries made pending and their ledger rows. A delivery whose
-    // key has a newer one pending (it would be superseded) or delivered (it would
-    // overwrite newer data) stays as it is.
+    // key has a newer delivery, in any state, stays as it is: the newer record wins (sent
+    // or pending, the older one would overwrite it; refused, it is the one to retry). So
+    // does one superseded while it was pending, and one older than the key's last
+    // delivered record (the newer delivery may be gone with retention). Only the newest
+    // delivery of a key can be retried, so a retry never needs to supersede another.
     let n = sqlx::query_scalar!(
         r#"WITH again AS (
                UPDATE deliveries d SET status = 'pending', attempts = 0, next_attempt_at = now(),
                       finished_at = NULL, updated_at = now()
                WHERE d.rule_id = $1 AND d.status = ANY($2::text[])
                  AND ($3::timestamptz IS NULL OR d.finished_at >= $3)
+                 AND NOT d.superseded
                  AND NOT EXISTS (SELECT 1 FROM deliveries n
-                                 WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
-                                   AND n.status = 'pending')
+                                 WHERE n.record_key = d.record_key AND n.rule_id = d.rule_id
+                                   AND n.id > d.id)
                  AND NOT EXISTS (SELECT 1 FROM delivered_records x
                                  WHERE x.rule_id = d.rule_id AND x.record_key = d.record_key
                                    AND x.delivery_id > d.id)

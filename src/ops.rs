@@ -9,8 +9,8 @@
 //!   boundary, its backlog left pending. Resuming wakes the dispatchers at once.
 //! - A **retry** makes a rule's exhausted (or rejected) deliveries pending again, with
 //!   their attempts reset so the rule's retry policy applies afresh, and records a ledger
-//!   row `retried` naming who asked. A delivery whose key has a newer delivery pending or
-//!   already delivered is left alone: sending it would overwrite newer data.
+//!   row `retried` naming who asked. Only the newest delivery of a key is retried: one
+//!   whose key has a newer delivery, in any state, is left alone (the newer record wins).
 //! - **Unblocking** deletes a budget's rate-limit block; a trigger tells every process's
 //!   in-memory copy, and runs waiting the block out are woken.
 //! - **History** lists one record key's deliveries and ledger rows, oldest first.

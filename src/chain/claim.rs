@@ -1,11 +1,16 @@
 //! The claim stage: the next batch of a run's due deliveries, with what the database
 //! already knows about each (superseded, unchanged since last delivered, dependency still
-//! pending).
+//! pending). The claim reads one range of `deliveries_pending` and, per claimed row, one
+//! probe of `delivered_records` (two with a `depends_on`): supersession was decided when
+//! the newer delivery was enqueued (trigger `deliveries_supersede`), so no plan, however
+//! wrong the planner's statistics, reads other deliveries per claimed row.
 //!
 //! No row lock is taken: the rule's lease (owner + expiry on `rules`) is what keeps two
 //! jobs of one rule from claiming the same deliveries, and every later write to a delivery
 //! is guarded by `status = 'pending'`. A lock here would end with the statement anyway,
 //! since no transaction is held across the calls that follow.
+
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
@@ -25,7 +30,7 @@ pub struct Claimed {
     pub hold_until: Option<DateTime<Utc>>,
     /// When it was enqueued (clamped likewise).
     pub created_at: DateTime<Utc>,
-    /// A newer pending delivery has the same rule and key.
+    /// A newer delivery of the same rule and key was enqueued while it was pending.
     pub superseded: bool,
     /// Its payload equals the last one delivered for the key.
     pub unchanged: bool,
@@ -58,20 +63,18 @@ pub async fn claim(
         r#"SELECT d.id, d.record_key, d.payload, d.attempts, d.depends_on,
                   courier_ts(d.hold_until) AS hold_until,
                   courier_ts(d.created_at) AS "created_at!",
-                  -- The newest pending delivery of the key, read backwards off
-                  -- deliveries_pending_key: this shape keeps that plan even when the
-                  -- statistics still think the table small (an EXISTS with id > d.id
-                  -- did not: 327 ms instead of 1.4 ms for 500 of 5,000 fresh rows).
-                  COALESCE((SELECT n.id FROM deliveries n
-                            WHERE n.rule_id = d.rule_id AND n.record_key = d.record_key
-                              AND n.status = 'pending'
-                            ORDER BY n.id DESC LIMIT 1) > d.id, false) AS "superseded!",
-                  COALESCE(dr.payload = d.payload, false) AS "unchanged!",
+                  -- Decided when the newer delivery was enqueued (trigger
+                  -- deliveries_supersede): nothing here reads another delivery.
+                  d.superseded AS "superseded!",
+                  -- One probe of delivered_records' key per claimed row, as a scalar
+                  -- subquery so that no plan can read the whole table instead.
+                  COALESCE((SELECT dr.payload = d.payload FROM delivered_records dr
+                            WHERE dr.rule_id = d.rule_id AND dr.record_key = d.record_key),
+                           false) AS "unchanged!",
                   (d.depends_on IS NOT NULL AND NOT EXISTS (
                       SELECT 1 FROM delivered_records x
                       WHERE x.connection_id = $2 AND x.record_key = d.depends_on)) AS "dependency_pending!"
            FROM deliveries d
-           LEFT JOIN delivered_records dr ON dr.rule_id = d.rule_id AND dr.record_key = d.record_key
            WHERE d.rule_id = $1 AND d.status = 'pending' AND d.id > $3 AND d.next_attempt_at <= $4
              -- A pause stops a job between its batches, not only at its start.
              AND NOT EXISTS (SELECT 1 FROM rules r JOIN connections c ON c.id = r.connection_id
@@ -86,7 +89,7 @@ pub async fn claim(
     )
     .fetch_all(db)
     .await?;
-    Ok(rows
+    let mut batch: Vec<Claimed> = rows
         .into_iter()
         .map(|r| Claimed {
             id: r.id,
@@ -100,5 +103,61 @@ pub async fn claim(
             depends_on: r.depends_on,
             dependency_pending: r.dependency_pending,
         })
-        .collect())
+        .collect();
+    supersede_within(&mut batch);
+    Ok(batch)
+}
+
+/// Marks superseded each delivery of `batch` (in id order) whose key comes again later in
+/// it. The trigger decides supersession from what its insert can see: two transactions
+/// enqueuing the same key at once each miss the other's row, and both commit unmarked.
+/// Caught here when they are claimed together (the usual case: a backlog is claimed a
+/// batch at a time), so the older is not sent alongside the newer.
+fn supersede_within(batch: &mut [Claimed]) {
+    let mut seen = HashSet::new();
+    let again: Vec<bool> = batch
+        .iter()
+        .rev()
+        .map(|d| !seen.insert(d.record_key.as_str()))
+        .collect();
+    for (d, again) in batch.iter_mut().rev().zip(again) {
+        d.superseded |= again;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claimed(id: i64, key: &str, superseded: bool) -> Claimed {
+        Claimed {
+            id,
+            record_key: key.into(),
+            payload: serde_json::json!({}),
+            attempts: 0,
+            hold_until: None,
+            created_at: Utc::now(),
+            superseded,
+            unchanged: false,
+            depends_on: None,
+            dependency_pending: false,
+        }
+    }
+
+    #[test]
+    fn a_key_again_later_in_the_batch_supersedes_the_earlier() {
+        let mut batch = vec![
+            claimed(1, "a", false),
+            claimed(2, "b", false),
+            claimed(3, "a", false),
+            claimed(4, "c", true),
+            claimed(5, "a", false),
+        ];
+        supersede_within(&mut batch);
+        let got: Vec<_> = batch.iter().map(|d| (d.id, d.superseded)).collect();
+        assert_eq!(
+            got,
+            vec![(1, true), (2, false), (3, true), (4, true), (5, false)]
+        );
+    }
 }

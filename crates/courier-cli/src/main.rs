@@ -49,7 +49,7 @@ enum Command {
     #[command(subcommand)]
     Rule(RuleCmd),
     /// Make a rule's exhausted (or rejected) deliveries pending again, with their attempts
-    /// reset; a delivery whose key has a newer one pending or delivered is left alone.
+    /// reset; a delivery whose key has a newer one (in any state) is left alone.
     Retry(RetryArgs),
     /// Show one record key's deliveries and ledger rows, oldest first.
     History(HistoryArgs),
