@@ -1,7 +1,8 @@
 //! `courier bench limits`: how delivery meets real limiters. A matrix of the target's
 //! limiter kind (fixed, sliding, gcra, token bucket) × declared ÷ real rate (1, 2, 5, 10,
 //! and a limit that halves in the middle of the burst, as when another client starts on
-//! the workspace) × worker processes (1 and 3). Each cell runs on a fresh database of its
+//! the workspace) × worker processes (1 and 3); `--rules N` spreads each cell's records
+//! over N rules on the connection, so that every process calls at once. Each cell runs on a fresh database of its
 //! own and reports achieved ÷ real, the 429 share, the time to converge to ≥ 90% of the
 //! real limit and drain ÷ ideal; each cell's plot draws the pace against the real limit,
 //! and its JSON keeps the timeline the figures came from.
@@ -188,6 +189,13 @@ pub(super) async fn run(
     report.figure("records per cell", records as u64);
     report.figure("real limit (requests/s)", u64::from(REAL_PER_SECOND));
     let knobs = &config.limits;
+    let rules = knobs.rules.unwrap_or(1).max(1);
+    let rules_label = if rules > 1 {
+        format!("-{rules}r")
+    } else {
+        String::new()
+    };
+    report.figure("rules on the connection", rules as u64);
     for (_, window) in Window::ALL {
         if knobs
             .limiters
@@ -205,11 +213,11 @@ pub(super) async fn run(
                 continue;
             }
             for &n in &processes {
-                let label = format!("{window} {} {n}p", ratio.label());
+                let label = format!("{window} {} {n}p{rules_label}", ratio.label());
                 let (figures, timeline, steps, declared) =
-                    cell(&cell_config, window, ratio, n, records).await?;
+                    cell(&cell_config, window, ratio, n, rules, records).await?;
                 let mut cell_report = Report::new(
-                    &format!("limits-{window}-{}-{n}p", ratio.file_label()),
+                    &format!("limits-{window}-{}-{n}p{rules_label}", ratio.file_label()),
                     report.machine.clone(),
                 );
                 let seconds =
@@ -249,6 +257,7 @@ async fn cell(
     window: Window,
     ratio: Ratio,
     processes: usize,
+    rules: usize,
     records: usize,
 ) -> anyhow::Result<(CellFigures, Vec<Sample>, Vec<(f64, f64)>, f64)> {
     let (pool, url) = fresh_database(config).await?;
@@ -272,12 +281,26 @@ async fn cell(
     })
     .await?;
     super::scenarios::customers_on_workspace(&pool, &target, (declared * 60.0) as i32, 16).await?;
-    enqueue::enqueue_many(
-        &pool,
-        "customers",
-        super::scenarios::users("customer", records),
-    )
-    .await?;
+    // The records in turn over the rules: `customers`, `customers-2`, ….
+    let names: Vec<String> = (1..=rules)
+        .map(|i| match i {
+            1 => "customers".to_owned(),
+            i => format!("customers-{i}"),
+        })
+        .collect();
+    for name in &names[1..] {
+        super::scenarios::rule(&pool, name, "workspace", "user_upsert", 100).await?;
+    }
+    let mut shares = vec![Vec::new(); rules];
+    for (i, user) in super::scenarios::users("customer", records)
+        .into_iter()
+        .enumerate()
+    {
+        shares[i % rules].push(user);
+    }
+    for (name, share) in names.iter().zip(shares) {
+        enqueue::enqueue_many(&pool, name, share).await?;
+    }
     // The target's schedule counts from its start: start the clock with it.
     let started = Instant::now();
     let workers = if processes == 1 {

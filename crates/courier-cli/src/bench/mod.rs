@@ -55,6 +55,9 @@ pub struct LimitsKnobs {
     pub limiters: Option<Vec<courier_target::Window>>,
     /// Ratios by their file label, `x1` … `x10`, `drop` (`None`: all).
     pub ratios: Option<Vec<String>>,
+    /// Rules on the connection, the records spread over them (`None`: one). With several,
+    /// every process calls at once.
+    pub rules: Option<usize>,
 }
 
 /// The knobs of `courier bench chaos` beyond records and workers.

@@ -702,7 +702,100 @@ async fn scale(
         "dispatcher pass after the drain (ms)",
         t.elapsed().as_secs_f64() * 1e3,
     );
+    initial_sync(report, config).await
+}
+
+/// The initial sync's sizes: records loaded by one `INSERT ... SELECT`.
+const SYNC_SIZES: [usize; 3] = [20_000, 100_000, 1_000_000];
+
+/// A new user's first job, at each of [`SYNC_SIZES`]: a fresh database, one rule into a
+/// batch sink without limit (100 records per call, batches of 1,000, 16 calls in flight),
+/// the records loaded by one plain-SQL insert, then one `courier worker`; once with no
+/// statistics (as before autovacuum's first analyze), once after `ANALYZE`. The claim's
+/// cost must not hang on what the planner believes: fresh ÷ analyzed near 1.
+async fn initial_sync(report: &mut Report, config: &BenchConfig) -> anyhow::Result<()> {
+    let cell = BenchConfig {
+        database: format!("{}_sync", config.database),
+        ..config.clone()
+    };
+    for n in SYNC_SIZES {
+        let fresh = sync_cell(&cell, n, false).await?;
+        let analyzed = sync_cell(&cell, n, true).await?;
+        let label = format!("initial sync {n}");
+        report.figure(&format!("{label}: fresh records/s"), fresh.per_second);
+        report.figure(&format!("{label}: analyzed records/s"), analyzed.per_second);
+        report.figure(
+            &format!("{label}: fresh ÷ analyzed"),
+            fresh.per_second / analyzed.per_second,
+        );
+        report.figure(&format!("{label}: worker peak RSS (MiB)"), fresh.rss_mib);
+        report.figure(
+            &format!("{label}: database bytes per record"),
+            fresh.bytes_per_record,
+        );
+        println!(
+            "initial sync {n}: fresh {:.0}/s, analyzed {:.0}/s, worker {:.0} MiB, {:.0} B/record",
+            fresh.per_second, analyzed.per_second, fresh.rss_mib, fresh.bytes_per_record
+        );
+    }
     Ok(())
+}
+
+/// What one initial sync measured.
+struct SyncCell {
+    per_second: f64,
+    rss_mib: f64,
+    bytes_per_record: f64,
+}
+
+async fn sync_cell(config: &BenchConfig, n: usize, analyze: bool) -> anyhow::Result<SyncCell> {
+    let (pool, url) = fresh_database(config).await?;
+    let target = Target::start_with(TargetConfig {
+        rate: 1_000_000,
+        ..TargetConfig::default()
+    })
+    .await?;
+    connection(&pool, "sink", "http_json", target.url(), 60_000_000, 16).await?;
+    catalog::upsert_rule(
+        &pool,
+        &NewRule {
+            name: "sync".into(),
+            connection: "sink".into(),
+            path: "batch/per-item/".into(),
+            batch_size: Some(1_000),
+            records_per_call: Some(100),
+            ..Default::default()
+        },
+    )
+    .await?;
+    // About 80 bytes of payload, as a shop's customer summary.
+    sqlx::query(
+        "INSERT INTO deliveries (rule_id, record_key, payload)
+         SELECT r.id, 'customer:' || g,
+                jsonb_build_object('n', g, 'email', 'c' || g || '@example.com', 'name', 'customer ' || g)
+         FROM rules r, generate_series(1, $1) g",
+    )
+    .bind(n as i32)
+    .execute(&pool)
+    .await?;
+    if analyze {
+        sqlx::query("ANALYZE deliveries").execute(&pool).await?;
+    }
+    let started = Instant::now();
+    let child = Child::spawn(&url, &config.settings)?;
+    watch(&pool, &target, started, DRAIN_LIMIT).await?;
+    let drain = started.elapsed().as_secs_f64();
+    let rss_mib = child.peak_rss_mib();
+    child.stop()?;
+    let bytes: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
+        .fetch_one(&pool)
+        .await?;
+    pool.close().await;
+    Ok(SyncCell {
+        per_second: n as f64 / drain,
+        rss_mib,
+        bytes_per_record: bytes as f64 / n as f64,
+    })
 }
 
 /// Worker starts measured by `cold-start`.

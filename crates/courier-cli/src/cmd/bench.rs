@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// limits: the ratios to run, of x1, x2, x5, x10, drop (default: all).
     #[arg(long, value_delimiter = ',')]
     ratios: Option<Vec<String>>,
+    /// limits: rules on the one connection, the records spread over them in turn (1); with
+    /// several, every worker process calls at once.
+    #[arg(long)]
+    rules: Option<usize>,
     /// Where results go.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -66,6 +70,7 @@ pub async fn run(ctx: Ctx, args: BenchArgs) -> anyhow::Result<()> {
         phases,
         limiters,
         ratios,
+        rules,
         out,
         database,
     } = args;
@@ -93,7 +98,11 @@ pub async fn run(ctx: Ctx, args: BenchArgs) -> anyhow::Result<()> {
                 seed,
                 phases,
             },
-            limits: bench::LimitsKnobs { limiters, ratios },
+            limits: bench::LimitsKnobs {
+                limiters,
+                ratios,
+                rules,
+            },
         },
     )
     .await?;
