@@ -343,3 +343,27 @@ async fn a_young_process_takes_only_the_killed_for_dead_and_one_cut_off_nobody()
     assert_eq!(requeued, vec![jobs[1].clone(), jobs[2].clone()]);
     lapsed_session.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_pruner_forgets_processes_dead_for_an_hour_and_keeps_the_living() {
+    let db = TestDb::new().await;
+    let engine = engine(&db.pool, settings(&db.url));
+    sqlx::query(
+        "INSERT INTO workers (name, started_at, heartbeat_at)
+         VALUES ('courier-gone', now() - interval '3 hours', now() - interval '2 hours'),
+                ('courier-recent', now() - interval '3 hours', now() - interval '5 minutes')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    courier::maintenance::pruner::Pruner::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    let mut names: Vec<String> = sqlx::query_scalar("SELECT name FROM workers ORDER BY name")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    names.retain(|n| n != &engine.worker_name);
+    assert_eq!(names, ["courier-recent"]);
+}

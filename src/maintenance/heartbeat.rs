@@ -49,6 +49,18 @@ impl<'a> Heartbeat<'a> {
         Ok(())
     }
 
+    /// Removes the rows of processes whose last beat is older than `before` (the pruner's
+    /// pass: by then the rescuer has long taken their work over). Returns how many.
+    pub async fn forget_dead(
+        pool: &sqlx::PgPool,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<u64, sqlx::Error> {
+        let gone = sqlx::query!("DELETE FROM workers WHERE heartbeat_at < $1", before)
+            .execute(pool)
+            .await?;
+        Ok(gone.rows_affected())
+    }
+
     /// Beats every `heartbeat_every` until `shutdown`, then removes this process's row.
     pub async fn run(self, shutdown: CancellationToken) {
         let period = self.engine.settings.heartbeat_every();

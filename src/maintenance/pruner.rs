@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::heartbeat::Heartbeat;
 use crate::{engine::Engine, ratelimit::pacer};
 
-/// How long call counts are kept.
+/// How long call counts, and the rows of dead processes, are kept.
 pub const KEEP_CALLS: Duration = Duration::from_secs(3600);
 /// How often the pruner runs.
 pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
-/// Deletes old call counts.
+/// Deletes old call counts and the rows of long-dead processes.
 pub struct Pruner<'a> {
     /// Shared process state.
     engine: &'a Engine,
@@ -29,7 +30,9 @@ impl<'a> Pruner<'a> {
     pub async fn run_once(&self) -> Result<u64, sqlx::Error> {
         let before =
             self.engine.clock.now() - chrono::Duration::from_std(KEEP_CALLS).expect("fits");
-        pacer::prune_calls(&self.engine.pool, before).await
+        let calls = pacer::prune_calls(&self.engine.pool, before).await?;
+        let workers = Heartbeat::forget_dead(&self.engine.pool, before).await?;
+        Ok(calls + workers)
     }
 
     /// Runs passes every [`PRUNE_EVERY`] until `shutdown`.

@@ -1,5 +1,5 @@
-//! The `courier` command line: parses arguments, starts telemetry, loads and validates the
-//! settings, and dispatches to the subcommand's module in [`cmd`], which hands over to the
+//! The `courier` command line: parses arguments, loads and validates the settings, starts
+//! telemetry, and dispatches to the subcommand's module in [`cmd`], which hands over to the
 //! engine library (`courier`), the local target (`courier_target`) or this crate's demo
 //! and benchmarks.
 
@@ -67,6 +67,8 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // The arguments first: `--help` and a usage error need no valid settings.
+    let cli = Cli::parse();
     let settings = match Settings::from_env() {
         Ok(s) => s,
         Err(e) => {
@@ -103,7 +105,7 @@ async fn main() -> std::process::ExitCode {
     for warning in config::unknown_variables(names) {
         tracing::warn!("{warning}");
     }
-    match run(Cli::parse(), settings).await {
+    match run(cli, settings).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("courier: {}", describe(&e));

@@ -73,6 +73,17 @@ fn bad_config_is_refused_naming_the_setting() {
 }
 
 #[test]
+fn help_needs_no_valid_settings() {
+    let out = courier()
+        .arg("--help")
+        .env("COURIER_WORKER_CONCURRENCY", "abc")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
+}
+
+#[test]
 fn the_worker_refuses_a_wait_bound_beyond_the_staleness_window() {
     let out = courier()
         .arg("worker")
