@@ -1,5 +1,7 @@
-//! The classify stage (pure): what one answered call means for its delivery, for the
-//! circuit breaker, and for the connection's budget.
+//! The judgement of one answer (pure): what a call's answer means for each record it
+//! carried ([`judge`]), for the circuit breaker (whether the target answered at all) and
+//! for the budget ([`budget_answer`], the one signal [`ratelimit`](crate::ratelimit)
+//! hears).
 
 use std::time::Duration;
 
@@ -8,32 +10,109 @@ use chrono::{DateTime, Utc};
 use super::claim::Claimed;
 use crate::{
     ledger::{Entry, Outcome},
+    ratelimit::{
+        answer::{Answer, Answered},
+        headers::ResetKind,
+    },
     retry::{Retry, RetryPolicy},
-    writer::{Receipt, WriteError},
+    writer::{Receipt, WriteError, Written},
 };
 
-/// One call's answer as the rest of the job needs it.
+/// What one answer means for the records it carried and for the breaker.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Classified {
-    /// An outcome to record. `reachable` is what the breaker hears (`None`: the writer
-    /// refused the payload before sending, which says nothing about the target).
-    Outcome {
-        /// The ledger entry.
-        entry: Entry,
-        /// Whether the call proved the target reachable.
-        reachable: Option<bool>,
-    },
-    /// HTTP 429: nothing is recorded against the delivery; the budget gets blocked. A 429
-    /// proves the target reachable.
-    RateLimited {
-        /// The wait the response asked for.
-        wait: Option<Duration>,
-        /// The raw header value that named it.
-        raw: Option<String>,
-    },
+pub struct Judgement {
+    /// One ledger entry per record the answer decides, in the call's order.
+    pub entries: Vec<Entry>,
+    /// Records it leaves undecided: they stay pending, untouched.
+    pub undecided: Vec<i64>,
+    /// What the breaker hears of the call: whether the target answered (`None`: the call
+    /// was never sent, which says nothing about the target).
+    pub reachable: Option<bool>,
 }
 
-/// Classifies the answer to the call for `d`, which took `elapsed` and ended at `at`.
+/// Whether a call's answer shows the target answering: any answer does, even a 4xx; a
+/// 5xx, a timeout or a refused connection does not; a call the writer refused before
+/// sending says nothing.
+pub fn reachable(result: &Result<Written, WriteError>) -> Option<bool> {
+    match result {
+        Ok(_) => Some(true),
+        Err(WriteError::Permanent { status: None, .. }) => None,
+        Err(e) => Some(e.proves_reachable()),
+    }
+}
+
+/// The budget's view of a call's answer, which left at `sent`.
+pub fn budget_answer(
+    result: &Result<Written, WriteError>,
+    reset_kind: ResetKind,
+    sent: DateTime<Utc>,
+) -> Answer<'_> {
+    static NONE: std::sync::LazyLock<reqwest::header::HeaderMap> =
+        std::sync::LazyLock::new(reqwest::header::HeaderMap::new);
+    let headers = match result {
+        Ok(written) => &written.receipt.rate_headers,
+        Err(WriteError::RateLimited { rate_headers, .. }) => &**rate_headers,
+        Err(_) => &NONE,
+    };
+    Answer {
+        answered: answered(result),
+        headers,
+        reset_kind,
+        sent,
+    }
+}
+
+/// How the target answered, as the budget hears it.
+pub fn answered(result: &Result<Written, WriteError>) -> Answered {
+    match result {
+        Err(WriteError::RateLimited { wait, raw, .. }) => Answered::Refused {
+            wait: *wait,
+            raw: raw.clone(),
+        },
+        other => match reachable(other) {
+            Some(_) => Answered::Sent,
+            None => Answered::NotSent,
+        },
+    }
+}
+
+/// Judges the answer `result` to a call that carried `records` (in the call's order),
+/// took `elapsed` and ended at `at`; `jitter` draws each backoff's random part (0..=1).
+/// A 429 is not judged here: its records stay pending and the budget hears it.
+pub fn judge<'c>(
+    records: impl Iterator<Item = &'c Claimed>,
+    result: &Result<Written, WriteError>,
+    elapsed: Duration,
+    retry: &RetryPolicy,
+    at: DateTime<Utc>,
+    mut jitter: impl FnMut() -> f64,
+) -> Judgement {
+    let mut judgement = Judgement {
+        entries: Vec::new(),
+        undecided: Vec::new(),
+        reachable: reachable(result),
+    };
+    for (j, d) in records.enumerate() {
+        let item = match result {
+            Ok(w) => match w.items.get(j) {
+                Some(Some(e)) => Err(e.clone()),
+                _ => Ok(Receipt {
+                    http_status: w.receipt.http_status,
+                    ..Receipt::default()
+                }),
+            },
+            Err(e) => Err(e.clone()),
+        };
+        match classify(d, item, elapsed, retry, at, jitter()) {
+            Some(entry) => judgement.entries.push(entry),
+            // A 429 for one item (a whole call's only): left pending, untouched.
+            None => judgement.undecided.push(d.id),
+        }
+    }
+    judgement
+}
+
+/// The outcome of one record from its share of the answer (`None`: a 429, no outcome).
 /// `jitter` in 0..=1 is the backoff's random draw.
 pub fn classify(
     d: &Claimed,
@@ -42,7 +121,7 @@ pub fn classify(
     retry: &RetryPolicy,
     at: DateTime<Utc>,
     jitter: f64,
-) -> Classified {
+) -> Option<Entry> {
     let attempt = d.attempts.saturating_add(1);
     let entry = |outcome, http_status: Option<u16>, error, next_attempt_at| Entry {
         delivery_id: d.id,
@@ -55,16 +134,9 @@ pub fn classify(
         at,
     };
     match result {
-        Ok(receipt) => Classified::Outcome {
-            entry: entry(Outcome::Delivered, receipt.http_status, None, None),
-            reachable: Some(true),
-        },
-        Err(WriteError::RateLimited { wait, raw, .. }) => Classified::RateLimited { wait, raw },
+        Ok(receipt) => Some(entry(Outcome::Delivered, receipt.http_status, None, None)),
+        Err(WriteError::RateLimited { .. }) => None,
         Err(e) => {
-            let reachable = match &e {
-                WriteError::Permanent { status: None, .. } => None,
-                other => Some(other.proves_reachable()),
-            };
             let (outcome, next) = match &e {
                 WriteError::Permanent { .. } => (Outcome::Rejected, None),
                 _ => match retry.after_failure(attempt, jitter) {
@@ -72,10 +144,7 @@ pub fn classify(
                     Retry::After(delay) => (Outcome::Failed, Some(at + delay)),
                 },
             };
-            Classified::Outcome {
-                entry: entry(outcome, e.http_status(), Some(e.to_string()), next),
-                reachable,
-            }
+            Some(entry(outcome, e.http_status(), Some(e.to_string()), next))
         }
     }
 }
@@ -105,16 +174,9 @@ mod tests {
         }
     }
 
-    fn outcome(c: Classified) -> (Outcome, i32, Option<bool>, Option<DateTime<Utc>>) {
-        match c {
-            Classified::Outcome { entry, reachable } => (
-                entry.outcome,
-                entry.attempt,
-                reachable,
-                entry.next_attempt_at,
-            ),
-            other => panic!("not an outcome: {other:?}"),
-        }
+    fn outcome(c: Option<Entry>) -> (Outcome, i32, Option<DateTime<Utc>>) {
+        let entry = c.expect("an outcome");
+        (entry.outcome, entry.attempt, entry.next_attempt_at)
     }
 
     #[test]
@@ -133,22 +195,14 @@ mod tests {
         };
         let c = |d: Claimed, r| classify(&d, r, ms, &RETRY, at, 1.0);
 
-        assert_eq!(
-            outcome(c(delivery(0), ok)),
-            (Outcome::Delivered, 1, Some(true), None)
-        );
+        assert_eq!(outcome(c(delivery(0), ok)), (Outcome::Delivered, 1, None));
         assert_eq!(
             outcome(c(delivery(0), transient())),
-            (
-                Outcome::Failed,
-                1,
-                Some(false),
-                Some(at + chrono::Duration::seconds(1))
-            )
+            (Outcome::Failed, 1, Some(at + chrono::Duration::seconds(1)))
         );
         assert_eq!(
             outcome(c(delivery(2), transient())),
-            (Outcome::Exhausted, 3, Some(false), None)
+            (Outcome::Exhausted, 3, None)
         );
         let rejected = Err(WriteError::Permanent {
             status: Some(422),
@@ -156,7 +210,7 @@ mod tests {
         });
         assert_eq!(
             outcome(c(delivery(0), rejected)),
-            (Outcome::Rejected, 1, Some(true), None)
+            (Outcome::Rejected, 1, None)
         );
         let refused = Err(WriteError::Permanent {
             status: None,
@@ -164,19 +218,69 @@ mod tests {
         });
         assert_eq!(
             outcome(c(delivery(0), refused)),
-            (Outcome::Rejected, 1, None, None)
+            (Outcome::Rejected, 1, None)
         );
         let limited = Err(WriteError::RateLimited {
             wait: Some(Duration::from_secs(3)),
             raw: Some("3".into()),
             rate_headers: Default::default(),
         });
+        assert_eq!(c(delivery(0), limited), None);
+    }
+
+    #[test]
+    fn the_breaker_and_the_budget_hear_the_call_once() {
+        let written = |items| {
+            Ok(Written {
+                receipt: Receipt {
+                    http_status: Some(207),
+                    ..Receipt::default()
+                },
+                items,
+            })
+        };
+        let refused = WriteError::Permanent {
+            status: Some(422),
+            message: "bad email".into(),
+        };
+        // A batch answer with one item refused: the target answered; one entry each.
+        let ds = [delivery(0), delivery(1)];
+        let result = written(vec![None, Some(refused)]);
+        let j = judge(
+            ds.iter(),
+            &result,
+            Duration::ZERO,
+            &RETRY,
+            Utc::now(),
+            || 0.5,
+        );
+        let outcomes: Vec<_> = j.entries.iter().map(|e| e.outcome).collect();
+        assert_eq!(outcomes, [Outcome::Delivered, Outcome::Rejected]);
+        assert_eq!(j.reachable, Some(true));
+        assert_eq!(answered(&result), Answered::Sent);
+        // Refused by the writer before sending: nothing heard by anyone.
+        let unsent: Result<Written, _> = Err(WriteError::Permanent {
+            status: None,
+            message: "no id".into(),
+        });
+        let j = judge(
+            ds.iter(),
+            &unsent,
+            Duration::ZERO,
+            &RETRY,
+            Utc::now(),
+            || 0.5,
+        );
+        assert_eq!((j.reachable, answered(&unsent)), (None, Answered::NotSent));
+        // A timeout: the breaker hears the target down; the budget counts the call.
+        let down: Result<Written, _> = Err(WriteError::Transient {
+            status: None,
+            message: "timeout".into(),
+        });
+        let j = judge(ds.iter(), &down, Duration::ZERO, &RETRY, Utc::now(), || 0.5);
         assert_eq!(
-            c(delivery(0), limited),
-            Classified::RateLimited {
-                wait: Some(Duration::from_secs(3)),
-                raw: Some("3".into())
-            }
+            (j.reachable, answered(&down)),
+            (Some(false), Answered::Sent)
         );
     }
 }

@@ -17,6 +17,7 @@ pub mod call;
 pub mod claim;
 pub mod classify;
 pub mod context;
+mod lease;
 pub mod settle;
 pub mod triage;
 
@@ -30,7 +31,6 @@ use std::sync::Arc;
 use self::{
     call::Stop,
     claim::{ClaimScope, Claimed},
-    classify::Classified,
     context::JobContext,
     settle::{Next, Tally, Unusable},
     triage::DependencyTimeout,
@@ -38,21 +38,11 @@ use self::{
 use crate::{
     breaker::Circuit,
     engine::Engine,
-    ledger::Entry,
     queue,
-    ratelimit::{blocks, headers as rate_headers, pacer},
+    ratelimit::answer::Verdict,
     runs::RunStatus,
-    writer::{self, Receipt, WriteError, Writer, Written},
+    writer::{self, Writer},
 };
-
-/// The rate-limit headers an answer carries, if it carries any.
-fn rate_headers_of(result: &Result<Written, WriteError>) -> Option<&reqwest::header::HeaderMap> {
-    match result {
-        Ok(written) => Some(&written.receipt.rate_headers),
-        Err(WriteError::RateLimited { rate_headers, .. }) => Some(&**rate_headers),
-        Err(_) => None,
-    }
-}
 
 /// How long a job waits before trying again when another job holds its rule's lease.
 const LEASE_BUSY_RETRY: Duration = Duration::seconds(1);
@@ -413,8 +403,9 @@ impl Job<'_> {
         }
     }
 
-    /// Takes in one call's answer: what its headers state about the budget, then a 429's
-    /// block, or each record's outcome and what the breaker hears of the call.
+    /// Takes in one call's answer: the budget hears it first (its verdict may stop the
+    /// batch, or block the budget for a 429, whose records stay pending, untouched); then
+    /// each record's outcome, and what the breaker hears of the call.
     async fn answered(
         &self,
         writer: &dyn Writer,
@@ -424,128 +415,59 @@ impl Job<'_> {
         tally: &mut Tally,
         stop: &Stop,
     ) {
+        let (engine, ctx) = (self.engine, self.ctx);
         let call::Answered { indices, answer } = answered;
         let ids = || indices.iter().map(|&i| claimed[i].id);
         let Some((result, elapsed)) = answer else {
             called.not_attempted.extend(ids());
             return;
         };
-        let at = self.engine.clock.now();
-        let statement = self.read_statement(writer, &result, at, tally, stop);
-        match result {
-            Err(WriteError::RateLimited { wait, raw, .. }) => {
-                // Not a failure of any record: nothing is recorded against them. A wait
-                // the response named (Retry-After) goes before its headers' reset.
-                let wait = wait.or(statement.reset);
-                tracing::debug!(records = indices.len(), ?wait, raw = ?raw, "target rate-limited the connection");
-                let key = &self.ctx.connection.budget_key;
-                self.engine.metrics.rate_limited(key);
-                let block = blocks::block_length(wait);
-                let sent = at - chrono::Duration::from_std(elapsed).unwrap_or_default();
-                if let Err(e) = self.engine.pacer.throttled(key, sent, block).await {
-                    tracing::warn!(error = %e, "could not record what the 429 taught the budget");
+        let at = engine.clock.now();
+        let sent = at - Duration::from_std(elapsed).unwrap_or_default();
+        let key = &ctx.connection.budget_key;
+        let heard = classify::budget_answer(&result, writer.reset_kind(), sent);
+        match engine.pacer.hear(key, heard, at).await {
+            Verdict::GoOn => {}
+            Verdict::Spent {
+                until,
+                said,
+                stop_batch,
+            } => {
+                tally.spent(until, said);
+                if stop_batch {
+                    stop.stop();
                 }
+            }
+            Verdict::Block { wait, raw } => {
+                tracing::debug!(records = indices.len(), ?wait, raw = ?raw, "target rate-limited the connection");
+                engine.metrics.rate_limited(key);
                 tally.rate_limited(at, wait, raw);
                 stop.stop();
                 called.not_attempted.extend(ids());
-            }
-            result => {
-                // The breaker and the budget hear the call once, whatever it carried
-                // (`None`: the writer refused it before sending, which says nothing of
-                // the target).
-                let reachable = match &result {
-                    Ok(_) => Some(true),
-                    Err(WriteError::Permanent { status: None, .. }) => None,
-                    Err(e) => Some(e.proves_reachable()),
-                };
-                let records = indices.iter().map(|&i| &*claimed[i]);
-                let entries = self.outcomes(records, &result, elapsed, at, called);
-                if let Some(r) = reachable {
-                    let engine = self.engine;
-                    engine.pacer.answered(&self.ctx.connection.budget_key, 1);
-                    if called.circuit.observe(r, &engine.settings.breaker, at) {
-                        stop.stop();
-                    }
-                }
-                tally.answered(entries, reachable);
+                return;
             }
         }
-    }
-
-    /// What an answer's rate-limit headers state (read before the answer is used): a quota
-    /// is the advertised rate; nothing remaining holds the budget until the reset, before
-    /// any 429 and without counting one (a short hold is sat out within the batch).
-    fn read_statement(
-        &self,
-        writer: &dyn Writer,
-        result: &Result<Written, WriteError>,
-        at: DateTime<Utc>,
-        tally: &mut Tally,
-        stop: &Stop,
-    ) -> rate_headers::Statement {
-        let statement = rate_headers_of(result)
-            .filter(|h| !h.is_empty())
-            .map(|h| rate_headers::read(h, writer.reset_kind(), at))
-            .unwrap_or_default();
-        let (pacer, key) = (&self.engine.pacer, &self.ctx.connection.budget_key);
-        let stated = statement.limits();
-        if !stated.is_empty() {
-            pacer.advertised(key, stated);
-        }
-        let limited = matches!(result, Err(WriteError::RateLimited { .. }));
-        if let Some(until) = statement.spent_until(at).filter(|_| !limited) {
-            let wait = (until - at).to_std().unwrap_or_default();
-            tracing::debug!(?wait, "the target's budget is spent until its reset");
-            pacer.hold(key, until);
-            tally.spent(
-                until,
-                format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
-            );
-            if wait > pacer::SPENT_WAIT {
-                stop.stop();
-            }
-        }
-        statement
-    }
-
-    /// The outcome of each record a call carried (`records`, in the call's order) from its
-    /// answer `result`.
-    fn outcomes<'c>(
-        &self,
-        records: impl Iterator<Item = &'c Claimed>,
-        result: &Result<Written, WriteError>,
-        elapsed: std::time::Duration,
-        at: DateTime<Utc>,
-        called: &mut Called,
-    ) -> Vec<Entry> {
-        let (engine, ctx) = (self.engine, self.ctx);
-        let mut entries = Vec::new();
-        for (j, d) in records.enumerate() {
-            let item = match result {
-                Ok(w) => match w.items.get(j) {
-                    Some(Some(e)) => Err(e.clone()),
-                    _ => Ok(Receipt {
-                        http_status: w.receipt.http_status,
-                        ..Receipt::default()
-                    }),
-                },
-                Err(e) => Err(e.clone()),
-            };
-            let classified = classify::classify(d, item, elapsed, &ctx.retry, at, rand::random());
-            let Classified::Outcome { entry, .. } = classified else {
-                // An item never reads as a 429 (only a whole call does): left pending,
-                // untouched, should one ever.
-                called.not_attempted.push(d.id);
-                continue;
-            };
-            let metrics = &engine.metrics;
+        let records = indices.iter().map(|&i| &*claimed[i]);
+        let judged = classify::judge(records, &result, elapsed, &ctx.retry, at, rand::random);
+        let metrics = &engine.metrics;
+        for entry in &judged.entries {
             metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
-            if entry.outcome == crate::ledger::Outcome::Delivered {
+            if entry.outcome == crate::ledger::Outcome::Delivered
+                && let Some(d) = indices
+                    .iter()
+                    .map(|&i| &claimed[i])
+                    .find(|d| d.id == entry.delivery_id)
+            {
                 metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
             }
-            entries.push(entry);
         }
-        entries
+        called.not_attempted.extend(judged.undecided);
+        if let Some(r) = judged.reachable
+            && called.circuit.observe(r, &engine.settings.breaker, at)
+        {
+            stop.stop();
+        }
+        tally.answered(judged.entries, judged.reachable);
     }
 
     /// Beats on the run and extends the lease; false when the run is over or carried by
@@ -589,91 +511,5 @@ impl Called {
             Next::Continue
         };
         (cursor, next)
-    }
-}
-
-/// The rule's lease: which job may execute for the rule now.
-mod lease {
-    use chrono::{DateTime, Duration, Utc};
-    use sqlx::PgExecutor;
-
-    use super::JobContext;
-
-    /// Takes the rule's lease for `owner` until `now + length`, unless another owner holds
-    /// an unexpired one; a job that gets it beats on its run at once, so a run resumed
-    /// after a wait is not taken for stalled before its first renewal, and a waiting run
-    /// reads `running` again (not `waiting` until a time past) while it calls.
-    pub async fn acquire(
-        db: impl PgExecutor<'_>,
-        ctx: &JobContext,
-        task_id: &str,
-        owner: &str,
-        now: DateTime<Utc>,
-        length: Duration,
-    ) -> Result<bool, sqlx::Error> {
-        let got = sqlx::query_scalar!(
-            "WITH l AS (
-                UPDATE rules SET lease_owner = $2, lease_until = $3
-                WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
-                RETURNING id)
-             UPDATE runs SET heartbeat_at = $4,
-                 status = CASE WHEN status = 'waiting' THEN 'running' ELSE status END,
-                 resume_at = CASE WHEN status = 'waiting' THEN NULL ELSE resume_at END
-             WHERE id = $5 AND job_id IS NOT DISTINCT FROM $6 AND EXISTS (SELECT 1 FROM l)
-             RETURNING id",
-            ctx.rule_id,
-            owner,
-            now + length,
-            now,
-            ctx.run_id,
-            task_id
-        )
-        .fetch_optional(db)
-        .await?;
-        Ok(got.is_some())
-    }
-
-    /// Extends the lease and the run's heartbeat while a batch is still calling the
-    /// target, so a slow batch is never taken for dead and its deliveries are never
-    /// claimed again. Returns false when the run is over or carried by another job.
-    pub async fn renew(
-        db: impl PgExecutor<'_>,
-        ctx: &JobContext,
-        task_id: &str,
-        owner: &str,
-        until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, sqlx::Error> {
-        let n = sqlx::query!(
-            "WITH l AS (UPDATE rules SET lease_until = $3 WHERE id = $1 AND lease_owner = $2)
-             UPDATE runs SET heartbeat_at = $4
-             WHERE id = $5 AND active AND job_id IS NOT DISTINCT FROM $6",
-            ctx.rule_id,
-            owner,
-            until,
-            now,
-            ctx.run_id,
-            task_id
-        )
-        .execute(db)
-        .await?
-        .rows_affected();
-        Ok(n == 1)
-    }
-
-    /// Gives the lease back.
-    pub async fn release(
-        db: impl PgExecutor<'_>,
-        rule_id: i64,
-        owner: &str,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            "UPDATE rules SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2",
-            rule_id,
-            owner
-        )
-        .execute(db)
-        .await?;
-        Ok(())
     }
 }

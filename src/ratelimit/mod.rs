@@ -3,9 +3,11 @@
 //! are leased from it ([`budget`]), the learned rate ([`controller`]), 429 blocks
 //! ([`blocks`]) and the in-process pacer that hands slots to calls ([`pacer`]).
 //!
-//! The chain hands it one signal per answer (accepted; refused with a wait; headers
-//! stating a quota, what remains, the reset) and asks it for request slots.
+//! The chain asks it for request slots and hands it one signal per answer
+//! ([`answer::Answer`]: sent, refused with a wait, or not sent, with the headers stating a
+//! quota, what remains, the reset); the [`answer::Verdict`] says what the chain does next.
 
+pub mod answer;
 pub mod blocks;
 pub mod budget;
 pub mod controller;

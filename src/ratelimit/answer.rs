@@ -1,0 +1,117 @@
+//! The one signal the chain hands the budget per answer, and the verdict it gets back.
+//!
+//! The chain asks the [pacer](super::pacer) for a slot before a call and, once the call
+//! is answered, hands over an [`Answer`]: how the target answered (sent and not refused,
+//! refused with a wait, or never sent) and the rate-limit headers it sent. [`Pacer::hear`] reads
+//! the headers, teaches the budget, and returns a [`Verdict`] that says what the chain
+//! does next: go on, hold until the target's budget resets, or block the budget for a
+//! 429's wait. Nothing about 429s or rate-limit headers is decided outside this module.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::header::HeaderMap;
+
+use super::{
+    blocks,
+    headers::{self, ResetKind},
+    pacer::{Pacer, SPENT_WAIT},
+};
+
+/// How the target answered one call, as the budget hears it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answered {
+    /// The call was sent and not refused for its rate (whatever the records' fate, or
+    /// none came back): it counts towards the pace the target takes.
+    Sent,
+    /// HTTP 429: the target refused the call for its rate.
+    Refused {
+        /// The wait the answer named (`Retry-After` or the writer's reset header).
+        wait: Option<Duration>,
+        /// The raw header value that named it.
+        raw: Option<String>,
+    },
+    /// The call never reached the target (refused by the writer, a connection error):
+    /// it says nothing of the budget.
+    NotSent,
+}
+
+/// One answer: what the target did and the rate-limit headers it sent.
+#[derive(Clone, Debug)]
+pub struct Answer<'a> {
+    /// How it answered.
+    pub answered: Answered,
+    /// Its rate-limit headers (empty when none).
+    pub headers: &'a HeaderMap,
+    /// What an `X-RateLimit-Reset` of this target counts.
+    pub reset_kind: ResetKind,
+    /// When the call left.
+    pub sent: DateTime<Utc>,
+}
+
+/// What the chain does after an answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Go on calling.
+    GoOn,
+    /// The target stated that its budget is spent until `until` (nothing remaining): the
+    /// budget holds until then, no 429 met. `stop_batch` when the hold is longer than a
+    /// batch should sit out ([`SPENT_WAIT`]).
+    Spent {
+        /// When the target's budget resets.
+        until: DateTime<Utc>,
+        /// What the headers said, for the block's record.
+        said: String,
+        /// Whether the batch stops (the run waits like after a 429).
+        stop_batch: bool,
+    },
+    /// A 429: the call's records stay pending, untouched; the batch stops and the whole
+    /// budget is blocked for `wait` (see [`blocks::block_length`]).
+    Block {
+        /// The wait the answer named, or its headers' reset.
+        wait: Option<Duration>,
+        /// The raw header value that named it.
+        raw: Option<String>,
+    },
+}
+
+impl Pacer {
+    /// Hears one answer on budget `key`, answered `at`: a quota the headers state becomes
+    /// the advertised rate; a call sent and not refused counts for the learned rate; a 429 lowers it
+    /// and blocks; a statement that nothing remains holds the budget until the reset.
+    pub async fn hear(&self, key: &str, answer: Answer<'_>, at: DateTime<Utc>) -> Verdict {
+        let statement = if answer.headers.is_empty() {
+            headers::Statement::default()
+        } else {
+            headers::read(answer.headers, answer.reset_kind, at)
+        };
+        let stated = statement.limits();
+        if !stated.is_empty() {
+            self.advertised(key, stated);
+        }
+        match answer.answered {
+            Answered::Refused { wait, raw } => {
+                // A wait the answer named goes before its headers' reset.
+                let wait = wait.or(statement.reset);
+                let block = blocks::block_length(wait);
+                if let Err(e) = self.throttled(key, answer.sent, block).await {
+                    tracing::warn!(error = %e, "could not record what the 429 taught the budget");
+                }
+                return Verdict::Block { wait, raw };
+            }
+            Answered::Sent => self.answered(key, 1),
+            Answered::NotSent => {}
+        }
+        let Some(until) = statement.spent_until(at) else {
+            return Verdict::GoOn;
+        };
+        let wait = (until - at).to_std().unwrap_or_default();
+        tracing::debug!(?wait, "the target's budget is spent until its reset");
+        self.hold(key, until);
+        Verdict::Spent {
+            until,
+            said: format!("remaining 0; reset {:.3}s", wait.as_secs_f64()),
+            stop_batch: wait > SPENT_WAIT,
+        }
+    }
+}
