@@ -138,6 +138,10 @@ pub struct NewRule {
     /// connection's; its 429s block this budget only.
     #[serde(default)]
     pub budget_key: Option<String>,
+    /// For `http_json`: how the target's answers name each record's fate (see
+    /// [`writer::answer::AnswerMap`]); absent, the generic per-item array.
+    #[serde(default)]
+    pub answer: Option<serde_json::Value>,
 }
 
 /// A stored rule.
@@ -169,6 +173,8 @@ pub struct Rule {
     pub batch_envelope: Option<String>,
     /// Its own budget key, if it has one.
     pub budget_key: Option<String>,
+    /// How its answers name each record's fate, if stated.
+    pub answer: Option<serde_json::Value>,
 }
 
 /// Why a connection or rule could not be stored.
@@ -313,7 +319,7 @@ async fn check_rules_of(
     c: &NewConnection,
 ) -> Result<(), CatalogError> {
     let rules = sqlx::query!(
-        "SELECT name, path, records_per_call, batch_envelope FROM rules
+        "SELECT name, path, records_per_call, batch_envelope, answer FROM rules
          WHERE connection_id = $1 ORDER BY name",
         id
     )
@@ -329,6 +335,7 @@ async fn check_rules_of(
                         &r.path,
                         r.records_per_call,
                         r.batch_envelope.as_deref(),
+                        r.answer.as_ref(),
                     )
                 })
                 .err()
@@ -375,6 +382,7 @@ pub async fn upsert_rule<'c>(
                 &r.path,
                 r.records_per_call.unwrap_or(1),
                 r.batch_envelope.as_deref(),
+                r.answer.as_ref(),
             )
         })
         .map_err(|e| {
@@ -386,10 +394,10 @@ pub async fn upsert_rule<'c>(
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight, records_per_call, batch_envelope, budget_key)
+              enabled, weight, records_per_call, batch_envelope, budget_key, answer)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
                   COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11,
-                  $12
+                  $12, $13
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -398,7 +406,7 @@ pub async fn upsert_rule<'c>(
              enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
              records_per_call = EXCLUDED.records_per_call,
              batch_envelope = EXCLUDED.batch_envelope, budget_key = EXCLUDED.budget_key,
-             updated_at = now()
+             answer = EXCLUDED.answer, updated_at = now()
            RETURNING id"#,
         r.name,
         r.connection,
@@ -412,6 +420,7 @@ pub async fn upsert_rule<'c>(
         r.records_per_call,
         r.batch_envelope,
         r.budget_key,
+        r.answer,
     )
     .fetch_one(&mut *tx)
     .await
@@ -531,7 +540,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
                 backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope,
-                budget_key
+                budget_key, answer
          FROM rules ORDER BY name"
     )
     .fetch_all(db)
@@ -772,7 +781,7 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
                 r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
-                r.batch_envelope, r.budget_key
+                r.batch_envelope, r.budget_key, r.answer
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -791,5 +800,6 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
         records_per_call: Some(r.records_per_call),
         batch_envelope: r.batch_envelope,
         budget_key: r.budget_key,
+        answer: r.answer,
     }))
 }

@@ -133,6 +133,162 @@ async fn per_item_answers_decide_each_record_of_a_call() {
     );
 }
 
+/// Rule `events` on `path` (5 records per call) whose answers are read by `answer`.
+async fn mapped_rule(pool: &PgPool, path: &str, answer: serde_json::Value) {
+    catalog::upsert_rule(
+        pool,
+        &NewRule {
+            name: "events".into(),
+            connection: "shop".into(),
+            path: path.into(),
+            batch_size: Some(100),
+            max_attempts: Some(3),
+            backoff_base_ms: Some(1_000),
+            records_per_call: Some(5),
+            answer: Some(answer),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Ten records, the 4th and 8th invalid, through a rule whose answers `answer` reads on
+/// the target's `path`: each invalid one ends rejected with the target's text, every
+/// other one delivered once.
+async fn a_mapped_answer_decides_each_record(path: &str, answer: serde_json::Value, text: &str) {
+    let (db, target) = shop(&[], 100, 2).await;
+    mapped_rule(&db.pool, path, answer).await;
+    enqueue::enqueue_many(&db.pool, "events", records("e", 10, &[3, 7]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 8), ("rejected".into(), 2)]
+    );
+    assert_eq!(
+        target.counters().requests,
+        2,
+        "two calls of five, none split"
+    );
+    accepted_once_each(&db.pool, &target).await;
+    for id in invalid_ids(&db.pool).await {
+        let (outcome, error): (String, String) =
+            sqlx::query_as("SELECT outcome, error FROM ledger WHERE delivery_id = $1")
+                .bind(id)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(outcome, "rejected");
+        assert!(error.ends_with(&format!("(HTTP 422): {text}")), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_207_decides_each_record_by_its_trace_id() {
+    a_mapped_answer_decides_each_record(
+        "batch/keyed/",
+        json!({"kind": "keyed", "results": "/results", "errors": "/errors",
+               "key": "/objectWriteTraceId", "record": "delivery_id", "message": "/message"}),
+        "Property values were not valid",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_positional_success_false_rejects_that_record() {
+    a_mapped_answer_decides_each_record(
+        "batch/positional/",
+        json!({"kind": "positional", "success": {"equals": {"field": "/success", "value": true}},
+               "message": "/errors/0/message"}),
+        "invalid record",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn indexed_errors_reject_the_records_at_their_positions() {
+    a_mapped_answer_decides_each_record(
+        "batch/indexed/",
+        json!({"kind": "indexed", "errors": "/errors", "index": "/index", "message": "/type"}),
+        "invalid record",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_207_courier_cannot_map_delivers_none_of_its_records() {
+    let (db, target) = shop(&[], 100, 2).await;
+    bulk_rule(&db.pool, "events", "batch/unmapped/", 5, None).await;
+    enqueue::enqueue_many(&db.pool, "events", records("e", 10, &[3]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    // The call with the bad record got a 207 naming nobody: its five are failed, to be
+    // sent again, never delivered; the other call's 200 delivers its five.
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 5), ("pending".into(), 5)]
+    );
+    let failed: Vec<(String, i16, String)> = sqlx::query_as(
+        "SELECT outcome, http_status, error FROM ledger WHERE outcome <> 'delivered'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(failed.len(), 5, "{failed:?}");
+    for (outcome, status, error) in failed {
+        assert_eq!((outcome.as_str(), status), ("failed", 207));
+        assert!(error.contains("unaccounted for"), "{error}");
+    }
+    assert_eq!(target.counters().requests, 2);
+}
+
+#[tokio::test]
+async fn an_answer_map_courier_cannot_read_is_refused_when_the_rule_is_saved() {
+    let (db, _target) = shop(&[], 100, 2).await;
+    let e = catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "events".into(),
+            connection: "shop".into(),
+            path: "batch/keyed/".into(),
+            records_per_call: Some(5),
+            answer: Some(
+                json!({"kind": "keyed", "errors": "/errors", "key": "/id", "record": "email"}),
+            ),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&e, CatalogError::Invalid(m) if m.contains("answer") && m.contains("unknown variant `email`")),
+        "{e}"
+    );
+    // Written by plain SQL instead: the run ends with the rule unusable, the reason named,
+    // its records untouched.
+    bulk_rule(&db.pool, "events", "batch/keyed/", 5, None).await;
+    sqlx::query("UPDATE rules SET answer = '{\"kind\": \"sorted\"}'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    enqueue::enqueue_many(&db.pool, "events", records("e", 3, &[]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("pending".into(), 3)]);
+    let reason: String = sqlx::query_scalar("SELECT error FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(reason.contains("unknown variant `sorted`"), "{reason}");
+}
+
 #[tokio::test]
 async fn a_call_refused_as_a_whole_is_split_until_its_bad_records_are_alone() {
     let (db, target) = shop(&[], 100, 1).await;

@@ -198,6 +198,7 @@ async fn call_once(
             records: &records,
             envelope: ctx.batch_envelope.as_deref(),
             bulk: ctx.records_per_call > 1,
+            answer: ctx.answer.as_ref().ok().and_then(Option::as_ref),
         })
         .await;
     // From the time the call was due: a thread that woke late delays it too.

@@ -10,6 +10,7 @@ use crate::{
     catalog::Connection,
     retry::RetryPolicy,
     runs::RunStatus,
+    writer::answer::AnswerMap,
 };
 
 /// A run and everything its next job needs.
@@ -41,6 +42,9 @@ pub struct JobContext {
     pub records_per_call: i32,
     /// The field wrapping the records of an `http_json` bulk call, if any.
     pub batch_envelope: Option<String>,
+    /// How the rule's answers name each record's fate, or why its stored map cannot be
+    /// read (the run then ends with the rule unusable).
+    pub answer: Result<Option<AnswerMap>, String>,
     /// Attempts and backoff.
     pub retry: RetryPolicy,
     /// The connection the rule delivers into.
@@ -59,7 +63,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
         r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, r.job_id, ru.enabled,
                   ru.name AS rule_name,
                   ru.paused AS rule_paused, c.paused AS connection_paused,
-                  ru.path, ru.batch_size, ru.records_per_call, ru.batch_envelope, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
+                  ru.path, ru.batch_size, ru.records_per_call, ru.batch_envelope, ru.answer, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
                   courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
@@ -93,6 +97,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
         batch_size: r.batch_size,
         records_per_call: r.records_per_call,
         batch_envelope: r.batch_envelope,
+        answer: r.answer.as_ref().map(AnswerMap::parse).transpose(),
         retry: RetryPolicy {
             max_attempts: r.max_attempts,
             backoff_base_ms: r.backoff_base_ms,

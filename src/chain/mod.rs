@@ -149,12 +149,17 @@ fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dy
         Next::Unusable(Unusable::Rule, format!("rule path {:?}: {e}", ctx.path))
     })?;
     // Records per call beyond what the writer can carry (a rule written by plain SQL).
-    writer::check_bulk(
-        &ctx.connection.writer,
-        &ctx.path,
-        ctx.records_per_call,
-        ctx.batch_envelope.as_deref(),
-    )
+    let answer = ctx.answer.as_ref().err().cloned().map_or(Ok(()), Err);
+    answer
+        .and_then(|()| {
+            writer::check_bulk(
+                &ctx.connection.writer,
+                &ctx.path,
+                ctx.records_per_call,
+                ctx.batch_envelope.as_deref(),
+                None,
+            )
+        })
     .map_err(|e| {
         tracing::error!(error = %e, "the rule's bulk settings are unusable; leaving it alone until it changes");
         Next::Unusable(Unusable::Rule, e)

@@ -4,9 +4,11 @@
 //!
 //! A rule with `records_per_call` above 1 POSTs a JSON array of its payloads (or an
 //! object `{"<batch_envelope>": [...]}`) with one `Idempotency-Key` per call naming its
-//! deliveries (`courier-12,13,17`). A 2xx whose body is an array as long as the call is
-//! read per item ([`item_outcome`]); any other 2xx delivers every record; any other answer
-//! is the whole call's.
+//! deliveries (`courier-12,13,17`). A rule's `answer` map says how its target's 2xx answer
+//! names each record's fate ([`super::answer`]); without one, a 2xx whose body is an array
+//! as long as the call is read per item ([`item_outcome`]), a 207 without one accounts for
+//! no record (each is sent again, never read as delivered), and any other 2xx delivers
+//! every record. Any other answer is the whole call's.
 
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +17,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{
     Call, DEFAULT_REQUESTS_PER_MINUTE, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer,
-    WriterConfigError, Written,
+    WriterConfigError, Written, answer,
     secrets::{Secrets, is_secret_header},
 };
 use crate::{catalog::Connection, ratelimit::headers::ResetKind};
@@ -268,11 +270,13 @@ impl Writer for HttpJsonWriter {
                 .endpoint
                 .send_reading(request, RESET_HEADERS, true)
                 .await?;
-            let items = match receipt.body.as_ref().and_then(serde_json::Value::as_array) {
-                Some(items) if items.len() == call.records.len() => {
-                    items.iter().map(item_outcome).collect()
-                }
-                _ => vec![None; call.records.len()],
+            let status = receipt.http_status.unwrap_or(200);
+            let body = receipt.body.as_ref();
+            let n = call.records.len();
+            let items = match (call.answer, body.and_then(serde_json::Value::as_array)) {
+                (Some(map), _) => map.read(status, body, call.records),
+                (None, Some(items)) if items.len() == n => items.iter().map(item_outcome).collect(),
+                (None, _) => answer::unnamed(status, n),
             };
             Ok(Written { receipt, items })
         }

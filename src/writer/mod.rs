@@ -13,6 +13,7 @@
 //! One file per target: [`http`] is the generic HTTP JSON writer and holds the response
 //! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace.
 
+pub mod answer;
 pub mod http;
 pub mod secrets;
 pub mod usercom;
@@ -54,6 +55,9 @@ pub struct Call<'a> {
     /// Whether the rule sends several records per call (its `records_per_call` is above
     /// 1): its calls take the bulk form even when one carries a single record.
     pub bulk: bool,
+    /// How the rule's answers name each record's fate (`http_json`); `None`: the generic
+    /// per-item array.
+    pub answer: Option<&'a answer::AnswerMap>,
 }
 
 /// Proof of a delivery.
@@ -111,14 +115,23 @@ pub fn max_records_per_call(writer: &str, path: &str) -> (usize, &'static str) {
     }
 }
 
-/// Checks a rule's `records_per_call` and `batch_envelope` against its writer; the error
-/// names the value and what is allowed.
+/// Checks a rule's `records_per_call`, `batch_envelope` and `answer` against its writer;
+/// the error names the value and what is allowed.
 pub fn check_bulk(
     writer: &str,
     path: &str,
     records_per_call: i32,
     batch_envelope: Option<&str>,
+    answer: Option<&serde_json::Value>,
 ) -> Result<(), String> {
+    if let Some(answer) = answer {
+        if writer != "http_json" {
+            return Err(format!(
+                "answer is for the http_json writer only, not {writer}"
+            ));
+        }
+        answer::AnswerMap::parse(answer)?;
+    }
     let (max, why) = max_records_per_call(writer, path);
     if records_per_call < 1 || records_per_call as usize > max {
         return Err(format!(

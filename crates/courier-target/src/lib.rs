@@ -958,6 +958,19 @@ pub enum BatchAnswers {
     PerItem,
     /// 400 for the whole call when any item is invalid; nothing of it is accepted.
     AllOrNothing,
+    /// HubSpot's batch upsert: 200, or 207 when any item is invalid, with
+    /// `{"results": [...], "errors": [...]}` whose items carry `objectWriteTraceId` (the
+    /// item's own, else its delivery id from the call's `Idempotency-Key`).
+    Keyed,
+    /// Salesforce's sObject collections: 200 with one `{"id", "success", "errors"}` per
+    /// item, in order.
+    Positional,
+    /// Braze's `/users/track`: 201 with `{"message": "success", "errors": [{"type",
+    /// "input_array", "index"}]}` naming the invalid items' positions.
+    Indexed,
+    /// A 207 that names no record (`{"status": "partial"}`) when any item is invalid:
+    /// an answer courier cannot map.
+    Unmapped,
 }
 
 /// What the batch sink answers one call, and the keys it accepted.
@@ -981,13 +994,18 @@ impl BatchReply {
     }
 }
 
-/// The batch sink's answer to a call on `path` (`.../batch/per-item/...` or
-/// `.../batch/all-or-nothing/...`), or `None` when `path` is not the sink's.
+/// The batch sink's answer to a call on `path` (`.../batch/<style>/...`, a style of
+/// [`BatchAnswers`]: `per-item`, `all-or-nothing`, `keyed`, `positional`, `indexed`,
+/// `unmapped`), or `None` when `path` is not the sink's.
 pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> Option<BatchReply> {
     let segments: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let style = segments.windows(2).find_map(|w| match w {
         ["batch", "per-item"] => Some(BatchAnswers::PerItem),
         ["batch", "all-or-nothing"] => Some(BatchAnswers::AllOrNothing),
+        ["batch", "keyed"] => Some(BatchAnswers::Keyed),
+        ["batch", "positional"] => Some(BatchAnswers::Positional),
+        ["batch", "indexed"] => Some(BatchAnswers::Indexed),
+        ["batch", "unmapped"] => Some(BatchAnswers::Unmapped),
         _ => None,
     })?;
     let items = match body {
@@ -1013,7 +1031,68 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
     };
     let invalid =
         |item: &serde_json::Value| item.get("invalid") == Some(&serde_json::Value::Bool(true));
+    let valid_keys = || -> Vec<String> {
+        (0..items.len())
+            .filter(|&j| !invalid(&items[j]))
+            .map(key_of)
+            .collect()
+    };
+    let any_invalid = items.iter().any(invalid);
+    let trace_id = |j: usize| -> serde_json::Value {
+        items[j]
+            .get("objectWriteTraceId")
+            .cloned()
+            .or_else(|| ids.get(j).map(|id| serde_json::Value::from(*id)))
+            .unwrap_or_else(|| serde_json::Value::from(j.to_string()))
+    };
     Some(match style {
+        BatchAnswers::Keyed => {
+            let (bad, good): (Vec<usize>, Vec<usize>) = (0..items.len()).partition(|&j| invalid(&items[j]));
+            BatchReply {
+                status: if bad.is_empty() { 200 } else { 207 },
+                body: serde_json::json!({
+                    "status": "COMPLETE",
+                    "results": good.iter().map(|&j| serde_json::json!({
+                        "id": format!("{}", 1000 + j), "objectWriteTraceId": trace_id(j)
+                    })).collect::<Vec<_>>(),
+                    "numErrors": bad.len(),
+                    "errors": bad.iter().map(|&j| serde_json::json!({
+                        "status": "error", "category": "VALIDATION_ERROR",
+                        "message": "Property values were not valid", "objectWriteTraceId": trace_id(j)
+                    })).collect::<Vec<_>>(),
+                }),
+                accepted: valid_keys(),
+            }
+        }
+        BatchAnswers::Positional => BatchReply {
+            status: 200,
+            body: items
+                .iter()
+                .enumerate()
+                .map(|(j, item)| match invalid(item) {
+                    true => serde_json::json!({"success": false, "errors": [
+                        {"statusCode": "INVALID_EMAIL_ADDRESS", "message": "invalid record", "fields": []}
+                    ]}),
+                    false => serde_json::json!({"id": format!("003{j:012}"), "success": true, "errors": []}),
+                })
+                .collect(),
+            accepted: valid_keys(),
+        },
+        BatchAnswers::Indexed => BatchReply {
+            status: 201,
+            body: serde_json::json!({
+                "message": "success",
+                "errors": (0..items.len()).filter(|&j| invalid(&items[j])).map(|j| serde_json::json!({
+                    "type": "invalid record", "input_array": "attributes", "index": j
+                })).collect::<Vec<_>>(),
+            }),
+            accepted: valid_keys(),
+        },
+        BatchAnswers::Unmapped => BatchReply {
+            status: if any_invalid { 207 } else { 200 },
+            body: serde_json::json!({"status": if any_invalid { "partial" } else { "complete" }}),
+            accepted: valid_keys(),
+        },
         BatchAnswers::PerItem => BatchReply {
             status: 200,
             body: items

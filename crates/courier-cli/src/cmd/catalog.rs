@@ -97,6 +97,10 @@ pub enum RuleCmd {
         /// its connection's; its 429s block that budget only.
         #[arg(long, value_name = "K")]
         budget_key: Option<String>,
+        /// http_json: how the target's answers name each record's fate, as JSON
+        /// (`{"kind": "keyed", "errors": "/errors", ...}`; docs/enqueue-and-ledger.md).
+        #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+        answer: Option<serde_json::Value>,
     },
     /// List rules.
     List,
@@ -135,6 +139,15 @@ fn parse_reserve(s: &str) -> Result<String, String> {
     courier::ratelimit::limits::parse_reserve(s)
         .map(|r| format!("{r}%"))
         .map_err(|e| e.to_string())
+}
+
+/// An `--answer` value: a JSON object (what it says is checked when the rule is saved).
+fn parse_json_object(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str(s) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("expected a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 /// Runs a `courier connection` subcommand.
@@ -274,6 +287,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
             records_per_call,
             batch_envelope,
             budget_key,
+            answer,
         } => {
             let r = NewRule {
                 name,
@@ -288,6 +302,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 records_per_call,
                 batch_envelope,
                 budget_key,
+                answer,
             };
             let id = catalog::upsert_rule(&ctx.pool().await?, &r).await?;
             println!("rule {id} saved");

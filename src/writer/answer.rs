@@ -1,0 +1,573 @@
+//! How a batch answer names each record's fate (a rule's `answer`), and reading an answer
+//! by it.
+//!
+//! Targets answer a call of many records in three ways: **positionally** (an array with
+//! one item per record, in the call's order: Salesforce's `[{"success": false, ...}]`),
+//! **by key** (lists of results and errors whose items name their record by a field:
+//! HubSpot's `objectWriteTraceId`, Mailchimp's e-mail), or **by index** (a list of errors
+//! naming the failed records' positions; the rest went through: Braze, Customer.io).
+//! Places in the answer are JSON pointers (RFC 6901: `/errors`, `/context/id`; empty: the
+//! body itself).
+//!
+//! One rule decides every record: it is **delivered** when the answer says it went through,
+//! or names no failure at all (and is not a 207); it **failed** as the answer says when the
+//! answer names its failure; and when the answer names failures courier cannot match to
+//! records (an index out of range, a key no record has, a 207 whose lists leave it out),
+//! every record it does not account for is recorded **failed, unaccounted for**: retried
+//! with backoff like a 5xx, never read as delivered, since a failure the target reported
+//! must not vanish. Re-sending is what a batch upsert is made for; a record that did go
+//! through is then delivered again, which the ledger shows.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Outgoing, WriteError};
+
+/// The longest error text kept from an answer item.
+const MESSAGE_LIMIT: usize = 300;
+
+/// How a rule's batch answers name each record's fate.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AnswerMap {
+    /// An array at `items`, one item per record in the call's order.
+    Positional {
+        /// Where the array is (empty: the body is the array).
+        #[serde(default)]
+        items: String,
+        /// What an item that went through looks like.
+        success: Success,
+        /// Where an item's error text is (absent: the whole item is quoted).
+        #[serde(default)]
+        message: Option<String>,
+    },
+    /// Lists of results and of errors whose items name their record.
+    Keyed {
+        /// Where the list of records that went through is (absent: the target lists
+        /// only failures, and a record no error names went through).
+        #[serde(default)]
+        results: Option<String>,
+        /// Where the list of failures is.
+        errors: String,
+        /// Where an item of either list names its record (a string, a number, or an array
+        /// of them).
+        key: String,
+        /// What of the record that name matches.
+        record: RecordKey,
+        /// Where an error item's text is (absent: the whole item is quoted).
+        #[serde(default)]
+        message: Option<String>,
+    },
+    /// A list of errors naming the failed records' positions (from 0); the rest went
+    /// through.
+    Indexed {
+        /// Where the list of errors is.
+        errors: String,
+        /// Where an error item's position is.
+        index: String,
+        /// Where an error item's text is (absent: the whole item is quoted).
+        #[serde(default)]
+        message: Option<String>,
+    },
+}
+
+/// What an answer item that went through looks like.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Success {
+    /// The field at `field` equals `value` (Salesforce: `/success` is `true`).
+    Equals {
+        /// Where the field is.
+        field: String,
+        /// The value that means success.
+        value: Value,
+    },
+    /// The field at `field` is an HTTP status below 400, or absent.
+    Status {
+        /// Where the status is.
+        field: String,
+    },
+    /// The field at `field` is absent, null or an empty array or object (`/errors`).
+    Empty {
+        /// Where the field is.
+        field: String,
+    },
+}
+
+/// What of a record an answer item's key matches.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum RecordKey {
+    /// The delivery's id (sent, e.g., as HubSpot's `objectWriteTraceId`).
+    DeliveryId,
+    /// The payload's field at this pointer (`/email`).
+    Payload(String),
+}
+
+impl AnswerMap {
+    /// Reads a rule's `answer` (JSON), checking every pointer; the error names what is
+    /// wrong.
+    pub fn parse(value: &Value) -> Result<Self, String> {
+        let map: AnswerMap = serde_json::from_value(value.clone()).map_err(|e| {
+            format!(
+                "answer: {e} (kinds: positional, keyed, indexed; see docs/enqueue-and-ledger.md)"
+            )
+        })?;
+        for (name, pointer) in map.pointers() {
+            if !(pointer.is_empty() || pointer.starts_with('/')) {
+                return Err(format!(
+                    "answer: {name} {pointer:?} is not a JSON pointer (empty, or starting with /)"
+                ));
+            }
+        }
+        Ok(map)
+    }
+
+    /// Every pointer of the map, with the field that holds it.
+    fn pointers(&self) -> Vec<(&'static str, &str)> {
+        let (mut out, message) = match self {
+            AnswerMap::Positional {
+                items,
+                success,
+                message,
+            } => {
+                let (Success::Equals { field, .. }
+                | Success::Status { field }
+                | Success::Empty { field }) = success;
+                (
+                    vec![("items", items.as_str()), ("success field", field.as_str())],
+                    message,
+                )
+            }
+            AnswerMap::Keyed {
+                results,
+                errors,
+                key,
+                record,
+                message,
+            } => {
+                let mut out = vec![("errors", errors.as_str()), ("key", key.as_str())];
+                if let Some(r) = results {
+                    out.push(("results", r.as_str()));
+                }
+                if let RecordKey::Payload(p) = record {
+                    out.push(("record payload field", p.as_str()));
+                }
+                (out, message)
+            }
+            AnswerMap::Indexed {
+                errors,
+                index,
+                message,
+            } => (
+                vec![("errors", errors.as_str()), ("index", index.as_str())],
+                message,
+            ),
+        };
+        if let Some(m) = message {
+            out.push(("message", m.as_str()));
+        }
+        out
+    }
+
+    /// Each record's fate from a 2xx answer `status` with `body` (`None`: no JSON body)
+    /// to a call that carried `records`: `None` delivered, else why not.
+    pub fn read(
+        &self,
+        status: u16,
+        body: Option<&Value>,
+        records: &[Outgoing<'_>],
+    ) -> Vec<Option<WriteError>> {
+        let n = records.len();
+        let Some(body) = body else {
+            return unnamed(status, n);
+        };
+        match self {
+            AnswerMap::Positional {
+                items,
+                success,
+                message,
+            } => match body.pointer(items).and_then(Value::as_array) {
+                Some(items) if items.len() == n => items
+                    .iter()
+                    .map(|item| match success.holds(item) {
+                        true => None,
+                        false => Some(item_failure(item, success, message.as_deref())),
+                    })
+                    .collect(),
+                Some(items) => unaccounted(
+                    status,
+                    n,
+                    &format!("{} answer items for {n} records", items.len()),
+                ),
+                None => unnamed(status, n),
+            },
+            AnswerMap::Keyed {
+                results,
+                errors,
+                key,
+                record,
+                message,
+            } => {
+                let named = |item: &Value| names(item.pointer(key));
+                let errors = list(body, errors);
+                let results = results.as_deref().map(|r| list(body, r));
+                let keys: Vec<Option<String>> = records
+                    .iter()
+                    .map(|r| match record {
+                        RecordKey::DeliveryId => Some(r.delivery_id.to_string()),
+                        RecordKey::Payload(p) => names(r.payload.pointer(p)).into_iter().next(),
+                    })
+                    .collect();
+                let mut fates: Vec<Fate> = vec![Fate::Unnamed; n];
+                let mut stray = 0;
+                for e in errors {
+                    let hit: Vec<usize> =
+                        named(e).iter().flat_map(|k| positions(&keys, k)).collect();
+                    if hit.is_empty() {
+                        stray += 1;
+                    }
+                    for i in hit {
+                        fates[i] = Fate::Failed(keyed_failure(e, message.as_deref()));
+                    }
+                }
+                for r in results.into_iter().flatten() {
+                    for i in named(r).iter().flat_map(|k| positions(&keys, k)) {
+                        if matches!(fates[i], Fate::Unnamed) {
+                            fates[i] = Fate::Through;
+                        }
+                    }
+                }
+                let why = match stray {
+                    0 => None,
+                    s => Some(format!("{s} errors name no record of the call")),
+                };
+                settle(status, fates, why)
+            }
+            AnswerMap::Indexed {
+                errors,
+                index,
+                message,
+            } => {
+                let mut fates: Vec<Fate> = vec![Fate::Unnamed; n];
+                let mut stray = 0;
+                for e in list(body, errors) {
+                    match e.pointer(index).and_then(Value::as_u64) {
+                        Some(i) if (i as usize) < n => {
+                            fates[i as usize] = Fate::Failed(keyed_failure(e, message.as_deref()));
+                        }
+                        _ => stray += 1,
+                    }
+                }
+                let why = match stray {
+                    0 => None,
+                    s => Some(format!("{s} errors name no position of the call")),
+                };
+                settle(status, fates, why)
+            }
+        }
+    }
+}
+
+impl Success {
+    fn holds(&self, item: &Value) -> bool {
+        match self {
+            Success::Equals { field, value } => item.pointer(field) == Some(value),
+            Success::Status { field } => item
+                .pointer(field)
+                .and_then(Value::as_u64)
+                .is_none_or(|s| s < 400),
+            Success::Empty { field } => match item.pointer(field) {
+                None | Some(Value::Null) => true,
+                Some(Value::Array(a)) => a.is_empty(),
+                Some(Value::Object(o)) => o.is_empty(),
+                Some(_) => false,
+            },
+        }
+    }
+}
+
+/// One record's fate while a keyed or indexed answer is read.
+#[derive(Clone, Debug)]
+enum Fate {
+    /// Named by no item.
+    Unnamed,
+    /// Listed among the results.
+    Through,
+    /// Named by an error.
+    Failed(WriteError),
+}
+
+/// The fates of a keyed or indexed answer: a record no item names went through, unless
+/// the answer named failures it cannot place (`why`) or is a 207 with a results list that
+/// leaves it out; then it is unaccounted for.
+fn settle(status: u16, fates: Vec<Fate>, why: Option<String>) -> Vec<Option<WriteError>> {
+    let doubtful = why.is_some() || status == 207;
+    let why = why.unwrap_or_else(|| "a 207 answer that names no outcome for it".into());
+    fates
+        .into_iter()
+        .map(|f| match f {
+            Fate::Through => None,
+            Fate::Failed(e) => Some(e),
+            Fate::Unnamed if doubtful => Some(unaccounted_error(status, &why)),
+            Fate::Unnamed => None,
+        })
+        .collect()
+}
+
+/// An answer that names no record: delivered, unless it is a 207 (a multi-status answer
+/// whose statuses courier could not find).
+pub fn unnamed(status: u16, n: usize) -> Vec<Option<WriteError>> {
+    match status {
+        207 => unaccounted(
+            status,
+            n,
+            "a 207 answer without the per-record answers expected",
+        ),
+        _ => vec![None; n],
+    }
+}
+
+fn unaccounted(status: u16, n: usize, why: &str) -> Vec<Option<WriteError>> {
+    vec![Some(unaccounted_error(status, why)); n]
+}
+
+/// A record the answer does not account for: transient, so it is sent again.
+fn unaccounted_error(status: u16, why: &str) -> WriteError {
+    WriteError::Transient {
+        status: Some(status),
+        message: format!("unaccounted for: {why}; sent again"),
+    }
+}
+
+/// The list at `pointer` in `body` (absent or not a list: empty).
+fn list<'b>(body: &'b Value, pointer: &str) -> &'b [Value] {
+    body.pointer(pointer)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// The names a key field holds: a string, a number, or an array of them.
+fn names(v: Option<&Value>) -> Vec<String> {
+    match v {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Number(n)) => vec![n.to_string()],
+        Some(Value::Array(a)) => a.iter().flat_map(|v| names(Some(v))).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn positions<'k>(keys: &'k [Option<String>], k: &'k str) -> impl Iterator<Item = usize> + 'k {
+    keys.iter()
+        .enumerate()
+        .filter(move |(_, key)| key.as_deref() == Some(k))
+        .map(|(i, _)| i)
+}
+
+/// A failed positional item: its status (when the success test reads one) decides
+/// whether a retry may help; else it is the record's content.
+fn item_failure(item: &Value, success: &Success, message: Option<&str>) -> WriteError {
+    let status = match success {
+        Success::Status { field } => item
+            .pointer(field)
+            .and_then(Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok()),
+        _ => None,
+    };
+    failure(status, text(item, message))
+}
+
+/// A failure an error item names: by content (422) unless it carries a status field
+/// saying otherwise.
+fn keyed_failure(item: &Value, message: Option<&str>) -> WriteError {
+    let status = ["/status", "/statusCode", "/code"]
+        .iter()
+        .find_map(|p| item.pointer(p).and_then(Value::as_u64))
+        .and_then(|s| u16::try_from(s).ok())
+        .filter(|s| (400..600).contains(s));
+    failure(status, text(item, message))
+}
+
+fn failure(status: Option<u16>, message: String) -> WriteError {
+    let status = status.filter(|s| *s >= 400).unwrap_or(422);
+    if status >= 500 || matches!(status, 408 | 429) {
+        WriteError::Transient {
+            status: Some(status),
+            message,
+        }
+    } else {
+        WriteError::Permanent {
+            status: Some(status),
+            message,
+        }
+    }
+}
+
+/// An item's error text: at `message`, else the item itself.
+fn text(item: &Value, message: Option<&str>) -> String {
+    let raw = match message.and_then(|m| item.pointer(m)) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+        None => item.to_string(),
+    };
+    let mut s: String = raw.chars().take(MESSAGE_LIMIT).collect();
+    if raw.chars().count() > MESSAGE_LIMIT {
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn records(payloads: &[Value]) -> Vec<Outgoing<'_>> {
+        payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Outgoing {
+                delivery_id: 10 + i as i64,
+                record_key: "k",
+                path: "p",
+                payload: p,
+            })
+            .collect()
+    }
+
+    fn fates(v: &[Option<WriteError>]) -> Vec<&'static str> {
+        v.iter()
+            .map(|e| match e {
+                None => "delivered",
+                Some(WriteError::Permanent { .. }) => "rejected",
+                Some(WriteError::Transient { message, .. }) if message.contains("unaccounted") => {
+                    "unaccounted"
+                }
+                Some(_) => "failed",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn positional_success_false_fails_that_record() {
+        let map = AnswerMap::parse(&json!({
+            "kind": "positional",
+            "success": {"equals": {"field": "/success", "value": true}},
+            "message": "/errors/0/message"
+        }))
+        .unwrap();
+        let p = [json!({}), json!({}), json!({})];
+        let body = json!([
+            {"id": "a", "success": true, "errors": []},
+            {"success": false, "errors": [{"statusCode": "INVALID_EMAIL_ADDRESS", "message": "bad email"}]},
+            {"id": "c", "success": true, "errors": []}
+        ]);
+        let out = map.read(200, Some(&body), &records(&p));
+        assert_eq!(fates(&out), ["delivered", "rejected", "delivered"]);
+        assert!(
+            matches!(&out[1], Some(WriteError::Permanent { message, .. }) if message == "bad email")
+        );
+        // An array of the wrong length accounts for nobody.
+        let short = json!([{"success": true}]);
+        assert_eq!(
+            fates(&map.read(200, Some(&short), &records(&p))),
+            ["unaccounted"; 3]
+        );
+    }
+
+    #[test]
+    fn keyed_errors_and_results_name_their_records() {
+        let map = AnswerMap::parse(&json!({
+            "kind": "keyed", "results": "/results", "errors": "/errors",
+            "key": "/objectWriteTraceId", "record": "delivery_id", "message": "/message"
+        }))
+        .unwrap();
+        let p = [json!({}), json!({}), json!({})];
+        let body = json!({
+            "status": "COMPLETE",
+            "results": [{"objectWriteTraceId": "10"}, {"objectWriteTraceId": "12"}],
+            "errors": [{"status": "error", "message": "Property values were not valid", "objectWriteTraceId": "11"}]
+        });
+        let out = map.read(207, Some(&body), &records(&p));
+        assert_eq!(fates(&out), ["delivered", "rejected", "delivered"]);
+        // A 207 that leaves a record out of both lists does not deliver it.
+        let partial = json!({"results": [{"objectWriteTraceId": "10"}], "errors": []});
+        assert_eq!(
+            fates(&map.read(207, Some(&partial), &records(&p))),
+            ["delivered", "unaccounted", "unaccounted"]
+        );
+        // An error naming no record of the call: nobody unlisted can be called delivered.
+        let stray = json!({"results": [{"objectWriteTraceId": "10"}], "errors": [{"objectWriteTraceId": "99"}]});
+        assert_eq!(
+            fates(&map.read(200, Some(&stray), &records(&p))),
+            ["delivered", "unaccounted", "unaccounted"]
+        );
+    }
+
+    #[test]
+    fn keyed_by_a_payload_field_with_errors_only() {
+        let map = AnswerMap::parse(&json!({
+            "kind": "keyed", "errors": "/errors", "key": "/email_address",
+            "record": {"payload": "/email_address"}, "message": "/error"
+        }))
+        .unwrap();
+        let p = [
+            json!({"email_address": "a@x.io"}),
+            json!({"email_address": "b@x.io"}),
+        ];
+        let body = json!({"new_members": [], "errors": [{"email_address": "b@x.io", "error": "looks fake"}]});
+        assert_eq!(
+            fates(&map.read(200, Some(&body), &records(&p))),
+            ["delivered", "rejected"]
+        );
+    }
+
+    #[test]
+    fn indexed_errors_fail_their_positions_and_a_stray_index_delivers_nobody_else() {
+        let map = AnswerMap::parse(&json!({
+            "kind": "indexed", "errors": "/errors", "index": "/index", "message": "/type"
+        }))
+        .unwrap();
+        let p = [json!({}), json!({}), json!({})];
+        let body = json!({"message": "success", "errors": [{"type": "bad attribute", "input_array": "attributes", "index": 2}]});
+        assert_eq!(
+            fates(&map.read(201, Some(&body), &records(&p))),
+            ["delivered", "delivered", "rejected"]
+        );
+        let stray = json!({"errors": [{"index": 7}, {"index": 0, "status": 503}]});
+        assert_eq!(
+            fates(&map.read(201, Some(&stray), &records(&p))),
+            ["failed", "unaccounted", "unaccounted"]
+        );
+    }
+
+    #[test]
+    fn an_answer_without_a_body_delivers_unless_it_is_a_207() {
+        let map =
+            AnswerMap::parse(&json!({"kind": "indexed", "errors": "/errors", "index": "/index"}))
+                .unwrap();
+        let p = [json!({}), json!({})];
+        assert_eq!(fates(&map.read(204, None, &records(&p))), ["delivered"; 2]);
+        assert_eq!(
+            fates(&map.read(207, None, &records(&p))),
+            ["unaccounted"; 2]
+        );
+    }
+
+    #[test]
+    fn a_map_that_cannot_be_read_is_refused_naming_what_is_wrong() {
+        let e = AnswerMap::parse(&json!({"kind": "keyed", "errors": "/errors"})).unwrap_err();
+        assert!(e.contains("missing field `key`"), "{e}");
+        let e = AnswerMap::parse(&json!({"kind": "indexed", "errors": "errors", "index": "/i"}))
+            .unwrap_err();
+        assert!(e.contains("errors \"errors\" is not a JSON pointer"), "{e}");
+        let e = AnswerMap::parse(
+            &json!({"kind": "indexed", "errors": "/e", "index": "/i", "colour": 1}),
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown field `colour`"), "{e}");
+        let e = AnswerMap::parse(&json!({"kind": "sorted"})).unwrap_err();
+        assert!(e.contains("unknown variant `sorted`"), "{e}");
+    }
+}
