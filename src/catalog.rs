@@ -31,6 +31,9 @@ pub struct NewConnection {
     pub base_url: String,
     /// Name of the environment variable holding the API key (never the key itself).
     pub api_key_env: Option<String>,
+    /// How the key is presented ([`writer::auth::Auth`]; absent: a bearer token).
+    #[serde(default)]
+    pub auth: Option<serde_json::Value>,
     /// Extra request headers (not secrets: they are stored in plain text).
     #[serde(default)]
     pub headers: serde_json::Map<String, serde_json::Value>,
@@ -65,6 +68,8 @@ pub struct Connection {
     pub base_url: String,
     /// Environment variable holding the API key.
     pub api_key_env: Option<String>,
+    /// How the key is presented (`None`: a bearer token).
+    pub auth: Option<serde_json::Value>,
     /// Extra request headers.
     pub headers: serde_json::Value,
     /// Declared requests per minute, if overridden.
@@ -242,6 +247,13 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
         ))
     })?;
     writer::http::header_map(&serde_json::Value::Object(c.headers.clone())).map_err(invalid)?;
+    if c.auth.is_some() && c.writer != "http_json" {
+        return Err(invalid(format!(
+            "auth is for the http_json writer only, not {}",
+            c.writer
+        )));
+    }
+    writer::auth::Auth::parse(c.auth.as_ref()).map_err(invalid)?;
     limits::check(c.limits.clone()).map_err(|e| invalid(e.to_string()))?;
     if let Some(r) = &c.reserve {
         limits::parse_reserve(r).map_err(|e| invalid(e.to_string()))?;
@@ -279,15 +291,17 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
     sqlx::query_scalar!(
         r#"INSERT INTO connections
              (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
-              timeout_ms, budget_key, limits, reserve_percent)
-           VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000), $9, $10, $11)
+              timeout_ms, budget_key, limits, reserve_percent, auth)
+           VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000), $9, $10, $11,
+                   $12)
            ON CONFLICT (name) DO UPDATE SET
              writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
              api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
              requests_per_minute = EXCLUDED.requests_per_minute,
              max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
              budget_key = EXCLUDED.budget_key, limits = EXCLUDED.limits,
-             reserve_percent = EXCLUDED.reserve_percent, updated_at = now()
+             reserve_percent = EXCLUDED.reserve_percent, auth = EXCLUDED.auth,
+             updated_at = now()
            RETURNING id"#,
         c.name,
         c.writer,
@@ -305,6 +319,7 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
                 .map_or(Ok(0), limits::parse_reserve)
                 .unwrap_or(0)
         ),
+        c.auth,
     )
     .fetch_one(db)
     .await
@@ -525,7 +540,7 @@ pub async fn set_paused(
 pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>, sqlx::Error> {
     sqlx::query_as!(
         Connection,
-        r#"SELECT id, name, writer, base_url, api_key_env, headers, requests_per_minute,
+        r#"SELECT id, name, writer, base_url, api_key_env, auth, headers, requests_per_minute,
                   max_in_flight, timeout_ms, courier_budget_key(connections) AS "budget_key!",
                   limits, reserve_percent
            FROM connections ORDER BY name"#
@@ -756,7 +771,7 @@ async fn stored_connection(
 ) -> Result<Option<NewConnection>, sqlx::Error> {
     let row = sqlx::query!(
         "SELECT name, writer, base_url, api_key_env, headers, requests_per_minute,
-                max_in_flight, timeout_ms, budget_key, limits, reserve_percent
+                max_in_flight, timeout_ms, budget_key, limits, reserve_percent, auth
          FROM connections WHERE name = $1",
         name
     )
@@ -767,6 +782,7 @@ async fn stored_connection(
         writer: r.writer,
         base_url: r.base_url,
         api_key_env: r.api_key_env,
+        auth: r.auth,
         headers: r.headers.as_object().cloned().unwrap_or_default(),
         requests_per_minute: r.requests_per_minute,
         max_in_flight: Some(r.max_in_flight),

@@ -738,3 +738,77 @@ async fn a_refusal_of_the_request_itself_rejects_each_record_without_a_split() {
     // Bad credentials are every record's: two calls of ten, none split.
     assert_eq!(target.counters().requests, 2);
 }
+
+#[tokio::test]
+async fn each_auth_kind_presents_the_key_as_its_target_expects() {
+    let cases = [
+        (
+            json!({"kind": "header", "name": "Authorization", "scheme": "Klaviyo-API-Key"}),
+            "authorization",
+            "Klaviyo-API-Key pk_live",
+        ),
+        (
+            json!({"kind": "header", "name": "api-key"}),
+            "api-key",
+            "pk_live",
+        ),
+        // base64("anystring:pk_live")
+        (
+            json!({"kind": "basic", "user": "anystring"}),
+            "authorization",
+            "Basic YW55c3RyaW5nOnBrX2xpdmU=",
+        ),
+    ];
+    // SAFETY: set once, before any thread of this test reads it; no other test names it.
+    unsafe { std::env::set_var("COURIER_TEST_AUTH_KEY", "pk_live") };
+    for (auth, header, value) in cases {
+        let (db, target) = shop(&[], 100, 2).await;
+        sqlx::query("UPDATE connections SET api_key_env = 'COURIER_TEST_AUTH_KEY'")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        // Through the catalog, as `courier connection add --auth` and `apply` save it.
+        let mut conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
+        conn.auth = Some(auth.clone());
+        catalog::upsert_connection(
+            &db.pool,
+            &NewConnection {
+                name: conn.name,
+                writer: conn.writer,
+                base_url: conn.base_url,
+                api_key_env: conn.api_key_env,
+                auth: conn.auth,
+                requests_per_minute: conn.requests_per_minute,
+                max_in_flight: Some(conn.max_in_flight),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        bulk_rule(&db.pool, "events", "batch/per-item/", 5, None).await;
+        enqueue::enqueue_many(&db.pool, "events", records("e", 3, &[]))
+            .await
+            .unwrap();
+        let engine = engine(&db.pool, settings(&db.url));
+        drive(&engine).await;
+        assert_eq!(
+            statuses(&db.pool).await,
+            [("delivered".into(), 3)],
+            "{auth}"
+        );
+        let sent = &target.requests()[0].headers;
+        assert_eq!(
+            sent.get(header).map(String::as_str),
+            Some(value),
+            "{auth}: {sent:?}"
+        );
+        // The key is nowhere in the database.
+        let stored: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM connections WHERE row_to_json(connections)::text LIKE '%pk_live%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(stored, 0);
+    }
+}

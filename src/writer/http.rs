@@ -53,12 +53,12 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Reads `conn`'s settings and headers; `authorization` is the full header value
-    /// (e.g. `Bearer <key>`), never logged.
+    /// Reads `conn`'s settings and headers; `authorization` is the header carrying the
+    /// key and its full value (e.g. `Authorization: Bearer <key>`), never logged.
     pub fn new(
         conn: &Connection,
         client: &reqwest::Client,
-        authorization: Option<String>,
+        authorization: Option<(HeaderName, String)>,
     ) -> Result<Self, WriterConfigError> {
         let invalid = |reason: String| invalid(conn, reason);
         let mut headers = header_map(&conn.headers).map_err(invalid)?;
@@ -68,12 +68,12 @@ impl Endpoint {
                 secrets.add(value);
             }
         }
-        if let Some(authorization) = authorization {
+        if let Some((name, authorization)) = authorization {
             secrets.add(&authorization);
             let mut value = HeaderValue::try_from(authorization)
                 .map_err(|_| invalid("the API key holds characters a header cannot".into()))?;
             value.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, value);
+            headers.insert(name, value);
         }
         Ok(Self {
             connection: conn.name.clone(),
@@ -194,7 +194,7 @@ pub struct HttpJsonWriter {
 
 impl HttpJsonWriter {
     /// Builds the writer for `conn`; `key` is the API key read from its environment variable
-    /// and is sent as `Authorization: Bearer <key>`.
+    /// and is sent as its `auth` says (`Authorization: Bearer <key>` unless told otherwise).
     pub fn new(
         conn: &Connection,
         client: &reqwest::Client,
@@ -204,8 +204,13 @@ impl HttpJsonWriter {
         if !base_url.ends_with('/') {
             base_url.push('/');
         }
+        let auth = super::auth::Auth::parse(conn.auth.as_ref()).map_err(|e| invalid(conn, e))?;
+        let authorization = key
+            .map(|k| auth.header(&k))
+            .transpose()
+            .map_err(|e| invalid(conn, e))?;
         Ok(Self {
-            endpoint: Endpoint::new(conn, client, key.map(|k| format!("Bearer {k}")))?,
+            endpoint: Endpoint::new(conn, client, authorization)?,
             base_url,
         })
     }

@@ -14,6 +14,7 @@
 //! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace.
 
 pub mod answer;
+pub mod auth;
 pub mod http;
 pub mod secrets;
 pub mod usercom;

@@ -374,7 +374,14 @@ impl UserComWriter {
         if base_url.cannot_be_a_base() {
             return Err(invalid(conn, "base URL cannot take a path".into()));
         }
-        let mut endpoint = Endpoint::new(conn, client, Some(format!("Token {}", key.trim())))?;
+        let mut endpoint = Endpoint::new(
+            conn,
+            client,
+            Some((
+                reqwest::header::AUTHORIZATION,
+                format!("Token {}", key.trim()),
+            )),
+        )?;
         endpoint
             .headers
             .insert(ACCEPT, HeaderValue::from_static(ACCEPT_VERSION_2));

@@ -14,42 +14,50 @@ use courier_cli::tables::table;
 
 use super::Ctx;
 
+/// `courier connection add`.
+#[derive(clap::Args)]
+pub struct ConnectionAdd {
+    #[arg(long)]
+    pub name: String,
+    /// Writer kind.
+    #[arg(long, default_value = "http_json")]
+    pub writer: String,
+    #[arg(long)]
+    pub base_url: String,
+    /// Environment variable holding the API key.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// How the key is presented, as JSON (default: a bearer token):
+    /// `{"kind": "header", "name": "api-key"}`, `{"kind": "basic", "user": "anystring"}`.
+    #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+    pub auth: Option<serde_json::Value>,
+    /// Extra header, `Name: value` (repeatable).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+    pub requests_per_minute: Option<i32>,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_in_flight: Option<i32>,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=600_000))]
+    pub timeout_ms: Option<i32>,
+    /// Share one budget and one rate-limit block with connections naming the same key
+    /// (e.g. the workspace).
+    #[arg(long)]
+    pub budget_key: Option<String>,
+    /// A limit the target states, `N/window` (window: s, 10s, min, h, day;
+    /// repeatable): `--limit 10/s --limit 100000/day`. `--requests-per-minute N` is
+    /// the one-limit shorthand `--limit N/min`.
+    #[arg(long = "limit", value_parser = parse_limit)]
+    pub limits: Vec<Limit>,
+    /// Share of each window of a minute or longer kept for other clients, 0%–90%.
+    #[arg(long, value_parser = parse_reserve)]
+    pub reserve: Option<String>,
+}
+
 #[derive(Subcommand)]
 pub enum ConnectionCmd {
     /// Create a connection, or update the one with that name.
-    Add {
-        #[arg(long)]
-        name: String,
-        /// Writer kind.
-        #[arg(long, default_value = "http_json")]
-        writer: String,
-        #[arg(long)]
-        base_url: String,
-        /// Environment variable holding the API key.
-        #[arg(long)]
-        api_key_env: Option<String>,
-        /// Extra header, `Name: value` (repeatable).
-        #[arg(long = "header")]
-        headers: Vec<String>,
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
-        requests_per_minute: Option<i32>,
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
-        max_in_flight: Option<i32>,
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=600_000))]
-        timeout_ms: Option<i32>,
-        /// Share one budget and one rate-limit block with connections naming the same key
-        /// (e.g. the workspace).
-        #[arg(long)]
-        budget_key: Option<String>,
-        /// A limit the target states, `N/window` (window: s, 10s, min, h, day;
-        /// repeatable): `--limit 10/s --limit 100000/day`. `--requests-per-minute N` is
-        /// the one-limit shorthand `--limit N/min`.
-        #[arg(long = "limit", value_parser = parse_limit)]
-        limits: Vec<Limit>,
-        /// Share of each window of a minute or longer kept for other clients, 0%–90%.
-        #[arg(long, value_parser = parse_reserve)]
-        reserve: Option<String>,
-    },
+    Add(Box<ConnectionAdd>),
     /// List connections.
     List,
     /// Start no run for any rule of the connection; runs under way stop at their next
@@ -153,25 +161,28 @@ fn parse_json_object(s: &str) -> Result<serde_json::Value, String> {
 /// Runs a `courier connection` subcommand.
 pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
     match cmd {
-        ConnectionCmd::Add {
-            name,
-            writer,
-            base_url,
-            api_key_env,
-            headers,
-            requests_per_minute,
-            max_in_flight,
-            timeout_ms,
-            budget_key,
-            limits,
-            reserve,
-        } => {
+        ConnectionCmd::Add(add) => {
+            let ConnectionAdd {
+                name,
+                writer,
+                base_url,
+                api_key_env,
+                auth,
+                headers,
+                requests_per_minute,
+                max_in_flight,
+                timeout_ms,
+                budget_key,
+                limits,
+                reserve,
+            } = *add;
             let headers = header_map(&name, &headers)?;
             let c = NewConnection {
                 name,
                 writer,
                 base_url,
                 api_key_env,
+                auth,
                 headers,
                 requests_per_minute,
                 max_in_flight,

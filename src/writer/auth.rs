@@ -1,0 +1,123 @@
+//! How a connection's key is presented (its `auth`): the key itself is read from the
+//! variable `api_key_env` names, never stored, and marked sensitive wherever it goes.
+
+use reqwest::header::{AUTHORIZATION, HeaderName};
+use serde::{Deserialize, Serialize};
+
+/// How the key goes with each request.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Auth {
+    /// `Authorization: Bearer <key>` (the default).
+    #[default]
+    Bearer,
+    /// `<name>: <scheme> <key>`, or `<name>: <key>` without a scheme: Klaviyo's
+    /// `Authorization: Klaviyo-API-Key <key>`, Brevo's `api-key: <key>`.
+    Header {
+        /// The header's name.
+        name: String,
+        /// The word before the key, if any.
+        #[serde(default)]
+        scheme: Option<String>,
+    },
+    /// HTTP Basic with the key as the password: Mailchimp's `anystring:<key>`, Customer.io's
+    /// `<site id>:<key>`. The user is `user`, or read from the variable `user_env` names.
+    Basic {
+        /// The user name, as it is.
+        #[serde(default)]
+        user: Option<String>,
+        /// The variable holding the user name (a site id).
+        #[serde(default)]
+        user_env: Option<String>,
+    },
+}
+
+impl Auth {
+    /// Reads a connection's `auth` (JSON; `None`: bearer); the error names what is wrong.
+    pub fn parse(value: Option<&serde_json::Value>) -> Result<Self, String> {
+        let Some(value) = value else {
+            return Ok(Auth::Bearer);
+        };
+        let auth: Auth = serde_json::from_value(value.clone())
+            .map_err(|e| format!("auth: {e} (kinds: bearer, header, basic)"))?;
+        match &auth {
+            Auth::Header { name, .. } if HeaderName::try_from(name.as_str()).is_err() => Err(
+                format!("auth: header name {name:?} is not a valid HTTP header name"),
+            ),
+            Auth::Basic { user, user_env } if user.is_some() == user_env.is_some() => {
+                Err("auth: basic takes one of user and user_env".into())
+            }
+            _ => Ok(auth),
+        }
+    }
+
+    /// The header carrying `key`: its name and value. Basic reads its user from the
+    /// environment when told to; the error names the variable, never a value.
+    pub fn header(&self, key: &str) -> Result<(HeaderName, String), String> {
+        use base64::Engine as _;
+        Ok(match self {
+            Auth::Bearer => (AUTHORIZATION, format!("Bearer {key}")),
+            Auth::Header { name, scheme } => {
+                let name = HeaderName::try_from(name.as_str()).map_err(|e| e.to_string())?;
+                let value = match scheme {
+                    Some(s) => format!("{s} {key}"),
+                    None => key.to_owned(),
+                };
+                (name, value)
+            }
+            Auth::Basic { user, user_env } => {
+                let user = match (user, user_env) {
+                    (Some(u), _) => u.clone(),
+                    (None, Some(var)) => std::env::var(var)
+                        .map_err(|_| format!("the variable {var} (auth user_env) is not set"))?,
+                    (None, None) => String::new(),
+                };
+                let token =
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{key}"));
+                (AUTHORIZATION, format!("Basic {token}"))
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn each_kind_presents_the_key_its_target_expects() {
+        let header = |v| Auth::parse(Some(&v)).unwrap().header("k3y").unwrap();
+        let (name, value) =
+            header(json!({"kind": "header", "name": "Authorization", "scheme": "Klaviyo-API-Key"}));
+        assert_eq!(
+            (name.as_str(), value.as_str()),
+            ("authorization", "Klaviyo-API-Key k3y")
+        );
+        let (name, value) = header(json!({"kind": "header", "name": "api-key"}));
+        assert_eq!((name.as_str(), value.as_str()), ("api-key", "k3y"));
+        // base64("anystring:k3y")
+        let (_, value) = header(json!({"kind": "basic", "user": "anystring"}));
+        assert_eq!(value, "Basic YW55c3RyaW5nOmszeQ==");
+        assert_eq!(
+            Auth::parse(None).unwrap().header("k3y").unwrap().1,
+            "Bearer k3y"
+        );
+    }
+
+    #[test]
+    fn an_auth_courier_cannot_use_is_refused_naming_what_is_wrong() {
+        let e = Auth::parse(Some(&json!({"kind": "oauth"}))).unwrap_err();
+        assert!(e.contains("unknown variant `oauth`"), "{e}");
+        let e = Auth::parse(Some(&json!({"kind": "header", "name": "bad name"}))).unwrap_err();
+        assert!(e.contains("not a valid HTTP header name"), "{e}");
+        let e = Auth::parse(Some(&json!({"kind": "basic"}))).unwrap_err();
+        assert!(e.contains("one of user and user_env"), "{e}");
+        let e = Auth::parse(Some(
+            &json!({"kind": "basic", "user": "u", "password": "p"}),
+        ))
+        .unwrap_err();
+        assert!(e.contains("unknown field `password`"), "{e}");
+    }
+}
