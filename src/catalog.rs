@@ -147,6 +147,10 @@ pub struct NewRule {
     /// [`writer::answer::AnswerMap`]); absent, the generic per-item array.
     #[serde(default)]
     pub answer: Option<serde_json::Value>,
+    /// For `http_json`: how its requests are shaped (see
+    /// [`writer::request::RequestShape`]); absent, each payload by POST.
+    #[serde(default)]
+    pub request: Option<serde_json::Value>,
 }
 
 /// A stored rule.
@@ -180,6 +184,8 @@ pub struct Rule {
     pub budget_key: Option<String>,
     /// How its answers name each record's fate, if stated.
     pub answer: Option<serde_json::Value>,
+    /// How its requests are shaped, if stated.
+    pub request: Option<serde_json::Value>,
 }
 
 /// Why a connection or rule could not be stored.
@@ -334,7 +340,7 @@ async fn check_rules_of(
     c: &NewConnection,
 ) -> Result<(), CatalogError> {
     let rules = sqlx::query!(
-        "SELECT name, path, records_per_call, batch_envelope, answer FROM rules
+        "SELECT name, path, records_per_call, batch_envelope, answer, request FROM rules
          WHERE connection_id = $1 ORDER BY name",
         id
     )
@@ -351,6 +357,7 @@ async fn check_rules_of(
                         r.records_per_call,
                         r.batch_envelope.as_deref(),
                         r.answer.as_ref(),
+                        r.request.as_ref(),
                     )
                 })
                 .err()
@@ -398,6 +405,7 @@ pub async fn upsert_rule<'c>(
                 r.records_per_call.unwrap_or(1),
                 r.batch_envelope.as_deref(),
                 r.answer.as_ref(),
+                r.request.as_ref(),
             )
         })
         .map_err(|e| {
@@ -409,10 +417,10 @@ pub async fn upsert_rule<'c>(
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight, records_per_call, batch_envelope, budget_key, answer)
+              enabled, weight, records_per_call, batch_envelope, budget_key, answer, request)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
                   COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11,
-                  $12, $13
+                  $12, $13, $14
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -421,7 +429,7 @@ pub async fn upsert_rule<'c>(
              enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
              records_per_call = EXCLUDED.records_per_call,
              batch_envelope = EXCLUDED.batch_envelope, budget_key = EXCLUDED.budget_key,
-             answer = EXCLUDED.answer, updated_at = now()
+             answer = EXCLUDED.answer, request = EXCLUDED.request, updated_at = now()
            RETURNING id"#,
         r.name,
         r.connection,
@@ -436,6 +444,7 @@ pub async fn upsert_rule<'c>(
         r.batch_envelope,
         r.budget_key,
         r.answer,
+        r.request,
     )
     .fetch_one(&mut *tx)
     .await
@@ -555,7 +564,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
                 backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope,
-                budget_key, answer
+                budget_key, answer, request
          FROM rules ORDER BY name"
     )
     .fetch_all(db)
@@ -797,7 +806,7 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
                 r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
-                r.batch_envelope, r.budget_key, r.answer
+                r.batch_envelope, r.budget_key, r.answer, r.request
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -817,5 +826,6 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
         batch_envelope: r.batch_envelope,
         budget_key: r.budget_key,
         answer: r.answer,
+        request: r.request,
     }))
 }

@@ -812,3 +812,136 @@ async fn each_auth_kind_presents_the_key_as_its_target_expects() {
         assert_eq!(stored, 0);
     }
 }
+
+#[tokio::test]
+async fn a_hubspot_shaped_upsert_sends_templated_items_and_reads_the_207_by_trace_id() {
+    let (db, target) = shop(&[], 100, 2).await;
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "contacts".into(),
+            connection: "shop".into(),
+            path: "crm/v3/objects/contacts/batch/keyed/".into(),
+            records_per_call: Some(5),
+            max_attempts: Some(3),
+            request: Some(json!({
+                "item": {"idProperty": "email", "id": "{{payload/email}}",
+                         "properties": "{{payload}}", "objectWriteTraceId": "{{delivery_id}}"},
+                "body": {"inputs": "{{records}}"}
+            })),
+            answer: Some(
+                json!({"kind": "keyed", "results": "/results", "errors": "/errors",
+                                "key": "/objectWriteTraceId", "record": "delivery_id",
+                                "message": "/message"}),
+            ),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let contacts: Vec<NewDelivery> = (0..5)
+        .map(|i| {
+            let mut p = json!({"email": format!("c{i}@example.com"), "firstname": format!("C{i}")});
+            if i == 2 {
+                p["invalid"] = json!(true);
+            }
+            NewDelivery::new(format!("contact:{i}"), p)
+        })
+        .collect();
+    enqueue::enqueue_many(&db.pool, "contacts", contacts)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 4), ("rejected".into(), 1)]
+    );
+    let sent = &target.requests()[0];
+    let first_id: i64 = sqlx::query_scalar("SELECT min(id) FROM deliveries")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        sent.body.pointer("/inputs/0"),
+        Some(&json!({"idProperty": "email", "id": "c0@example.com",
+                     "properties": {"email": "c0@example.com", "firstname": "C0"},
+                     "objectWriteTraceId": first_id.to_string()}))
+    );
+    assert_eq!(sent.body["inputs"].as_array().map(Vec::len), Some(5));
+}
+
+#[tokio::test]
+async fn a_mailchimp_shaped_member_put_fills_its_path_from_the_record() {
+    let (db, target) = shop(&[], 100, 2).await;
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "members".into(),
+            connection: "shop".into(),
+            path: "lists/abc/members/{payload/email}".into(),
+            request: Some(
+                json!({"method": "PUT", "item": {"email_address": "{{payload/email}}",
+                                 "status_if_new": "subscribed"}}),
+            ),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let members = vec![
+        NewDelivery::new("m:1", json!({"email": "ann+news@example.com"})),
+        NewDelivery::new("m:2", json!({"name": "no e-mail"})),
+    ];
+    enqueue::enqueue_many(&db.pool, "members", members)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 1), ("rejected".into(), 1)]
+    );
+    let calls = target.requests();
+    assert_eq!(calls.len(), 1, "the record without an e-mail is never sent");
+    assert_eq!(calls[0].method, "PUT");
+    assert_eq!(calls[0].path, "/lists/abc/members/ann%2Bnews%40example.com");
+    assert_eq!(
+        calls[0].body,
+        json!({"email_address": "ann+news@example.com", "status_if_new": "subscribed"})
+    );
+    let error: String = sqlx::query_scalar("SELECT error FROM ledger WHERE outcome = 'rejected'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(error.contains("no field /email"), "{error}");
+}
+
+#[tokio::test]
+async fn a_salesforce_403_request_limit_exceeded_is_a_rate_limit_not_a_refusal() {
+    let (db, target) = shop(&[], 100, 2).await;
+    bulk_rule(&db.pool, "events", "batch/limit-exceeded/", 5, None).await;
+    enqueue::enqueue_many(&db.pool, "events", records("e", 5, &[]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    // Nothing recorded against the records, no attempt spent, the budget blocked.
+    assert_eq!(statuses(&db.pool).await, [("pending".into(), 5)]);
+    let ledger_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(ledger_rows, 0);
+    let (blocks, raw): (i64, Option<String>) = sqlx::query_as(
+        "SELECT count(*), max(retry_after_raw) FROM connection_blocks WHERE blocked_until > now()",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (blocks, raw.as_deref()),
+        (1, Some("403 REQUEST_LIMIT_EXCEEDED"))
+    );
+    assert_eq!(target.counters().requests, 1);
+}

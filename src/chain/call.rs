@@ -199,6 +199,7 @@ async fn call_once(
             envelope: ctx.batch_envelope.as_deref(),
             bulk: ctx.records_per_call > 1,
             answer: ctx.answer.as_ref().ok().and_then(Option::as_ref),
+            request: ctx.request.as_ref().ok(),
         })
         .await;
     // From the time the call was due: a thread that woke late delays it too.

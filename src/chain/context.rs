@@ -10,7 +10,7 @@ use crate::{
     catalog::Connection,
     retry::RetryPolicy,
     runs::RunStatus,
-    writer::answer::AnswerMap,
+    writer::{answer::AnswerMap, request::RequestShape},
 };
 
 /// A run and everything its next job needs.
@@ -45,6 +45,8 @@ pub struct JobContext {
     /// How the rule's answers name each record's fate, or why its stored map cannot be
     /// read (the run then ends with the rule unusable).
     pub answer: Result<Option<AnswerMap>, String>,
+    /// How the rule's requests are shaped, or why its stored shape cannot be used.
+    pub request: Result<RequestShape, String>,
     /// Attempts and backoff.
     pub retry: RetryPolicy,
     /// The connection the rule delivers into.
@@ -63,7 +65,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
         r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, r.job_id, ru.enabled,
                   ru.name AS rule_name,
                   ru.paused AS rule_paused, c.paused AS connection_paused,
-                  ru.path, ru.batch_size, ru.records_per_call, ru.batch_envelope, ru.answer, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
+                  ru.path, ru.batch_size, ru.records_per_call, ru.batch_envelope, ru.answer, ru.request, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
                   c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.auth, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
                   courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
@@ -78,54 +80,58 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
     )
     .fetch_optional(db)
     .await?;
-    Ok(row.map(|r| JobContext {
-        run_id,
-        run_status: r.run_status,
-        rule_id: r.rule_id,
-        rule_name: r.rule_name,
-        cursor_id: r.cursor_id,
-        rule_enabled: r.enabled,
-        paused: if r.rule_paused {
-            Some("rule paused")
-        } else if r.connection_paused {
-            Some("connection paused")
-        } else {
-            None
-        },
-        weight: r.weight,
-        path: r.path,
-        batch_size: r.batch_size,
-        records_per_call: r.records_per_call,
-        batch_envelope: r.batch_envelope,
-        answer: r.answer.as_ref().map(AnswerMap::parse).transpose(),
-        retry: RetryPolicy {
-            max_attempts: r.max_attempts,
-            backoff_base_ms: r.backoff_base_ms,
-            backoff_max_ms: r.backoff_max_ms,
-        },
-        connection: Connection {
-            id: r.connection_id,
-            name: r.name,
-            writer: r.writer,
-            base_url: r.base_url,
-            api_key_env: r.api_key_env,
-            auth: r.auth,
-            headers: r.headers,
-            requests_per_minute: r.requests_per_minute,
-            max_in_flight: r.max_in_flight,
-            timeout_ms: r.timeout_ms,
-            budget_key: r.budget_key,
-            limits: r.limits,
-            reserve_percent: r.reserve_percent,
-        },
-        circuit: Circuit {
-            state: r.state,
-            consecutive_failures: r.consecutive_failures,
-            times_opened: r.times_opened,
-            open_until: r.open_until,
-        },
-        probe_run_id: r.probe_run_id,
-        job_id: r.job_id,
+    Ok(row.map(|r| {
+        let request = RequestShape::parse(r.request.as_ref(), &r.path, r.records_per_call > 1);
+        JobContext {
+            run_id,
+            run_status: r.run_status,
+            rule_id: r.rule_id,
+            rule_name: r.rule_name,
+            cursor_id: r.cursor_id,
+            rule_enabled: r.enabled,
+            paused: if r.rule_paused {
+                Some("rule paused")
+            } else if r.connection_paused {
+                Some("connection paused")
+            } else {
+                None
+            },
+            weight: r.weight,
+            path: r.path,
+            batch_size: r.batch_size,
+            records_per_call: r.records_per_call,
+            batch_envelope: r.batch_envelope,
+            answer: r.answer.as_ref().map(AnswerMap::parse).transpose(),
+            request,
+            retry: RetryPolicy {
+                max_attempts: r.max_attempts,
+                backoff_base_ms: r.backoff_base_ms,
+                backoff_max_ms: r.backoff_max_ms,
+            },
+            connection: Connection {
+                id: r.connection_id,
+                name: r.name,
+                writer: r.writer,
+                base_url: r.base_url,
+                api_key_env: r.api_key_env,
+                auth: r.auth,
+                headers: r.headers,
+                requests_per_minute: r.requests_per_minute,
+                max_in_flight: r.max_in_flight,
+                timeout_ms: r.timeout_ms,
+                budget_key: r.budget_key,
+                limits: r.limits,
+                reserve_percent: r.reserve_percent,
+            },
+            circuit: Circuit {
+                state: r.state,
+                consecutive_failures: r.consecutive_failures,
+                times_opened: r.times_opened,
+                open_until: r.open_until,
+            },
+            probe_run_id: r.probe_run_id,
+            job_id: r.job_id,
+        }
     }))
 }
 

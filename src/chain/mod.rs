@@ -149,14 +149,18 @@ fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dy
         Next::Unusable(Unusable::Rule, format!("rule path {:?}: {e}", ctx.path))
     })?;
     // Records per call beyond what the writer can carry (a rule written by plain SQL).
-    let answer = ctx.answer.as_ref().err().cloned().map_or(Ok(()), Err);
-    answer
+    let stored = match (&ctx.answer, &ctx.request) {
+        (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+        _ => Ok(()),
+    };
+    stored
         .and_then(|()| {
             writer::check_bulk(
                 &ctx.connection.writer,
                 &ctx.path,
                 ctx.records_per_call,
                 ctx.batch_envelope.as_deref(),
+                None,
                 None,
             )
         })

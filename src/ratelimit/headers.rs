@@ -13,6 +13,13 @@
 //! 3. The common `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`; the
 //!    reset is a delta or UTC epoch seconds (GitHub) as the writer's [`ResetKind`] says.
 //!
+//! 4. Vendors' own: HubSpot's `X-HubSpot-RateLimit-Max` over
+//!    `X-HubSpot-RateLimit-Interval-Milliseconds` (the window in milliseconds) with
+//!    `-Remaining`, and its daily pair `X-HubSpot-RateLimit-Daily` / `-Daily-Remaining`;
+//!    Brevo's `x-sib-ratelimit-limit`, `-remaining`, `-reset` (seconds, a delta; it sends
+//!    no `Retry-After`); Salesforce's `Sforce-Limit-Info: api-usage=18/5000`, a day's
+//!    allowance and what is left of it.
+//!
 //! A limit is a quota only with a window: `RateLimit-Limit` and `X-RateLimit-Limit` state
 //! one when they carry a `;w=` parameter (`100;w=60`, as the older drafts allowed), else
 //! the limit alone says no rate and the statement has no quota.
@@ -122,10 +129,12 @@ impl Statement {
 /// `X-RateLimit-Reset` is meant, `now` is the time an epoch reset is measured from.
 pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> Statement {
     let ietf = ietf_remaining(headers);
+    let vendor = vendor(headers);
     let quotas = Some(ietf_policy(headers))
         .filter(|q| !q.is_empty())
         .or_else(|| Some(limit_quota(headers, "ratelimit-limit")).filter(|q| !q.is_empty()))
-        .unwrap_or_else(|| limit_quota(headers, "x-ratelimit-limit"));
+        .or_else(|| Some(limit_quota(headers, "x-ratelimit-limit")).filter(|q| !q.is_empty()))
+        .unwrap_or(vendor.quotas);
     let quota = quotas
         .iter()
         .copied()
@@ -133,7 +142,8 @@ pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> S
     let remaining = ietf
         .and_then(|(r, _)| r)
         .or_else(|| scalar(headers, "ratelimit-remaining").and_then(count))
-        .or_else(|| scalar(headers, "x-ratelimit-remaining").and_then(count));
+        .or_else(|| scalar(headers, "x-ratelimit-remaining").and_then(count))
+        .or(vendor.remaining);
     let reset = ietf
         .and_then(|(_, t)| t)
         .or_else(|| scalar(headers, "ratelimit-reset").and_then(delta))
@@ -145,11 +155,70 @@ pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> S
                 // (its clock too), so a host whose clock is off reads the same wait.
                 ResetKind::EpochSeconds => epoch(raw, answered_at(headers).unwrap_or(now)),
             }
-        });
+        })
+        .or(vendor.reset);
     Statement {
         quota,
         quotas,
         remaining,
+        reset,
+    }
+}
+
+/// What a vendor's own headers state (HubSpot, Brevo, Salesforce): quotas, the fewest
+/// requests left among them, a reset.
+fn vendor(headers: &HeaderMap) -> Statement {
+    let mut quotas = Vec::new();
+    let mut remaining: Vec<u32> = Vec::new();
+    // HubSpot: the window in milliseconds (whole seconds kept), and a daily pair.
+    let interval = scalar(headers, "x-hubspot-ratelimit-interval-milliseconds")
+        .and_then(count)
+        .map(|ms| Duration::from_secs(u64::from(ms) / 1000))
+        .filter(|w| !w.is_zero() && *w <= MAX_WINDOW);
+    if let (Some(limit), Some(window)) = (
+        scalar(headers, "x-hubspot-ratelimit-max").and_then(count),
+        interval,
+    ) {
+        quotas.push(Quota { limit, window });
+    }
+    if let Some(limit) = scalar(headers, "x-hubspot-ratelimit-daily").and_then(count) {
+        quotas.push(Quota {
+            limit,
+            window: Duration::from_secs(86_400),
+        });
+    }
+    for name in [
+        "x-hubspot-ratelimit-remaining",
+        "x-hubspot-ratelimit-daily-remaining",
+        "x-sib-ratelimit-remaining",
+    ] {
+        remaining.extend(scalar(headers, name).and_then(count));
+    }
+    // Salesforce: `api-usage=used/limit` over a rolling day.
+    if let Some((used, limit)) = headers
+        .get("sforce-limit-info")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.split(',')
+                .find_map(|p| p.trim().strip_prefix("api-usage="))
+        })
+        .and_then(|u| u.split_once('/'))
+        .and_then(|(used, limit)| Some((count(used)?, count(limit)?)))
+    {
+        quotas.push(Quota {
+            limit,
+            window: Duration::from_secs(86_400),
+        });
+        remaining.push(limit.saturating_sub(used));
+    }
+    let reset = scalar(headers, "x-sib-ratelimit-reset").and_then(delta);
+    Statement {
+        quota: quotas
+            .iter()
+            .copied()
+            .min_by(|a, b| a.per_minute().total_cmp(&b.per_minute())),
+        quotas,
+        remaining: remaining.into_iter().min(),
         reset,
     }
 }
@@ -528,6 +597,46 @@ mod tests {
             read(&h, ResetKind::EpochSeconds, now()).reset,
             Some(Duration::from_millis(1250))
         );
+    }
+
+    #[test]
+    fn hubspot_states_its_ten_second_window_in_milliseconds_and_a_daily_pair() {
+        let h = headers(&[
+            ("X-HubSpot-RateLimit-Max", "100"),
+            ("X-HubSpot-RateLimit-Remaining", "97"),
+            ("X-HubSpot-RateLimit-Interval-Milliseconds", "10000"),
+            ("X-HubSpot-RateLimit-Daily", "250000"),
+            ("X-HubSpot-RateLimit-Daily-Remaining", "249000"),
+        ]);
+        let s = read(&h, ResetKind::Delta, now());
+        assert_eq!(
+            s.limits(),
+            [Limit::new(100, 10), Limit::new(250_000, 86_400)]
+        );
+        assert_eq!((s.remaining, s.reset), (Some(97), None));
+    }
+
+    #[test]
+    fn brevo_states_what_is_left_and_when_it_resets_without_retry_after() {
+        let h = headers(&[
+            ("x-sib-ratelimit-limit", "10"),
+            ("x-sib-ratelimit-remaining", "0"),
+            ("x-sib-ratelimit-reset", "1"),
+        ]);
+        let s = read(&h, ResetKind::Delta, now());
+        assert_eq!(s.quota, None, "a limit without a window says no rate");
+        assert_eq!(
+            s.spent_until(now()),
+            Some(now() + chrono::Duration::seconds(1))
+        );
+    }
+
+    #[test]
+    fn salesforce_states_a_days_allowance_and_its_use() {
+        let h = headers(&[("Sforce-Limit-Info", "api-usage=4990/5000")]);
+        let s = read(&h, ResetKind::Delta, now());
+        assert_eq!(s.limits(), [Limit::new(5_000, 86_400)]);
+        assert_eq!(s.remaining, Some(10));
     }
 
     #[test]

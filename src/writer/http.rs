@@ -18,6 +18,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use super::{
     Call, DEFAULT_REQUESTS_PER_MINUTE, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer,
     WriterConfigError, Written, answer,
+    request::{self, RequestShape},
     secrets::{Secrets, is_secret_header},
 };
 use crate::{catalog::Connection, ratelimit::headers::ResetKind};
@@ -28,6 +29,9 @@ const ERROR_BODY_LIMIT: usize = 300;
 /// Vendor headers the generic writer reads a 429's wait from when `Retry-After` is absent:
 /// the IETF draft's `RateLimit-Reset` (delta seconds).
 pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
+
+/// The error code of an answer other than 429 that means "rate limited" (Salesforce's 403).
+pub const REQUEST_LIMIT_EXCEEDED: &str = "REQUEST_LIMIT_EXCEEDED";
 
 /// The most records one `http_json` call carries.
 pub const MAX_RECORDS_PER_CALL: usize = 1000;
@@ -233,59 +237,121 @@ impl Writer for HttpJsonWriter {
 
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
         async move {
-            let url = format!("{}{}", self.base_url, out.path.trim_start_matches('/'));
-            let request = self
-                .endpoint
-                .client
-                .post(url)
-                .header("Idempotency-Key", format!("courier-{}", out.delivery_id))
-                .json(out.payload);
-            self.endpoint.send(request, RESET_HEADERS).await
+            let records = [out];
+            let call = Call {
+                records: &records,
+                envelope: None,
+                bulk: false,
+                answer: None,
+                request: None,
+            };
+            let written = self.write_many(call).await?;
+            match written.items.into_iter().next().flatten() {
+                Some(e) => Err(e),
+                None => Ok(written.receipt),
+            }
         }
         .boxed()
     }
 
     fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
         async move {
+            let n = call.records.len();
             let Some(first) = call.records.first() else {
                 return Ok(Written::all(Receipt::default(), 0));
             };
-            if !call.bulk {
-                return self.write(*first).await.map(|r| Written::all(r, 1));
+            let shape = call.request.unwrap_or(&PLAIN);
+            // Each record as sent; one whose payload lacks a field its template names is
+            // refused alone, the others of the call go on.
+            let mut items: Vec<Option<WriteError>> = vec![None; n];
+            let mut sent: Vec<(usize, serde_json::Value)> = Vec::with_capacity(n);
+            for (i, r) in call.records.iter().enumerate() {
+                match shape.item(record(r)) {
+                    Ok(item) => sent.push((i, item)),
+                    Err(e) => items[i] = Some(refused(e)),
+                }
             }
-            let url = format!("{}{}", self.base_url, first.path.trim_start_matches('/'));
-            let payloads: Vec<&serde_json::Value> =
-                call.records.iter().map(|r| r.payload).collect();
-            let body = match call.envelope {
-                Some(field) => serde_json::json!({ field: payloads }),
-                None => serde_json::json!(payloads),
+            if sent.is_empty() {
+                return Ok(Written {
+                    receipt: Receipt::default(),
+                    items,
+                });
+            }
+            let path = match request::fill_path(first.path, record(first)) {
+                Ok(p) => p,
+                Err(e) => return Err(refused(e)),
             };
-            let ids: Vec<String> = call
-                .records
+            let url = format!("{}{}", self.base_url, path.trim_start_matches('/'));
+            let ids: Vec<String> = sent
                 .iter()
-                .map(|r| r.delivery_id.to_string())
+                .map(|(i, _)| call.records[*i].delivery_id.to_string())
                 .collect();
+            let outgoing: Vec<Outgoing<'_>> = sent.iter().map(|(i, _)| call.records[*i]).collect();
+            let body = match call.bulk {
+                true => shape.body(sent.into_iter().map(|(_, v)| v).collect(), call.envelope),
+                false => sent.pop().map(|(_, v)| v).unwrap_or_default(),
+            };
             let request = self
                 .endpoint
                 .client
-                .post(url)
+                .request(shape.method(), url)
                 .header("Idempotency-Key", format!("courier-{}", ids.join(",")))
-                .json(&body);
+                .header(reqwest::header::CONTENT_TYPE, shape.content_type())
+                .body(serde_json::to_vec(&body).expect("JSON serializes"));
             let receipt = self
                 .endpoint
-                .send_reading(request, RESET_HEADERS, true)
+                .send_reading(request, RESET_HEADERS, call.bulk)
                 .await?;
             let status = receipt.http_status.unwrap_or(200);
             let body = receipt.body.as_ref();
-            let n = call.records.len();
-            let items = match (call.answer, body.and_then(serde_json::Value::as_array)) {
-                (Some(map), _) => map.read(status, body, call.records),
-                (None, Some(items)) if items.len() == n => items.iter().map(item_outcome).collect(),
-                (None, _) => answer::unnamed(status, n),
+            let m = outgoing.len();
+            let answered = match (
+                call.bulk,
+                call.answer,
+                body.and_then(serde_json::Value::as_array),
+            ) {
+                (false, _, _) => vec![None; m],
+                (true, Some(map), _) => map.read(status, body, &outgoing),
+                (true, None, Some(items)) if items.len() == m => {
+                    items.iter().map(item_outcome).collect()
+                }
+                (true, None, _) => answer::unnamed(status, m),
             };
+            let mut answered = answered.into_iter();
+            for (slot, r) in items.iter_mut().zip(call.records) {
+                if slot.is_none() && outgoing.iter().any(|o| o.delivery_id == r.delivery_id) {
+                    *slot = answered.next().flatten();
+                }
+            }
             Ok(Written { receipt, items })
         }
         .boxed()
+    }
+}
+
+/// The shape of a rule that states none: each payload as it is, by POST as JSON.
+static PLAIN: RequestShape = RequestShape {
+    method: None,
+    content_type: None,
+    item: None,
+    body: None,
+};
+
+/// A record as the request's templates see it.
+fn record<'r>(r: &Outgoing<'r>) -> request::Record<'r> {
+    request::Record {
+        delivery_id: r.delivery_id,
+        record_key: r.record_key,
+        payload: r.payload,
+    }
+}
+
+/// A record the writer cannot send as its rule shapes it (never sent, so it says nothing
+/// of the target).
+fn refused(reason: String) -> WriteError {
+    WriteError::Permanent {
+        status: None,
+        message: reason,
     }
 }
 
@@ -378,8 +444,18 @@ pub async fn classify_response(
             rate_headers: Box::new(super::rate_limit_headers(response.headers())),
         });
     }
+    let rate_headers = super::rate_limit_headers(response.headers());
     let body = response.text().await.unwrap_or_default();
     let message = snippet(&body);
+    // Salesforce answers a spent allowance with 403 `REQUEST_LIMIT_EXCEEDED`: a statement
+    // about the target's rate, not about the record or the credentials.
+    if status == 403 && body.contains(REQUEST_LIMIT_EXCEEDED) {
+        return Err(WriteError::RateLimited {
+            wait: None,
+            raw: Some(format!("403 {REQUEST_LIMIT_EXCEEDED}")),
+            rate_headers: Box::new(rate_headers),
+        });
+    }
     if (400..500).contains(&status) {
         // Said once per process when it starts (and once when it ends), not per call.
         if matches!(status, 401 | 403) && refused_credentials(connection, true) {

@@ -16,6 +16,7 @@
 pub mod answer;
 pub mod auth;
 pub mod http;
+pub mod request;
 pub mod secrets;
 pub mod usercom;
 
@@ -59,6 +60,8 @@ pub struct Call<'a> {
     /// How the rule's answers name each record's fate (`http_json`); `None`: the generic
     /// per-item array.
     pub answer: Option<&'a answer::AnswerMap>,
+    /// How the rule's requests are shaped (`http_json`); `None`: each payload by POST.
+    pub request: Option<&'a request::RequestShape>,
 }
 
 /// Proof of a delivery.
@@ -124,7 +127,15 @@ pub fn check_bulk(
     records_per_call: i32,
     batch_envelope: Option<&str>,
     answer: Option<&serde_json::Value>,
+    request: Option<&serde_json::Value>,
 ) -> Result<(), String> {
+    if writer == "http_json" {
+        request::RequestShape::parse(request, path, records_per_call > 1)?;
+    } else if request.is_some() {
+        return Err(format!(
+            "request is for the http_json writer only, not {writer}"
+        ));
+    }
     if let Some(answer) = answer {
         if writer != "http_json" {
             return Err(format!(
@@ -158,7 +169,12 @@ pub fn rate_limit_headers(headers: &reqwest::header::HeaderMap) -> reqwest::head
         .filter(|(name, _)| {
             let n = name.as_str();
             // `date`: the target's clock, which an absolute reset is read against.
-            n.starts_with("ratelimit") || n.starts_with("x-ratelimit") || n == "date"
+            n.starts_with("ratelimit")
+                || n.starts_with("x-ratelimit")
+                || n.starts_with("x-hubspot-ratelimit")
+                || n.starts_with("x-sib-ratelimit")
+                || n == "sforce-limit-info"
+                || n == "date"
         })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect()
@@ -363,6 +379,40 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_receipt_keeps_every_dialect_of_rate_limit_header_and_nothing_else() {
+        let mut h = reqwest::header::HeaderMap::new();
+        for name in [
+            "ratelimit-policy",
+            "x-ratelimit-remaining",
+            "x-hubspot-ratelimit-max",
+            "x-sib-ratelimit-reset",
+            "sforce-limit-info",
+            "date",
+            "set-cookie",
+            "authorization",
+        ] {
+            h.insert(
+                reqwest::header::HeaderName::from_static(name),
+                reqwest::header::HeaderValue::from_static("1"),
+            );
+        }
+        let kept = rate_limit_headers(&h);
+        let mut names: Vec<&str> = kept.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "date",
+                "ratelimit-policy",
+                "sforce-limit-info",
+                "x-hubspot-ratelimit-max",
+                "x-ratelimit-remaining",
+                "x-sib-ratelimit-reset"
+            ]
+        );
+    }
 
     fn connection(base_url: &str, headers: serde_json::Value) -> Connection {
         Connection {

@@ -971,6 +971,8 @@ pub enum BatchAnswers {
     /// A 207 that names no record (`{"status": "partial"}`) when any item is invalid:
     /// an answer courier cannot map.
     Unmapped,
+    /// Salesforce's spent daily allowance: 403 `REQUEST_LIMIT_EXCEEDED` to every call.
+    LimitExceeded,
 }
 
 /// What the batch sink answers one call, and the keys it accepted.
@@ -996,7 +998,7 @@ impl BatchReply {
 
 /// The batch sink's answer to a call on `path` (`.../batch/<style>/...`, a style of
 /// [`BatchAnswers`]: `per-item`, `all-or-nothing`, `keyed`, `positional`, `indexed`,
-/// `unmapped`), or `None` when `path` is not the sink's.
+/// `unmapped`, `limit-exceeded`), or `None` when `path` is not the sink's.
 pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> Option<BatchReply> {
     let segments: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let style = segments.windows(2).find_map(|w| match w {
@@ -1006,6 +1008,7 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
         ["batch", "positional"] => Some(BatchAnswers::Positional),
         ["batch", "indexed"] => Some(BatchAnswers::Indexed),
         ["batch", "unmapped"] => Some(BatchAnswers::Unmapped),
+        ["batch", "limit-exceeded"] => Some(BatchAnswers::LimitExceeded),
         _ => None,
     })?;
     let items = match body {
@@ -1029,8 +1032,12 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
         true => format!("courier-{}", ids[j]),
         false => format!("{}#{j}", key.unwrap_or("batch")),
     };
-    let invalid =
-        |item: &serde_json::Value| item.get("invalid") == Some(&serde_json::Value::Bool(true));
+    // Marked invalid on the item, or one level down (a template's `properties`).
+    let invalid = |item: &serde_json::Value| {
+        let marked =
+            |v: &serde_json::Value| v.get("invalid") == Some(&serde_json::Value::Bool(true));
+        marked(item) || item.as_object().is_some_and(|o| o.values().any(marked))
+    };
     let valid_keys = || -> Vec<String> {
         (0..items.len())
             .filter(|&j| !invalid(&items[j]))
@@ -1087,6 +1094,11 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
                 })).collect::<Vec<_>>(),
             }),
             accepted: valid_keys(),
+        },
+        BatchAnswers::LimitExceeded => BatchReply {
+            status: 403,
+            body: serde_json::json!([{"message": "TotalRequests Limit exceeded.", "errorCode": "REQUEST_LIMIT_EXCEEDED"}]),
+            accepted: Vec::new(),
         },
         BatchAnswers::Unmapped => BatchReply {
             status: if any_invalid { 207 } else { 200 },

@@ -299,6 +299,14 @@ pub enum RateHeaders {
     /// The same with `X-RateLimit-Reset` as the UTC epoch second (GitHub's form).
     #[serde(rename = "x-ratelimit-epoch")]
     XRateLimitEpoch,
+    /// HubSpot's `X-HubSpot-RateLimit-Max`, `-Remaining` and `-Interval-Milliseconds`
+    /// (the window in milliseconds; no reset).
+    #[serde(rename = "hubspot")]
+    HubSpot,
+    /// Brevo's `x-sib-ratelimit-limit`, `-remaining` and `-reset` (seconds; its 429s carry
+    /// no `Retry-After`).
+    #[serde(rename = "brevo")]
+    Brevo,
 }
 
 impl std::str::FromStr for RateHeaders {
@@ -310,8 +318,11 @@ impl std::str::FromStr for RateHeaders {
             "ietf" => Ok(Self::Ietf),
             "x-ratelimit" => Ok(Self::XRateLimit),
             "x-ratelimit-epoch" => Ok(Self::XRateLimitEpoch),
+            "hubspot" => Ok(Self::HubSpot),
+            "brevo" => Ok(Self::Brevo),
             other => Err(format!(
-                "rate headers must be none, ietf, x-ratelimit or x-ratelimit-epoch, not {other:?}"
+                "rate headers must be none, ietf, x-ratelimit, x-ratelimit-epoch, hubspot or \
+                 brevo, not {other:?}"
             )),
         }
     }
@@ -359,6 +370,22 @@ pub fn rate_headers(
                 ("x-ratelimit-reset", reset.to_string()),
             ]
         }
+        RateHeaders::HubSpot => vec![
+            ("x-hubspot-ratelimit-max", quota.to_string()),
+            (
+                "x-hubspot-ratelimit-remaining",
+                budget.remaining.to_string(),
+            ),
+            (
+                "x-hubspot-ratelimit-interval-milliseconds",
+                (window * 1000).to_string(),
+            ),
+        ],
+        RateHeaders::Brevo => vec![
+            ("x-sib-ratelimit-limit", quota.to_string()),
+            ("x-sib-ratelimit-remaining", budget.remaining.to_string()),
+            ("x-sib-ratelimit-reset", reset.to_string()),
+        ],
     }
 }
 
@@ -722,6 +749,8 @@ mod tests {
             ("ietf", RateHeaders::Ietf),
             ("x-ratelimit", RateHeaders::XRateLimit),
             ("x-ratelimit-epoch", RateHeaders::XRateLimitEpoch),
+            ("hubspot", RateHeaders::HubSpot),
+            ("brevo", RateHeaders::Brevo),
         ] {
             assert_eq!(name.parse(), Ok(mode));
         }

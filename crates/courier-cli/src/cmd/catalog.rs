@@ -69,47 +69,55 @@ pub enum ConnectionCmd {
     Unblock { name: String },
 }
 
+/// `courier rule add`.
+#[derive(clap::Args)]
+pub struct RuleAdd {
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub connection: String,
+    /// Path under the connection's base URL.
+    #[arg(long, default_value = "")]
+    pub path: String,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    pub batch_size: Option<i32>,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_attempts: Option<i32>,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+    pub backoff_base_ms: Option<i32>,
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+    pub backoff_max_ms: Option<i32>,
+    /// Create it disabled.
+    #[arg(long)]
+    pub disabled: bool,
+    /// Its share of the connection's budget against other busy rules (default 1).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub weight: Option<i32>,
+    /// The most deliveries one call carries (default 1), up to what the writer allows
+    /// (http_json: 1000; usercom user_attributes: 100, as mass updates).
+    #[arg(long, allow_negative_numbers = true)]
+    pub records_per_call: Option<i32>,
+    /// http_json bulk calls: send `{"FIELD": [...]}` instead of a bare JSON array.
+    #[arg(long, value_name = "FIELD")]
+    pub batch_envelope: Option<String>,
+    /// Spend from a budget of its own (an endpoint the target limits apart) instead of
+    /// its connection's; its 429s block that budget only.
+    #[arg(long, value_name = "K")]
+    pub budget_key: Option<String>,
+    /// http_json: how the target's answers name each record's fate, as JSON
+    /// (`{"kind": "keyed", "errors": "/errors", ...}`; docs/enqueue-and-ledger.md).
+    #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+    pub answer: Option<serde_json::Value>,
+    /// http_json: how its requests are shaped, as JSON (`{"method": "PATCH", "item":
+    /// {...}, "body": {"inputs": "{{records}}"}}`; docs/catalog.md).
+    #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+    pub request: Option<serde_json::Value>,
+}
+
 #[derive(Subcommand)]
 pub enum RuleCmd {
     /// Create a rule, or update the one with that name.
-    Add {
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        connection: String,
-        /// Path under the connection's base URL.
-        #[arg(long, default_value = "")]
-        path: String,
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=10_000))]
-        batch_size: Option<i32>,
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
-        max_attempts: Option<i32>,
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
-        backoff_base_ms: Option<i32>,
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
-        backoff_max_ms: Option<i32>,
-        /// Create it disabled.
-        #[arg(long)]
-        disabled: bool,
-        /// Its share of the connection's budget against other busy rules (default 1).
-        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
-        weight: Option<i32>,
-        /// The most deliveries one call carries (default 1), up to what the writer allows
-        /// (http_json: 1000; usercom user_attributes: 100, as mass updates).
-        #[arg(long, allow_negative_numbers = true)]
-        records_per_call: Option<i32>,
-        /// http_json bulk calls: send `{"FIELD": [...]}` instead of a bare JSON array.
-        #[arg(long, value_name = "FIELD")]
-        batch_envelope: Option<String>,
-        /// Spend from a budget of its own (an endpoint the target limits apart) instead of
-        /// its connection's; its 429s block that budget only.
-        #[arg(long, value_name = "K")]
-        budget_key: Option<String>,
-        /// http_json: how the target's answers name each record's fate, as JSON
-        /// (`{"kind": "keyed", "errors": "/errors", ...}`; docs/enqueue-and-ledger.md).
-        #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
-        answer: Option<serde_json::Value>,
-    },
+    Add(Box<RuleAdd>),
     /// List rules.
     List,
     /// Let the dispatcher start runs for a rule.
@@ -285,21 +293,23 @@ fn connections_table(rows: &[Connection]) -> String {
 /// Runs a `courier rule` subcommand.
 pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
     match cmd {
-        RuleCmd::Add {
-            name,
-            connection,
-            path,
-            batch_size,
-            max_attempts,
-            backoff_base_ms,
-            backoff_max_ms,
-            disabled,
-            weight,
-            records_per_call,
-            batch_envelope,
-            budget_key,
-            answer,
-        } => {
+        RuleCmd::Add(add) => {
+            let RuleAdd {
+                name,
+                connection,
+                path,
+                batch_size,
+                max_attempts,
+                backoff_base_ms,
+                backoff_max_ms,
+                disabled,
+                weight,
+                records_per_call,
+                batch_envelope,
+                budget_key,
+                answer,
+                request,
+            } = *add;
             let r = NewRule {
                 name,
                 connection,
@@ -314,6 +324,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 batch_envelope,
                 budget_key,
                 answer,
+                request,
             };
             let id = catalog::upsert_rule(&ctx.pool().await?, &r).await?;
             println!("rule {id} saved");

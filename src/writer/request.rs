@@ -1,0 +1,441 @@
+//! The shape of an `http_json` rule's requests (its `request`): the method, the content
+//! type, a template for each record (`item`) and one for a bulk call's body (`body`), and
+//! placeholders in the rule's path.
+//!
+//! A template is JSON in which a string names what fills it: `"{{payload}}"` (the record's
+//! payload), `"{{payload/email}}"` (a field of it, by JSON pointer), `"{{delivery_id}}"`,
+//! `"{{record_key}}"`, and in a body, `"{{records}}"` (the call's items). A placeholder that
+//! is the whole string is replaced by the value itself (an object stays an object); one
+//! inside a longer string by its text. In the rule's path, `{payload/email}`,
+//! `{delivery_id}` and `{record_key}` are filled URL-encoded, one record per call. An
+//! unknown placeholder is refused when the rule is saved; a record whose payload lacks a
+//! field its template names is rejected with the field's name, and the others of its call
+//! go on.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How a rule's requests are shaped.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestShape {
+    /// `POST` (the default), `PUT` or `PATCH`.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// The body's content type (default `application/json`).
+    #[serde(default)]
+    pub content_type: Option<String>,
+    /// Each record as sent (default: its payload).
+    #[serde(default)]
+    pub item: Option<Value>,
+    /// A bulk call's body, holding `"{{records}}"` once (default: the bare array, or the
+    /// rule's `batch_envelope`).
+    #[serde(default)]
+    pub body: Option<Value>,
+}
+
+/// What fills a placeholder.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Slot<'t> {
+    Payload(&'t str),
+    DeliveryId,
+    RecordKey,
+    Records,
+}
+
+/// One record as a template sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    /// The delivery's id.
+    pub delivery_id: i64,
+    /// The record's key.
+    pub record_key: &'a str,
+    /// Its payload.
+    pub payload: &'a Value,
+}
+
+impl RequestShape {
+    /// Reads a rule's `request` (JSON), checking every placeholder against where it
+    /// stands; `bulk` when the rule sends several records per call, whose `path` then
+    /// names none. The error names what is wrong.
+    pub fn parse(value: Option<&Value>, path: &str, bulk: bool) -> Result<Self, String> {
+        let shape: RequestShape = match value {
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("request: {e}"))?,
+            None => RequestShape::default(),
+        };
+        if let Some(m) = &shape.method
+            && !["POST", "PUT", "PATCH"].contains(&m.as_str())
+        {
+            return Err(format!(
+                "request: method {m:?} is not one of POST, PUT, PATCH"
+            ));
+        }
+        if let Some(t) = &shape.content_type
+            && reqwest::header::HeaderValue::try_from(t.as_str()).is_err()
+        {
+            return Err(format!("request: content_type {t:?} is not a header value"));
+        }
+        if let Some(item) = &shape.item {
+            check(item, "item", false)?;
+        }
+        if let Some(body) = &shape.body {
+            if !bulk {
+                return Err("request: body is for rules with records_per_call above 1; one record's call sends its item".into());
+            }
+            let n = check(body, "body", true)?;
+            if n != 1 {
+                return Err(format!(
+                    "request: body must hold \"{{{{records}}}}\" exactly once, not {n} times"
+                ));
+            }
+        }
+        let in_path = path_slots(path)?;
+        if bulk && !in_path.is_empty() {
+            return Err(format!(
+                "path {path:?} names a record's field, so each call carries one record: \
+                 records_per_call must be 1"
+            ));
+        }
+        Ok(shape)
+    }
+
+    /// The method.
+    pub fn method(&self) -> reqwest::Method {
+        match self.method.as_deref() {
+            Some("PUT") => reqwest::Method::PUT,
+            Some("PATCH") => reqwest::Method::PATCH,
+            _ => reqwest::Method::POST,
+        }
+    }
+
+    /// The content type.
+    pub fn content_type(&self) -> &str {
+        self.content_type.as_deref().unwrap_or("application/json")
+    }
+
+    /// One record as sent: its item, or its payload.
+    pub fn item(&self, r: Record<'_>) -> Result<Value, String> {
+        match &self.item {
+            Some(t) => fill(t, r, None),
+            None => Ok(r.payload.clone()),
+        }
+    }
+
+    /// A bulk call's body around its `items`: the body template, else an object with the
+    /// rule's envelope field, else the bare array.
+    pub fn body(&self, items: Vec<Value>, envelope: Option<&str>) -> Value {
+        match (&self.body, envelope) {
+            (Some(t), _) => fill_records(t, &Value::Array(items)),
+            (None, Some(field)) => serde_json::json!({ field: items }),
+            (None, None) => Value::Array(items),
+        }
+    }
+}
+
+/// The rule's path with a record's fields filled, URL-encoded.
+pub fn fill_path(path: &str, r: Record<'_>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| format!("path {path:?}: a {{ without its }}"))?;
+        let name = &rest[open + 1..open + close];
+        let value = match slot(name)? {
+            Slot::Payload(p) => text(lookup(r.payload, p)?),
+            Slot::DeliveryId => r.delivery_id.to_string(),
+            Slot::RecordKey => r.record_key.to_owned(),
+            Slot::Records => return Err(format!("path {path:?}: {{records}} belongs in a body")),
+        };
+        out.push_str(&encode(&value));
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The placeholders of a path (checked).
+fn path_slots(path: &str) -> Result<Vec<Slot<'_>>, String> {
+    let mut slots = Vec::new();
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| format!("path {path:?}: a {{ without its }}"))?;
+        let s = slot(&rest[open + 1..open + close]).map_err(|e| format!("path {path:?}: {e}"))?;
+        if s == Slot::Records {
+            return Err(format!("path {path:?}: {{records}} belongs in a body"));
+        }
+        slots.push(s);
+        rest = &rest[open + close + 1..];
+    }
+    Ok(slots)
+}
+
+/// A placeholder's name read.
+fn slot(name: &str) -> Result<Slot<'_>, String> {
+    match name {
+        "payload" => Ok(Slot::Payload("")),
+        "delivery_id" => Ok(Slot::DeliveryId),
+        "record_key" => Ok(Slot::RecordKey),
+        "records" => Ok(Slot::Records),
+        other => match other.strip_prefix("payload") {
+            Some(p) if p.starts_with('/') => Ok(Slot::Payload(p)),
+            _ => Err(format!(
+                "unknown placeholder {{{{{name}}}}} (known: payload, payload/<pointer>, \
+                 delivery_id, record_key, records)"
+            )),
+        },
+    }
+}
+
+/// The placeholders inside a string: `(start, end, name)` of each `{{name}}`.
+fn placeholders(s: &str) -> Vec<(usize, usize, &str)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(open) = s[from..].find("{{") {
+        let open = from + open;
+        let Some(close) = s[open..].find("}}") else {
+            break;
+        };
+        let close = open + close;
+        out.push((open, close + 2, s[open + 2..close].trim()));
+        from = close + 2;
+    }
+    out
+}
+
+/// Checks a template's placeholders; returns how many `{{records}}` it holds.
+fn check(t: &Value, what: &str, records_allowed: bool) -> Result<usize, String> {
+    match t {
+        Value::String(s) => {
+            let mut n = 0;
+            for (start, end, name) in placeholders(s) {
+                let s_ = slot(name).map_err(|e| format!("request: {what}: {e}"))?;
+                if s_ == Slot::Records {
+                    if !records_allowed {
+                        return Err(format!(
+                            "request: {what}: {{{{records}}}} belongs in the body"
+                        ));
+                    }
+                    if start != 0 || end != s.len() {
+                        return Err(format!(
+                            "request: {what}: {{{{records}}}} must be a whole value"
+                        ));
+                    }
+                    n += 1;
+                }
+            }
+            Ok(n)
+        }
+        Value::Array(a) => a.iter().map(|v| check(v, what, records_allowed)).sum(),
+        Value::Object(o) => o.values().map(|v| check(v, what, records_allowed)).sum(),
+        _ => Ok(0),
+    }
+}
+
+/// A template filled for record `r` (`records`: a body's items).
+fn fill(t: &Value, r: Record<'_>, records: Option<&Value>) -> Result<Value, String> {
+    Ok(match t {
+        Value::String(s) => {
+            let found = placeholders(s);
+            match found.as_slice() {
+                [] => t.clone(),
+                [(0, end, name)] if *end == s.len() => value(name, r, records)?,
+                _ => {
+                    let mut out = String::new();
+                    let mut last = 0;
+                    for (start, end, name) in found {
+                        out.push_str(&s[last..start]);
+                        out.push_str(&text(&value(name, r, records)?));
+                        last = end;
+                    }
+                    out.push_str(&s[last..]);
+                    Value::String(out)
+                }
+            }
+        }
+        Value::Array(a) => Value::Array(
+            a.iter()
+                .map(|v| fill(v, r, records))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| Ok((k.clone(), fill(v, r, records)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+/// A body template with its `{{records}}` filled.
+fn fill_records(t: &Value, items: &Value) -> Value {
+    match t {
+        Value::String(s) if s.trim() == "{{records}}" || s.trim() == "{{ records }}" => {
+            items.clone()
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|v| fill_records(v, items)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), fill_records(v, items)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn value(name: &str, r: Record<'_>, records: Option<&Value>) -> Result<Value, String> {
+    Ok(match slot(name)? {
+        Slot::Payload(p) => lookup(r.payload, p)?.clone(),
+        Slot::DeliveryId => Value::String(r.delivery_id.to_string()),
+        Slot::RecordKey => Value::String(r.record_key.to_owned()),
+        Slot::Records => records.cloned().unwrap_or(Value::Null),
+    })
+}
+
+fn lookup<'v>(payload: &'v Value, pointer: &str) -> Result<&'v Value, String> {
+    payload.pointer(pointer).ok_or_else(|| {
+        format!("the payload has no field {pointer} (the request's template names it)")
+    })
+}
+
+/// A value as text: a string as it is, anything else as JSON.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986), for a path segment.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn record(payload: &Value) -> Record<'_> {
+        Record {
+            delivery_id: 42,
+            record_key: "customer:7",
+            payload,
+        }
+    }
+
+    #[test]
+    fn a_hubspot_upsert_is_an_item_template_inside_an_envelope() {
+        let shape = RequestShape::parse(
+            Some(&json!({
+                "item": {"idProperty": "email", "id": "{{payload/email}}",
+                         "properties": "{{payload}}", "objectWriteTraceId": "{{delivery_id}}"},
+                "body": {"inputs": "{{records}}"}
+            })),
+            "objects/contacts/batch/upsert",
+            true,
+        )
+        .unwrap();
+        let p = json!({"email": "ann@example.com", "firstname": "Ann"});
+        let item = shape.item(record(&p)).unwrap();
+        assert_eq!(
+            item,
+            json!({"idProperty": "email", "id": "ann@example.com",
+                   "properties": {"email": "ann@example.com", "firstname": "Ann"},
+                   "objectWriteTraceId": "42"})
+        );
+        assert_eq!(
+            shape.body(vec![item.clone()], None),
+            json!({"inputs": [item]})
+        );
+    }
+
+    #[test]
+    fn a_klaviyo_body_nests_the_records_with_constant_siblings() {
+        let shape = RequestShape::parse(
+            Some(&json!({
+                "content_type": "application/vnd.api+json",
+                "item": {"type": "profile", "attributes": {"email": "{{payload/email}}"}},
+                "body": {"data": {"type": "profile-subscription-bulk-create-job",
+                                  "attributes": {"profiles": {"data": "{{records}}"}}}}
+            })),
+            "profile-subscription-bulk-create-jobs/",
+            true,
+        )
+        .unwrap();
+        let p = json!({"email": "b@x.io"});
+        let body = shape.body(vec![shape.item(record(&p)).unwrap()], None);
+        assert_eq!(
+            body.pointer("/data/attributes/profiles/data/0/attributes/email"),
+            Some(&json!("b@x.io"))
+        );
+        assert_eq!(
+            body.pointer("/data/type"),
+            Some(&json!("profile-subscription-bulk-create-job"))
+        );
+        assert_eq!(shape.content_type(), "application/vnd.api+json");
+    }
+
+    #[test]
+    fn a_path_is_filled_url_encoded_from_the_record() {
+        let p = json!({"email": "a b/c@x.io", "n": 3});
+        assert_eq!(
+            fill_path("lists/abc/members/{payload/email}/{payload/n}", record(&p)).unwrap(),
+            "lists/abc/members/a%20b%2Fc%40x.io/3"
+        );
+        assert_eq!(
+            fill_path("users/{delivery_id}", record(&p)).unwrap(),
+            "users/42"
+        );
+        let e = fill_path("members/{payload/phone}", record(&p)).unwrap_err();
+        assert!(e.contains("no field /phone"), "{e}");
+        // Embedded placeholders become text.
+        let shape = RequestShape::parse(
+            Some(&json!({"item": {"ref": "order-{{record_key}}"}})),
+            "p",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            shape.item(record(&p)).unwrap(),
+            json!({"ref": "order-customer:7"})
+        );
+    }
+
+    #[test]
+    fn what_cannot_be_filled_is_refused_when_the_rule_is_saved() {
+        let parse =
+            |v: Value, path: &str, bulk| RequestShape::parse(Some(&v), path, bulk).unwrap_err();
+        let e = parse(json!({"item": {"id": "{{payload.email}}"}}), "p", true);
+        assert!(e.contains("unknown placeholder {{payload.email}}"), "{e}");
+        let e = parse(
+            json!({"body": {"a": "{{records}}", "b": "{{records}}"}}),
+            "p",
+            true,
+        );
+        assert!(e.contains("exactly once, not 2"), "{e}");
+        let e = parse(json!({"item": {"all": "{{records}}"}}), "p", true);
+        assert!(e.contains("belongs in the body"), "{e}");
+        let e = parse(json!({"method": "DELETE"}), "p", true);
+        assert!(e.contains("method \"DELETE\""), "{e}");
+        let e = parse(json!({"headers": {}}), "p", true);
+        assert!(e.contains("unknown field `headers`"), "{e}");
+        let e = RequestShape::parse(None, "members/{payload/email}", true).unwrap_err();
+        assert!(e.contains("records_per_call must be 1"), "{e}");
+        let e = RequestShape::parse(None, "members/{email}", false).unwrap_err();
+        assert!(e.contains("unknown placeholder"), "{e}");
+    }
+}
