@@ -655,6 +655,9 @@ impl std::fmt::Display for Change {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
+    /// A line saying what the file is for (a preset's), not applied.
+    #[serde(default, rename = "about")]
+    _about: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     connections: Vec<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]

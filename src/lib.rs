@@ -39,6 +39,7 @@
 //!   finished rows), the quarantine (apalis rows courier cannot read).
 //! - [`worker`]: the worker process: the service stack, apalis worker, loops, shutdown.
 //! - [`ops`]: operator actions: pause and resume, retry, unblock, a record's history.
+//! - [`presets`]: ready targets (HubSpot, Klaviyo, Brevo, …) as catalog files.
 //! - [`status`]: the `courier status` report, as data.
 //! - [`metrics`]: Prometheus counters of the process and gauges read from the database.
 //!
@@ -59,6 +60,7 @@ pub mod ledger;
 pub mod maintenance;
 pub mod metrics;
 pub mod ops;
+pub mod presets;
 pub mod queue;
 pub mod ratelimit;
 pub mod retry;

@@ -6,7 +6,9 @@
 //! payload), `"{{payload/email}}"` (a field of it, by JSON pointer), `"{{delivery_id}}"`,
 //! `"{{record_key}}"`, and in a body, `"{{records}}"` (the call's items). A placeholder that
 //! is the whole string is replaced by the value itself (an object stays an object); one
-//! inside a longer string by its text. In the rule's path, `{payload/email}`,
+//! inside a longer string by its text. An object's key `"..."` spreads its value's fields
+//! into the object (`{"attributes": {"type": "Contact"}, "...": "{{payload}}"}`). In the
+//! rule's path, `{payload/email}`,
 //! `{delivery_id}` and `{record_key}` are filled URL-encoded, one record per call. An
 //! unknown placeholder is refused when the rule is saved; a record whose payload lacks a
 //! field its template names is rejected with the field's name, and the others of its call
@@ -261,14 +263,31 @@ fn fill(t: &Value, r: Record<'_>, records: Option<&Value>) -> Result<Value, Stri
                 .map(|v| fill(v, r, records))
                 .collect::<Result<_, _>>()?,
         ),
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, v)| Ok((k.clone(), fill(v, r, records)?)))
-                .collect::<Result<_, String>>()?,
-        ),
+        Value::Object(o) => {
+            // `"...": "{{payload}}"` spreads an object's fields into this one; the
+            // template's own fields win.
+            let mut out = serde_json::Map::new();
+            if let Some(spread) = o.get(SPREAD) {
+                match fill(spread, r, records)? {
+                    Value::Object(fields) => out.extend(fields),
+                    other => {
+                        return Err(format!(
+                            "\"...\" spreads an object, and this record gives {other}"
+                        ));
+                    }
+                }
+            }
+            for (k, v) in o.iter().filter(|(k, _)| *k != SPREAD) {
+                out.insert(k.clone(), fill(v, r, records)?);
+            }
+            Value::Object(out)
+        }
         other => other.clone(),
     })
 }
+
+/// The key of a template object whose value's fields are spread into it.
+const SPREAD: &str = "...";
 
 /// A body template with its `{{records}}` filled.
 fn fill_records(t: &Value, items: &Value) -> Value {
@@ -387,6 +406,28 @@ mod tests {
             Some(&json!("profile-subscription-bulk-create-job"))
         );
         assert_eq!(shape.content_type(), "application/vnd.api+json");
+    }
+
+    #[test]
+    fn a_salesforce_record_spreads_the_payload_beside_its_attributes() {
+        let shape = RequestShape::parse(
+            Some(&json!({"item": {"attributes": {"type": "Contact"}, "...": "{{payload}}"}})),
+            "p",
+            true,
+        )
+        .unwrap();
+        let p = json!({"Email": "a@x.io", "LastName": "Ann"});
+        assert_eq!(
+            shape.item(record(&p)).unwrap(),
+            json!({"attributes": {"type": "Contact"}, "Email": "a@x.io", "LastName": "Ann"})
+        );
+        let list = json!(["not", "an", "object"]);
+        assert!(
+            shape
+                .item(record(&list))
+                .unwrap_err()
+                .contains("spreads an object")
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use courier::config::{self, Settings};
 use cmd::{
     Ctx,
     bench::BenchArgs,
-    catalog::{ApplyArgs, ConnectionCmd, RuleCmd},
+    catalog::{ApplyArgs, ConnectionCmd, PresetCmd, RuleCmd},
     deliveries::{EnqueueArgs, HistoryArgs, RetryArgs, StatusArgs},
     target::TargetArgs,
     worker::{DbCmd, DemoArgs},
@@ -48,6 +48,10 @@ enum Command {
     /// Manage rules.
     #[command(subcommand)]
     Rule(RuleCmd),
+    /// Ready targets (HubSpot, Klaviyo, Brevo, Braze, Customer.io, Salesforce, Mailchimp):
+    /// catalog files to apply, or to start a connection or rule from.
+    #[command(subcommand)]
+    Preset(PresetCmd),
     /// Make a rule's exhausted (or rejected) deliveries pending again, with their attempts
     /// reset; a delivery whose key has a newer one (in any state) is left alone.
     Retry(RetryArgs),
@@ -147,6 +151,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Command::Apply(a) => cmd::catalog::apply(&ctx, a).await,
         Command::Connection(c) => cmd::catalog::connection(&ctx, c).await,
         Command::Rule(c) => cmd::catalog::rule(&ctx, c).await,
+        Command::Preset(c) => cmd::catalog::preset(c),
         Command::Retry(a) => cmd::deliveries::retry(&ctx, a).await,
         Command::History(a) => cmd::deliveries::history(&ctx, a).await,
         Command::Status(a) => cmd::deliveries::status(&ctx, a).await,

@@ -19,11 +19,15 @@ use super::Ctx;
 pub struct ConnectionAdd {
     #[arg(long)]
     pub name: String,
+    /// Start from a ready target's connection (`courier preset list`): what else is given
+    /// here goes over it.
+    #[arg(long)]
+    pub preset: Option<String>,
     /// Writer kind.
     #[arg(long, default_value = "http_json")]
     pub writer: String,
-    #[arg(long)]
-    pub base_url: String,
+    #[arg(long, required_unless_present = "preset")]
+    pub base_url: Option<String>,
     /// Environment variable holding the API key.
     #[arg(long)]
     pub api_key_env: Option<String>,
@@ -74,6 +78,10 @@ pub enum ConnectionCmd {
 pub struct RuleAdd {
     #[arg(long)]
     pub name: String,
+    /// Start from a ready target's rule, `PRESET` (its first) or `PRESET/RULE`
+    /// (`courier preset list`): what else is given here goes over it.
+    #[arg(long, value_name = "PRESET[/RULE]")]
+    pub preset: Option<String>,
     #[arg(long)]
     pub connection: String,
     /// Path under the connection's base URL.
@@ -135,7 +143,11 @@ pub enum RuleCmd {
 #[derive(clap::Args)]
 pub struct ApplyArgs {
     /// `{"connections": [...], "rules": [...]}`
-    file: PathBuf,
+    #[arg(required_unless_present = "preset")]
+    file: Option<PathBuf>,
+    /// Apply a ready target's catalog as it is (`courier preset show NAME` prints it).
+    #[arg(long, conflicts_with = "file")]
+    preset: Option<String>,
     /// Check the file and print the changes without saving anything.
     #[arg(long)]
     dry_run: bool,
@@ -172,6 +184,7 @@ pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
         ConnectionCmd::Add(add) => {
             let ConnectionAdd {
                 name,
+                preset,
                 writer,
                 base_url,
                 api_key_env,
@@ -185,19 +198,18 @@ pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
                 reserve,
             } = *add;
             let headers = header_map(&name, &headers)?;
-            let c = NewConnection {
-                name,
-                writer,
-                base_url,
-                api_key_env,
-                auth,
-                headers,
-                requests_per_minute,
-                max_in_flight,
-                timeout_ms,
-                budget_key,
-                limits,
-                reserve,
+            let given = serde_json::json!({
+                "name": name, "writer": writer, "base_url": base_url, "api_key_env": api_key_env,
+                "auth": auth, "headers": headers, "requests_per_minute": requests_per_minute,
+                "max_in_flight": max_in_flight, "timeout_ms": timeout_ms,
+                "budget_key": budget_key, "limits": limits, "reserve": reserve,
+            });
+            let c: NewConnection = match preset {
+                Some(p) => {
+                    let preset = courier::presets::find(&p).map_err(anyhow::Error::msg)?;
+                    serde_json::from_value(preset.connection(&given).into())?
+                }
+                None => serde_json::from_value(given)?,
             };
             let id = catalog::upsert_connection(&ctx.pool().await?, &c).await?;
             println!("connection {id} saved");
@@ -296,6 +308,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
         RuleCmd::Add(add) => {
             let RuleAdd {
                 name,
+                preset,
                 connection,
                 path,
                 batch_size,
@@ -310,21 +323,25 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 answer,
                 request,
             } = *add;
-            let r = NewRule {
-                name,
-                connection,
-                path,
-                batch_size,
-                max_attempts,
-                backoff_base_ms,
-                backoff_max_ms,
-                enabled: Some(!disabled),
-                weight,
-                records_per_call,
-                batch_envelope,
-                budget_key,
-                answer,
-                request,
+            let given = serde_json::json!({
+                "name": name, "connection": connection,
+                "path": (!path.is_empty()).then_some(path), "batch_size": batch_size,
+                "max_attempts": max_attempts, "backoff_base_ms": backoff_base_ms,
+                "backoff_max_ms": backoff_max_ms, "enabled": !disabled, "weight": weight,
+                "records_per_call": records_per_call, "batch_envelope": batch_envelope,
+                "budget_key": budget_key, "answer": answer, "request": request,
+            });
+            let r: NewRule = match preset {
+                Some(p) => {
+                    let (p, rule) = match p.split_once('/') {
+                        Some((p, rule)) => (p, Some(rule)),
+                        None => (p.as_str(), None),
+                    };
+                    let preset = courier::presets::find(p).map_err(anyhow::Error::msg)?;
+                    let entry = preset.rule(rule, &given).map_err(anyhow::Error::msg)?;
+                    serde_json::from_value(entry.into())?
+                }
+                None => serde_json::from_value(given)?,
             };
             let id = catalog::upsert_rule(&ctx.pool().await?, &r).await?;
             println!("rule {id} saved");
@@ -388,20 +405,59 @@ fn rules_table(rows: &[Rule]) -> String {
 pub async fn apply(ctx: &Ctx, args: ApplyArgs) -> anyhow::Result<()> {
     let ApplyArgs {
         file,
+        preset,
         dry_run,
         replace,
     } = args;
-    let text =
-        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let (text, what) = match (file, preset) {
+        (Some(file), _) => (
+            std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?,
+            file.display().to_string(),
+        ),
+        (None, Some(p)) => {
+            let preset = courier::presets::find(&p).map_err(anyhow::Error::msg)?;
+            (preset.text.to_owned(), format!("preset {p}"))
+        }
+        (None, None) => anyhow::bail!("name a file or --preset"),
+    };
     let opts = catalog::ApplyOptions { replace, dry_run };
     let changes = catalog::apply_file(&ctx.pool().await?, &text, opts)
         .await
-        .with_context(|| format!("{}: nothing was applied", file.display()))?;
+        .with_context(|| format!("{what}: nothing was applied"))?;
     for change in &changes {
         println!("{change}");
     }
     if dry_run {
         println!("dry run: nothing was saved");
+    }
+    Ok(())
+}
+
+/// `courier preset ...`.
+#[derive(Subcommand)]
+pub enum PresetCmd {
+    /// The ready targets, a line each.
+    List,
+    /// Print one as a catalog file: apply it as it is (`courier apply --preset NAME`), or
+    /// copy and change it for another target.
+    Show { name: String },
+}
+
+/// Runs a `courier preset` subcommand.
+pub fn preset(cmd: PresetCmd) -> anyhow::Result<()> {
+    match cmd {
+        PresetCmd::List => {
+            let rows: Vec<Vec<String>> = courier::presets::PRESETS
+                .iter()
+                .map(|p| vec![p.name.to_owned(), p.rules().join(", "), p.about()])
+                .collect();
+            print!("{}", table(&["preset", "rules", "what it is"], &rows));
+        }
+        PresetCmd::Show { name } => {
+            let preset = courier::presets::find(&name).map_err(anyhow::Error::msg)?;
+            print!("{}", preset.text);
+        }
     }
     Ok(())
 }
