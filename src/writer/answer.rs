@@ -12,7 +12,7 @@
 //! One rule decides every record: it is **delivered** when the answer says it went through,
 //! or names no failure at all (and is not a 207); it **failed** as the answer says when the
 //! answer names its failure; and when the answer names failures courier cannot match to
-//! records (an index out of range, a key no record has, a 207 whose lists leave it out),
+//! records (an index out of range, a key no record has, a 207 whose results list leaves it out),
 //! every record it does not account for is recorded **failed, unaccounted for**: retried
 //! with backoff like a 5xx, never read as delivered, since a failure the target reported
 //! must not vanish. Re-sending is what a batch upsert is made for; a record that did go
@@ -242,7 +242,7 @@ impl AnswerMap {
                     0 => None,
                     s => Some(format!("{s} errors name no record of the call")),
                 };
-                settle(status, fates, why)
+                settle(status, fates, why, results.is_some())
             }
             AnswerMap::Indexed {
                 errors,
@@ -263,7 +263,7 @@ impl AnswerMap {
                     0 => None,
                     s => Some(format!("{s} errors name no position of the call")),
                 };
-                settle(status, fates, why)
+                settle(status, fates, why, false)
             }
         }
     }
@@ -299,10 +299,15 @@ enum Fate {
 }
 
 /// The fates of a keyed or indexed answer: a record no item names went through, unless
-/// the answer named failures it cannot place (`why`) or is a 207 with a results list that
-/// leaves it out; then it is unaccounted for.
-fn settle(status: u16, fates: Vec<Fate>, why: Option<String>) -> Vec<Option<WriteError>> {
-    let doubtful = why.is_some() || status == 207;
+/// the answer named failures it cannot place (`why`), or is a 207 whose results list
+/// (`listed`) leaves it out; then it is unaccounted for.
+fn settle(
+    status: u16,
+    fates: Vec<Fate>,
+    why: Option<String>,
+    listed: bool,
+) -> Vec<Option<WriteError>> {
+    let doubtful = why.is_some() || (status == 207 && listed);
     let why = why.unwrap_or_else(|| "a 207 answer that names no outcome for it".into());
     fates
         .into_iter()
@@ -533,6 +538,11 @@ mod tests {
         let body = json!({"message": "success", "errors": [{"type": "bad attribute", "input_array": "attributes", "index": 2}]});
         assert_eq!(
             fates(&map.read(201, Some(&body), &records(&p))),
+            ["delivered", "delivered", "rejected"]
+        );
+        // A 207 naming positions says the rest went through, as Customer.io's does.
+        assert_eq!(
+            fates(&map.read(207, Some(&body), &records(&p))),
             ["delivered", "delivered", "rejected"]
         );
         let stray = json!({"errors": [{"index": 7}, {"index": 0, "status": 503}]});

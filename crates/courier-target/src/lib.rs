@@ -973,6 +973,46 @@ pub enum BatchAnswers {
     Unmapped,
     /// Salesforce's spent daily allowance: 403 `REQUEST_LIMIT_EXCEEDED` to every call.
     LimitExceeded,
+    /// An answer without a body: HubSpot's event batch (204), Klaviyo's bulk jobs (202).
+    NoBody(u16),
+    /// Brevo's contacts batch: 204, or 207 `{"successIds": [...], "failureIds": [...]}`
+    /// naming the items by their `email`.
+    Brevo,
+    /// Customer.io's v2 batch: 200, or 207 `{"errors": [{"batch_index", "reason"}]}`.
+    CustomerIo,
+    /// Mailchimp's batch subscribe: 200 `{"new_members", "errors": [{"email_address",
+    /// "error"}]}`.
+    Mailchimp,
+}
+
+/// The answer style of a vendor's batch endpoint, by its path (the preset's).
+fn vendor_style(path: &str) -> Option<BatchAnswers> {
+    let p = path.trim_end_matches('/');
+    let segments: Vec<&str> = p.split('/').filter(|s| !s.is_empty()).collect();
+    Some(match segments.as_slice() {
+        [.., "objects", _, "batch", "upsert" | "create" | "update"] => BatchAnswers::Keyed,
+        [.., "events", "v3", "send", "batch"] => BatchAnswers::NoBody(204),
+        [
+            ..,
+            "profile-subscription-bulk-create-jobs" | "event-bulk-create-jobs",
+        ] => BatchAnswers::NoBody(202),
+        [.., "contacts", "batch"] => BatchAnswers::Brevo,
+        [.., "users", "track"] => BatchAnswers::Indexed,
+        [.., "api", "v2", "batch"] => BatchAnswers::CustomerIo,
+        [.., "lists", _] => BatchAnswers::Mailchimp,
+        _ if p.contains("/composite/sobjects") => BatchAnswers::Positional,
+        _ => return None,
+    })
+}
+
+/// The records of a batch body: the body if it is an array, else its first array found
+/// depth first (an envelope at any depth, beside constant fields).
+fn batch_items(body: &serde_json::Value) -> Option<&Vec<serde_json::Value>> {
+    match body {
+        serde_json::Value::Array(items) => Some(items),
+        serde_json::Value::Object(m) => m.values().find_map(batch_items),
+        _ => None,
+    }
 }
 
 /// What the batch sink answers one call, and the keys it accepted.
@@ -992,6 +1032,10 @@ impl BatchReply {
         for key in &self.accepted {
             accept(s, key, arrived);
         }
+        if self.body.is_null() {
+            let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::NO_CONTENT);
+            return status.into_response();
+        }
         json_reply(self.status, self.body)
     }
 }
@@ -1010,13 +1054,9 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
         ["batch", "unmapped"] => Some(BatchAnswers::Unmapped),
         ["batch", "limit-exceeded"] => Some(BatchAnswers::LimitExceeded),
         _ => None,
-    })?;
-    let items = match body {
-        serde_json::Value::Array(items) => Some(items),
-        serde_json::Value::Object(m) if m.len() == 1 => m.values().next()?.as_array(),
-        _ => None,
-    };
-    let Some(items) = items else {
+    });
+    let style = style.or_else(|| vendor_style(path))?;
+    let Some(items) = batch_items(body) else {
         return Some(BatchReply {
             status: 400,
             body: serde_json::json!({"detail": "expected a JSON array of records, or an object with one array field"}),
@@ -1095,6 +1135,53 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
             }),
             accepted: valid_keys(),
         },
+        BatchAnswers::NoBody(status) => BatchReply {
+            status,
+            body: serde_json::Value::Null,
+            accepted: valid_keys(),
+        },
+        BatchAnswers::Brevo => {
+            let email = |j: usize| items[j].get("email").cloned().unwrap_or_default();
+            let (bad, good): (Vec<usize>, Vec<usize>) =
+                (0..items.len()).partition(|&j| invalid(&items[j]));
+            BatchReply {
+                status: if bad.is_empty() { 204 } else { 207 },
+                body: match bad.is_empty() {
+                    true => serde_json::Value::Null,
+                    false => serde_json::json!({
+                        "successIds": good.iter().map(|&j| email(j)).collect::<Vec<_>>(),
+                        "failureIds": bad.iter().map(|&j| email(j)).collect::<Vec<_>>(),
+                    }),
+                },
+                accepted: valid_keys(),
+            }
+        }
+        BatchAnswers::CustomerIo => BatchReply {
+            status: if any_invalid { 207 } else { 200 },
+            body: serde_json::json!({
+                "errors": (0..items.len()).filter(|&j| invalid(&items[j])).map(|j| serde_json::json!({
+                    "batch_index": j, "reason": "invalid record", "field": "identifiers"
+                })).collect::<Vec<_>>(),
+            }),
+            accepted: valid_keys(),
+        },
+        BatchAnswers::Mailchimp => {
+            let address = |j: usize| items[j].get("email_address").cloned().unwrap_or_default();
+            let (bad, good): (Vec<usize>, Vec<usize>) =
+                (0..items.len()).partition(|&j| invalid(&items[j]));
+            BatchReply {
+                status: 200,
+                body: serde_json::json!({
+                    "new_members": good.iter().map(|&j| serde_json::json!({"email_address": address(j), "status": "subscribed"})).collect::<Vec<_>>(),
+                    "updated_members": [],
+                    "errors": bad.iter().map(|&j| serde_json::json!({
+                        "email_address": address(j), "error": "invalid record", "error_code": "ERROR_GENERIC"
+                    })).collect::<Vec<_>>(),
+                    "total_created": good.len(), "total_updated": 0, "error_count": bad.len(),
+                }),
+                accepted: valid_keys(),
+            }
+        }
         BatchAnswers::LimitExceeded => BatchReply {
             status: 403,
             body: serde_json::json!([{"message": "TotalRequests Limit exceeded.", "errorCode": "REQUEST_LIMIT_EXCEEDED"}]),

@@ -1,0 +1,105 @@
+//! Every ready target's rules through a real chain job and PostgreSQL into `courier
+//! target`, which answers each vendor's batch endpoint as the vendor does (HubSpot's keyed
+//! 207, Brevo's successIds and failureIds, Braze's indexed errors, Customer.io's
+//! batch_index, Salesforce's positional success, Mailchimp's errors by e-mail, answers
+//! without a body): a record the target refuses ends as that record's ledger row, the
+//! others delivered once.
+
+mod common;
+
+use common::*;
+use courier::{catalog, enqueue::NewDelivery, presets::PRESETS};
+use courier_target::Target;
+use serde_json::json;
+
+/// Six records for `rule`, the fourth marked invalid when `one_invalid`.
+fn records(rule: &str, one_invalid: bool) -> Vec<NewDelivery> {
+    (0..6)
+        .map(|i| {
+            let mut p = json!({
+                "email": format!("c{i}@example.com"), "email_address": format!("c{i}@example.com"),
+                "external_id": format!("c{i}"), "metric": "Placed Order",
+                "properties": {"value": i}
+            });
+            if one_invalid && i == 3 {
+                p["invalid"] = json!(true);
+            }
+            NewDelivery::new(format!("{rule}:{i}"), p)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
+    for var in [
+        "HUBSPOT_TOKEN",
+        "KLAVIYO_API_KEY",
+        "BREVO_API_KEY",
+        "BRAZE_API_KEY",
+        "CUSTOMERIO_API_KEY",
+        "CUSTOMERIO_SITE_ID",
+        "SALESFORCE_ACCESS_TOKEN",
+        "MAILCHIMP_API_KEY",
+    ] {
+        // SAFETY: set before any worker of this test reads the environment; no other
+        // test names these variables.
+        unsafe { std::env::set_var(var, "test-key") };
+    }
+    let mut cells = Vec::new();
+    for preset in PRESETS {
+        for rule in preset.rules() {
+            let db = TestDb::new().await;
+            let target = Target::start(0).await.unwrap();
+            let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
+            file["connections"][0]["base_url"] = json!(target.url());
+            file["rules"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|r| r["name"] == rule.as_str());
+            catalog::apply_file(&db.pool, &file.to_string(), Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("{}/{rule}: {e}", preset.name));
+            // Targets that answer records one by one, or accept a job for later, name no
+            // refused record.
+            let per_record = file["rules"][0]["answer"].is_object();
+            courier::enqueue::enqueue_many(&db.pool, &rule, records(&rule, per_record))
+                .await
+                .unwrap();
+            let engine = engine(&db.pool, settings(&db.url));
+            drive(&engine).await;
+            let got: Vec<(String, i64)> =
+                sqlx::query_as("SELECT status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1")
+                    .fetch_all(&db.pool)
+                    .await
+                    .unwrap();
+            let want: Vec<(String, i64)> = match per_record {
+                true => vec![("delivered".into(), 5), ("rejected".into(), 1)],
+                false => vec![("delivered".into(), 6)],
+            };
+            assert_eq!(
+                got,
+                want,
+                "{}/{rule}: {:?}",
+                preset.name,
+                target.requests().first()
+            );
+            if per_record {
+                let invalid: String = sqlx::query_scalar(
+                    "SELECT d.status FROM deliveries d WHERE d.payload ? 'invalid'",
+                )
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+                assert_eq!(invalid, "rejected", "{}/{rule}", preset.name);
+            }
+            cells.push(format!(
+                "{}/{rule}: {} calls, {:?}",
+                preset.name,
+                target.counters().requests,
+                got
+            ));
+        }
+    }
+    println!("{}", cells.join("\n"));
+    assert_eq!(cells.len(), 10, "every rule of every preset ran");
+}
