@@ -945,3 +945,79 @@ async fn a_salesforce_403_request_limit_exceeded_is_a_rate_limit_not_a_refusal()
     );
     assert_eq!(target.counters().requests, 1);
 }
+
+#[tokio::test]
+async fn oauth_client_credentials_fetch_a_token_once_and_renew_it_on_a_401() {
+    let (db, target) = shop(&[], 100, 2).await;
+    // SAFETY: set before any worker of this test reads them; no other test names them.
+    unsafe {
+        std::env::set_var("COURIER_TEST_OAUTH_CLIENT", "client-1");
+        std::env::set_var("COURIER_TEST_OAUTH_SECRET", "s3cret");
+    }
+    let auth = json!({"kind": "oauth", "token_url": format!("{}services/oauth2/oauth/token", target.url()),
+                      "client_id_env": "COURIER_TEST_OAUTH_CLIENT", "instance_url": true});
+    catalog::upsert_connection(
+        &db.pool,
+        &NewConnection {
+            name: "shop".into(),
+            writer: "http_json".into(),
+            // The token answer's instance URL (the target's) takes this origin's place.
+            base_url: "https://login.example.com/services/data/v62.0/".into(),
+            api_key_env: Some("COURIER_TEST_OAUTH_SECRET".into()),
+            auth: Some(auth),
+            requests_per_minute: Some(600_000),
+            max_in_flight: Some(2),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    bulk_rule(
+        &db.pool,
+        "events",
+        "oauth-protected/batch/per-item/",
+        3,
+        None,
+    )
+    .await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "events", records("a", 6, &[]))
+        .await
+        .unwrap();
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("delivered".into(), 6)]);
+    assert_eq!(
+        target.tokens_granted(),
+        1,
+        "one token for every call while it holds"
+    );
+    let calls = target.requests();
+    let sent = &calls.last().unwrap().headers;
+    assert_eq!(
+        sent.get("authorization").map(String::as_str),
+        Some("Bearer tok-1")
+    );
+    assert!(
+        target
+            .requests()
+            .iter()
+            .all(|r| r.path.starts_with("/services/data/v62.0/"))
+    );
+    // The target revokes it: the next call's 401 fetches a new token and is sent again.
+    target.revoke_tokens();
+    enqueue::enqueue_many(&db.pool, "events", records("b", 3, &[]))
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("delivered".into(), 9)]);
+    assert_eq!(target.tokens_granted(), 2);
+    let ledger_401: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE http_status = 401")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger_401, 0,
+        "a renewed token's 401 is no record's outcome"
+    );
+}

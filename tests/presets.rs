@@ -38,7 +38,8 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
         "BRAZE_API_KEY",
         "CUSTOMERIO_API_KEY",
         "CUSTOMERIO_SITE_ID",
-        "SALESFORCE_ACCESS_TOKEN",
+        "SALESFORCE_CLIENT_ID",
+        "SALESFORCE_CLIENT_SECRET",
         "MAILCHIMP_API_KEY",
     ] {
         // SAFETY: set before any worker of this test reads the environment; no other
@@ -52,6 +53,10 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
             let target = Target::start(0).await.unwrap();
             let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
             file["connections"][0]["base_url"] = json!(target.url());
+            if file["connections"][0]["auth"]["kind"] == "oauth" {
+                file["connections"][0]["auth"]["token_url"] =
+                    json!(format!("{}services/oauth2/token", target.url()));
+            }
             file["rules"]
                 .as_array_mut()
                 .unwrap()

@@ -30,6 +30,22 @@ pub enum Auth {
         #[serde(default)]
         user_env: Option<String>,
     },
+    /// OAuth 2 client credentials ([`super::oauth`]): a token from `token_url`, the
+    /// client id read from `client_id_env` and the key as the client secret, sent as a
+    /// bearer token; with `instance_url`, the token answer's instance URL is the base URL's
+    /// origin (Salesforce).
+    Oauth {
+        /// The token endpoint.
+        token_url: String,
+        /// The variable holding the client id.
+        client_id_env: String,
+        /// The scope to ask for, if any.
+        #[serde(default)]
+        scope: Option<String>,
+        /// Whether the token answer's `instance_url` replaces the base URL's origin.
+        #[serde(default)]
+        instance_url: bool,
+    },
 }
 
 impl Auth {
@@ -39,7 +55,7 @@ impl Auth {
             return Ok(Auth::Bearer);
         };
         let auth: Auth = serde_json::from_value(value.clone())
-            .map_err(|e| format!("auth: {e} (kinds: bearer, header, basic)"))?;
+            .map_err(|e| format!("auth: {e} (kinds: bearer, header, basic, oauth)"))?;
         match &auth {
             Auth::Header { name, .. } if HeaderName::try_from(name.as_str()).is_err() => Err(
                 format!("auth: header name {name:?} is not a valid HTTP header name"),
@@ -47,15 +63,20 @@ impl Auth {
             Auth::Basic { user, user_env } if user.is_some() == user_env.is_some() => {
                 Err("auth: basic takes one of user and user_env".into())
             }
+            Auth::Oauth { token_url, .. } if super::check_base_url(token_url).is_err() => Err(
+                format!("auth: token_url {token_url:?} is not an absolute http(s) URL"),
+            ),
             _ => Ok(auth),
         }
     }
 
-    /// The header carrying `key`: its name and value. Basic reads its user from the
-    /// environment when told to; the error names the variable, never a value.
-    pub fn header(&self, key: &str) -> Result<(HeaderName, String), String> {
+    /// The header carrying `key`: its name and value (`None` for OAuth, whose token is
+    /// fetched per call). Basic reads its user from the environment when told to; the
+    /// error names the variable, never a value.
+    pub fn header(&self, key: &str) -> Result<Option<(HeaderName, String)>, String> {
         use base64::Engine as _;
-        Ok(match self {
+        Ok(Some(match self {
+            Auth::Oauth { .. } => return Ok(None),
             Auth::Bearer => (AUTHORIZATION, format!("Bearer {key}")),
             Auth::Header { name, scheme } => {
                 let name = HeaderName::try_from(name.as_str()).map_err(|e| e.to_string())?;
@@ -76,7 +97,34 @@ impl Auth {
                     base64::engine::general_purpose::STANDARD.encode(format!("{user}:{key}"));
                 (AUTHORIZATION, format!("Basic {token}"))
             }
-        })
+        }))
+    }
+
+    /// Where an OAuth connection's tokens come from (`None` for the other kinds), for
+    /// connection `connection` with `key` as the client secret.
+    pub fn token_source(
+        &self,
+        connection: &str,
+        key: &str,
+    ) -> Result<Option<super::oauth::TokenSource>, String> {
+        let Auth::Oauth {
+            token_url,
+            client_id_env,
+            scope,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let client_id = std::env::var(client_id_env)
+            .map_err(|_| format!("the variable {client_id_env} (auth client_id_env) is not set"))?;
+        Ok(Some(super::oauth::TokenSource {
+            key: format!("{connection}\u{0}{token_url}\u{0}{client_id}"),
+            token_url: token_url.clone(),
+            client_id,
+            client_secret: key.to_owned(),
+            scope: scope.clone(),
+        }))
     }
 }
 
@@ -88,7 +136,13 @@ mod tests {
 
     #[test]
     fn each_kind_presents_the_key_its_target_expects() {
-        let header = |v| Auth::parse(Some(&v)).unwrap().header("k3y").unwrap();
+        let header = |v| {
+            Auth::parse(Some(&v))
+                .unwrap()
+                .header("k3y")
+                .unwrap()
+                .unwrap()
+        };
         let (name, value) =
             header(json!({"kind": "header", "name": "Authorization", "scheme": "Klaviyo-API-Key"}));
         assert_eq!(
@@ -101,15 +155,17 @@ mod tests {
         let (_, value) = header(json!({"kind": "basic", "user": "anystring"}));
         assert_eq!(value, "Basic YW55c3RyaW5nOmszeQ==");
         assert_eq!(
-            Auth::parse(None).unwrap().header("k3y").unwrap().1,
+            Auth::parse(None).unwrap().header("k3y").unwrap().unwrap().1,
             "Bearer k3y"
         );
     }
 
     #[test]
     fn an_auth_courier_cannot_use_is_refused_naming_what_is_wrong() {
-        let e = Auth::parse(Some(&json!({"kind": "oauth"}))).unwrap_err();
-        assert!(e.contains("unknown variant `oauth`"), "{e}");
+        let e = Auth::parse(Some(&json!({"kind": "saml"}))).unwrap_err();
+        assert!(e.contains("unknown variant `saml`"), "{e}");
+        let e = Auth::parse(Some(&json!({"kind": "oauth", "client_id_env": "ID"}))).unwrap_err();
+        assert!(e.contains("missing field `token_url`"), "{e}");
         let e = Auth::parse(Some(&json!({"kind": "header", "name": "bad name"}))).unwrap_err();
         assert!(e.contains("not a valid HTTP header name"), "{e}");
         let e = Auth::parse(Some(&json!({"kind": "basic"}))).unwrap_err();

@@ -194,6 +194,9 @@ pub struct HttpJsonWriter {
     endpoint: Endpoint,
     /// Base URL, ending in `/` so rule paths join under it.
     base_url: String,
+    /// Where its OAuth tokens come from (auth kind `oauth`), and whether the token
+    /// answer's instance URL replaces the base URL's origin.
+    oauth: Option<(super::oauth::TokenSource, bool)>,
 }
 
 impl HttpJsonWriter {
@@ -210,13 +213,68 @@ impl HttpJsonWriter {
         }
         let auth = super::auth::Auth::parse(conn.auth.as_ref()).map_err(|e| invalid(conn, e))?;
         let authorization = key
-            .map(|k| auth.header(&k))
+            .as_deref()
+            .map(|k| auth.header(k))
             .transpose()
-            .map_err(|e| invalid(conn, e))?;
+            .map_err(|e| invalid(conn, e))?
+            .flatten();
+        let oauth = match (&key, &auth) {
+            (Some(k), super::auth::Auth::Oauth { instance_url, .. }) => auth
+                .token_source(&conn.name, k)
+                .map_err(|e| invalid(conn, e))?
+                .map(|source| (source, *instance_url)),
+            (None, super::auth::Auth::Oauth { .. }) => {
+                return Err(invalid(
+                    conn,
+                    "auth oauth needs api_key_env (the variable holding the client secret)".into(),
+                ));
+            }
+            _ => None,
+        };
+        let mut endpoint = Endpoint::new(conn, client, authorization)?;
+        if let (Some(k), Some(_)) = (&key, &oauth) {
+            endpoint.secrets.add(k);
+        }
         Ok(Self {
-            endpoint: Endpoint::new(conn, client, authorization)?,
+            endpoint,
             base_url,
+            oauth,
         })
+    }
+
+    /// Sends one request made by `make` (given the bearer token, for OAuth): with OAuth,
+    /// the token in force, and once more with a fresh one when the target answers 401.
+    async fn send(
+        &self,
+        make: impl Fn(&str, Option<&str>) -> reqwest::RequestBuilder,
+        read_body: bool,
+    ) -> Result<Receipt, WriteError> {
+        let Some((source, instance_url)) = &self.oauth else {
+            return self
+                .endpoint
+                .send_reading(make(&self.base_url, None), RESET_HEADERS, read_body)
+                .await;
+        };
+        let client = &self.endpoint.client;
+        let mut refused: Option<String> = None;
+        loop {
+            let token = source.token(client, refused.as_deref()).await?;
+            let base = match (instance_url, &token.instance_url) {
+                (true, Some(instance)) => with_origin(&self.base_url, instance),
+                _ => self.base_url.clone(),
+            };
+            let answer = self
+                .endpoint
+                .send_reading(make(&base, Some(&token.access)), RESET_HEADERS, read_body)
+                .await
+                .map_err(|e| redact_token(e, &token.access));
+            match answer {
+                Err(WriteError::Permanent {
+                    status: Some(401), ..
+                }) if refused.is_none() => refused = Some(token.access),
+                other => return other,
+            }
+        }
     }
 }
 
@@ -281,7 +339,7 @@ impl Writer for HttpJsonWriter {
                 Ok(p) => p,
                 Err(e) => return Err(refused(e)),
             };
-            let url = format!("{}{}", self.base_url, path.trim_start_matches('/'));
+            let path = path.trim_start_matches('/');
             let ids: Vec<String> = sent
                 .iter()
                 .map(|(i, _)| call.records[*i].delivery_id.to_string())
@@ -291,17 +349,22 @@ impl Writer for HttpJsonWriter {
                 true => shape.body(sent.into_iter().map(|(_, v)| v).collect(), call.envelope),
                 false => sent.pop().map(|(_, v)| v).unwrap_or_default(),
             };
-            let request = self
-                .endpoint
-                .client
-                .request(shape.method(), url)
-                .header("Idempotency-Key", format!("courier-{}", ids.join(",")))
-                .header(reqwest::header::CONTENT_TYPE, shape.content_type())
-                .body(serde_json::to_vec(&body).expect("JSON serializes"));
-            let receipt = self
-                .endpoint
-                .send_reading(request, RESET_HEADERS, call.bulk)
-                .await?;
+            let body = serde_json::to_vec(&body).expect("JSON serializes");
+            let key = format!("courier-{}", ids.join(","));
+            let make = |base: &str, token: Option<&str>| {
+                let request = self
+                    .endpoint
+                    .client
+                    .request(shape.method(), format!("{base}{path}"))
+                    .header("Idempotency-Key", &key)
+                    .header(reqwest::header::CONTENT_TYPE, shape.content_type())
+                    .body(body.clone());
+                match token {
+                    Some(t) => request.bearer_auth(t),
+                    None => request,
+                }
+            };
+            let receipt = self.send(make, call.bulk).await?;
             let status = receipt.http_status.unwrap_or(200);
             let body = receipt.body.as_ref();
             let m = outgoing.len();
@@ -326,6 +389,31 @@ impl Writer for HttpJsonWriter {
             Ok(Written { receipt, items })
         }
         .boxed()
+    }
+}
+
+/// `base` with its scheme and host replaced by `origin`'s (an OAuth instance URL).
+fn with_origin(base: &str, origin: &str) -> String {
+    let rest = base
+        .split_once("://")
+        .and_then(|(_, r)| r.find('/').map(|i| &r[i..]))
+        .unwrap_or("/");
+    format!("{}{rest}", origin.trim_end_matches('/'))
+}
+
+/// `e` with `token` hidden in the text the target sent.
+fn redact_token(e: WriteError, token: &str) -> WriteError {
+    let hide = |m: String| m.replace(token, "[redacted]");
+    match e {
+        WriteError::Permanent { status, message } => WriteError::Permanent {
+            status,
+            message: hide(message),
+        },
+        WriteError::Transient { status, message } => WriteError::Transient {
+            status,
+            message: hide(message),
+        },
+        other => other,
     }
 }
 

@@ -16,6 +16,7 @@
 pub mod answer;
 pub mod auth;
 pub mod http;
+pub mod oauth;
 pub mod request;
 pub mod secrets;
 pub mod usercom;

@@ -328,8 +328,9 @@ fn text(v: &Value) -> String {
     }
 }
 
-/// Percent-encodes everything but unreserved characters (RFC 3986), for a path segment.
-fn encode(s: &str) -> String {
+/// Percent-encodes everything but unreserved characters (RFC 3986), for a path segment or
+/// a form value.
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         match b {

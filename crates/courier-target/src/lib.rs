@@ -241,6 +241,9 @@ pub struct TargetState {
     inner: Mutex<Inner>,
     /// What workspace 429s say about when to come back.
     retry_after_mode: Mutex<RetryAfterMode>,
+    /// OAuth 2 tokens granted by `/oauth/token` so far, and the first still valid (those
+    /// granted before a revocation are not).
+    tokens: Mutex<(u64, u64)>,
 }
 
 /// The parts of the state changed together.
@@ -346,6 +349,7 @@ impl Target {
                 log: VecDeque::new(),
             }),
             retry_after_mode: Mutex::new(config.retry_after),
+            tokens: Mutex::new((0, 1)),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
         tokio::spawn(serve(listener, app));
@@ -418,6 +422,18 @@ impl Target {
             changed += 1;
         }
         changed
+    }
+
+    /// OAuth 2 tokens granted so far by `/oauth/token`.
+    pub fn tokens_granted(&self) -> u64 {
+        lock(&self.state.tokens).0
+    }
+
+    /// Revokes every token granted so far: paths naming `oauth-protected` answer 401 to
+    /// them until a new one is granted.
+    pub fn revoke_tokens(&self) {
+        let mut t = lock(&self.state.tokens);
+        t.1 = t.0 + 1;
     }
 
     /// A snapshot of the counters.
@@ -708,6 +724,26 @@ async fn handle(
         return limit_route(&s, &method, name.as_deref(), &body);
     }
 
+    // OAuth 2 client credentials: a token endpoint, and paths naming `oauth-protected`
+    // that take only the latest token (a revoked or older one: 401).
+    if path.ends_with("/oauth/token") || path.ends_with("/oauth2/token") {
+        return token_grant(&s, &headers, &body);
+    }
+    if path.contains("/oauth-protected/") {
+        let (granted, first_valid) = *lock(&s.tokens);
+        let sent = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer tok-"))
+            .and_then(|n| n.parse::<u64>().ok());
+        if !sent.is_some_and(|n| n >= first_valid && n <= granted) {
+            s.requests.fetch_add(1, Ordering::SeqCst);
+            return json_reply(
+                401,
+                serde_json::json!([{"errorCode": "INVALID_SESSION_ID", "message": "Session expired or invalid"}]),
+            );
+        }
+    }
     let arrived = Instant::now();
     let workspace = match &route {
         Route::Workspace(name, _) => Some(name.clone()),
@@ -938,6 +974,40 @@ fn forced_response(s: &TargetState, status: u16, workspace: Option<&str>) -> Res
         _ => "injected failure",
     };
     json_reply(status, serde_json::json!({ "detail": detail }))
+}
+
+/// `POST .../oauth/token` (or `.../oauth2/token`) with `grant_type=client_credentials`, a `client_id` and a
+/// `client_secret` (form fields): a new token `tok-N`, valid an hour, and the instance's URL
+/// (this target's, from its `Host`), as Salesforce answers.
+fn token_grant(s: &TargetState, headers: &HeaderMap, body: &[u8]) -> Response {
+    let form = String::from_utf8_lossy(body);
+    let field = |name: &str| {
+        form.split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .map(str::to_owned)
+    };
+    if field("grant_type").as_deref() != Some("client_credentials")
+        || field("client_id").is_none()
+        || field("client_secret").is_none()
+    {
+        return json_reply(400, serde_json::json!({"error": "invalid_request"}));
+    }
+    let n = {
+        let mut t = lock(&s.tokens);
+        t.0 += 1;
+        t.0
+    };
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    json_reply(
+        200,
+        serde_json::json!({
+            "access_token": format!("tok-{n}"), "token_type": "Bearer", "expires_in": 3600,
+            "instance_url": format!("http://{host}"),
+        }),
+    )
 }
 
 /// The generic sink: any JSON body is accepted and counted per `Idempotency-Key`.
