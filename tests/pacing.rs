@@ -579,37 +579,7 @@ async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
     })
     .await
     .unwrap();
-    catalog::upsert_connection(
-        &db.pool,
-        &NewConnection {
-            name: "shop".into(),
-            writer: "usercom".into(),
-            base_url: target.workspace_url("shop"),
-            api_key_env: Some(KEY_VAR.into()),
-            requests_per_minute: Some(600),
-            max_in_flight: Some(1),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    catalog::upsert_rule(
-        &db.pool,
-        &NewRule {
-            name: "customers".into(),
-            connection: "shop".into(),
-            path: "user_upsert".into(),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let users = (0..6)
-        .map(|i| NewDelivery::new(format!("u{i}"), json!({"custom_id": format!("u{i}")})))
-        .collect();
-    enqueue::enqueue_many(&db.pool, "customers", users)
-        .await
-        .unwrap();
+    usercom_shop_with(&db, &target, KEY_VAR, 6).await;
     let engine = engine(&db.pool, settings(&db.url));
     drive(&engine).await;
     let counters = target.counters();
@@ -684,4 +654,90 @@ async fn what_a_429_teaches_one_process_paces_every_other() {
         (rate * 60.0 - shared).abs() < shared * 0.05,
         "{rate}/s vs {shared}/min"
     );
+}
+
+/// Connection `shop` (User.com writer) on `target`'s workspace and its rule `customers`
+/// with `n` deliveries.
+async fn usercom_shop_with(db: &TestDb, target: &Target, key_var: &str, n: usize) {
+    catalog::upsert_connection(
+        &db.pool,
+        &NewConnection {
+            name: "shop".into(),
+            writer: "usercom".into(),
+            base_url: target.workspace_url("shop"),
+            api_key_env: Some(key_var.into()),
+            requests_per_minute: Some(600),
+            max_in_flight: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "customers".into(),
+            connection: "shop".into(),
+            path: "user_upsert".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let users = (0..n)
+        .map(|i| NewDelivery::new(format!("u{i}"), json!({"custom_id": format!("u{i}")})))
+        .collect();
+    enqueue::enqueue_many(&db.pool, "customers", users)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn vendors_rate_limit_headers_are_heard_through_a_chain_job() {
+    const KEY_VAR: &str = "COURIER_PACING_TEST_DIALECT_KEY";
+    const TOKEN: &str = "dialect-token";
+    // SAFETY: set before any worker of this test reads it; no other test names it.
+    unsafe { std::env::set_var(KEY_VAR, TOKEN) };
+    for mode in [
+        courier_target::RateHeaders::HubSpot,
+        courier_target::RateHeaders::Brevo,
+    ] {
+        let db = TestDb::new().await;
+        // 4 requests a minute, stated in the vendor's own headers with every answer.
+        let target = Target::start_with(courier_target::TargetConfig {
+            workspaces: vec![courier_target::WorkspaceConfig::new("shop", TOKEN)],
+            rate: 4,
+            period: std::time::Duration::from_secs(60),
+            window: courier_target::Window::Fixed,
+            rate_headers: mode,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        usercom_shop_with(&db, &target, KEY_VAR, 6).await;
+        let engine = engine(&db.pool, settings(&db.url));
+        drive(&engine).await;
+        let counters = target.counters();
+        let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
+        match mode {
+            // HubSpot states its quota (the window in milliseconds) but no reset: the
+            // quota is the advertised rate, which paces the budget from then on.
+            courier_target::RateHeaders::HubSpot => {
+                assert_eq!(report.connections[0].advertised_rpm, Some(4.0), "{mode:?}");
+                assert!(counters.throttled <= 1, "{mode:?}: {counters:?}");
+            }
+            // Brevo states what is left and when it resets: nothing left blocks the
+            // budget until the reset before any 429, as Brevo's 429 names no wait.
+            _ => {
+                assert_eq!((counters.requests, counters.throttled), (4, 0), "{mode:?}");
+                let raw: String =
+                    sqlx::query_scalar("SELECT retry_after_raw FROM connection_blocks")
+                        .fetch_one(&db.pool)
+                        .await
+                        .unwrap();
+                assert!(raw.starts_with("remaining 0"), "{mode:?}: {raw}");
+            }
+        }
+        assert_eq!(delivered(&db.pool).await, 4, "{mode:?}");
+    }
 }
