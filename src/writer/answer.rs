@@ -187,21 +187,7 @@ impl AnswerMap {
                 items,
                 success,
                 message,
-            } => match body.pointer(items).and_then(Value::as_array) {
-                Some(items) if items.len() == n => items
-                    .iter()
-                    .map(|item| match success.holds(item) {
-                        true => None,
-                        false => Some(item_failure(item, success, message.as_deref())),
-                    })
-                    .collect(),
-                Some(items) => unaccounted(
-                    status,
-                    n,
-                    &format!("{} answer items for {n} records", items.len()),
-                ),
-                None => unnamed(status, n),
-            },
+            } => positional(status, body.pointer(items), n, success, message.as_deref()),
             AnswerMap::Keyed {
                 results,
                 errors,
@@ -209,9 +195,6 @@ impl AnswerMap {
                 record,
                 message,
             } => {
-                let named = |item: &Value| names(item.pointer(key));
-                let errors = list(body, errors);
-                let results = results.as_deref().map(|r| list(body, r));
                 let keys: Vec<Option<String>> = records
                     .iter()
                     .map(|r| match record {
@@ -219,54 +202,98 @@ impl AnswerMap {
                         RecordKey::Payload(p) => names(r.payload.pointer(p)).into_iter().next(),
                     })
                     .collect();
-                let mut fates: Vec<Fate> = vec![Fate::Unnamed; n];
-                let mut stray = 0;
-                for e in errors {
-                    let hit: Vec<usize> =
-                        named(e).iter().flat_map(|k| positions(&keys, k)).collect();
-                    if hit.is_empty() {
-                        stray += 1;
-                    }
-                    for i in hit {
-                        fates[i] = Fate::Failed(keyed_failure(e, message.as_deref()));
-                    }
-                }
-                for r in results.into_iter().flatten() {
-                    for i in named(r).iter().flat_map(|k| positions(&keys, k)) {
-                        if matches!(fates[i], Fate::Unnamed) {
-                            fates[i] = Fate::Through;
-                        }
-                    }
-                }
-                let why = match stray {
-                    0 => None,
-                    s => Some(format!("{s} errors name no record of the call")),
-                };
-                settle(status, fates, why, results.is_some())
+                let lists = (
+                    list(body, errors),
+                    results.as_deref().map(|r| list(body, r)),
+                );
+                keyed(status, lists, key, &keys, message.as_deref())
             }
             AnswerMap::Indexed {
                 errors,
                 index,
                 message,
-            } => {
-                let mut fates: Vec<Fate> = vec![Fate::Unnamed; n];
-                let mut stray = 0;
-                for e in list(body, errors) {
-                    match e.pointer(index).and_then(Value::as_u64) {
-                        Some(i) if (i as usize) < n => {
-                            fates[i as usize] = Fate::Failed(keyed_failure(e, message.as_deref()));
-                        }
-                        _ => stray += 1,
-                    }
-                }
-                let why = match stray {
-                    0 => None,
-                    s => Some(format!("{s} errors name no position of the call")),
-                };
-                settle(status, fates, why, false)
+            } => indexed(status, list(body, errors), index, n, message.as_deref()),
+        }
+    }
+}
+
+/// A positional answer: the array `items` (if any), one item per record.
+fn positional(
+    status: u16,
+    items: Option<&Value>,
+    n: usize,
+    success: &Success,
+    message: Option<&str>,
+) -> Vec<Option<WriteError>> {
+    match items.and_then(Value::as_array) {
+        Some(items) if items.len() == n => items
+            .iter()
+            .map(|item| match success.holds(item) {
+                true => None,
+                false => Some(item_failure(item, success, message)),
+            })
+            .collect(),
+        Some(items) => unaccounted(
+            status,
+            n,
+            &format!("{} answer items for {n} records", items.len()),
+        ),
+        None => unnamed(status, n),
+    }
+}
+
+/// A keyed answer: its errors and results (if listed) name records by `key`, matched to
+/// each record's own (`keys`).
+fn keyed(
+    status: u16,
+    (errors, results): (&[Value], Option<&[Value]>),
+    key: &str,
+    keys: &[Option<String>],
+    message: Option<&str>,
+) -> Vec<Option<WriteError>> {
+    let named = |item: &Value| names(item.pointer(key));
+    let mut fates: Vec<Fate> = vec![Fate::Unnamed; keys.len()];
+    let mut stray = 0;
+    for e in errors {
+        let hit: Vec<usize> = named(e).iter().flat_map(|k| positions(keys, k)).collect();
+        if hit.is_empty() {
+            stray += 1;
+        }
+        for i in hit {
+            fates[i] = Fate::Failed(keyed_failure(e, message));
+        }
+    }
+    for r in results.into_iter().flatten() {
+        for i in named(r).iter().flat_map(|k| positions(keys, k)) {
+            if matches!(fates[i], Fate::Unnamed) {
+                fates[i] = Fate::Through;
             }
         }
     }
+    let why = (stray > 0).then(|| format!("{stray} errors name no record of the call"));
+    settle(status, fates, why, results.is_some())
+}
+
+/// An indexed answer: its errors name the failed records' positions at `index`.
+fn indexed(
+    status: u16,
+    errors: &[Value],
+    index: &str,
+    n: usize,
+    message: Option<&str>,
+) -> Vec<Option<WriteError>> {
+    let mut fates: Vec<Fate> = vec![Fate::Unnamed; n];
+    let mut stray = 0;
+    for e in errors {
+        match e.pointer(index).and_then(Value::as_u64) {
+            Some(i) if (i as usize) < n => {
+                fates[i as usize] = Fate::Failed(keyed_failure(e, message));
+            }
+            _ => stray += 1,
+        }
+    }
+    let why = (stray > 0).then(|| format!("{stray} errors name no position of the call"));
+    settle(status, fates, why, false)
 }
 
 impl Success {

@@ -365,30 +365,36 @@ impl Writer for HttpJsonWriter {
                 }
             };
             let receipt = self.send(make, call.bulk).await?;
-            let status = receipt.http_status.unwrap_or(200);
-            let body = receipt.body.as_ref();
-            let m = outgoing.len();
-            let answered = match (
-                call.bulk,
-                call.answer,
-                body.and_then(serde_json::Value::as_array),
-            ) {
-                (false, _, _) => vec![None; m],
-                (true, Some(map), _) => map.read(status, body, &outgoing),
-                (true, None, Some(items)) if items.len() == m => {
-                    items.iter().map(item_outcome).collect()
-                }
-                (true, None, _) => answer::unnamed(status, m),
-            };
-            let mut answered = answered.into_iter();
-            for (slot, r) in items.iter_mut().zip(call.records) {
-                if slot.is_none() && outgoing.iter().any(|o| o.delivery_id == r.delivery_id) {
-                    *slot = answered.next().flatten();
-                }
+            let answered = answered(&call, &outgoing, &receipt).into_iter();
+            // The records sent are those not refused before sending, in the same order.
+            for (slot, fate) in items.iter_mut().filter(|s| s.is_none()).zip(answered) {
+                *slot = fate;
             }
             Ok(Written { receipt, items })
         }
         .boxed()
+    }
+}
+
+/// The fate of each record of `outgoing` (those of `call` that were sent) from the
+/// answer `receipt`: by the rule's answer map, else the generic per-item array.
+fn answered(
+    call: &Call<'_>,
+    outgoing: &[Outgoing<'_>],
+    receipt: &Receipt,
+) -> Vec<Option<WriteError>> {
+    let status = receipt.http_status.unwrap_or(200);
+    let body = receipt.body.as_ref();
+    let m = outgoing.len();
+    match (
+        call.bulk,
+        call.answer,
+        body.and_then(serde_json::Value::as_array),
+    ) {
+        (false, _, _) => vec![None; m],
+        (true, Some(map), _) => map.read(status, body, outgoing),
+        (true, None, Some(items)) if items.len() == m => items.iter().map(item_outcome).collect(),
+        (true, None, _) => answer::unnamed(status, m),
     }
 }
 

@@ -117,8 +117,14 @@ pub struct ChaosOptions {
     pub skews: Vec<String>,
 }
 
-/// The skews `courier bench chaos` tries: ±50 ms, ±1 s, ±20 s and ±1 h.
-pub const BENCH_SKEWS: [&str; 8] = ["+0.05", "-0.05", "+1", "-1", "+20", "-20", "+1h", "-1h"];
+/// The skews `courier bench chaos` tries: none (the same phase without libfaketime, the
+/// baseline), ±50 ms, ±1 s, ±20 s and ±1 h.
+pub const BENCH_SKEWS: [&str; 9] = [
+    NO_SKEW, "+0.05", "-0.05", "+1", "-1", "+20", "-20", "+1h", "-1h",
+];
+
+/// The skew phase's baseline: a plain worker, no libfaketime.
+pub const NO_SKEW: &str = "none";
 
 impl ChaosOptions {
     /// The benchmark's setup: 600 records at 10/s, 2 workers, 10 kills, 10 rolling kills
@@ -1162,14 +1168,20 @@ impl Harness {
         skew: &str,
         workers: &mut Workers,
     ) -> anyhow::Result<()> {
-        let lib = workers.faketime()?;
+        let lib = match skew {
+            NO_SKEW => String::new(),
+            _ => workers.faketime()?,
+        };
         workers.stop_oldest()?;
         let beating = workers.live.len() + 1;
-        workers.spawn_with(&[
-            ("LD_PRELOAD", lib.as_str()),
-            ("FAKETIME", skew),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ])?;
+        match skew {
+            NO_SKEW => workers.spawn()?,
+            _ => workers.spawn_with(&[
+                ("LD_PRELOAD", lib.as_str()),
+                ("FAKETIME", skew),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ])?,
+        }
         workers.until_beating(&self.pool, beating).await?;
         // The key's parts are split at '-': the phase's name carries the skew's index.
         let phase: &'static str = Box::leak(format!("skew{i}").into_boxed_str());
