@@ -1,5 +1,5 @@
-//! Every ready target's rules through a real chain job and PostgreSQL into `courier
-//! target`, which answers each vendor's batch endpoint as the vendor does (HubSpot's keyed
+//! Every ready target's rules through a real worker (dispatcher, queue, chain jobs) and
+//! PostgreSQL into `courier target`, which answers each vendor's batch endpoint as the vendor does (HubSpot's keyed
 //! 207, Brevo's successIds and failureIds, Braze's indexed errors, Customer.io's
 //! batch_index, Salesforce's positional success, Mailchimp's errors by e-mail, answers
 //! without a body): a record the target refuses ends as that record's ledger row, the
@@ -7,8 +7,15 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::*;
-use courier::{catalog, enqueue::NewDelivery, presets::PRESETS};
+use courier::{
+    catalog,
+    enqueue::NewDelivery,
+    presets::PRESETS,
+    worker::{self, Engine},
+};
 use courier_target::Target;
 use serde_json::json;
 
@@ -70,8 +77,25 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
             courier::enqueue::enqueue_many(&db.pool, &rule, records(&rule, per_record))
                 .await
                 .unwrap();
-            let engine = engine(&db.pool, settings(&db.url));
-            drive(&engine).await;
+            // A real worker: the dispatcher, the queue, the chain jobs.
+            let engine = Arc::new(Engine::new(db.pool.clone(), settings(&db.url)));
+            let worker = tokio::spawn(worker::run(engine.clone()));
+            let pool = db.pool.clone();
+            eventually("nothing pending", || {
+                let pool = pool.clone();
+                async move {
+                    let pending: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM deliveries WHERE status = 'pending'",
+                    )
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                    pending == 0
+                }
+            })
+            .await;
+            engine.shutdown.cancel();
+            worker.await.unwrap().unwrap();
             let got: Vec<(String, i64)> =
                 sqlx::query_as("SELECT status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1")
                     .fetch_all(&db.pool)
