@@ -292,7 +292,7 @@ const SPREAD: &str = "...";
 /// A body template with its `{{records}}` filled.
 fn fill_records(t: &Value, items: &Value) -> Value {
     match t {
-        Value::String(s) if s.trim() == "{{records}}" || s.trim() == "{{ records }}" => {
+        Value::String(s) if matches!(placeholders(s).as_slice(), [(0, end, "records")] if *end == s.len()) => {
             items.clone()
         }
         Value::Array(a) => Value::Array(a.iter().map(|v| fill_records(v, items)).collect()),
@@ -381,6 +381,11 @@ mod tests {
             shape.body(vec![item.clone()], None),
             json!({"inputs": [item]})
         );
+        // Spaces inside the braces name the same placeholder.
+        let spaced =
+            RequestShape::parse(Some(&json!({"body": {"in": "{{ records }}"}})), "p", true)
+                .unwrap();
+        assert_eq!(spaced.body(vec![json!(1)], None), json!({"in": [1]}));
     }
 
     #[test]
