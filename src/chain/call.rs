@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::{claim::Claimed, context::JobContext};
 use crate::{
     engine::Engine,
-    writer::{Call, Outgoing, WriteError, Writer, Written},
+    writer::{Outgoing, WriteError, Writer, Written},
 };
 
 /// One call's answer, or a call not made.
@@ -193,25 +193,20 @@ async fn call_once(
         .collect();
     engine.pacer.left(key, go, engine.clock.now());
     let started = Instant::now();
-    let result = writer
-        .write_many(Call {
-            records: &records,
-            envelope: ctx.batch_envelope.as_deref(),
-            bulk: ctx.records_per_call > 1,
-            answer: ctx.answer.as_ref().ok().and_then(Option::as_ref),
-            request: ctx.request.as_ref().ok(),
-        })
-        .await;
+    let result = writer.write_many(ctx.call(&records)).await;
     // From the time the call was due: a thread that woke late delays it too.
     let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
     engine.pacer.returned(key, go, trip);
-    let status = match &result {
+    counted(engine, ctx, &result, records.len());
+    Some((result, started.elapsed()))
+}
+
+/// A call of `n` records answered `result`, in the process's metrics.
+fn counted(engine: &Engine, ctx: &JobContext, result: &Result<Written, WriteError>, n: usize) {
+    let status = match result {
         Ok(written) => written.receipt.http_status,
         Err(e) => e.http_status(),
     };
     engine.metrics.call(&ctx.connection.name, status);
-    engine
-        .metrics
-        .records_per_call(&ctx.rule_name, records.len());
-    Some((result, started.elapsed()))
+    engine.metrics.records_per_call(&ctx.rule_name, n);
 }

@@ -10,7 +10,7 @@ use crate::{
     catalog::Connection,
     retry::RetryPolicy,
     runs::RunStatus,
-    writer::{answer::AnswerMap, request::RequestShape},
+    writer::{Call, Outgoing, answer::AnswerMap, request::RequestShape},
 };
 
 /// A run and everything its next job needs.
@@ -139,6 +139,18 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
 pub const MAX_CLAIM: i32 = 10_000;
 
 impl JobContext {
+    /// A call of `records` as the rule shapes it: its envelope, bulk form, answer map and
+    /// request shape.
+    pub fn call<'a>(&'a self, records: &'a [Outgoing<'a>]) -> Call<'a> {
+        Call {
+            records,
+            envelope: self.batch_envelope.as_deref(),
+            bulk: self.records_per_call > 1,
+            answer: self.answer.as_ref().ok().and_then(Option::as_ref),
+            request: self.request.as_ref().ok(),
+        }
+    }
+
     /// How many deliveries a batch claims: the rule's batch size, and at least enough for
     /// every call the connection may have in flight to carry a full call of records.
     pub fn claim_limit(&self) -> i32 {

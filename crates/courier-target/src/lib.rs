@@ -724,25 +724,8 @@ async fn handle(
         return limit_route(&s, &method, name.as_deref(), &body);
     }
 
-    // OAuth 2 client credentials: a token endpoint, and paths naming `oauth-protected`
-    // that take only the latest token (a revoked or older one: 401).
-    if path.ends_with("/oauth/token") || path.ends_with("/oauth2/token") {
-        return token_grant(&s, &headers, &body);
-    }
-    if path.contains("/oauth-protected/") {
-        let (granted, first_valid) = *lock(&s.tokens);
-        let sent = headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer tok-"))
-            .and_then(|n| n.parse::<u64>().ok());
-        if !sent.is_some_and(|n| n >= first_valid && n <= granted) {
-            s.requests.fetch_add(1, Ordering::SeqCst);
-            return json_reply(
-                401,
-                serde_json::json!([{"errorCode": "INVALID_SESSION_ID", "message": "Session expired or invalid"}]),
-            );
-        }
+    if let Some(answer) = oauth(&s, &path, &headers, &body) {
+        return answer;
     }
     let arrived = Instant::now();
     let workspace = match &route {
@@ -976,6 +959,31 @@ fn forced_response(s: &TargetState, status: u16, workspace: Option<&str>) -> Res
     json_reply(status, serde_json::json!({ "detail": detail }))
 }
 
+/// OAuth 2 client credentials: the token endpoint's answer, or a 401 to a path naming
+/// `oauth-protected` without a token granted since the last revocation; `None` otherwise.
+fn oauth(s: &TargetState, path: &str, headers: &HeaderMap, body: &[u8]) -> Option<Response> {
+    if path.ends_with("/oauth/token") || path.ends_with("/oauth2/token") {
+        return Some(token_grant(s, headers, body));
+    }
+    if !path.contains("/oauth-protected/") {
+        return None;
+    }
+    let (granted, first_valid) = *lock(&s.tokens);
+    let sent = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer tok-"))
+        .and_then(|n| n.parse::<u64>().ok());
+    if sent.is_some_and(|n| n >= first_valid && n <= granted) {
+        return None;
+    }
+    s.requests.fetch_add(1, Ordering::SeqCst);
+    Some(json_reply(
+        401,
+        serde_json::json!([{"errorCode": "INVALID_SESSION_ID", "message": "Session expired or invalid"}]),
+    ))
+}
+
 /// `POST .../oauth/token` (or `.../oauth2/token`) with `grant_type=client_credentials`, a `client_id` and a
 /// `client_secret` (form fields): a new token `tok-N`, valid an hour, and the instance's URL
 /// (this target's, from its `Host`), as Salesforce answers.
@@ -1138,82 +1146,130 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
         .and_then(|k| k.strip_prefix("courier-"))
         .map(|ids| ids.split(',').collect())
         .unwrap_or_default();
-    let key_of = |j: usize| match ids.len() == items.len() {
-        true => format!("courier-{}", ids[j]),
-        false => format!("{}#{j}", key.unwrap_or("batch")),
-    };
     // Marked invalid on the item, or one level down (a template's `properties`).
-    let invalid = |item: &serde_json::Value| {
-        let marked =
-            |v: &serde_json::Value| v.get("invalid") == Some(&serde_json::Value::Bool(true));
-        marked(item) || item.as_object().is_some_and(|o| o.values().any(marked))
-    };
-    let valid_keys = || -> Vec<String> {
-        (0..items.len())
-            .filter(|&j| !invalid(&items[j]))
-            .map(key_of)
-            .collect()
-    };
-    let any_invalid = items.iter().any(invalid);
-    let trace_id = |j: usize| -> serde_json::Value {
-        items[j]
-            .get("objectWriteTraceId")
-            .cloned()
-            .or_else(|| ids.get(j).map(|id| serde_json::Value::from(*id)))
-            .unwrap_or_else(|| serde_json::Value::from(j.to_string()))
+    let marked = |v: &serde_json::Value| v.get("invalid") == Some(&serde_json::Value::Bool(true));
+    let b = Batch {
+        items,
+        keys: (0..items.len())
+            .map(|j| match ids.len() == items.len() {
+                true => format!("courier-{}", ids[j]),
+                false => format!("{}#{j}", key.unwrap_or("batch")),
+            })
+            .collect(),
+        invalid: items
+            .iter()
+            .map(|i| marked(i) || i.as_object().is_some_and(|o| o.values().any(marked)))
+            .collect(),
+        trace: (0..items.len())
+            .map(|j| {
+                items[j]
+                    .get("objectWriteTraceId")
+                    .cloned()
+                    .or_else(|| ids.get(j).map(|id| serde_json::Value::from(*id)))
+                    .unwrap_or_else(|| serde_json::Value::from(j.to_string()))
+            })
+            .collect(),
     };
     Some(match style {
-        BatchAnswers::Keyed => {
-            let (bad, good): (Vec<usize>, Vec<usize>) = (0..items.len()).partition(|&j| invalid(&items[j]));
-            BatchReply {
-                status: if bad.is_empty() { 200 } else { 207 },
-                body: serde_json::json!({
-                    "status": "COMPLETE",
-                    "results": good.iter().map(|&j| serde_json::json!({
-                        "id": format!("{}", 1000 + j), "objectWriteTraceId": trace_id(j)
-                    })).collect::<Vec<_>>(),
-                    "numErrors": bad.len(),
-                    "errors": bad.iter().map(|&j| serde_json::json!({
-                        "status": "error", "category": "VALIDATION_ERROR",
-                        "message": "Property values were not valid", "objectWriteTraceId": trace_id(j)
-                    })).collect::<Vec<_>>(),
-                }),
-                accepted: valid_keys(),
-            }
+        BatchAnswers::Keyed | BatchAnswers::Brevo | BatchAnswers::Mailchimp => {
+            keyed_reply(style, &b)
         }
+        BatchAnswers::Positional | BatchAnswers::Indexed | BatchAnswers::CustomerIo => {
+            vendor_reply(style, &b)
+        }
+        _ => plain_reply(style, &b),
+    })
+}
+
+/// One batch call as the sink sees it.
+struct Batch<'a> {
+    /// The records.
+    items: &'a [serde_json::Value],
+    /// Each record's key for the accepted-write log.
+    keys: Vec<String>,
+    /// Whether each record is marked invalid.
+    invalid: Vec<bool>,
+    /// Each record's trace id: its own `objectWriteTraceId`, else its delivery id.
+    trace: Vec<serde_json::Value>,
+}
+
+impl Batch<'_> {
+    fn valid_keys(&self) -> Vec<String> {
+        (0..self.items.len())
+            .filter(|&j| !self.invalid[j])
+            .map(|j| self.keys[j].clone())
+            .collect()
+    }
+
+    fn any_invalid(&self) -> bool {
+        self.invalid.iter().any(|&i| i)
+    }
+}
+
+/// What a vendor's batch endpoint answers by position or index (the presets' targets).
+fn vendor_reply(style: BatchAnswers, b: &Batch<'_>) -> BatchReply {
+    match style {
         BatchAnswers::Positional => BatchReply {
             status: 200,
-            body: items
-                .iter()
-                .enumerate()
-                .map(|(j, item)| match invalid(item) {
+            body: (0..b.items.len())
+                .map(|j| match b.invalid[j] {
                     true => serde_json::json!({"success": false, "errors": [
                         {"statusCode": "INVALID_EMAIL_ADDRESS", "message": "invalid record", "fields": []}
                     ]}),
                     false => serde_json::json!({"id": format!("003{j:012}"), "success": true, "errors": []}),
                 })
                 .collect(),
-            accepted: valid_keys(),
+            accepted: b.valid_keys(),
         },
         BatchAnswers::Indexed => BatchReply {
             status: 201,
             body: serde_json::json!({
                 "message": "success",
-                "errors": (0..items.len()).filter(|&j| invalid(&items[j])).map(|j| serde_json::json!({
+                "errors": (0..b.items.len()).filter(|&j| b.invalid[j]).map(|j| serde_json::json!({
                     "type": "invalid record", "input_array": "attributes", "index": j
                 })).collect::<Vec<_>>(),
             }),
-            accepted: valid_keys(),
+            accepted: b.valid_keys(),
         },
-        BatchAnswers::NoBody(status) => BatchReply {
-            status,
-            body: serde_json::Value::Null,
-            accepted: valid_keys(),
+        BatchAnswers::CustomerIo => BatchReply {
+            status: if b.any_invalid() { 207 } else { 200 },
+            body: serde_json::json!({
+                "errors": (0..b.items.len()).filter(|&j| b.invalid[j]).map(|j| serde_json::json!({
+                    "batch_index": j, "reason": "invalid record", "field": "identifiers"
+                })).collect::<Vec<_>>(),
+            }),
+            accepted: b.valid_keys(),
         },
-        BatchAnswers::Brevo => {
-            let email = |j: usize| items[j].get("email").cloned().unwrap_or_default();
+        _ => unreachable!("not this function's style: {style:?}"),
+    }
+}
+
+/// What a vendor's batch endpoint answers naming records by a key (HubSpot, Brevo, Mailchimp).
+fn keyed_reply(style: BatchAnswers, b: &Batch<'_>) -> BatchReply {
+    match style {
+        BatchAnswers::Keyed => {
             let (bad, good): (Vec<usize>, Vec<usize>) =
-                (0..items.len()).partition(|&j| invalid(&items[j]));
+                (0..b.items.len()).partition(|&j| b.invalid[j]);
+            BatchReply {
+                status: if bad.is_empty() { 200 } else { 207 },
+                body: serde_json::json!({
+                    "status": "COMPLETE",
+                    "results": good.iter().map(|&j| serde_json::json!({
+                        "id": format!("{}", 1000 + j), "objectWriteTraceId": b.trace[j].clone()
+                    })).collect::<Vec<_>>(),
+                    "numErrors": bad.len(),
+                    "errors": bad.iter().map(|&j| serde_json::json!({
+                        "status": "error", "category": "VALIDATION_ERROR",
+                        "message": "Property values were not valid", "objectWriteTraceId": b.trace[j].clone()
+                    })).collect::<Vec<_>>(),
+                }),
+                accepted: b.valid_keys(),
+            }
+        }
+        BatchAnswers::Brevo => {
+            let email = |j: usize| b.items[j].get("email").cloned().unwrap_or_default();
+            let (bad, good): (Vec<usize>, Vec<usize>) =
+                (0..b.items.len()).partition(|&j| b.invalid[j]);
             BatchReply {
                 status: if bad.is_empty() { 204 } else { 207 },
                 body: match bad.is_empty() {
@@ -1223,22 +1279,13 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
                         "failureIds": bad.iter().map(|&j| email(j)).collect::<Vec<_>>(),
                     }),
                 },
-                accepted: valid_keys(),
+                accepted: b.valid_keys(),
             }
         }
-        BatchAnswers::CustomerIo => BatchReply {
-            status: if any_invalid { 207 } else { 200 },
-            body: serde_json::json!({
-                "errors": (0..items.len()).filter(|&j| invalid(&items[j])).map(|j| serde_json::json!({
-                    "batch_index": j, "reason": "invalid record", "field": "identifiers"
-                })).collect::<Vec<_>>(),
-            }),
-            accepted: valid_keys(),
-        },
         BatchAnswers::Mailchimp => {
-            let address = |j: usize| items[j].get("email_address").cloned().unwrap_or_default();
+            let address = |j: usize| b.items[j].get("email_address").cloned().unwrap_or_default();
             let (bad, good): (Vec<usize>, Vec<usize>) =
-                (0..items.len()).partition(|&j| invalid(&items[j]));
+                (0..b.items.len()).partition(|&j| b.invalid[j]);
             BatchReply {
                 status: 200,
                 body: serde_json::json!({
@@ -1249,34 +1296,45 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
                     })).collect::<Vec<_>>(),
                     "total_created": good.len(), "total_updated": 0, "error_count": bad.len(),
                 }),
-                accepted: valid_keys(),
+                accepted: b.valid_keys(),
             }
         }
+        _ => unreachable!("not this function's style: {style:?}"),
+    }
+}
+
+/// The sink's own answer styles.
+fn plain_reply(style: BatchAnswers, b: &Batch<'_>) -> BatchReply {
+    match style {
+        BatchAnswers::NoBody(status) => BatchReply {
+            status,
+            body: serde_json::Value::Null,
+            accepted: b.valid_keys(),
+        },
         BatchAnswers::LimitExceeded => BatchReply {
             status: 403,
             body: serde_json::json!([{"message": "TotalRequests Limit exceeded.", "errorCode": "REQUEST_LIMIT_EXCEEDED"}]),
             accepted: Vec::new(),
         },
         BatchAnswers::Unmapped => BatchReply {
-            status: if any_invalid { 207 } else { 200 },
-            body: serde_json::json!({"status": if any_invalid { "partial" } else { "complete" }}),
-            accepted: valid_keys(),
+            status: if b.any_invalid() { 207 } else { 200 },
+            body: serde_json::json!({"status": if b.any_invalid() { "partial" } else { "complete" }}),
+            accepted: b.valid_keys(),
         },
         BatchAnswers::PerItem => BatchReply {
             status: 200,
-            body: items
-                .iter()
-                .map(|item| match invalid(item) {
+            body: (0..b.items.len())
+                .map(|j| match b.invalid[j] {
                     true => serde_json::json!({"status": 400, "error": "invalid record"}),
                     false => serde_json::json!({"status": 200}),
                 })
                 .collect(),
-            accepted: (0..items.len())
-                .filter(|&j| !invalid(&items[j]))
-                .map(key_of)
+            accepted: (0..b.items.len())
+                .filter(|&j| !b.invalid[j])
+                .map(|j| b.keys[j].clone())
                 .collect(),
         },
-        BatchAnswers::AllOrNothing => match items.iter().position(invalid) {
+        BatchAnswers::AllOrNothing => match b.invalid.iter().position(|&i| i) {
             Some(j) => BatchReply {
                 status: 400,
                 body: serde_json::json!({"detail": format!("item {j} is invalid; nothing was accepted")}),
@@ -1284,11 +1342,12 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
             },
             None => BatchReply {
                 status: 200,
-                body: serde_json::json!({"accepted": items.len()}),
-                accepted: (0..items.len()).map(key_of).collect(),
+                body: serde_json::json!({"accepted": b.items.len()}),
+                accepted: (0..b.items.len()).map(|j| b.keys[j].clone()).collect(),
             },
         },
-    })
+        _ => unreachable!("not this function's style: {style:?}"),
+    }
 }
 
 /// Counts an accepted write under `key` and logs when its request arrived.
