@@ -2,7 +2,8 @@
 //! never stop delivery; a worker fetches what was announced before its listener listened,
 //! or while its listener's connection was gone, without waiting for the safety-net poll;
 //! a statement inserting many jobs announces each due queue once; the jobs the dispatcher
-//! writes in SQL read back as chain jobs.
+//! writes in SQL read back as chain jobs; a worker fetches when there is a reason to, not
+//! at every wake of the jobs it runs.
 
 mod common;
 
@@ -827,4 +828,37 @@ async fn after_a_database_restart_the_listener_is_back_and_nothing_waits_for_the
     handle.await.unwrap().unwrap();
     pool.close().await;
     drop(cluster);
+}
+
+#[tokio::test]
+async fn a_worker_fetches_when_rung_not_at_every_wake_of_the_jobs_it_runs() {
+    let (db, _target) = shop(&["customers"], 10, 2).await;
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 30))
+        .await
+        .unwrap();
+    let mut settings = settings(&db.url);
+    settings.queue_poll = LONG_POLL;
+    let engine = Arc::new(Engine::new(db.pool.clone(), settings));
+    let fetcher = Fetcher::new();
+    let handle = tokio::spawn(worker::run_with(engine.clone(), fetcher.clone()));
+    let pool = db.pool.clone();
+    eventually("all 30 delivered", || {
+        let pool = pool.clone();
+        async move { delivered(&pool).await == 30 }
+    })
+    .await;
+    engine.shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    // Each job is announced (one ring, one fetch) and the fetch after the last one finds
+    // nothing; the answers, slots and beats of the jobs in flight ring nothing.
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM apalis.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let fetches = *fetcher.fetches().borrow();
+    println!("{fetches} fetches for {jobs} chain jobs");
+    assert!(
+        fetches <= 2 * jobs as u64 + 2,
+        "{fetches} fetches for {jobs} chain jobs: the worker fetches without a reason"
+    );
 }

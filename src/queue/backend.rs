@@ -69,6 +69,10 @@ pub struct ChainBackend {
     /// insert announces such a job, and the process that scheduled it (and its timer to
     /// announce it) may be gone.
     due: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The last fetch came back empty and nothing has rung since: `Persisted` would fetch
+    /// again on any wake of the worker task (every answer of a job in flight wakes it), so
+    /// it is not polled until a ring.
+    idle: bool,
 }
 
 impl ChainBackend {
@@ -88,6 +92,7 @@ impl ChainBackend {
             fetcher: fetcher.clone(),
             poll: Tick::every(engine.settings.queue_poll),
             due: None,
+            idle: false,
         }
     }
 }
@@ -122,8 +127,14 @@ impl Backend for ChainBackend {
             self.due = None;
             self.fetcher.ring_quietly();
         }
-        // Any wake makes `Persisted` fetch unless a fetch is in flight or tasks are buffered.
+        // Any wake makes `Persisted` fetch unless a fetch is in flight or tasks are buffered:
+        // once a fetch found nothing, only a ring (an announcement, the poll, a job falling
+        // due) fetches again.
+        if self.idle && !self.fetcher.owes_fetch() {
+            return Poll::Pending;
+        }
         let next = self.persisted.poll_next(cx, worker);
+        self.idle = next.is_pending() && !self.fetcher.fetching();
         if let Some(at) = self.fetcher.take_due() {
             let mut due = Box::pin(tokio::time::sleep_until(at));
             if due.as_mut().poll(cx).is_ready() {

@@ -104,6 +104,11 @@ impl Fetcher {
             && self.rung.load(Ordering::SeqCst) > self.answered.load(Ordering::SeqCst)
     }
 
+    /// Whether a fetch is in flight.
+    pub(super) fn fetching(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     /// A fetch starts: it answers every ring so far once it completes.
     pub(super) fn fetch_started(&self) -> Fetch<'_> {
         self.in_flight.store(true, Ordering::SeqCst);
