@@ -214,6 +214,15 @@ async fn run_batch(
 /// batches; after this many the job settles and the chain goes on with a new job.
 pub const BATCHES_PER_JOB: usize = 4;
 
+/// After a commit of outcomes: when it found the run no longer active, or no longer carried
+/// by this job (reaped or resumed elsewhere), stop calling; what is committed stays.
+fn committed(active: bool, called: &mut Called, stop: &Stop) {
+    if !active {
+        called.run_ended = true;
+        stop.stop();
+    }
+}
+
 /// The job at hand, for the stages that need all of it.
 struct Job<'a> {
     engine: &'a Engine,
@@ -255,7 +264,7 @@ struct Feeding {
 impl Job<'_> {
     /// Calls the writer for the deliveries of `first` (the job's first batch) with no
     /// transaction open, classifying each answer into `tally` and committing it as it
-    /// comes, while beating on the run. Once every call of the batch has started (the
+    /// comes (one commit at a time, the calls going on meanwhile), while beating on the run. Once every call of the batch has started (the
     /// tail is in flight) the next batch is claimed and its calls follow, up to
     /// [`BATCHES_PER_JOB`]. A 429 or a call that opens the circuit stops the rest; so does
     /// a shutdown (calls already in flight finish).
@@ -288,6 +297,7 @@ impl Job<'_> {
             batches: 0,
             first: Some(first),
         };
+        let mut flushing = None;
         let mut beat = tokio::time::interval(engine.settings.heartbeat_every());
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         beat.tick().await; // the first tick is immediate; the lease was just taken
@@ -303,8 +313,24 @@ impl Job<'_> {
                 }
                 self.queue(writer, &mut feeding, &mut called, batch, scope, tally);
             }
+            // One commit at a time, while the calls go on.
+            if flushing.is_none() && tally.due() {
+                flushing = Some(Box::pin(settle::flush(
+                    engine,
+                    ctx,
+                    self.task_id,
+                    tally.take(),
+                )));
+            }
             let next = tokio::select! {
                 next = calls.next() => next,
+                active = async { flushing.as_mut().expect("a commit in flight").await },
+                    if flushing.is_some() =>
+                {
+                    flushing = None;
+                    committed(active?, &mut called, &stop);
+                    continue;
+                }
                 _ = beat.tick() => {
                     if !self.renew().await {
                         called.run_ended = true;
@@ -323,11 +349,9 @@ impl Job<'_> {
                 &stop,
             )
             .await;
-            if tally.due() && !settle::flush(engine, ctx, self.task_id, tally).await? {
-                // Reaped or resumed elsewhere: stop calling; what is committed stays.
-                called.run_ended = true;
-                stop.stop();
-            }
+        }
+        if let Some(commit) = flushing {
+            committed(commit.await?, &mut called, &stop);
         }
         Ok(called)
     }

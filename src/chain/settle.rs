@@ -1,6 +1,6 @@
 //! The settle stage: the one path by which a chain job commits. Outcomes collect in a
 //! [`Tally`] while calls answer and are committed in bulk every [`FLUSH_EVERY`] or
-//! [`FLUSH_AFTER`] answers (so a crash re-sends at most the calls in flight and about a
+//! [`FLUSH_AFTER`] records (so a crash re-sends at most the calls in flight and about a
 //! second's worth), and once more when the job ends, together with what comes next: a
 //! [`Next`] decides whether the chain continues, waits, or finishes.
 
@@ -21,7 +21,8 @@ use crate::{
 
 /// Committed at least this often while a batch is calling.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
-/// Committed at least every this many answers while a batch is calling.
+/// Committed at least every this many records' outcomes while a batch is calling (one
+/// commit at a time: what answers during a commit goes into the next).
 pub const FLUSH_AFTER: usize = 50;
 
 /// Outcomes and call results not yet committed.
@@ -157,8 +158,9 @@ impl Tally {
         Ok(blocked)
     }
 
-    fn clear(&mut self) {
-        *self = Tally::default();
+    /// What was collected, leaving the tally empty.
+    pub fn take(&mut self) -> Tally {
+        std::mem::take(self)
     }
 }
 
@@ -169,15 +171,14 @@ pub async fn flush(
     engine: &Engine,
     ctx: &JobContext,
     task_id: &str,
-    tally: &mut Tally,
+    tally: Tally,
 ) -> Result<bool, sqlx::Error> {
     let (blocked, active) = engine
-        .retry_outage(|| commit_progress(engine, ctx, task_id, tally))
+        .retry_outage(|| commit_progress(engine, ctx, task_id, &tally))
         .await?;
     if let Some(until) = blocked {
         note_block(engine, ctx, until);
     }
-    tally.clear();
     Ok(active)
 }
 
