@@ -88,6 +88,24 @@ pub struct Slice {
     pub spent_until: Option<DateTime<Utc>>,
 }
 
+/// What a process asks of a budget when it leases a slice of slots
+/// ([`BudgetState::lease`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SliceRequest<'a> {
+    /// The limits the connection declares.
+    pub limits: &'a [Limit],
+    /// Percent of each long window kept for others.
+    pub reserve: u8,
+    /// The most slots wanted.
+    pub n: u32,
+    /// At least 1: the slots are spaced that much wider than the pace.
+    pub spread: f64,
+    /// Calls answered since the process's last lease.
+    pub accepted: u64,
+    /// How far from now a slot may lie before a spent long window stops the slice.
+    pub horizon: chrono::Duration,
+}
+
 fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
@@ -213,38 +231,17 @@ impl BudgetState {
         .max(super::controller::MIN_RATE)
     }
 
-    /// Leases up to `n` slots from `now` on (`spread` ≥ 1 spaces them that much wider),
-    /// honouring every limit in `limits` (shortest window first) with `reserve` percent of
-    /// the long windows kept for others, and reports `accepted` calls answered since the
-    /// process's last lease. Stops early at a slot further than `horizon` from now (a
-    /// spent long window): the slots leased up to it, possibly none.
-    #[allow(clippy::too_many_arguments)]
-    pub fn lease(
-        &mut self,
-        limits: &[Limit],
-        reserve: u8,
-        params: &Params,
-        now: DateTime<Utc>,
-        n: u32,
-        spread: f64,
-        accepted: u64,
-        horizon: chrono::Duration,
-    ) -> Slice {
-        self.sync_windows(&self.limits(limits, now));
+    /// Leases up to `ask.n` slots from `now` on, honouring every limit in force (shortest
+    /// window first) with `ask.reserve` percent of the long windows kept for others, and
+    /// reports `ask.accepted` calls answered since the process's last lease. Stops early at
+    /// a slot further than `ask.horizon` from now (a spent long window): the slots leased
+    /// up to it, possibly none.
+    pub fn lease(&mut self, params: &Params, now: DateTime<Utc>, ask: &SliceRequest) -> Slice {
+        self.sync_windows(&self.limits(ask.limits, now));
         self.hold = self.hold.filter(|&h| h > now);
-        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
-        let was_idle = self.tat.is_none_or(|t| t < now - idle);
-        if was_idle || self.stretch_from.is_none() {
-            self.stretch_from = Some(self.learned.since.map_or(now, |s| s.max(now)));
-            self.accepted = 0;
-            self.first_second_us.clear();
-        }
-        if self.stretch_from.is_some_and(|f| now >= f + SECOND * 2) {
-            self.first_second_us = Vec::new();
-        }
-        self.accepted += accepted;
-        let rate = self.rate(limits, params, now);
-        let step = interval(rate / spread);
+        self.follow_stretch(now, ask.accepted);
+        let rate = self.rate(ask.limits, params, now);
+        let step = interval(rate / ask.spread);
         let mut t = micros(
             self.tat
                 .unwrap_or(now)
@@ -254,43 +251,21 @@ impl BudgetState {
         let quotas: Vec<u32> = self
             .spent
             .iter()
-            .map(|s| usable_quota(&s.limit, reserve))
+            .map(|s| usable_quota(&s.limit, ask.reserve))
             .collect();
         let mut slots = Vec::new();
         let mut spent_until = None;
-        let horizon = micros(now + horizon);
-        while slots.len() < n.min(slice_len(rate)) as usize {
-            // The earliest time every long window has room.
+        let horizon = micros(now + ask.horizon);
+        while slots.len() < ask.n.min(slice_len(rate)) as usize {
             let paced = t;
-            loop {
-                let wait = self
-                    .spent
-                    .iter()
-                    .zip(&quotas)
-                    .filter_map(|(s, &q)| s.room(t, q).err())
-                    .max();
-                match wait {
-                    Some(later) => t = later,
-                    None => break,
-                }
-            }
+            t = self.room_from(t, &quotas);
             // A window spent beyond the horizon stops the slice (the pace alone never does:
             // a slot booked far ahead by other processes is still this process's turn).
             if t > paced && t > horizon {
                 spent_until = Some(at_micros(t));
                 break;
             }
-            for s in &mut self.spent {
-                s.count(t);
-            }
-            if let Some(from) = self.stretch_from {
-                let after = t - micros(from);
-                if after < SECOND.num_microseconds().expect("fits")
-                    && self.first_second_us.len() < FIRST_SECOND_MOST
-                {
-                    self.first_second_us.push(after.max(0) as u32);
-                }
-            }
+            self.book(t);
             slots.push(at_micros(t));
             t += step.num_microseconds().expect("fits");
             self.tat = Some(at_micros(t));
@@ -302,6 +277,56 @@ impl BudgetState {
             slots,
             rate,
             spent_until,
+        }
+    }
+
+    /// Starts a new stretch for the next 429 to measure when the budget was idle (or none
+    /// began yet), lets the first second's slots go once no answer to them can still come,
+    /// and counts `accepted` calls answered since the process's last lease.
+    fn follow_stretch(&mut self, now: DateTime<Utc>, accepted: u64) {
+        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
+        let was_idle = self.tat.is_none_or(|t| t < now - idle);
+        if was_idle || self.stretch_from.is_none() {
+            self.stretch_from = Some(self.learned.since.map_or(now, |s| s.max(now)));
+            self.accepted = 0;
+            self.first_second_us.clear();
+        }
+        if self.stretch_from.is_some_and(|f| now >= f + SECOND * 2) {
+            self.first_second_us = Vec::new();
+        }
+        self.accepted += accepted;
+    }
+
+    /// The earliest time from `t` (microseconds) at which every long window has room, each
+    /// holding its quota in `quotas`.
+    fn room_from(&self, mut t: i64, quotas: &[u32]) -> i64 {
+        loop {
+            let wait = self
+                .spent
+                .iter()
+                .zip(quotas)
+                .filter_map(|(s, &q)| s.room(t, q).err())
+                .max();
+            match wait {
+                Some(later) => t = later,
+                None => return t,
+            }
+        }
+    }
+
+    /// Books a slot at `t` (microseconds): counted in every long window, and kept among the
+    /// stretch's first second's slots when it falls in that second.
+    fn book(&mut self, t: i64) {
+        for s in &mut self.spent {
+            s.count(t);
+        }
+        if let Some(from) = self.stretch_from {
+            let after = t - micros(from);
+            if after < SECOND.num_microseconds().expect("fits")
+                && self.first_second_us.len() < FIRST_SECOND_MOST
+            {
+                self.first_second_us.push(after.max(0) as u32);
+            }
         }
     }
 
@@ -383,6 +408,18 @@ mod tests {
         DateTime::from_timestamp(1_800_000_000, 0).unwrap()
     }
 
+    /// Up to 50 slots at the pace, with no answer to report.
+    fn ask(limits: &[Limit], reserve: u8, horizon: chrono::Duration) -> SliceRequest<'_> {
+        SliceRequest {
+            limits,
+            reserve,
+            n: 50,
+            spread: 1.0,
+            accepted: 0,
+            horizon,
+        }
+    }
+
     fn lease_all(limits: &[Limit], secs: i64, processes: usize) -> Vec<DateTime<Utc>> {
         let mut st = BudgetState::default();
         let mut slots = Vec::new();
@@ -391,7 +428,7 @@ mod tests {
         let horizon = chrono::Duration::seconds(1);
         while now < end {
             for _ in 0..processes {
-                let s = st.lease(limits, 0, &PARAMS, now, 50, 1.0, 0, horizon);
+                let s = st.lease(&PARAMS, now, &ask(limits, 0, horizon));
                 slots.extend(s.slots);
             }
             now = slots.last().copied().unwrap_or(now).max(now) + chrono::Duration::milliseconds(7);
@@ -433,10 +470,7 @@ mod tests {
         let mut got = 0;
         let mut now = t0();
         for _ in 0..20 {
-            got += st
-                .lease(&limits, 0, &PARAMS, now, 50, 1.0, 0, h)
-                .slots
-                .len();
+            got += st.lease(&PARAMS, now, &ask(&limits, 0, h)).slots.len();
             now += chrono::Duration::milliseconds(300);
         }
         assert_eq!(got, 20);
@@ -448,9 +482,7 @@ mod tests {
         let got: usize = (0..20)
             .map(|i| {
                 let now = t0() + chrono::Duration::milliseconds(300 * i);
-                st.lease(&limits, 10, &PARAMS, now, 50, 1.0, 0, h)
-                    .slots
-                    .len()
+                st.lease(&PARAMS, now, &ask(&limits, 10, h)).slots.len()
             })
             .sum();
         assert_eq!(got, 18);
@@ -469,10 +501,7 @@ mod tests {
         let mut got = 0;
         for i in 0..40 {
             let now = t0() + chrono::Duration::milliseconds(300 * i);
-            got += st
-                .lease(&declared, 0, &PARAMS, now, 50, 1.0, 0, h)
-                .slots
-                .len();
+            got += st.lease(&PARAMS, now, &ask(&declared, 0, h)).slots.len();
         }
         assert_eq!(got, 20, "the stated hourly quota holds");
         let later = t0() + chrono::Duration::seconds(ADVERTISED_FOR as i64 + 1);
@@ -486,7 +515,7 @@ mod tests {
         let h = chrono::Duration::seconds(1);
         // Three processes lease in turn at 50/s, none has reported an answer yet.
         let slots: Vec<_> = (0..3)
-            .flat_map(|_| st.lease(&limits, 0, &PARAMS, t0(), 50, 1.0, 0, h).slots)
+            .flat_map(|_| st.lease(&PARAMS, t0(), &ask(&limits, 0, h)).slots)
             .collect();
         assert_eq!(slots.len(), 36);
         // The target lets 10 a second through: the eleventh call is refused.
@@ -498,9 +527,9 @@ mod tests {
         assert!((st.learned.ceiling - 10.0 / PARAMS.decrease).abs() < 1e-9);
         // A call refused after the first second is measured by what was accepted.
         let mut st = BudgetState::default();
-        st.lease(&limits, 0, &PARAMS, t0(), 50, 1.0, 0, h);
+        st.lease(&PARAMS, t0(), &ask(&limits, 0, h));
         let later = t0() + chrono::Duration::seconds(3);
-        st.lease(&limits, 0, &PARAMS, later, 50, 1.0, 0, h);
+        st.lease(&PARAMS, later, &ask(&limits, 0, h));
         st.refused(&PARAMS, 50.0, 30, later, later, later + h);
         assert!((st.learned.base - 10.0).abs() < 1e-9, "{}", st.learned.base);
         assert!((st.learned.ceiling - 50.0).abs() < 1e-9);
@@ -512,11 +541,11 @@ mod tests {
         let mut st = BudgetState::default();
         let h = chrono::Duration::seconds(1);
         for _ in 0..40 {
-            st.lease(&[], 0, &PARAMS, t0(), 50, 1.0, 0, h);
+            st.lease(&PARAMS, t0(), &ask(&[], 0, h));
         }
         assert_eq!(st.first_second_us.len(), FIRST_SECOND_MOST);
         // Two seconds into the stretch, no answer is still on its way from its first.
-        st.lease(&[], 0, &PARAMS, t0() + SECOND * 2, 50, 1.0, 0, h);
+        st.lease(&PARAMS, t0() + SECOND * 2, &ask(&[], 0, h));
         assert!(st.first_second_us.is_empty());
         assert_eq!(st.first_second_us.capacity(), 0);
     }

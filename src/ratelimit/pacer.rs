@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 
 pub use super::budget::{HEADROOM, IDLE_AFTER};
 use super::{
-    budget::{BudgetState, interval},
+    budget::{BudgetState, SliceRequest, interval},
     controller::PARAMS,
     limits::Limit,
 };
@@ -648,16 +648,15 @@ impl Pacer {
                 if let Some(until) = hold.filter(|&h| h > now) {
                     st.hold_until(until);
                 }
-                let slice = st.lease(
-                    &budget.limits,
-                    budget.reserve,
-                    &PARAMS,
-                    now,
-                    u32::MAX,
+                let ask = SliceRequest {
+                    limits: &budget.limits,
+                    reserve: budget.reserve,
+                    n: u32::MAX,
                     spread,
                     accepted,
                     horizon,
-                );
+                };
+                let slice = st.lease(&PARAMS, now, &ask);
                 (slice, st.tat)
             })
             .await

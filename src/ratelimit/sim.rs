@@ -12,7 +12,7 @@ use std::{
 use chrono::{DateTime, Utc};
 
 use super::{
-    budget::BudgetState,
+    budget::{BudgetState, SliceRequest},
     controller::{PARAMS, Params},
     limits::Limit,
 };
@@ -360,16 +360,15 @@ fn run(cell: &Cell, params: &Params) -> Outcome {
                     continue;
                 }
                 let accepted = std::mem::take(&mut procs[p].pending);
-                let slice = st.lease(
-                    &cell.declared,
-                    0,
-                    params,
-                    at(now),
-                    50,
-                    1.0,
+                let ask = SliceRequest {
+                    limits: &cell.declared,
+                    reserve: 0,
+                    n: 50,
+                    spread: 1.0,
                     accepted,
-                    chrono::Duration::seconds(1),
-                );
+                    horizon: chrono::Duration::seconds(1),
+                };
+                let slice = st.lease(params, at(now), &ask);
                 let generation = procs[p].generation;
                 for s in &slice.slots {
                     let s = (*s - at(0)).num_microseconds().unwrap();
