@@ -318,153 +318,228 @@ fn ideal(cell: &Cell) -> f64 {
     (t - 1000) as f64 / 1e6
 }
 
-fn run(cell: &Cell, params: &Params) -> Outcome {
-    let mut lim = Limiter::new(cell.model.clone());
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut st = BudgetState::default();
-    let mut procs: Vec<Process> = (0..cell.processes)
-        .map(|_| Process {
-            generation: 0,
-            pending: 0,
-            slots: 0,
-            leasing: true,
-        })
-        .collect();
-    let mut q: BinaryHeap<Reverse<(Us, u64, Ev)>> = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut push = |q: &mut BinaryHeap<_>, t: Us, e: Ev| {
-        seq += 1;
-        q.push(Reverse((t, seq, e)));
-    };
-    // Processes start a few ms apart.
-    for p in 0..cell.processes {
-        push(&mut q, p as Us * 3_000, Ev::Lease(p));
+/// One cell's simulation: the target's limiter, the budget's shared state, the processes,
+/// and the events still to come, in time order.
+struct Sim<'a> {
+    cell: &'a Cell,
+    params: &'a Params,
+    lim: Limiter,
+    rng: Rng,
+    st: BudgetState,
+    procs: Vec<Process>,
+    q: BinaryHeap<Reverse<(Us, u64, Ev)>>,
+    /// Orders events of one instant by when they were pushed.
+    seq: u64,
+    delivered: u64,
+    in_flight: u64,
+    calls: u64,
+    refused: u64,
+    /// The end of the latest 429's block.
+    block_end: Us,
+    last_accept: Us,
+    accepted_38_40: u64,
+}
+
+impl<'a> Sim<'a> {
+    /// The cell's processes, each asking for its first slice a few ms after the previous.
+    fn new(cell: &'a Cell, params: &'a Params) -> Self {
+        let procs = (0..cell.processes)
+            .map(|_| Process {
+                generation: 0,
+                pending: 0,
+                slots: 0,
+                leasing: true,
+            })
+            .collect();
+        let mut sim = Sim {
+            cell,
+            params,
+            lim: Limiter::new(cell.model.clone()),
+            rng: Rng(0x9e37_79b9_7f4a_7c15),
+            st: BudgetState::default(),
+            procs,
+            q: BinaryHeap::new(),
+            seq: 0,
+            delivered: 0,
+            in_flight: 0,
+            calls: 0,
+            refused: 0,
+            block_end: 0,
+            last_accept: 0,
+            accepted_38_40: 0,
+        };
+        for p in 0..cell.processes {
+            sim.push(p as Us * 3_000, Ev::Lease(p));
+        }
+        sim
     }
-    let (mut delivered, mut in_flight, mut calls, mut refused) = (0u64, 0u64, 0u64, 0u64);
-    let (mut block_end, mut last_accept, mut accepted_38_40): (Us, Us, u64) = (0, 0, 0);
-    let latency = |rng: &mut Rng| cell.latency.0 + rng.below(cell.latency.1);
-    while let Some(Reverse((t, _, ev))) = q.pop() {
+
+    fn push(&mut self, t: Us, e: Ev) {
+        self.seq += 1;
+        self.q.push(Reverse((t, self.seq, e)));
+    }
+
+    /// One way's latency: the cell's, plus its jitter.
+    fn latency(&mut self) -> Us {
+        self.cell.latency.0 + self.rng.below(self.cell.latency.1)
+    }
+
+    /// Whether every record is delivered or on its way.
+    fn all_sent(&self) -> bool {
+        self.delivered + self.in_flight >= RECORDS
+    }
+
+    /// Process `p` leases a slice at `t` (after the block, if one holds) and schedules its
+    /// slots and its next lease.
+    fn lease(&mut self, p: usize, t: Us) {
+        self.procs[p].leasing = false;
+        if self.all_sent() {
+            return;
+        }
+        let now = t.max(self.block_end);
+        if now > t {
+            self.procs[p].leasing = true;
+            self.push(now, Ev::Lease(p));
+            return;
+        }
+        let accepted = std::mem::take(&mut self.procs[p].pending);
+        let ask = SliceRequest {
+            limits: &self.cell.declared,
+            reserve: 0,
+            n: 50,
+            spread: 1.0,
+            accepted,
+            horizon: chrono::Duration::seconds(1),
+        };
+        let slice = self.st.lease(self.params, at(now), &ask);
+        let generation = self.procs[p].generation;
+        for s in &slice.slots {
+            let s = (*s - at(0)).num_microseconds().unwrap();
+            self.push(s, Ev::Send(p, generation, (slice.rate * 1e6) as u64));
+        }
+        self.procs[p].slots += slice.slots.len() as u64;
+        let next = match (slice.slots.last(), slice.spent_until) {
+            (Some(last), _) => (*last - at(0)).num_microseconds().unwrap() - 100_000,
+            (None, Some(until)) => (until - at(0)).num_microseconds().unwrap(),
+            (None, None) => now + 1000,
+        };
+        self.procs[p].leasing = true;
+        self.push(next.max(now + 1), Ev::Lease(p));
+    }
+
+    /// Process `p`'s slot comes at `t`: it sends a call, unless a 429 since made the slot
+    /// stale, a block holds, or every record is delivered or on its way.
+    fn send(&mut self, p: usize, t: Us, generation: u64, rate: u64) {
+        self.procs[p].slots -= 1;
+        if generation != self.procs[p].generation || t < self.block_end || self.all_sent() {
+            return;
+        }
+        self.in_flight += 1;
+        self.calls += 1;
+        let arrive = t + self.latency();
+        self.push(arrive, Ev::Arrive(p, rate, t));
+    }
+
+    /// A call sent at `sent` reaches the target at `t`; its answer heads back.
+    fn arrive(&mut self, p: usize, t: Us, rate: u64, sent: Us) {
+        let answer = self.lim.arrive(t, self.cell.schedule.scale(t));
+        if answer.is_ok() {
+            self.last_accept = t;
+            if (38 * SEC..40 * SEC).contains(&t) {
+                self.accepted_38_40 += 1;
+            }
+        }
+        let back = t + self.latency();
+        self.push(back, Ev::Answer(p, rate, sent, answer.err()));
+    }
+
+    /// Process `p` hears its answer at `t`: a delivery, or a 429 that blocks the budget;
+    /// then it asks for a slice again unless it already has.
+    fn answer(&mut self, p: usize, t: Us, rate: u64, sent: Us, wait: Option<Us>) {
+        self.in_flight -= 1;
+        match wait {
+            None => {
+                self.delivered += 1;
+                self.procs[p].pending += 1;
+            }
+            Some(wait) => self.hear_429(p, t, rate, sent, wait),
+        }
+        if self.delivered >= RECORDS {
+            return;
+        }
+        if !self.procs[p].leasing {
+            self.procs[p].leasing = true;
+            self.push(t.max(self.block_end), Ev::Lease(p));
+        }
+    }
+
+    /// Process `p` hears at `t` a 429 naming `wait` for a call sent at `sent`: the budget
+    /// learns from it and holds until the block ends; the process's slots go stale.
+    fn hear_429(&mut self, p: usize, t: Us, rate: u64, sent: Us, wait: Us) {
+        self.refused += 1;
+        let end = t + wait;
+        let accepted = std::mem::take(&mut self.procs[p].pending);
+        let cut = self.st.refused(
+            self.params,
+            rate as f64 / 1e6,
+            accepted,
+            at(sent),
+            at(t),
+            at(end),
+        );
+        if cut {
+            self.trace_cut(p, t, rate);
+        }
+        self.st.hold_until(at(end));
+        self.block_end = self.block_end.max(end);
+        self.procs[p].generation += 1;
+    }
+
+    /// With `SIM_TRACE` set to the start of the cell's name: prints a cut of the learned rate.
+    fn trace_cut(&self, p: usize, t: Us, rate: u64) {
+        if std::env::var("SIM_TRACE").is_ok_and(|c| self.cell.name.starts_with(&c)) {
+            eprintln!(
+                "{:7.2}s 429 p{p} paced {:.2} -> {} base {:.2} ceiling {:.2} held {:?}",
+                t as f64 / 1e6,
+                rate as f64 / 1e6,
+                self.st.learned.by,
+                self.st.learned.base,
+                self.st.learned.ceiling,
+                self.st.learned.held.map(|h| h.0)
+            );
+        }
+    }
+
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            drain: self.last_accept as f64 / 1e6,
+            ideal: ideal(self.cell),
+            calls: self.calls,
+            refused: self.refused,
+            accepted_38_40: self.accepted_38_40,
+        }
+    }
+}
+
+fn run(cell: &Cell, params: &Params) -> Outcome {
+    let mut sim = Sim::new(cell, params);
+    while let Some(Reverse((t, _, ev))) = sim.q.pop() {
         if t > 3_600 * SEC {
             panic!("{}: no drain within an hour", cell.name);
         }
         match ev {
-            Ev::Lease(p) => {
-                procs[p].leasing = false;
-                if delivered + in_flight >= RECORDS {
-                    continue;
-                }
-                let now = t.max(block_end);
-                if now > t {
-                    procs[p].leasing = true;
-                    push(&mut q, now, Ev::Lease(p));
-                    continue;
-                }
-                let accepted = std::mem::take(&mut procs[p].pending);
-                let ask = SliceRequest {
-                    limits: &cell.declared,
-                    reserve: 0,
-                    n: 50,
-                    spread: 1.0,
-                    accepted,
-                    horizon: chrono::Duration::seconds(1),
-                };
-                let slice = st.lease(params, at(now), &ask);
-                let generation = procs[p].generation;
-                for s in &slice.slots {
-                    let s = (*s - at(0)).num_microseconds().unwrap();
-                    push(
-                        &mut q,
-                        s,
-                        Ev::Send(p, generation, (slice.rate * 1e6) as u64),
-                    );
-                }
-                procs[p].slots += slice.slots.len() as u64;
-                let next = match (slice.slots.last(), slice.spent_until) {
-                    (Some(last), _) => (*last - at(0)).num_microseconds().unwrap() - 100_000,
-                    (None, Some(until)) => (until - at(0)).num_microseconds().unwrap(),
-                    (None, None) => now + 1000,
-                };
-                procs[p].leasing = true;
-                push(&mut q, next.max(now + 1), Ev::Lease(p));
-            }
-            Ev::Send(p, generation, rate) => {
-                procs[p].slots -= 1;
-                if generation != procs[p].generation
-                    || t < block_end
-                    || delivered + in_flight >= RECORDS
-                {
-                    continue;
-                }
-                in_flight += 1;
-                calls += 1;
-                let arrive = t + latency(&mut rng);
-                push(&mut q, arrive, Ev::Arrive(p, rate, t));
-            }
-            Ev::Arrive(p, rate, sent) => {
-                let answer = lim.arrive(t, cell.schedule.scale(t));
-                if answer.is_ok() {
-                    last_accept = t;
-                    if (38 * SEC..40 * SEC).contains(&t) {
-                        accepted_38_40 += 1;
-                    }
-                }
-                let back = t + latency(&mut rng);
-                push(&mut q, back, Ev::Answer(p, rate, sent, answer.err()));
-            }
+            Ev::Lease(p) => sim.lease(p, t),
+            Ev::Send(p, generation, rate) => sim.send(p, t, generation, rate),
+            Ev::Arrive(p, rate, sent) => sim.arrive(p, t, rate, sent),
             Ev::Answer(p, rate, sent, wait) => {
-                in_flight -= 1;
-                match wait {
-                    None => {
-                        delivered += 1;
-                        procs[p].pending += 1;
-                    }
-                    Some(wait) => {
-                        refused += 1;
-                        let end = t + wait;
-                        let accepted = std::mem::take(&mut procs[p].pending);
-                        let cut = st.refused(
-                            params,
-                            rate as f64 / 1e6,
-                            accepted,
-                            at(sent),
-                            at(t),
-                            at(end),
-                        );
-                        if std::env::var("SIM_TRACE").is_ok_and(|c| cell.name.starts_with(&c))
-                            && cut
-                        {
-                            eprintln!(
-                                "{:7.2}s 429 p{p} paced {:.2} -> {} base {:.2} ceiling {:.2} held {:?}",
-                                t as f64 / 1e6,
-                                rate as f64 / 1e6,
-                                st.learned.by,
-                                st.learned.base,
-                                st.learned.ceiling,
-                                st.learned.held.map(|h| h.0)
-                            );
-                        }
-                        st.hold_until(at(end));
-                        block_end = block_end.max(end);
-                        procs[p].generation += 1;
-                    }
-                }
-                if delivered >= RECORDS {
+                sim.answer(p, t, rate, sent, wait);
+                if sim.delivered >= RECORDS {
                     break;
-                }
-                if !procs[p].leasing {
-                    procs[p].leasing = true;
-                    push(&mut q, t.max(block_end), Ev::Lease(p));
                 }
             }
         }
     }
-    Outcome {
-        drain: last_accept as f64 / 1e6,
-        ideal: ideal(cell),
-        calls,
-        refused,
-        accepted_38_40,
-    }
+    sim.outcome()
 }
 
 /// A limiter: its name, model, the limits declared for it, and its latency.
