@@ -344,9 +344,53 @@ pub fn budget_pace(
     }
 }
 
+/// A rule's row for [`rules`]: its backlog, state, last run and budget.
+struct RuleRow {
+    name: String,
+    connection: String,
+    enabled: bool,
+    budget_key: String,
+    weight: i32,
+    records_per_call: i32,
+    requests_per_minute: i32,
+    limits: Vec<String>,
+    reserve_percent: i16,
+    budget_state: Option<serde_json::Value>,
+    paused: Option<String>,
+    pending: i64,
+    due: i64,
+    waiting_on_dependency: i64,
+    state: String,
+    resume_at: Option<DateTime<Utc>>,
+    blocked_until: Option<DateTime<Utc>>,
+    blocked_by_rule: Option<String>,
+    last_run: Option<i64>,
+    last_run_status: Option<String>,
+}
+
 /// Each rule with its backlog, state, last run and estimated drain time.
 async fn rules(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleStatus>, sqlx::Error> {
-    let rows = sqlx::query!(
+    let rows = rule_rows(pool, now).await?;
+    // Each rule's budget's pace (requests per second), and the weight of the rules with a
+    // backlog on each budget: a rule's share of the pace.
+    let paces: Vec<f64> = rows.iter().map(|r| r.budget_rate(now)).collect();
+    let busy_weight = |key: &str| -> i64 {
+        rows.iter()
+            .filter(|r| r.budget_key == key && r.pending > 0)
+            .map(|r| i64::from(r.weight))
+            .sum()
+    };
+    Ok(rows
+        .iter()
+        .zip(paces)
+        .map(|(r, pace)| r.status(pace, busy_weight(&r.budget_key), now))
+        .collect())
+}
+
+/// Each rule's row, in the order of their names.
+async fn rule_rows(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleRow>, sqlx::Error> {
+    sqlx::query_as!(
+        RuleRow,
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   s.budget_key AS "budget_key!", ru.weight, ru.records_per_call,
                   COALESCE(c.requests_per_minute, $2) AS "requests_per_minute!", c.limits,
@@ -375,66 +419,59 @@ async fn rules(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleStatus>, sql
         crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
     )
     .fetch_all(pool)
-    .await?;
-    // Each rule's budget's pace (requests per second), and the weight of the rules with a
-    // backlog on each budget: a rule's share of the pace.
-    let paces: Vec<f64> = rows
-        .iter()
-        .map(|r| {
-            let conn = Connection {
-                requests_per_minute: Some(r.requests_per_minute),
-                limits: r.limits.clone(),
-                reserve_percent: r.reserve_percent,
-                ..Connection::default()
-            };
-            let limits = conn.declared_limits(r.requests_per_minute.max(1) as u32);
-            let state: BudgetState = r
-                .budget_state
-                .clone()
-                .and_then(|s| serde_json::from_value(s).ok())
-                .unwrap_or_default();
-            state.rate(&limits, &PARAMS, now)
-        })
-        .collect();
-    let busy_weight = |key: &str| -> i64 {
-        rows.iter()
-            .filter(|r| r.budget_key == key && r.pending > 0)
-            .map(|r| i64::from(r.weight))
-            .sum()
-    };
-    Ok(rows
-        .iter()
-        .zip(paces)
-        .map(|(r, pace)| {
-            // Its backlog over its share of the budget's pace (calls of records_per_call),
-            // after the block or wait it is in.
-            let share = f64::from(r.weight) / busy_weight(&r.budget_key).max(1) as f64;
-            let waits = r
-                .blocked_until
-                .or(r.resume_at)
-                .map_or(0.0, |t| (t - now).as_seconds_f64().max(0.0));
-            let per_second = pace * share * f64::from(r.records_per_call.max(1));
-            let drain_secs = (r.pending > 0).then(|| waits + r.pending as f64 / per_second);
-            RuleStatus {
-                name: r.name.clone(),
-                connection: r.connection.clone(),
-                enabled: r.enabled,
-                records_per_call: r.records_per_call,
-                budget_key: r.budget_key.clone(),
-                paused: r.paused.clone(),
-                pending: r.pending,
-                due: r.due,
-                waiting_on_dependency: r.waiting_on_dependency,
-                drain_secs,
-                state: r.state.clone(),
-                resume_at: r.resume_at,
-                blocked_until: r.blocked_until,
-                blocked_by_rule: r.blocked_by_rule.clone(),
-                last_run: r.last_run,
-                last_run_status: r.last_run_status.clone(),
-            }
-        })
-        .collect())
+    .await
+}
+
+impl RuleRow {
+    /// Its budget's pace at `now` (requests per second), from the limits its connection
+    /// declares and the budget's shared state.
+    fn budget_rate(&self, now: DateTime<Utc>) -> f64 {
+        let conn = Connection {
+            requests_per_minute: Some(self.requests_per_minute),
+            limits: self.limits.clone(),
+            reserve_percent: self.reserve_percent,
+            ..Connection::default()
+        };
+        let limits = conn.declared_limits(self.requests_per_minute.max(1) as u32);
+        let state: BudgetState = self
+            .budget_state
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        state.rate(&limits, &PARAMS, now)
+    }
+
+    /// Its line, given its budget's pace (requests per second) and the weight of the rules
+    /// with a backlog on that budget.
+    fn status(&self, pace: f64, busy_weight: i64, now: DateTime<Utc>) -> RuleStatus {
+        // Its backlog over its share of the budget's pace (calls of records_per_call),
+        // after the block or wait it is in.
+        let share = f64::from(self.weight) / busy_weight.max(1) as f64;
+        let waits = self
+            .blocked_until
+            .or(self.resume_at)
+            .map_or(0.0, |t| (t - now).as_seconds_f64().max(0.0));
+        let per_second = pace * share * f64::from(self.records_per_call.max(1));
+        let drain_secs = (self.pending > 0).then(|| waits + self.pending as f64 / per_second);
+        RuleStatus {
+            name: self.name.clone(),
+            connection: self.connection.clone(),
+            enabled: self.enabled,
+            records_per_call: self.records_per_call,
+            budget_key: self.budget_key.clone(),
+            paused: self.paused.clone(),
+            pending: self.pending,
+            due: self.due,
+            waiting_on_dependency: self.waiting_on_dependency,
+            drain_secs,
+            state: self.state.clone(),
+            resume_at: self.resume_at,
+            blocked_until: self.blocked_until,
+            blocked_by_rule: self.blocked_by_rule.clone(),
+            last_run: self.last_run,
+            last_run_status: self.last_run_status.clone(),
+        }
+    }
 }
 
 /// The 15 most recent runs.
