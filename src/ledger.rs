@@ -170,10 +170,9 @@ impl<'a> Columns<'a> {
 ///
 /// Each row is found by its primary key. The guard reads `IS NOT DISTINCT FROM 'pending'`
 /// (the same as `= 'pending'`: `status` is never NULL) so that no partial index on pending
-/// deliveries matches it: on a fresh table the planner takes 0.5% of the rows for pending
-/// (its default without statistics), and hashed every pending delivery of every rule for
-/// each batch (300,000 rows read to update 1,000, 177 ms instead of 13) rather than probe
-/// the key.
+/// deliveries matches it: without statistics the planner underestimates the pending rows,
+/// and a plan through such an index reads every pending delivery of every rule for each
+/// batch rather than probe the key.
 async fn update_deliveries(
     tx: &mut PgConnection,
     c: &Columns<'_>,
@@ -244,10 +243,10 @@ async fn append_ledger(
 /// next look, which comes after half the time they have waited; the dispatchers
 /// hear of it with the commit (trigger `deliveries_due_sooner`). The held deliveries are
 /// found by one probe of `deliveries_waiting_on` per delivered key: the probe is a
-/// LATERAL subquery with OFFSET 0, which takes the rule and time filters outside it, so
-/// no other index can serve it. With those filters beside the key, a fresh table's
-/// planner walked `deliveries_due` instead, every pending delivery of the connection due
-/// later, for every batch (a join to `rules` had done the same before).
+/// LATERAL subquery with OFFSET 0, which keeps the rule and time filters outside it, so
+/// no other index can serve it. Filters beside the key (or a join to `rules`) would let a
+/// planner without statistics walk `deliveries_due` instead, every pending delivery of
+/// the connection due later, for every batch.
 async fn record_delivered(
     tx: &mut PgConnection,
     delivered: &[i64],

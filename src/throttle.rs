@@ -1,4 +1,4 @@
-//! The throttle: a tower [`Layer`] on the apalis chain-job service (ADR-0036). Before a
+//! The throttle: a tower [`Layer`] on the apalis chain-job service. Before a
 //! chain job runs, it reads the job's run (rule and connection come from the run row, not
 //! the payload) and the block on the connection's budget from [`Blocks`](crate::ratelimit::blocks::Blocks),
 //! the in-memory copy kept current by NOTIFY. A wait up to `throttle_max_wait` snoozes

@@ -52,7 +52,7 @@ pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
 /// books its slots this share wider: its first calls go out on cold connections and code
 /// paths and may reach the target a few milliseconds late, and the next slot, another
 /// process's or its own, would then follow too closely for a limiter with no burst. It
-/// costs a quarter second at 5% less once per start.
+/// costs one slice at the slower pace once per start.
 pub const COLD_SPREAD: f64 = 0.05;
 
 /// The round trips a process keeps per budget: a trip slower than nine in ten of them

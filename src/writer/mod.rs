@@ -352,8 +352,8 @@ pub fn build(
     conn: &Connection,
     client: &reqwest::Client,
 ) -> Result<Arc<dyn Writer>, WriterConfigError> {
-    // The same check as at the door: a connection stored by plain SQL before it existed
-    // fails its run once with the reason instead of failing every call.
+    // The same check as when a connection is saved: one written by plain SQL past that
+    // check fails its run once with the reason instead of failing every call.
     check_base_url(&conn.base_url).map_err(|reason| WriterConfigError::Invalid {
         connection: conn.name.clone(),
         reason: format!("base_url {reason}"),
