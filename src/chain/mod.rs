@@ -246,6 +246,32 @@ struct Called {
     circuit: Circuit,
 }
 
+impl Called {
+    fn new(circuit: Circuit) -> Self {
+        Self {
+            last_claimed: None,
+            last_full: false,
+            not_attempted: Vec::new(),
+            run_ended: false,
+            circuit,
+        }
+    }
+}
+
+/// A claim in flight while calls go on.
+type Claiming<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Vec<Claimed>, sqlx::Error>> + Send + 'a>>;
+
+/// What feeds the calls next.
+enum Feed {
+    /// This batch, claimed already.
+    Batch(Vec<Claimed>),
+    /// A batch to claim.
+    Claim(ClaimScope),
+    /// Nothing: the calls queued are the job's last.
+    Done,
+}
+
 /// The deliveries a job claimed and the calls it queued for them.
 struct Feeding {
     /// Every delivery claimed so far; calls name them by index.
@@ -259,6 +285,18 @@ struct Feeding {
     batches: usize,
     /// The batch claimed before the job started, until it is fed.
     first: Option<Vec<Claimed>>,
+}
+
+impl Feeding {
+    fn new(first: Vec<Claimed>, tx: futures::channel::mpsc::UnboundedSender<call::Group>) -> Self {
+        Self {
+            claimed: Vec::new(),
+            tx: Some(tx),
+            queued: 0,
+            batches: 0,
+            first: Some(first),
+        }
+    }
 }
 
 impl Job<'_> {
@@ -283,47 +321,36 @@ impl Job<'_> {
             pulled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         });
         let mut calls = std::pin::pin!(call::calls(engine, ctx, writer, source, &stop));
-        let mut called = Called {
-            last_claimed: None,
-            last_full: false,
-            not_attempted: Vec::new(),
-            run_ended: false,
-            circuit: ctx.circuit.clone(),
-        };
-        let mut feeding = Feeding {
-            claimed: Vec::new(),
-            tx: Some(tx),
-            queued: 0,
-            batches: 0,
-            first: Some(first),
-        };
-        let mut flushing = None;
+        let mut called = Called::new(ctx.circuit.clone());
+        let mut feeding = Feeding::new(first, tx);
+        let (mut claiming, mut flushing) = (None, None);
         let mut beat = tokio::time::interval(engine.settings.heartbeat_every());
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         beat.tick().await; // the first tick is immediate; the lease was just taken
         loop {
-            // Every queued call has started or waits for its slot: feed the next batch,
-            // or close the source when there is none to claim.
+            // Every queued call has started or waits for its slot: feed the next batch (again
+            // when one queued no call: all of it decided without one).
             let pulled = || pulled.load(std::sync::atomic::Ordering::Relaxed);
-            while feeding.tx.is_some() && pulled() == feeding.queued {
-                let batch = self.next_batch(&mut feeding, &called, scope, &stop).await?;
-                if batch.is_empty() {
-                    feeding.tx = None;
-                    break;
-                }
-                self.queue(writer, &mut feeding, &mut called, batch, scope, tally);
+            while claiming.is_none() && feeding.tx.is_some() && pulled() == feeding.queued {
+                claiming = self.feed(writer, &mut feeding, &mut called, scope, &stop, tally);
             }
             // One commit at a time, while the calls go on.
             if flushing.is_none() && tally.due() {
-                flushing = Some(Box::pin(settle::flush(
-                    engine,
-                    ctx,
-                    self.task_id,
-                    tally.take(),
-                )));
+                let commit = settle::flush(engine, ctx, self.task_id, tally.take());
+                flushing = Some(Box::pin(commit));
             }
             let next = tokio::select! {
                 next = calls.next() => next,
+                batch = async { claiming.as_mut().expect("a claim in flight").await },
+                    if claiming.is_some() =>
+                {
+                    claiming = None;
+                    match batch? {
+                        batch if batch.is_empty() || stop.stopped() => feeding.tx = None,
+                        batch => self.queue(writer, &mut feeding, &mut called, batch, scope, tally),
+                    }
+                    continue;
+                }
                 active = async { flushing.as_mut().expect("a commit in flight").await },
                     if flushing.is_some() =>
                 {
@@ -356,35 +383,52 @@ impl Job<'_> {
         Ok(called)
     }
 
-    /// The next batch to feed: the job's first, else a new claim past the last one while
-    /// the job may take more ([`BATCHES_PER_JOB`], the last claim full, no stop); empty
-    /// when there is none.
-    async fn next_batch(
+    /// Feeds the calls: the next batch at once when it is claimed already, else the claim
+    /// to await while the calls go on; or closes the source when there is none.
+    fn feed(
+        &self,
+        writer: &dyn Writer,
+        feeding: &mut Feeding,
+        called: &mut Called,
+        scope: ClaimScope,
+        stop: &Stop,
+        tally: &mut Tally,
+    ) -> Option<Claiming<'_>> {
+        match self.next_batch(feeding, called, scope, stop) {
+            Feed::Batch(batch) => self.queue(writer, feeding, called, batch, scope, tally),
+            Feed::Claim(scope) => {
+                let (engine, now) = (self.engine, self.engine.clock.now());
+                let claim = engine.retry_outage(move || claim::claim(&engine.pool, scope, now));
+                return Some(Box::pin(claim));
+            }
+            Feed::Done => feeding.tx = None,
+        }
+        None
+    }
+
+    /// The next batch to feed: the job's first, else a claim past the last one while the
+    /// job may take more ([`BATCHES_PER_JOB`], the last claim full, no stop).
+    fn next_batch(
         &self,
         feeding: &mut Feeding,
         called: &Called,
         scope: ClaimScope,
         stop: &Stop,
-    ) -> Result<Vec<Claimed>, ChainError> {
-        let engine = self.engine;
+    ) -> Feed {
         if let Some(first) = feeding.first.take() {
-            return Ok(first);
+            return Feed::Batch(first);
         }
         if feeding.batches >= BATCHES_PER_JOB
             || !called.last_full
             || stop.stopped()
-            || engine.shutdown.is_cancelled()
+            || self.engine.shutdown.is_cancelled()
         {
-            return Ok(Vec::new());
+            return Feed::Done;
         }
-        let scope = ClaimScope {
+        Feed::Claim(ClaimScope {
             after_id: called.last_claimed.unwrap_or(scope.after_id),
             ..scope
-        };
-        let now = engine.clock.now();
-        Ok(engine
-            .retry_outage(|| claim::claim(&engine.pool, scope, now))
-            .await?)
+        })
     }
 
     /// Triages `batch` (what is decided without a call goes into `tally`), puts the rest
