@@ -1,5 +1,5 @@
-//! Gaps in liveness by process found by the chaos suite (`courier bench chaos`) and by
-//! `courier bench cold-start`, as engine-level tests.
+//! Gaps in liveness by process found by the chaos suite (`courier-bench chaos`) and by
+//! `courier-bench cold-start`, as engine-level tests.
 
 mod common;
 
@@ -95,7 +95,7 @@ async fn a_run_whose_job_a_live_process_dropped_before_starting_it_resumes() {
 /// A process stopping cleanly (a deploy) while it holds a chain job it fetched but did not
 /// finish puts the job back under the same id and frees its lease, so the next process
 /// resumes the run at once instead of after another process's rescuer window (seen in
-/// `courier bench cold-start`: a worker stopped during a retry wait left the run idle for
+/// `courier-bench cold-start`: a worker stopped during a retry wait left the run idle for
 /// 15 s).
 #[tokio::test]
 async fn a_cleanly_stopping_process_puts_back_what_it_holds() {

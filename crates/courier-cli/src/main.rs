@@ -1,7 +1,6 @@
 //! The `courier` command line: parses arguments, loads and validates the settings, starts
 //! telemetry, and dispatches to the subcommand's module in [`cmd`], which hands over to the
-//! engine library (`courier`), the local target (`courier_target`) or this crate's demo
-//! and benchmarks.
+//! engine library (`courier`), the local target (`courier_target`) or this crate's demo.
 
 mod cmd;
 
@@ -10,7 +9,6 @@ use courier::config::{self, Settings};
 
 use cmd::{
     Ctx,
-    bench::BenchArgs,
     catalog::{ApplyArgs, ConnectionCmd, PresetCmd, RuleCmd},
     deliveries::{EnqueueArgs, HistoryArgs, RetryArgs, StatusArgs},
     target::TargetArgs,
@@ -63,10 +61,6 @@ enum Command {
     Demo(DemoArgs),
     /// Run the local User.com-like HTTP target until Ctrl-C.
     Target(TargetArgs),
-    /// Run a benchmark scenario on a fresh database (`courier_bench`, on the server
-    /// `DATABASE_URL` names) with a local target; prints a table and writes
-    /// `<out>/<scenario>.json` and `<out>/<scenario>.svg`. Build with --release.
-    Bench(BenchArgs),
 }
 
 #[tokio::main]
@@ -157,6 +151,5 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Command::Status(a) => cmd::deliveries::status(&ctx, a).await,
         Command::Demo(a) => cmd::worker::demo(ctx, a).await,
         Command::Target(a) => cmd::target::run(a).await,
-        Command::Bench(a) => cmd::bench::run(ctx, a).await,
     }
 }

@@ -84,6 +84,14 @@ fn help_needs_no_valid_settings() {
 }
 
 #[test]
+fn the_installed_binary_carries_no_benchmark_harness() {
+    let help = ran(courier().arg("--help"));
+    assert!(help.ok && !help.stdout.contains("bench"), "{}", help.both());
+    let bench = ran(courier().args(["bench", "pacing"]));
+    assert_eq!(bench.code, Some(2), "an unknown subcommand: {}", bench.both());
+}
+
+#[test]
 fn the_worker_refuses_a_wait_bound_beyond_the_staleness_window() {
     let out = courier()
         .arg("worker")

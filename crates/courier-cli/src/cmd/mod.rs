@@ -1,7 +1,6 @@
 //! The subcommands of the `courier` binary, one module each: what a command takes (its
 //! `clap` arguments) and what it does with it. `main.rs` parses and dispatches.
 
-pub mod bench;
 pub mod catalog;
 pub mod deliveries;
 pub mod target;

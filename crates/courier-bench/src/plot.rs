@@ -95,7 +95,7 @@ fn header(s: &mut String, report: &Report) {
     let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{LEFT}" y="22" font-size="15">courier bench {}: calls per second</text>"#,
+        r#"<text x="{LEFT}" y="22" font-size="15">courier-bench {}: calls per second</text>"#,
         report.scenario
     );
 }

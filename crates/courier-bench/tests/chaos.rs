@@ -1,4 +1,4 @@
-//! The short form of `courier bench chaos`: real `courier worker` processes on a private
+//! The short form of `courier-bench chaos`: real `courier worker` processes on a private
 //! throwaway PostgreSQL cluster, one SIGKILL of the busy worker mid-burst and one restart
 //! of the cluster mid-burst, with the engine's default liveness settings. It asserts what
 //! issue #11 promises: nothing lost, delivery resumes within 30 s of the kill and within
@@ -7,11 +7,11 @@
 //! fault plus a second of calls.
 //!
 //! To see it fail, give the workers a liveness window longer than the promise:
-//! `COURIER_WORKER_DEAD_AFTER_SECONDS=60 cargo test -p courier-cli --test chaos`.
+//! `COURIER_WORKER_DEAD_AFTER_SECONDS=60 cargo test -p courier-bench --test chaos`.
 
 use std::time::{Duration, Instant};
 
-use courier_cli::bench::chaos::{self, ChaosOptions, FaultKind};
+use courier_bench::chaos::{self, ChaosOptions, FaultKind};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_and_a_database_restart_lose_nothing_and_cost_seconds() {
@@ -31,7 +31,7 @@ async fn a_kill_and_a_database_restart_lose_nothing_and_cost_seconds() {
         drain_limit: Duration::from_secs(60),
         keep_logs: false,
         skews: Vec::new(),
-        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+        ..ChaosOptions::bench(courier_bench::courier_exe().unwrap())
     };
     let (report, out) = chaos::run(options).await.unwrap();
     let table = report.render();
@@ -106,7 +106,7 @@ async fn a_long_database_outage_costs_seconds_once_it_answers() {
         drain_limit: Duration::from_secs(120),
         keep_logs: false,
         skews: Vec::new(),
-        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+        ..ChaosOptions::bench(courier_bench::courier_exe().unwrap())
     };
     let (report, out) = chaos::run(options).await.unwrap();
     let table = report.render();
@@ -132,7 +132,7 @@ async fn a_long_database_outage_costs_seconds_once_it_answers() {
 /// (15 s). The work of each killed holder still resumes within seconds: a killed process's
 /// session being gone is evidence enough for a process younger than the window. Before,
 /// delivery stopped until a window after the last kill (57 s). The goal, 10 s after each
-/// kill, is `courier bench chaos`'s figure on a quiet machine (BENCHMARKS.md); here, with
+/// kill, is `courier-bench chaos`'s figure on a quiet machine (BENCHMARKS.md); here, with
 /// the other chaos tests' clusters and workers sharing two cores, the bound is twice that,
 /// still well short of a whole window after the last kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,7 +153,7 @@ async fn a_rolling_fleet_resumes_each_killed_holders_work_within_seconds() {
         drain_limit: Duration::from_secs(120),
         keep_logs: false,
         skews: Vec::new(),
-        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+        ..ChaosOptions::bench(courier_bench::courier_exe().unwrap())
     };
     let (report, out) = chaos::run(options).await.unwrap();
     let table = report.render();
@@ -199,7 +199,7 @@ async fn a_worker_whose_clock_is_off_changes_nothing() {
         drain_limit: Duration::from_secs(60),
         keep_logs: false,
         skews: skews.iter().map(|s| (*s).to_owned()).collect(),
-        ..ChaosOptions::bench(env!("CARGO_BIN_EXE_courier").into())
+        ..ChaosOptions::bench(courier_bench::courier_exe().unwrap())
     };
     let (report, out) = chaos::run(options).await.unwrap();
     let table = report.render();

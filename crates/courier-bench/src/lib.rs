@@ -1,5 +1,6 @@
-//! `courier bench <scenario>`: measured runs of the whole system, against a fresh database
-//! on the PostgreSQL server `DATABASE_URL` names and the local [`courier_target`]. Each run
+//! `courier-bench <scenario>`: measured runs of the whole system, against a fresh database
+//! on the PostgreSQL server `DATABASE_URL` names and the local [`courier_target`], with
+//! `courier worker` processes where a scenario needs them ([`courier_exe`]). Each run
 //! prints a table, writes `bench-results/<scenario>.json` and draws
 //! `bench-results/<scenario>.svg`: calls per second over time against the declared rate,
 //! with 429s and blocks marked. `BENCHMARKS.md` explains every figure.
@@ -48,7 +49,7 @@ pub struct BenchConfig {
     pub limits: LimitsKnobs,
 }
 
-/// The cells of `courier bench limits` to run.
+/// The cells of `courier-bench limits` to run.
 #[derive(Clone, Debug, Default)]
 pub struct LimitsKnobs {
     /// Limiter kinds (`None`: all).
@@ -60,7 +61,7 @@ pub struct LimitsKnobs {
     pub rules: Option<usize>,
 }
 
-/// The knobs of `courier bench chaos` beyond records and workers.
+/// The knobs of `courier-bench chaos` beyond records and workers.
 #[derive(Clone, Debug, Default)]
 pub struct ChaosKnobs {
     /// SIGKILLs during the kill phase (`None`: ten).
@@ -178,7 +179,7 @@ impl Report {
             self.scenario,
             self.machine,
             self.at,
-            crate::tables::table(&["figure", "value"], &rows)
+            courier_cli::tables::table(&["figure", "value"], &rows)
         )
     }
 }
@@ -219,7 +220,7 @@ async fn fresh_database(config: &BenchConfig) -> anyhow::Result<(PgPool, String)
     .execute(&admin)
     .await?;
     admin.close().await;
-    let url = crate::database_url(&config.server_url, &config.database);
+    let url = courier_cli::database_url(&config.server_url, &config.database);
     db::create_database(&url).await?;
     let pool = db::connect(&url, 20).await?;
     db::migrate(&pool).await?;
@@ -315,6 +316,27 @@ async fn effective_rpm(pool: &PgPool) -> anyhow::Result<Option<f64>> {
         .reduce(f64::min))
 }
 
+/// The `courier` binary worker processes run: `COURIER_BIN`, else the one cargo built beside
+/// this program (or beside the directory of a test's executable).
+pub fn courier_exe() -> anyhow::Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("COURIER_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe()?;
+    let beside = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("courier"))
+        .find(|bin| bin.is_file());
+    beside.with_context(|| {
+        format!(
+            "no `courier` binary beside {}: build it (`cargo build --release`) or set COURIER_BIN",
+            exe.display()
+        )
+    })
+}
+
 /// A worker process: a child `courier worker` on the bench database.
 struct Child {
     child: std::process::Child,
@@ -322,8 +344,7 @@ struct Child {
 
 impl Child {
     fn spawn(url: &str, settings: &Settings) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe()?;
-        let child = std::process::Command::new(exe)
+        let child = std::process::Command::new(courier_exe()?)
             .arg("worker")
             .env("DATABASE_URL", url)
             // The bench's own filter (`warn` unless told): a child's pacer lines show what

@@ -142,7 +142,7 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
     if scenario == Scenario::Chaos {
         // Its own private cluster, not the server DATABASE_URL names: it restarts it.
         let knobs = &config.chaos;
-        let mut options = ChaosOptions::bench(std::env::current_exe()?);
+        let mut options = ChaosOptions::bench(super::courier_exe()?);
         options.records = records;
         options.workers = config.workers.unwrap_or(2).max(1);
         options.kills = knobs.kills.unwrap_or(10);

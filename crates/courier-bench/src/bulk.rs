@@ -1,4 +1,4 @@
-//! `courier bench bulk`: records delivered when a call carries many. Three parts, each
+//! `courier-bench bulk`: records delivered when a call carries many. Three parts, each
 //! cell on a fresh database with one worker in this process:
 //!
 //! - **consents**: consent changes into one User.com workspace limited to 10 requests/s,

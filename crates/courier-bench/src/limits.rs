@@ -1,4 +1,4 @@
-//! `courier bench limits`: how delivery meets real limiters. A matrix of the target's
+//! `courier-bench limits`: how delivery meets real limiters. A matrix of the target's
 //! limiter kind (fixed, sliding, gcra, token bucket) × declared ÷ real rate (1, 2, 5, 10,
 //! and a limit that halves in the middle of the burst, as when another client starts on
 //! the workspace) × worker processes (1 and 3); `--rules N` spreads each cell's records

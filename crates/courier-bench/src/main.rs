@@ -1,16 +1,19 @@
-//! `courier bench`: one benchmark scenario on a fresh database, its table printed and its
-//! results written.
+//! `courier-bench`: one benchmark scenario on a fresh database (on the server
+//! `DATABASE_URL` names) with a local target, its table printed and its results written
+//! (`<out>/<scenario>.json` and `.svg`). Build with `--release`; the scenarios that run
+//! worker processes start the `courier` binary built beside this one.
 
 use std::path::PathBuf;
 
-use courier_cli::bench;
+use clap::Parser;
+use courier::config::Settings;
+use courier_bench as bench;
 use courier_target as target;
 
-use super::Ctx;
-
-/// `courier bench`'s arguments.
-#[derive(clap::Args)]
-pub struct BenchArgs {
+/// Runs a benchmark scenario of courier on a fresh database with a local target.
+#[derive(Parser)]
+#[command(version, about)]
+struct BenchArgs {
     /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, limits,
     /// chaos, cold-start, soak or bulk.
     scenario: bench::Scenario,
@@ -57,8 +60,34 @@ pub struct BenchArgs {
     database: String,
 }
 
-/// Runs `courier bench`.
-pub async fn run(ctx: Ctx, args: BenchArgs) -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = BenchArgs::parse();
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("courier-bench: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match tracing_subscriber::EnvFilter::try_new(&settings.log_filter) {
+        Ok(filter) => tracing_subscriber::fmt().with_env_filter(filter).init(),
+        Err(e) => {
+            eprintln!("courier-bench: COURIER_LOG {:?}: {e}", settings.log_filter);
+            return std::process::ExitCode::from(2);
+        }
+    }
+    match run(settings, args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("courier-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the scenario `args` names.
+async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<()> {
     let BenchArgs {
         scenario,
         records,
@@ -74,7 +103,6 @@ pub async fn run(ctx: Ctx, args: BenchArgs) -> anyhow::Result<()> {
         out,
         database,
     } = args;
-    let settings = ctx.settings;
     anyhow::ensure!(
         !database.is_empty()
             && database

@@ -1,10 +1,11 @@
 //! Small versions of the `pacing` and `storm` benchmarks: they assert correctness only
 //! (everything delivered, nothing failed, no attempt spent on a 429), never speed.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::*;
-use courier_cli::bench::{self, BenchConfig, Scenario};
+use courier_bench::{self as bench, BenchConfig, Scenario};
 
 async fn smoke(scenario: Scenario, records: usize) -> bench::Report {
     let database = format!("courier_test_bench_{:08x}", rand::random::<u32>());

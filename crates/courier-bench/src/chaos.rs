@@ -1,4 +1,4 @@
-//! `courier bench chaos`: liveness under faults, with real processes. On a private
+//! `courier-bench chaos`: liveness under faults, with real processes. On a private
 //! throwaway PostgreSQL cluster (never the shared server: this scenario restarts it and
 //! takes it down), real `courier worker` child processes deliver bursts into the local
 //! User.com target while the harness
@@ -45,12 +45,12 @@ use serde_json::json;
 use sqlx::{PgPool, postgres::PgPoolOptions};
 
 use super::{Mark, Report, SAMPLE_EVERY, Sample};
-use crate::cluster::{Cluster, server_binaries};
 use courier::{
     catalog::{self, NewConnection, NewRule},
     db,
     enqueue::{self, NewDelivery},
 };
+use courier_cli::cluster::{Cluster, server_binaries};
 
 /// The environment variable the healthy connection reads its (fake) key from.
 const KEY_VAR: &str = "COURIER_CHAOS_USERCOM_KEY";
@@ -117,7 +117,7 @@ pub struct ChaosOptions {
     pub skews: Vec<String>,
 }
 
-/// The skews `courier bench chaos` tries: none (the same phase without libfaketime, the
+/// The skews `courier-bench chaos` tries: none (the same phase without libfaketime, the
 /// baseline), ±50 ms, ±1 s, ±20 s and ±1 h.
 pub const BENCH_SKEWS: [&str; 9] = [
     NO_SKEW, "+0.05", "-0.05", "+1", "-1", "+20", "-20", "+1h", "-1h",
@@ -291,7 +291,7 @@ impl ChaosOutcome {
     }
 }
 
-/// `courier bench chaos`: the benchmark's setup, as a report.
+/// `courier-bench chaos`: the benchmark's setup, as a report.
 pub async fn bench(options: ChaosOptions) -> anyhow::Result<Report> {
     Ok(run(options).await?.0)
 }
@@ -344,7 +344,7 @@ async fn private_database() -> anyhow::Result<(Arc<Cluster>, String, PgPool)> {
         cluster.dir.display(),
         cluster.port
     );
-    let url = crate::database_url(&cluster.url(), DATABASE);
+    let url = courier_cli::database_url(&cluster.url(), DATABASE);
     db::create_database(&url).await?;
     let pool = PgPoolOptions::new()
         .max_connections(4)
