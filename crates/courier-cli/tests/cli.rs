@@ -88,7 +88,12 @@ fn the_installed_binary_carries_no_benchmark_harness() {
     let help = ran(courier().arg("--help"));
     assert!(help.ok && !help.stdout.contains("bench"), "{}", help.both());
     let bench = ran(courier().args(["bench", "pacing"]));
-    assert_eq!(bench.code, Some(2), "an unknown subcommand: {}", bench.both());
+    assert_eq!(
+        bench.code,
+        Some(2),
+        "an unknown subcommand: {}",
+        bench.both()
+    );
 }
 
 #[test]
