@@ -348,6 +348,20 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.courier_rule_startable(r public.rules, k public.connections, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT r.enabled AND NOT r.paused AND NOT k.paused
+       AND (r.unusable_until IS NULL OR r.unusable_until <= at)
+       AND NOT EXISTS (SELECT 1 FROM connection_blocks b
+                       WHERE b.budget_key = courier_rule_budget_key(r, k)
+                         AND b.blocked_until > at)
+       AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.rule_id = r.id AND x.active)
+       AND EXISTS (SELECT 1 FROM deliveries d
+                   WHERE d.rule_id = r.id AND d.status = 'pending'
+                     AND d.next_attempt_at <= at)
+$$;
+
 CREATE FUNCTION public.courier_supersede_again() RETURNS trigger
     LANGUAGE plpgsql
     AS $$

@@ -980,3 +980,44 @@ async fn an_idle_database_has_nothing_due_so_the_dispatcher_sleeps() {
             .unwrap();
     assert_eq!(empty, None, "no time stays no time");
 }
+
+#[tokio::test]
+async fn a_rule_whose_own_budget_is_blocked_never_probes_its_connection() {
+    let (db, _target) = shop(&["customers", "orders"], 10, 1).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    let now = engine.clock.now();
+    // customers spends from a budget of its own, blocked for an hour; the connection's
+    // circuit is open and cooled down, its own budget free.
+    sqlx::query(
+        "WITH r AS (UPDATE rules SET budget_key = 'customers-endpoint' WHERE name = 'customers')
+         INSERT INTO connection_blocks (budget_key, blocked_until, set_at)
+         VALUES ('customers-endpoint', $1 + interval '1 hour', $1)",
+    )
+    .bind(now)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE circuits SET state = 'open', open_until = $1 - interval '1 second'")
+        .bind(now)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    for rule in ["customers", "orders"] {
+        enqueue::enqueue(&db.pool, rule, NewDelivery::new("k:1", json!({})))
+            .await
+            .unwrap();
+    }
+    assert_eq!(Dispatcher::new(&engine).run_once().await.unwrap(), 1);
+    let probing: Vec<String> = sqlx::query_scalar(
+        "SELECT r.name FROM runs x JOIN rules r ON r.id = x.rule_id
+         JOIN circuits c ON c.probe_run_id = x.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        probing,
+        vec!["orders".to_owned()],
+        "the probe is a rule that may call"
+    );
+}

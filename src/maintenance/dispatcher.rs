@@ -40,16 +40,8 @@ impl<'a> Dispatcher<'a> {
             "SELECT r.id FROM rules r
              JOIN connections k ON k.id = r.connection_id
              JOIN circuits c ON c.connection_id = r.connection_id
-             WHERE r.enabled AND NOT r.paused AND NOT k.paused AND c.state = 'closed'
-               AND (r.unusable_until IS NULL OR r.unusable_until <= $1)
-               AND (c.unusable_until IS NULL OR c.unusable_until <= $1)
-               AND NOT EXISTS (SELECT 1 FROM connection_blocks b
-                               WHERE b.budget_key = courier_rule_budget_key(r, k)
-                                 AND b.blocked_until > $1)
-               AND NOT EXISTS (SELECT 1 FROM runs x
-                               WHERE x.rule_id = r.id AND x.active)
-               AND EXISTS (SELECT 1 FROM deliveries d
-                           WHERE d.rule_id = r.id AND d.status = 'pending' AND d.next_attempt_at <= $1)",
+             WHERE c.state = 'closed' AND (c.unusable_until IS NULL OR c.unusable_until <= $1)
+               AND courier_rule_startable(r, k, $1)",
             now
         )
         .fetch_all(&mut *tx)
@@ -67,24 +59,18 @@ impl<'a> Dispatcher<'a> {
     }
 
     /// Connections whose open circuit has cooled down (or whose probe ended without an
-    /// answer): one run of one due rule probes each.
+    /// answer): one run of one startable rule probes each (a rule whose own budget is
+    /// blocked is not startable, whatever its connection's budget says).
     async fn start_probes(&self, now: DateTime<Utc>) -> Result<usize, sqlx::Error> {
         let candidates = sqlx::query!(
             r#"SELECT c.connection_id,
                       (SELECT r.id FROM rules r
-                       WHERE r.connection_id = c.connection_id AND r.enabled AND NOT r.paused
-                         AND (r.unusable_until IS NULL OR r.unusable_until <= $1)
-                         AND NOT EXISTS (SELECT 1 FROM runs x
-                                         WHERE x.rule_id = r.id AND x.active)
-                         AND EXISTS (SELECT 1 FROM deliveries d
-                                     WHERE d.rule_id = r.id AND d.status = 'pending'
-                                       AND d.next_attempt_at <= $1)
+                       WHERE r.connection_id = c.connection_id
+                         AND courier_rule_startable(r, k, $1)
                        ORDER BY r.id LIMIT 1) AS rule_id
                FROM circuits c
                JOIN connections k ON k.id = c.connection_id
-               WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1) AND NOT k.paused
-                 AND NOT EXISTS (SELECT 1 FROM connection_blocks b
-                                 WHERE b.budget_key = courier_budget_key(k) AND b.blocked_until > $1)
+               WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1)
                  AND ((c.state = 'open' AND c.open_until <= $1)
                   OR (c.state = 'half_open' AND NOT EXISTS (
                         SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
