@@ -114,9 +114,11 @@ fn at_micros(us: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(us).expect("in range")
 }
 
-/// The time between two slots at `rate` requests per second, [`HEADROOM`] wider.
+/// The time between two slots at `rate` requests per second, [`HEADROOM`] wider; never
+/// longer than the longest window a limit may have.
 pub fn interval(rate: f64) -> chrono::Duration {
-    let exact = 1.0 / (rate.max(super::controller::MIN_RATE) * (1.0 - HEADROOM));
+    let exact = 1.0 / (rate.max(f64::MIN_POSITIVE) * (1.0 - HEADROOM));
+    let exact = exact.min(super::limits::MAX_WINDOW.as_secs_f64());
     chrono::Duration::microseconds((exact * 1e6).ceil() as i64)
 }
 
@@ -219,7 +221,8 @@ impl BudgetState {
 
     /// The pace (requests per second) at `now`: the rate of the shortest window in force
     /// ([`BudgetState::limits`]) or the learned rate, the lesser; the learned rate never
-    /// below [`MIN_SHARE`] of it.
+    /// below [`MIN_SHARE`] of it (nor below one call a minute, unless the limit itself is
+    /// slower).
     pub fn rate(&self, declared: &[Limit], params: &Params, now: DateTime<Utc>) -> f64 {
         let limits = self.limits(declared, now);
         let pace = limits.first().map_or(f64::MAX, Limit::per_second);
@@ -228,7 +231,6 @@ impl BudgetState {
             Some(l) => pace.min(l.max(floor)),
             None => pace,
         }
-        .max(super::controller::MIN_RATE)
     }
 
     /// Leases up to `ask.n` slots from `now` on, honouring every limit in force (shortest
@@ -460,6 +462,19 @@ mod tests {
         assert!(first_300 < chrono::Duration::seconds(31), "{first_300}");
         // Over three minutes, about 3 × 300 (less a bucket per window).
         assert!(slots.len() >= 850, "{}", slots.len());
+    }
+
+    #[test]
+    fn a_limit_slower_than_one_call_a_minute_is_kept() {
+        for (limit, window) in [(1000, 86_400), (30, 3_600)] {
+            let limits = [Limit::new(limit, window)];
+            let slots = lease_all(&limits, 2 * window as i64, 1);
+            let most = most_in(&slots, chrono::Duration::seconds(window as i64));
+            assert!(
+                most <= limit as usize,
+                "{most} calls in a window of {limit}/{window}s"
+            );
+        }
     }
 
     #[test]
