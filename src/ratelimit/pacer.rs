@@ -15,10 +15,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -144,7 +141,8 @@ impl FairQueue {
     }
 }
 
-/// One budget's in-process state.
+/// One budget's in-process state: its declaration, and what this process keeps of it
+/// between leases under one lock ([`Budget::local`]), never held across an `.await`.
 struct Budget {
     /// The budget key (`connection:<id>`, a rule's or a shared key).
     key: String,
@@ -152,44 +150,73 @@ struct Budget {
     limits: Vec<Limit>,
     /// Percent of its long windows kept for other clients.
     reserve: u8,
-    /// Leased slots not yet handed out, waiting requests, and whether a lease is under way.
-    state: Mutex<Waiting>,
-    /// Slots handed out by this process: one per writer call.
-    granted: AtomicU64,
-    /// How far ahead of now a lease starts (microseconds): twice the last lease's round
-    /// trip, so the slots are still fresh when they arrive, however fast the rate.
-    lookahead_us: AtomicU64,
-    /// The first slot and the pace (requests per second) of this process's latest
-    /// [`RECENT_PACES`] leases, oldest first (before any lease: the declared pace).
-    paces: Mutex<VecDeque<(DateTime<Utc>, f64)>>,
-    /// Calls the target accepted (answered other than 429) not yet reported to the budget
-    /// row; the next lease adds them.
-    accepted: AtomicU64,
-    /// The limits the target's headers stated, not yet reported.
-    advertised: Mutex<Option<Vec<Limit>>>,
-    /// No slot before this time: the target said its budget is spent until then.
-    hold: Mutex<Option<DateTime<Utc>>>,
-    /// The shared budget's next free slot as of this process's last lease: how far other
-    /// processes (or a spent long window) have booked it.
-    booked_until: Mutex<Option<DateTime<Utc>>>,
-    /// This process's latest call on the budget (see [`Pacer::depart`]).
-    trip: Mutex<Trip>,
+    /// The rest, under one lock.
+    local: Mutex<Local>,
 }
 
 impl Budget {
+    fn local(&self) -> MutexGuard<'_, Local> {
+        self.local.lock().expect("budget mutex")
+    }
+}
+
+/// What a process keeps of a budget between leases.
+struct Local {
+    /// Leased slots not yet handed out.
+    slots: VecDeque<DateTime<Utc>>,
+    /// Requests waiting for a slot, in fair turn.
+    queue: FairQueue,
+    /// Whether a lease is under way.
+    leasing: bool,
+    /// Slots handed out by this process: one per writer call.
+    granted: u64,
+    /// How far ahead of now a lease starts (microseconds): twice the last lease's round
+    /// trip, so the slots are still fresh when they arrive, however fast the rate.
+    lookahead_us: i64,
+    /// The first slot and the pace (requests per second) of this process's latest
+    /// [`RECENT_PACES`] leases, oldest first (before any lease: the declared pace).
+    paces: VecDeque<(DateTime<Utc>, f64)>,
+    /// Calls the target accepted (answered other than 429) not yet reported to the budget
+    /// row; the next lease adds them.
+    accepted: u64,
+    /// The limits the target's headers stated, not yet reported.
+    advertised: Option<Vec<Limit>>,
+    /// No slot before this time: the target said its budget is spent until then.
+    hold: Option<DateTime<Utc>>,
+    /// The shared budget's next free slot as of this process's last lease: how far other
+    /// processes (or a spent long window) have booked it.
+    booked_until: Option<DateTime<Utc>>,
+    /// This process's latest call on the budget (see [`Pacer::depart`]).
+    trip: Trip,
+}
+
+impl Local {
+    fn new(declared: &[Limit]) -> Self {
+        let first = declared.first().map_or(f64::MAX, Limit::per_second);
+        Self {
+            slots: VecDeque::new(),
+            queue: FairQueue::default(),
+            leasing: false,
+            granted: 0,
+            lookahead_us: FIRST_LOOKAHEAD.as_micros() as i64,
+            paces: VecDeque::from([(DateTime::<Utc>::MIN_UTC, first)]),
+            accepted: 0,
+            advertised: None,
+            hold: None,
+            booked_until: None,
+            trip: Trip::default(),
+        }
+    }
+
     /// The pace the latest lease booked its slots at.
     fn rate(&self) -> f64 {
-        self.paces
-            .lock()
-            .expect("budget mutex")
-            .back()
-            .map_or(f64::MAX, |p| p.1)
+        self.paces.back().map_or(f64::MAX, |p| p.1)
     }
 
     /// The pace the slot of a call sent at `sent` was booked at: that of the latest lease
     /// whose slots began by then.
     fn rate_at(&self, sent: DateTime<Utc>) -> f64 {
-        let paces = self.paces.lock().expect("budget mutex");
+        let paces = &self.paces;
         let booked = paces.iter().rev().find(|p| p.0 <= sent).or(paces.front());
         booked.map_or(f64::MAX, |p| p.1)
     }
@@ -205,13 +232,6 @@ struct Trip {
     late: Duration,
     /// The latest [`RECENT_TRIPS`] round trips.
     recent: VecDeque<Duration>,
-}
-
-#[derive(Default)]
-struct Waiting {
-    slots: VecDeque<DateTime<Utc>>,
-    queue: FairQueue,
-    leasing: bool,
 }
 
 /// Hands out request slots per budget; one per worker process.
@@ -259,20 +279,11 @@ impl Pacer {
             // A changed declaration takes effect with a fresh in-memory budget.
             Some(b) if b.limits == limits && b.reserve == reserve => b.clone(),
             _ => {
-                let first = limits.first().map_or(f64::MAX, Limit::per_second);
                 let b = Arc::new(Budget {
                     key: key.to_owned(),
                     limits: limits.to_vec(),
                     reserve,
-                    state: Mutex::new(Waiting::default()),
-                    granted: AtomicU64::new(0),
-                    lookahead_us: AtomicU64::new(FIRST_LOOKAHEAD.as_micros() as u64),
-                    paces: Mutex::new(VecDeque::from([(DateTime::<Utc>::MIN_UTC, first)])),
-                    accepted: AtomicU64::new(0),
-                    advertised: Mutex::new(None),
-                    hold: Mutex::new(None),
-                    booked_until: Mutex::new(None),
-                    trip: Mutex::default(),
+                    local: Mutex::new(Local::new(limits)),
                 });
                 budgets.insert(key.to_owned(), b.clone());
                 b
@@ -298,16 +309,19 @@ impl Pacer {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
-        b.state.lock().expect("budget mutex").slots.clear();
-        let pending = b.accepted.swap(0, Ordering::Relaxed);
+        let (pending, paced) = {
+            let mut local = b.local();
+            local.slots.clear();
+            (std::mem::take(&mut local.accepted), local.rate_at(sent))
+        };
         let now = self.clock.now();
         let block_end = now + chrono::Duration::from_std(block).unwrap_or_default();
-        let paced = b.rate_at(sent);
         let cut = self
             .with_state(&b, |st| {
                 st.refused(&PARAMS, paced, pending, sent, now, block_end)
             })
-            .await?;
+            .await
+            .inspect_err(|_| b.local().accepted += pending)?;
         if cut {
             tracing::debug!(
                 budget = key,
@@ -362,7 +376,7 @@ impl Pacer {
     /// them. Counted for the budget with this process's next lease.
     pub fn answered(&self, key: &str, calls: u32) {
         if let Some(b) = self.known(key) {
-            b.accepted.fetch_add(u64::from(calls), Ordering::Relaxed);
+            b.local().accepted += u64::from(calls);
         }
     }
 
@@ -370,7 +384,7 @@ impl Pacer {
     /// keeps them beside the declared ones, reported with this process's next lease.
     pub fn advertised(&self, key: &str, limits: Vec<Limit>) {
         if let Some(b) = self.known(key) {
-            *b.advertised.lock().expect("budget mutex") = Some(limits);
+            b.local().advertised = Some(limits);
         }
     }
 
@@ -379,13 +393,9 @@ impl Pacer {
     /// from then on.
     pub fn hold(&self, key: &str, until: DateTime<Utc>) {
         if let Some(b) = self.known(key) {
-            let mut hold = b.hold.lock().expect("budget mutex");
-            *hold = Some(hold.map_or(until, |h| h.max(until)));
-            b.state
-                .lock()
-                .expect("budget mutex")
-                .slots
-                .retain(|&s| s >= until);
+            let mut local = b.local();
+            local.hold = Some(local.hold.map_or(until, |h| h.max(until)));
+            local.slots.retain(|&s| s >= until);
         }
     }
 
@@ -393,7 +403,7 @@ impl Pacer {
     /// than now: a slot granted before then is given up for a new one.
     pub fn held_until(&self, key: &str) -> Option<DateTime<Utc>> {
         let b = self.known(key)?;
-        let hold = *b.hold.lock().expect("budget mutex");
+        let hold = b.local().hold;
         hold.filter(|&h| h > self.clock.now())
     }
 
@@ -401,7 +411,7 @@ impl Pacer {
     /// lease found the shared budget: the shortest declared window's, the learned and the
     /// advertised rate, the least.
     pub fn effective_rate(&self, key: &str) -> Option<f64> {
-        self.known(key).map(|b| b.rate())
+        self.known(key).map(|b| b.local().rate())
     }
 
     /// The earliest a new request on budget `key` could go out, as far as this process
@@ -411,14 +421,14 @@ impl Pacer {
     /// turn) or when nothing is known. The throttle layer lets a chain job wait for a
     /// time far ahead in the queue instead of in a worker slot.
     pub fn next_free(&self, key: &str) -> Option<DateTime<Utc>> {
-        let budget = self.budgets.lock().expect("pacer mutex").get(key)?.clone();
-        let st = budget.state.lock().expect("budget mutex");
-        if !st.queue.is_empty() || st.leasing {
+        let budget = self.known(key)?;
+        let local = budget.local();
+        if !local.queue.is_empty() || local.leasing {
             return None;
         }
-        let free = match st.slots.front() {
+        let free = match local.slots.front() {
             Some(&slot) => slot,
-            None => (*budget.booked_until.lock().expect("budget mutex"))?,
+            None => local.booked_until?,
         };
         Some(free).filter(|&t| t > self.clock.now())
     }
@@ -436,10 +446,10 @@ impl Pacer {
         let Some(b) = self.known(key) else {
             return Ok(at);
         };
-        let mut trip = b.trip.lock().expect("budget mutex");
-        let gap =
-            chrono::Duration::from_std(std_interval(b.rate()).mul_f64(MIN_GAP_SHARE) + trip.late)
-                .expect("fits");
+        let mut local = b.local();
+        let gap = std_interval(local.rate()).mul_f64(MIN_GAP_SHARE) + local.trip.late;
+        let gap = chrono::Duration::from_std(gap).expect("fits");
+        let trip = &mut local.trip;
         match trip.let_go {
             Some(l) if l + gap > at => Err(l + gap),
             _ => {
@@ -459,8 +469,9 @@ impl Pacer {
         let Some(b) = self.known(key) else {
             return;
         };
-        let interval = std_interval(b.rate());
-        let mut trip = b.trip.lock().expect("budget mutex");
+        let mut local = b.local();
+        let interval = std_interval(local.rate());
+        let trip = &mut local.trip;
         if trip.let_go == Some(let_go) {
             let late = (left - let_go).to_std().unwrap_or_default().min(interval);
             trip.late = trip.late.max(late);
@@ -477,8 +488,9 @@ impl Pacer {
         let Some(b) = self.known(key) else {
             return;
         };
-        let interval = std_interval(b.rate());
-        let mut trip = b.trip.lock().expect("budget mutex");
+        let mut local = b.local();
+        let interval = std_interval(local.rate());
+        let trip = &mut local.trip;
         if trip.recent.len() == RECENT_TRIPS {
             trip.recent.pop_front();
         }
@@ -494,10 +506,7 @@ impl Pacer {
 
     /// Slots this process has handed out for budget `key` (one per writer call).
     pub fn granted(&self, key: &str) -> u64 {
-        let budgets = self.budgets.lock().expect("pacer mutex");
-        budgets
-            .get(key)
-            .map_or(0, |b| b.granted.load(Ordering::Relaxed))
+        self.known(key).map_or(0, |b| b.local().granted)
     }
 
     /// Waits for the next request slot of budget `key` on behalf of `rule`, and returns
@@ -514,9 +523,9 @@ impl Pacer {
         let budget = self.budget(key, limits, reserve);
         let (tx, rx) = oneshot::channel();
         let need_lease = {
-            let mut st = budget.state.lock().expect("budget mutex");
+            let mut st = budget.local();
             st.queue.push(rule, weight, tx);
-            self.serve(&budget, &mut st);
+            self.serve(&mut st);
             let need = !st.queue.is_empty() && !st.leasing;
             if need {
                 st.leasing = true;
@@ -537,12 +546,12 @@ impl Pacer {
     }
 
     /// Hands leased slots to waiting requests in fair order; drops slots already stale.
-    fn serve(&self, budget: &Budget, st: &mut Waiting) {
+    fn serve(&self, st: &mut Local) {
         st.queue.forget_gone();
         let now = self.clock.now();
         // A slot nobody took in time is dropped rather than spent late, right before the
         // next one: two requests that close together could exceed the limit.
-        let tolerance = std_interval(budget.rate())
+        let tolerance = std_interval(st.rate())
             .mul_f64(HEADROOM)
             .max(MIN_STALE_TOLERANCE);
         let stale = now - chrono::Duration::from_std(tolerance).expect("fits");
@@ -556,7 +565,7 @@ impl Pacer {
             if let Some(tx) = st.queue.pop() {
                 // A dropped waiter loses its slot; it was paid for, but it is only one.
                 if tx.send(Ok(slot)).is_ok() {
-                    budget.granted.fetch_add(1, Ordering::Relaxed);
+                    st.granted += 1;
                 }
             }
         }
@@ -572,7 +581,7 @@ impl Pacer {
         loop {
             let result = self.lease_slice(&budget).await;
             let next = {
-                let mut st = budget.state.lock().expect("budget mutex");
+                let mut st = budget.local();
                 let next = match result {
                     Ok((slots, spent)) => {
                         let last = slots.last().copied();
@@ -580,7 +589,7 @@ impl Pacer {
                         let spent_wait = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
                         match (last, spent) {
                             (_, Some(until)) if until > self.clock.now() + spent_wait => {
-                                self.serve(&budget, &mut st);
+                                self.serve(&mut st);
                                 st.queue.fail_all(until);
                                 st.leasing = false;
                                 return;
@@ -596,7 +605,7 @@ impl Pacer {
                         return;
                     }
                 };
-                self.serve(&budget, &mut st);
+                self.serve(&mut st);
                 if st.queue.is_empty() {
                     st.leasing = false;
                     return;
@@ -607,7 +616,7 @@ impl Pacer {
                 let ahead = chrono::Duration::from_std(MAX_LOOKAHEAD / 2).expect("fits");
                 self.clock.sleep_until(next - ahead).await;
                 // The waiters may have gone meanwhile (their batch stopped on a 429).
-                let mut st = budget.state.lock().expect("budget mutex");
+                let mut st = budget.local();
                 st.queue.forget_gone();
                 if st.queue.is_empty() {
                     st.leasing = false;
@@ -626,18 +635,14 @@ impl Pacer {
         // Timed on the engine's clock: a manual one stands still through the round trip, so
         // a test's leases start where it put the clock, whatever the database's speed.
         let asked = self.clock.now();
-        let lookahead = budget.lookahead_us.load(Ordering::Relaxed) as i64;
-        let now = self.clock.now() + chrono::Duration::microseconds(lookahead);
-        let accepted = budget.accepted.swap(0, Ordering::Relaxed);
-        let advertised = budget.advertised.lock().expect("budget mutex").take();
-        let hold = *budget.hold.lock().expect("budget mutex");
         let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
-        let cold = budget
-            .trip
-            .lock()
-            .expect("budget mutex")
-            .let_go
-            .is_none_or(|l| l < now - idle);
+        let (now, accepted, advertised, hold, cold) = {
+            let mut local = budget.local();
+            let now = asked + chrono::Duration::microseconds(local.lookahead_us);
+            let cold = local.trip.let_go.is_none_or(|l| l < now - idle);
+            let accepted = std::mem::take(&mut local.accepted);
+            (now, accepted, local.advertised.take(), local.hold, cold)
+        };
         let spread = if cold { 1.0 + COLD_SPREAD } else { 1.0 };
         let horizon = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
         let slice = self
@@ -662,24 +667,22 @@ impl Pacer {
             .await
             .inspect_err(|_| {
                 // Not counted yet: the next lease reports them.
-                budget.accepted.fetch_add(accepted, Ordering::Relaxed);
+                budget.local().accepted += accepted;
             });
         let (slice, tat) = slice?;
-        if let Some(&first) = slice.slots.first() {
-            let mut paces = budget.paces.lock().expect("budget mutex");
-            if paces.len() == RECENT_PACES {
-                paces.pop_front();
-            }
-            paces.push_back((first, slice.rate));
-        }
-        *budget.booked_until.lock().expect("budget mutex") = slice.spent_until.or(tat);
         let round_trip = (self.clock.now() - asked)
             .to_std()
             .unwrap_or_default()
             .min(MAX_LOOKAHEAD / 2);
-        budget
-            .lookahead_us
-            .store(2 * round_trip.as_micros() as u64, Ordering::Relaxed);
+        let mut local = budget.local();
+        if let Some(&first) = slice.slots.first() {
+            if local.paces.len() == RECENT_PACES {
+                local.paces.pop_front();
+            }
+            local.paces.push_back((first, slice.rate));
+        }
+        local.booked_until = slice.spent_until.or(tat);
+        local.lookahead_us = 2 * round_trip.as_micros() as i64;
         Ok((slice.slots, slice.spent_until))
     }
 }
@@ -765,20 +768,20 @@ mod tests {
             DateTime::from_timestamp(1_800_000_000, 0).unwrap() + chrono::Duration::milliseconds(ms)
         };
         assert_eq!(
-            b.rate_at(t(0)),
+            b.local().rate_at(t(0)),
             100.0,
             "before any lease: the declared pace"
         );
         // A climbing pace: each quarter second's lease books faster slots.
         for (i, rate) in [9.0, 9.5, 10.0, 10.5].into_iter().enumerate() {
-            b.paces.lock().unwrap().push_back((t(250 * i as i64), rate));
+            b.local().paces.push_back((t(250 * i as i64), rate));
         }
-        assert_eq!(b.rate(), 10.5);
+        assert_eq!(b.local().rate(), 10.5);
         assert_eq!(
-            b.rate_at(t(300)),
+            b.local().rate_at(t(300)),
             9.5,
             "the lease whose slots began by then"
         );
-        assert_eq!(b.rate_at(t(750)), 10.5);
+        assert_eq!(b.local().rate_at(t(750)), 10.5);
     }
 }
