@@ -1,10 +1,18 @@
 //! The rule's lease: which job may execute for the rule now (owner + expiry on
-//! `rules`), taken, renewed with the run's heartbeat, and given back.
+//! `rules`), taken, renewed with the run's heartbeat, and given back; and freed by the
+//! rescuer for processes that are gone. Every statement on the lease columns is here, and
+//! only here is the owner's form known: `<worker>/<job id>`.
 
 use chrono::{DateTime, Duration, Utc};
 use sqlx::PgExecutor;
 
 use super::JobContext;
+
+/// The owner of a lease taken by job `task_id` of process `worker`: the job's own (a retry
+/// of the same apalis job may take it again), not the process's.
+pub fn owner(worker: &str, task_id: &str) -> String {
+    format!("{worker}/{task_id}")
+}
 
 /// Takes the rule's lease for `owner` until `now + length`, unless another owner holds
 /// an unexpired one; a job that gets it beats on its run at once, so a run resumed
@@ -78,6 +86,65 @@ pub async fn release(
         "UPDATE rules SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2",
         rule_id,
         owner
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Frees every lease a job of process `worker` holds (the process stops cleanly).
+pub async fn release_all_of(db: impl PgExecutor<'_>, worker: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE rules SET lease_owner = NULL, lease_until = NULL
+         WHERE split_part(lease_owner, '/', 1) = $1",
+        worker
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Frees the leases held by processes that are dead: registered, and not alive by
+/// `courier_worker_alive` (their beat older than `cutoff`, if given, or their session gone
+/// since `grace`).
+pub async fn release_of_dead(
+    db: impl PgExecutor<'_>,
+    cutoff: Option<DateTime<Utc>>,
+    grace: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE rules SET lease_owner = NULL, lease_until = NULL
+         WHERE lease_owner IS NOT NULL AND NOT EXISTS (
+             SELECT 1 FROM workers w
+             WHERE w.name = split_part(rules.lease_owner, '/', 1)
+               AND courier_worker_alive(w, COALESCE($1::timestamptz, '-infinity'), $2))
+           AND EXISTS (SELECT 1 FROM workers w WHERE w.name = split_part(rules.lease_owner, '/', 1))",
+        cutoff,
+        grace
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Locks the lease rows of `rules` (ascending id) inside the caller's transaction: taken
+/// before their runs, the order of a chain job's lease statements, so the two never wait
+/// on each other in a circle.
+pub async fn lock(db: impl PgExecutor<'_>, rules: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "SELECT id FROM rules WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        rules
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(())
+}
+
+/// Frees the leases of `rules`, whoever holds them (their runs were moved on to new jobs).
+pub async fn release_rules(db: impl PgExecutor<'_>, rules: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE rules SET lease_owner = NULL, lease_until = NULL WHERE id = ANY($1)",
+        rules
     )
     .execute(db)
     .await?;

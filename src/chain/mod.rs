@@ -17,7 +17,7 @@ pub mod call;
 pub mod claim;
 pub mod classify;
 pub mod context;
-mod lease;
+pub mod lease;
 pub mod settle;
 pub mod triage;
 
@@ -78,9 +78,9 @@ pub async fn execute(
     task_id: &str,
 ) -> Result<JobOutcome, ChainError> {
     let now = engine.clock.now();
-    // The lease belongs to this job (a retry of the same apalis job may take it again);
-    // the next job of the chain, even in this process, waits for it.
-    let owner = format!("{}/{task_id}", engine.worker_name);
+    // The lease belongs to this job; the next job of the chain, even in this process,
+    // waits for it.
+    let owner = lease::owner(&engine.worker_name, task_id);
     let lease_for = lease_length(engine);
     let leased = engine
         .retry_outage(|| lease::acquire(&engine.pool, ctx, task_id, &owner, now, lease_for))
@@ -106,7 +106,7 @@ pub async fn execute(
 /// Gives back the rule's lease this job holds (after its outcome is committed, or after
 /// it failed); a lease left behind only expires.
 pub async fn release_lease(engine: &Engine, ctx: &JobContext, task_id: &str) {
-    let owner = format!("{}/{task_id}", engine.worker_name);
+    let owner = lease::owner(&engine.worker_name, task_id);
     if let Err(e) = lease::release(&engine.pool, ctx.rule_id, &owner).await {
         tracing::warn!(rule = ctx.rule_id, error = %e, "could not release the rule's lease; it expires");
     }

@@ -27,6 +27,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    chain::lease,
     engine::Engine,
     queue::{self, CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, ChainJob},
 };
@@ -142,13 +143,7 @@ impl<'a> Rescuer<'a> {
     pub async fn release_own(&self) -> Result<Vec<String>, sqlx::Error> {
         let engine = self.engine;
         let mut tx = engine.pool.begin().await?;
-        sqlx::query!(
-            "UPDATE rules SET lease_owner = NULL, lease_until = NULL
-             WHERE split_part(lease_owner, '/', 1) = $1",
-            engine.worker_name
-        )
-        .execute(&mut *tx)
-        .await?;
+        lease::release_all_of(&mut *tx, &engine.worker_name).await?;
         let released = sqlx::query_scalar!(
             "UPDATE apalis.jobs SET status = 'Pending', lock_by = NULL, lock_at = NULL,
                     run_at = $3, attempts = LEAST(attempts, $4)
@@ -197,18 +192,7 @@ async fn requeue_dead(
     grace: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query!(
-        "UPDATE rules SET lease_owner = NULL, lease_until = NULL
-         WHERE lease_owner IS NOT NULL AND NOT EXISTS (
-             SELECT 1 FROM workers w
-             WHERE w.name = split_part(rules.lease_owner, '/', 1)
-               AND courier_worker_alive(w, COALESCE($1::timestamptz, '-infinity'), $2))
-           AND EXISTS (SELECT 1 FROM workers w WHERE w.name = split_part(rules.lease_owner, '/', 1))",
-        cutoff,
-        grace
-    )
-    .execute(&mut *tx)
-    .await?;
+    lease::release_of_dead(&mut *tx, cutoff, grace).await?;
     sqlx::query_scalar!(
         "UPDATE apalis.jobs j SET status = 'Pending', lock_by = NULL, lock_at = NULL,
                 run_at = $4, attempts = LEAST(attempts, $5)
@@ -254,15 +238,8 @@ async fn resume_stalled(
     if stalled.is_empty() {
         return Ok(Vec::new());
     }
-    // Rules first, then runs: the order of a chain job's lease statements, so the
-    // two never wait on each other in a circle.
     let rules: Vec<i64> = stalled.iter().map(|r| r.rule_id).collect();
-    sqlx::query!(
-        "SELECT id FROM rules WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-        &rules
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    lease::lock(&mut *tx, &rules).await?;
     let runs: Vec<i64> = stalled.iter().map(|r| r.id).collect();
     let old: Vec<Option<String>> = stalled.iter().map(|r| r.job_id.clone()).collect();
     let ids: Vec<String> = stalled.iter().map(|_| queue::new_job_id()).collect();
@@ -275,9 +252,7 @@ async fn resume_stalled(
                       WHERE runs.id = u.run AND runs.status = 'running'
                         AND runs.heartbeat_at < $5
                         AND runs.job_id IS NOT DISTINCT FROM u.old
-                      RETURNING runs.id, runs.rule_id, u.job),
-                l AS (UPDATE rules SET lease_owner = NULL, lease_until = NULL
-                      WHERE id IN (SELECT rule_id FROM r))
+                      RETURNING runs.id, runs.rule_id, u.job)
            SELECT id AS "id!", rule_id AS "rule_id!", job AS "job!" FROM r"#,
         &runs,
         &ids,
@@ -287,6 +262,8 @@ async fn resume_stalled(
     )
     .fetch_all(&mut *tx)
     .await?;
+    let moved_rules: Vec<i64> = moved.iter().map(|m| m.rule_id).collect();
+    lease::release_rules(&mut *tx, &moved_rules).await?;
     let jobs: Vec<(ChainJob, String)> = moved
         .into_iter()
         .map(|m| {
