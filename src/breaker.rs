@@ -111,6 +111,51 @@ pub async fn forget_unusable(db: impl sqlx::PgExecutor<'_>) -> Result<u64, sqlx:
     .rows_affected())
 }
 
+/// Marks connection `connection_id` unusable until `until` (its writer cannot be built):
+/// the dispatcher leaves it alone meanwhile, unless the catalog changes first.
+pub async fn set_unusable(
+    db: impl sqlx::PgExecutor<'_>,
+    connection_id: i64,
+    error: &str,
+    until: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE circuits SET unusable_error = $2, unusable_until = $3 WHERE connection_id = $1",
+        connection_id,
+        error,
+        until
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Makes run `run_id` the probe of connection `connection_id` (the circuit half-open) if
+/// the circuit is open and cooled down at `now`, or half-open with no active probe; false
+/// when another process started the probe first.
+pub async fn start_probe(
+    db: impl sqlx::PgExecutor<'_>,
+    connection_id: i64,
+    run_id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let claimed = sqlx::query!(
+        "UPDATE circuits c SET state = 'half_open', probe_run_id = $2, updated_at = $3
+         WHERE c.connection_id = $1
+           AND ((c.state = 'open' AND c.open_until <= $3)
+                OR (c.state = 'half_open' AND NOT EXISTS (
+                      SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
+                        AND p.id <> $2 AND p.active)))",
+        connection_id,
+        run_id,
+        now
+    )
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(claimed == 1)
+}
+
 /// Reads a connection's circuit, locking its row until the transaction ends.
 pub async fn lock(tx: &mut PgConnection, connection_id: i64) -> Result<Circuit, sqlx::Error> {
     let row = sqlx::query!(

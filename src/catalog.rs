@@ -545,6 +545,26 @@ pub async fn set_paused(
     Ok(was)
 }
 
+/// Marks rule `rule_id` unusable until `until` (its writer cannot serve its path): the
+/// dispatcher leaves it alone meanwhile, unless the catalog changes first (a trigger
+/// clears the mark).
+pub async fn set_rule_unusable(
+    db: impl PgExecutor<'_>,
+    rule_id: i64,
+    error: &str,
+    until: chrono::DateTime<chrono::Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE rules SET unusable_error = $2, unusable_until = $3 WHERE id = $1",
+        rule_id,
+        error,
+        until
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
 /// All connections, by name.
 pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>, sqlx::Error> {
     sqlx::query_as!(

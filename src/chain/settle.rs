@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 
 use super::{JobOutcome, context::JobContext};
 use crate::{
-    breaker,
+    breaker, catalog,
     engine::Engine,
     ledger::{self, Entry},
     queue::{self, ChainJob},
@@ -373,24 +373,7 @@ async fn mark_unusable(
 ) -> Result<(), sqlx::Error> {
     let until = now + UNUSABLE_COOLDOWN;
     match what {
-        Unusable::Connection => sqlx::query!(
-            "UPDATE circuits SET unusable_error = $2, unusable_until = $3 WHERE connection_id = $1",
-            ctx.connection.id,
-            error,
-            until
-        )
-        .execute(tx)
-        .await?,
-        Unusable::Rule => {
-            sqlx::query!(
-                "UPDATE rules SET unusable_error = $2, unusable_until = $3 WHERE id = $1",
-                ctx.rule_id,
-                error,
-                until
-            )
-            .execute(tx)
-            .await?
-        }
-    };
-    Ok(())
+        Unusable::Connection => breaker::set_unusable(tx, ctx.connection.id, error, until).await,
+        Unusable::Rule => catalog::set_rule_unusable(tx, ctx.rule_id, error, until).await,
+    }
 }

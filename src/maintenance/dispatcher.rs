@@ -11,6 +11,7 @@ use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    breaker,
     engine::Engine,
     runs::{self, WAKE_CHANNEL},
 };
@@ -87,21 +88,7 @@ impl<'a> Dispatcher<'a> {
             let Some(run_id) = run.first().map(|s| s.run_id) else {
                 continue;
             };
-            let claimed = sqlx::query!(
-                "UPDATE circuits c SET state = 'half_open', probe_run_id = $2, updated_at = $3
-                 WHERE c.connection_id = $1
-                   AND ((c.state = 'open' AND c.open_until <= $3)
-                        OR (c.state = 'half_open' AND NOT EXISTS (
-                              SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
-                                AND p.id <> $2 AND p.active)))",
-                c.connection_id,
-                run_id,
-                now
-            )
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if claimed == 0 {
+            if !breaker::start_probe(&mut *tx, c.connection_id, run_id, now).await? {
                 // Another process started the probe first.
                 tx.rollback().await?;
                 continue;
