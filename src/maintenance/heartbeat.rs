@@ -61,6 +61,19 @@ impl<'a> Heartbeat<'a> {
         Ok(gone.rows_affected())
     }
 
+    /// Notes the database role of process `worker`'s sessions (its queue listener's, as
+    /// `application_name` names it), by which the rescuer finds whether a session of it is
+    /// still connected.
+    pub async fn note_session_role(pool: &sqlx::PgPool, worker: &str) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            "UPDATE workers SET session_role = current_user WHERE name = $1",
+            worker
+        )
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
     /// Beats every `heartbeat_every` until `shutdown`, then removes this process's row.
     pub async fn run(self, shutdown: CancellationToken) {
         let period = self.engine.settings.heartbeat_every();

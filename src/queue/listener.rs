@@ -11,6 +11,7 @@ use sqlx::{PgPool, postgres::PgListener};
 use tokio_util::sync::CancellationToken;
 
 use super::{CHAIN_QUEUE, Fetcher, INSERT_CHANNEL};
+use crate::maintenance::heartbeat::Heartbeat;
 
 /// The first pause before subscribing again after a failure; doubles up to
 /// [`RESUBSCRIBE_MAX`].
@@ -115,10 +116,7 @@ async fn subscribe(pool: &PgPool, worker: &str) -> Result<PgListener, sqlx::Erro
             .bind(worker)
             .execute(&mut listener)
             .await?;
-        sqlx::query("UPDATE workers SET session_role = current_user WHERE name = $1")
-            .bind(worker)
-            .execute(pool)
-            .await?;
+        Heartbeat::note_session_role(pool, worker).await?;
     }
     listener.listen(INSERT_CHANNEL).await?;
     Ok(listener)
