@@ -87,17 +87,27 @@ pub struct Connection {
     pub reserve_percent: i16,
 }
 
+/// A connection's requests per minute as stored (`requests_per_minute`), else
+/// [`DEFAULT_REQUESTS_PER_MINUTE`](crate::writer::DEFAULT_REQUESTS_PER_MINUTE).
+pub fn rpm_or_default(stored: Option<i32>) -> u32 {
+    stored.map_or(crate::writer::DEFAULT_REQUESTS_PER_MINUTE, |r| {
+        r.max(1) as u32
+    })
+}
+
 impl Connection {
-    /// The limits its budget keeps: those declared, else `requests_per_minute` (or the
-    /// writer's `writer_rpm`) per minute. A stored limit courier cannot read is skipped
-    /// (the schema's check refuses malformed ones).
-    pub fn declared_limits(&self, writer_rpm: u32) -> Vec<Limit> {
+    /// The requests per minute it allows when it declares no limit ([`rpm_or_default`]).
+    pub fn rpm(&self) -> u32 {
+        rpm_or_default(self.requests_per_minute)
+    }
+
+    /// The limits its budget keeps: those declared, else [`Connection::rpm`] per minute. A
+    /// stored limit courier cannot read is skipped (the schema's check refuses malformed
+    /// ones).
+    pub fn declared_limits(&self) -> Vec<Limit> {
         let declared: Vec<Limit> = self.limits.iter().filter_map(|l| l.parse().ok()).collect();
         if declared.is_empty() {
-            let rpm = self
-                .requests_per_minute
-                .map_or(writer_rpm, |r| r.max(1) as u32);
-            return vec![Limit::per_minute(rpm)];
+            return vec![Limit::per_minute(self.rpm())];
         }
         limits::check(declared).unwrap_or_default()
     }

@@ -25,7 +25,7 @@ use prometheus_client::{
 };
 use sqlx::PgPool;
 
-use crate::{breaker, runs::RunStatus, writer};
+use crate::{breaker, catalog, runs::RunStatus};
 
 /// The content type of [`render`]'s text (OpenMetrics, which Prometheus reads).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -334,7 +334,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     .collect();
     let budgets = sqlx::query!(
         r#"SELECT courier_budget_key(c) AS "budget!",
-                  min(COALESCE(c.requests_per_minute, $2))::bigint AS "rpm!",
+                  array_agg(c.requests_per_minute) AS "rpms!: Vec<Option<i32>>",
                   min(array_to_string(c.limits, ' ')) AS "limits!",
                   max(c.reserve_percent) AS "reserve!", (array_agg(bu.state))[1] AS state,
                   courier_ts(max(b.blocked_until)) AS blocked_until
@@ -343,26 +343,32 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
            LEFT JOIN connection_blocks b
                   ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
            GROUP BY 1 ORDER BY 1"#,
-        now,
-        writer::DEFAULT_REQUESTS_PER_MINUTE as i32
+        now
     )
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
     .map(|r| {
-        let conn = crate::catalog::Connection {
-            requests_per_minute: Some(r.rpm as i32),
+        // Connections sharing a budget: the least of their rates.
+        let rpm = r.rpms.iter().map(|&x| catalog::rpm_or_default(x)).min();
+        let conn = catalog::Connection {
+            requests_per_minute: rpm.map(|x| x as i32),
             limits: r.limits.split_whitespace().map(str::to_owned).collect(),
             reserve_percent: r.reserve,
             ..Default::default()
         };
-        let limits = conn.declared_limits(r.rpm.max(1) as u32);
+        let limits = conn.declared_limits();
         let state = r
             .state
             .and_then(|s| serde_json::from_value(s).ok())
             .unwrap_or_default();
         let pace = crate::status::budget_pace(&state, &limits, conn.reserve(), now);
-        (r.budget, r.rpm, pace.effective_rpm, r.blocked_until)
+        (
+            r.budget,
+            i64::from(conn.rpm()),
+            pace.effective_rpm,
+            r.blocked_until,
+        )
     })
     .collect();
     let circuits = sqlx::query!(

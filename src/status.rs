@@ -231,8 +231,7 @@ async fn connections(
 ) -> Result<Vec<ConnectionStatus>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"SELECT c.name, c.writer, courier_budget_key(c) AS "budget_key!",
-                  COALESCE(c.requests_per_minute, $2) AS "requests_per_minute!",
-                  c.limits, c.reserve_percent,
+                  c.requests_per_minute, c.limits, c.reserve_percent,
                   COALESCE((SELECT sum(u.calls) FROM budget_calls u
                             WHERE u.budget_key = courier_budget_key(c)
                               AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
@@ -246,8 +245,7 @@ async fn connections(
            LEFT JOIN rules br ON br.id = b.rule_id
            LEFT JOIN budgets bu ON bu.budget_key = courier_budget_key(c)
            ORDER BY c.name"#,
-        now,
-        crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
+        now
     )
     .fetch_all(pool)
     .await?;
@@ -255,12 +253,12 @@ async fn connections(
         .into_iter()
         .map(|r| {
             let conn = Connection {
-                requests_per_minute: Some(r.requests_per_minute),
+                requests_per_minute: r.requests_per_minute,
                 limits: r.limits,
                 reserve_percent: r.reserve_percent,
                 ..Connection::default()
             };
-            let limits = conn.declared_limits(r.requests_per_minute.max(1) as u32);
+            let limits = conn.declared_limits();
             let state: BudgetState = r
                 .budget_state
                 .and_then(|s| serde_json::from_value(s).ok())
@@ -270,7 +268,7 @@ async fn connections(
                 name: r.name,
                 writer: r.writer,
                 budget_key: r.budget_key,
-                requests_per_minute: r.requests_per_minute,
+                requests_per_minute: conn.rpm() as i32,
                 limits: pace.limits,
                 used_last_minute: r.used_last_minute,
                 learned_rpm: pace.learned_rpm,
@@ -352,7 +350,7 @@ struct RuleRow {
     budget_key: String,
     weight: i32,
     records_per_call: i32,
-    requests_per_minute: i32,
+    requests_per_minute: Option<i32>,
     limits: Vec<String>,
     reserve_percent: i16,
     budget_state: Option<serde_json::Value>,
@@ -393,7 +391,7 @@ async fn rule_rows(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleRow>, sq
         RuleRow,
         r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   s.budget_key AS "budget_key!", ru.weight, ru.records_per_call,
-                  COALESCE(c.requests_per_minute, $2) AS "requests_per_minute!", c.limits,
+                  c.requests_per_minute, c.limits,
                   c.reserve_percent, bu.state AS "budget_state?",
                   CASE WHEN s.rule_paused AND s.connection_paused THEN 'rule, connection'
                        WHEN s.rule_paused THEN 'rule'
@@ -415,8 +413,7 @@ async fn rule_rows(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleRow>, sq
                             AND x.record_key = d.depends_on)) AS dependency
                FROM deliveries d WHERE d.rule_id = s.rule_id AND d.status = 'pending') p ON true
            ORDER BY s.rule"#,
-        now,
-        crate::writer::DEFAULT_REQUESTS_PER_MINUTE as i32
+        now
     )
     .fetch_all(pool)
     .await
@@ -427,12 +424,12 @@ impl RuleRow {
     /// declares and the budget's shared state.
     fn budget_rate(&self, now: DateTime<Utc>) -> f64 {
         let conn = Connection {
-            requests_per_minute: Some(self.requests_per_minute),
+            requests_per_minute: self.requests_per_minute,
             limits: self.limits.clone(),
             reserve_percent: self.reserve_percent,
             ..Connection::default()
         };
-        let limits = conn.declared_limits(self.requests_per_minute.max(1) as u32);
+        let limits = conn.declared_limits();
         let state: BudgetState = self
             .budget_state
             .clone()

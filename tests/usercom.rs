@@ -82,7 +82,11 @@ async fn each_operation_sends_its_request() {
     })
     .await;
     let w = writer(&t, TOKEN, 5_000);
-    assert_eq!(w.requests_per_minute(), 600, "User.com's 10/s by default");
+    assert_eq!(
+        courier::catalog::rpm_or_default(None),
+        600,
+        "User.com's 10/s by default"
+    );
     let user = json!({"custom_id": "c1", "email": "ann@example.com", "email_consent": true,
                       "unsubscribed": false});
     let cases: Vec<(&str, Value, &str, &str, Value)> = vec![

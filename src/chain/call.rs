@@ -131,7 +131,7 @@ async fn call_once(
     group: &[(usize, Arc<Claimed>)],
     stop: &Stop,
 ) -> Option<(Result<Written, WriteError>, Duration)> {
-    let limits = ctx.connection.declared_limits(writer.requests_per_minute());
+    let limits = ctx.connection.declared_limits();
     let reserve = ctx.connection.reserve();
     let weight = ctx.weight.max(1) as u32;
     let halted = || stop.stopped() || engine.shutdown.is_cancelled();

@@ -16,8 +16,8 @@ use futures::{FutureExt, future::BoxFuture};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{
-    Call, DEFAULT_REQUESTS_PER_MINUTE, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer,
-    WriterConfigError, Written, answer,
+    Call, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written,
+    answer,
     request::{self, RequestShape},
     secrets::{Secrets, is_secret_header},
 };
@@ -48,8 +48,6 @@ pub struct Endpoint {
     pub headers: HeaderMap,
     /// Per-request timeout.
     pub timeout: Duration,
-    /// Declared requests per minute: the connection's, else the writer's default.
-    pub requests_per_minute: u32,
     /// Calls in flight at once.
     pub max_in_flight: usize,
     /// The key and secret header values, hidden in every error text a target sends back.
@@ -84,9 +82,6 @@ impl Endpoint {
             client: client.clone(),
             headers,
             timeout: Duration::from_millis(conn.timeout_ms.max(1) as u64),
-            requests_per_minute: conn
-                .requests_per_minute
-                .map_or(DEFAULT_REQUESTS_PER_MINUTE, |r| r.max(1) as u32),
             max_in_flight: conn.max_in_flight.max(1) as usize,
             secrets,
         })
@@ -279,10 +274,6 @@ impl HttpJsonWriter {
 }
 
 impl Writer for HttpJsonWriter {
-    fn requests_per_minute(&self) -> u32 {
-        self.endpoint.requests_per_minute
-    }
-
     fn max_in_flight(&self) -> usize {
         self.endpoint.max_in_flight
     }

@@ -241,8 +241,6 @@ impl WriteError {
 
 /// Delivers records to one target connection.
 pub trait Writer: Send + Sync {
-    /// The rate the target allows, in requests per minute.
-    fn requests_per_minute(&self) -> u32;
     /// How many calls may be in flight at once.
     fn max_in_flight(&self) -> usize;
     /// How the target means `X-RateLimit-Reset` (see [`crate::ratelimit::headers`]): a delta

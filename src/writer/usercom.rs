@@ -390,10 +390,6 @@ impl UserComWriter {
 }
 
 impl Writer for UserComWriter {
-    fn requests_per_minute(&self) -> u32 {
-        self.endpoint.requests_per_minute
-    }
-
     fn max_in_flight(&self) -> usize {
         self.endpoint.max_in_flight
     }
