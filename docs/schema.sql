@@ -210,6 +210,31 @@ CREATE FUNCTION public.courier_budget_key(c public.connections) RETURNS text
     SELECT COALESCE(c.budget_key, 'connection:' || c.id)
 $$;
 
+CREATE TABLE public.circuits (
+    connection_id bigint NOT NULL,
+    state text DEFAULT 'closed'::text NOT NULL,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    times_opened integer DEFAULT 0 NOT NULL,
+    open_until timestamp with time zone,
+    probe_run_id bigint,
+    last_error text,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    unusable_error text,
+    unusable_until timestamp with time zone,
+    CONSTRAINT circuits_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
+    CONSTRAINT circuits_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
+    CONSTRAINT circuits_times_opened_check CHECK ((times_opened >= 0))
+);
+
+CREATE FUNCTION public.courier_circuit_wants_probe(c public.circuits, at timestamp with time zone, started bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (c.state = 'open' AND c.open_until <= at)
+        OR (c.state = 'half_open' AND NOT EXISTS (
+              SELECT 1 FROM runs p
+              WHERE p.id = c.probe_run_id AND p.id IS DISTINCT FROM started AND p.active))
+$$;
+
 CREATE FUNCTION public.courier_connection_changed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -473,22 +498,6 @@ CREATE TABLE public.budgets (
     state jsonb DEFAULT '{}'::jsonb NOT NULL,
     limits text[] DEFAULT '{}'::text[] NOT NULL,
     reserve_percent smallint DEFAULT 0 NOT NULL
-);
-
-CREATE TABLE public.circuits (
-    connection_id bigint NOT NULL,
-    state text DEFAULT 'closed'::text NOT NULL,
-    consecutive_failures integer DEFAULT 0 NOT NULL,
-    times_opened integer DEFAULT 0 NOT NULL,
-    open_until timestamp with time zone,
-    probe_run_id bigint,
-    last_error text,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    unusable_error text,
-    unusable_until timestamp with time zone,
-    CONSTRAINT circuits_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
-    CONSTRAINT circuits_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
-    CONSTRAINT circuits_times_opened_check CHECK ((times_opened >= 0))
 );
 
 CREATE TABLE public.connection_blocks (

@@ -131,8 +131,8 @@ pub async fn set_unusable(
 }
 
 /// Makes run `run_id` the probe of connection `connection_id` (the circuit half-open) if
-/// the circuit is open and cooled down at `now`, or half-open with no active probe; false
-/// when another process started the probe first.
+/// the circuit wants one at `now` (`courier_circuit_wants_probe`: open and cooled down, or
+/// half-open with no active probe); false when another process started the probe first.
 pub async fn start_probe(
     db: impl sqlx::PgExecutor<'_>,
     connection_id: i64,
@@ -141,11 +141,7 @@ pub async fn start_probe(
 ) -> Result<bool, sqlx::Error> {
     let claimed = sqlx::query!(
         "UPDATE circuits c SET state = 'half_open', probe_run_id = $2, updated_at = $3
-         WHERE c.connection_id = $1
-           AND ((c.state = 'open' AND c.open_until <= $3)
-                OR (c.state = 'half_open' AND NOT EXISTS (
-                      SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
-                        AND p.id <> $2 AND p.active)))",
+         WHERE c.connection_id = $1 AND courier_circuit_wants_probe(c, $3, $2)",
         connection_id,
         run_id,
         now

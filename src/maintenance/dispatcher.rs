@@ -72,10 +72,7 @@ impl<'a> Dispatcher<'a> {
                FROM circuits c
                JOIN connections k ON k.id = c.connection_id
                WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1)
-                 AND ((c.state = 'open' AND c.open_until <= $1)
-                  OR (c.state = 'half_open' AND NOT EXISTS (
-                        SELECT 1 FROM runs p WHERE p.id = c.probe_run_id
-                          AND p.active)))"#,
+                 AND courier_circuit_wants_probe(c, $1, NULL)"#,
             now
         )
         .fetch_all(&self.engine.pool)
