@@ -31,9 +31,6 @@ pub const BUCKETS: i64 = 60;
 /// A budget whose slots all lay this far in the past was idle: the count of accepted
 /// calls a 429 measures starts afresh.
 pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
-/// The learned pace never goes below this share of the declared one: a target answering
-/// nothing but 429 (a spent quota nobody declared) is left to its blocks.
-pub const MIN_SHARE: f64 = 0.05;
 /// How long a statement from the target's headers holds unless restated (seconds).
 pub const ADVERTISED_FOR: f64 = 600.0;
 const SECOND: chrono::Duration = chrono::Duration::seconds(1);
@@ -220,17 +217,11 @@ impl BudgetState {
     }
 
     /// The pace (requests per second) at `now`: the rate of the shortest window in force
-    /// ([`BudgetState::limits`]) or the learned rate, the lesser; the learned rate never
-    /// below [`MIN_SHARE`] of it (nor below one call a minute, unless the limit itself is
-    /// slower).
+    /// ([`BudgetState::limits`]) or the learned rate, as [`Learned::pace`] decides.
     pub fn rate(&self, declared: &[Limit], params: &Params, now: DateTime<Utc>) -> f64 {
         let limits = self.limits(declared, now);
         let pace = limits.first().map_or(f64::MAX, Limit::per_second);
-        let floor = (pace * MIN_SHARE).max(super::controller::MIN_RATE);
-        match self.learned.rate(params, pace, now) {
-            Some(l) => pace.min(l.max(floor)),
-            None => pace,
-        }
+        self.learned.pace(params, pace, now)
     }
 
     /// Leases up to `ask.n` slots from `now` on, honouring every limit in force (shortest
