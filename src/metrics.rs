@@ -332,7 +332,31 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     .into_iter()
     .map(|r| (r.status, r.runs))
     .collect();
-    let budgets = sqlx::query!(
+    let budgets = budgets(&mut tx, now).await?;
+    let circuits = sqlx::query!(
+        r#"SELECT c.name, ci.state::text AS "state!"
+           FROM connections c JOIN circuits ci ON ci.connection_id = c.id ORDER BY c.name"#
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|r| (r.name, r.state))
+    .collect();
+    tx.commit().await?;
+    Ok(Shared {
+        backlog,
+        runs,
+        budgets,
+        circuits,
+    })
+}
+
+/// Each budget's declared and effective requests per minute and its block's end, if blocked.
+async fn budgets(
+    tx: &mut sqlx::PgConnection,
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, i64, f64, Option<DateTime<Utc>>)>, sqlx::Error> {
+    Ok(sqlx::query!(
         r#"SELECT courier_budget_key(c) AS "budget!",
                   array_agg(c.requests_per_minute) AS "rpms!: Vec<Option<i32>>",
                   min(array_to_string(c.limits, ' ')) AS "limits!",
@@ -345,7 +369,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
            GROUP BY 1 ORDER BY 1"#,
         now
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(tx)
     .await?
     .into_iter()
     .map(|r| {
@@ -370,23 +394,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
             r.blocked_until,
         )
     })
-    .collect();
-    let circuits = sqlx::query!(
-        r#"SELECT c.name, ci.state::text AS "state!"
-           FROM connections c JOIN circuits ci ON ci.connection_id = c.id ORDER BY c.name"#
-    )
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|r| (r.name, r.state))
-    .collect();
-    tx.commit().await?;
-    Ok(Shared {
-        backlog,
-        runs,
-        budgets,
-        circuits,
-    })
+    .collect())
 }
 
 /// The whole exposition: this process's counters, then the database's figures as gauges.
