@@ -72,7 +72,8 @@ async fn slots_are_spaced_across_processes_and_budgets_are_independent() {
                 e.pacer
                     .acquire("ws:shared", &[Limit::per_minute(600)], 0, rule, 1)
                     .await
-                    .unwrap(),
+                    .unwrap()
+                    .at,
             );
         }
         slots
@@ -97,7 +98,8 @@ async fn slots_are_spaced_across_processes_and_budgets_are_independent() {
         .pacer
         .acquire("ws:other", &[Limit::per_minute(600)], 0, 1, 1)
         .await
-        .unwrap();
+        .unwrap()
+        .at;
     let first = Span::from_std(courier::ratelimit::pacer::FIRST_LOOKAHEAD).unwrap();
     assert!(
         other <= a.clock.now() + first + Span::milliseconds(1),
@@ -326,7 +328,8 @@ async fn requests_that_stopped_waiting_book_no_slots() {
         .pacer
         .acquire("ws:k", &[Limit::per_minute(600)], 0, 1, 1)
         .await
-        .unwrap();
+        .unwrap()
+        .at;
     let interval = Span::from_std(courier::ratelimit::pacer::emission_interval(600)).unwrap();
     assert!(
         slot <= start + interval * 3,
@@ -377,7 +380,12 @@ async fn a_process_first_slice_on_a_budget_is_spaced_wider_until_it_has_called()
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
     let limits = [Limit::per_minute(600)];
-    let slot = || e.pacer.acquire("ws:k", &limits, 0, 1, 1);
+    let slot = || async {
+        e.pacer
+            .acquire("ws:k", &limits, 0, 1, 1)
+            .await
+            .map(|s| s.at)
+    };
     let gap = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).to_std().unwrap();
     // No call of this process on the budget yet: its first calls go out cold, their slots
     // (a slice of two at 600/min) 5% further apart.
@@ -513,7 +521,8 @@ async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_
         .pacer
         .acquire(&key, &[Limit::per_minute(60)], 0, 1, 1)
         .await
-        .unwrap();
+        .unwrap()
+        .at;
     assert!(slot >= booked - Span::milliseconds(1), "{slot} vs {booked}");
 
     courier::maintenance::dispatcher::Dispatcher::new(&engine)
@@ -610,7 +619,8 @@ async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
         .pacer
         .acquire(&key, &[Limit::per_minute(600)], 0, 1, 1)
         .await
-        .unwrap();
+        .unwrap()
+        .at;
     assert!(slot >= until - Span::milliseconds(1), "{slot} vs {until}");
     let (_, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
     assert_eq!((learned, effective), (None, 4.0));
@@ -633,8 +643,9 @@ async fn what_a_429_teaches_one_process_paces_every_other() {
     a.pacer.answered("ws:k", 10);
     a.clock.advance(Span::milliseconds(100));
     let sent = a.clock.now();
+    let paced = a.pacer.effective_rate("ws:k").unwrap();
     a.pacer
-        .throttled("ws:k", sent, Duration::from_secs(1))
+        .throttled("ws:k", sent, paced, Duration::from_secs(1))
         .await
         .unwrap();
     let at = a.clock.now() + Span::seconds(1);

@@ -73,7 +73,8 @@ async fn slots_booked_by_hosts_an_hour_apart_are_spaced_as_one_budget() {
                 e.pacer
                     .acquire("ws:shared", &[Limit::per_minute(600)], 0, rule, 1)
                     .await
-                    .unwrap(),
+                    .unwrap()
+                    .at,
             );
         }
         slots

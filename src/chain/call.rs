@@ -25,8 +25,19 @@ pub struct Answered {
     /// answer decides: those the call carried, or none for a call refused as a whole and
     /// split (its halves were sent again and answer for them).
     pub indices: Vec<usize>,
-    /// The answer and how long the call took; `None` when the call was not made.
-    pub answer: Option<(Result<Written, WriteError>, Duration)>,
+    /// The call, `None` when it was not made.
+    pub answer: Option<Made>,
+}
+
+/// A call made.
+#[derive(Debug)]
+pub struct Made {
+    /// The target's answer.
+    pub result: Result<Written, WriteError>,
+    /// How long the call took.
+    pub elapsed: Duration,
+    /// The pace its slot was booked at (requests per second).
+    pub paced: f64,
 }
 
 /// Tells calls not yet started to stay unsent, and those waiting for a slot to give up.
@@ -86,7 +97,7 @@ fn call_group<'a>(
                 true => None,
                 false => call_once(engine, ctx, writer, &group, stop).await,
             };
-            if let Some((Err(e), _)) = &answer
+            if let Some(Made { result: Err(e), .. }) = &answer
                 && group.len() > 1
                 && refuses_content(e)
             {
@@ -102,8 +113,14 @@ fn call_group<'a>(
                 };
                 return Some((answered, (todo, limited)));
             }
-            let limited =
-                limited || matches!(&answer, Some((Err(WriteError::RateLimited { .. }), _)));
+            let limited = limited
+                || matches!(
+                    &answer,
+                    Some(Made {
+                        result: Err(WriteError::RateLimited { .. }),
+                        ..
+                    })
+                );
             Some((Answered { indices, answer }, (todo, limited)))
         },
     )
@@ -130,7 +147,7 @@ async fn call_once(
     writer: &dyn Writer,
     group: &[(usize, Arc<Claimed>)],
     stop: &Stop,
-) -> Option<(Result<Written, WriteError>, Duration)> {
+) -> Option<Made> {
     let limits = ctx.connection.declared_limits();
     let reserve = ctx.connection.reserve();
     let weight = ctx.weight.max(1) as u32;
@@ -143,28 +160,28 @@ async fn call_once(
     let slot = async {
         let asked = Instant::now();
         loop {
-            let at = engine
+            let slot = engine
                 .pacer
                 .acquire(key, &limits, reserve, ctx.rule_id, weight)
                 .await?;
-            engine.clock.sleep_until_precise(at).await;
+            engine.clock.sleep_until_precise(slot.at).await;
             // The target said its budget is spent until later than this slot
             // (remaining 0): a new slot, from then on.
-            if engine.pacer.held_until(key).is_none_or(|h| h <= at) {
+            if engine.pacer.held_until(key).is_none_or(|h| h <= slot.at) {
                 let mut go = engine.clock.now();
                 while let Err(later) = engine.pacer.depart(key, go) {
                     engine.clock.sleep_until_precise(later).await;
                     go = later.max(engine.clock.now());
                 }
                 engine.metrics.pacer_waited(key, asked.elapsed());
-                return Ok::<_, crate::ratelimit::pacer::PacerError>(go);
+                return Ok::<_, crate::ratelimit::pacer::PacerError>((go, slot.paced));
             }
         }
     };
     // A stop does not wait for slots: the deliveries stay pending, untouched.
-    let go = tokio::select! {
+    let (go, paced) = tokio::select! {
         waited = slot => match waited {
-            Ok(go) => go,
+            Ok(granted) => granted,
             Err(e @ crate::ratelimit::pacer::PacerError::Spent(_)) => {
                 tracing::debug!(reason = %e, "no request slot; deliveries left pending");
                 stop.stop();
@@ -198,7 +215,11 @@ async fn call_once(
     let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
     engine.pacer.returned(key, go, trip);
     counted(engine, ctx, &result, records.len());
-    Some((result, started.elapsed()))
+    Some(Made {
+        result,
+        elapsed: started.elapsed(),
+        paced,
+    })
 }
 
 /// A call of `n` records answered `result`, in the process's metrics.

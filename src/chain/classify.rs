@@ -46,6 +46,7 @@ pub fn budget_answer(
     result: &Result<Written, WriteError>,
     reset_kind: ResetKind,
     sent: DateTime<Utc>,
+    paced: f64,
 ) -> Answer<'_> {
     static NONE: std::sync::LazyLock<reqwest::header::HeaderMap> =
         std::sync::LazyLock::new(reqwest::header::HeaderMap::new);
@@ -59,6 +60,7 @@ pub fn budget_answer(
         headers,
         reset_kind,
         sent,
+        paced,
     }
 }
 

@@ -495,14 +495,19 @@ impl Job<'_> {
         let (engine, ctx) = (self.engine, self.ctx);
         let call::Answered { indices, answer } = answered;
         let ids = || indices.iter().map(|&i| claimed[i].id);
-        let Some((result, elapsed)) = answer else {
+        let Some(call::Made {
+            result,
+            elapsed,
+            paced,
+        }) = answer
+        else {
             called.not_attempted.extend(ids());
             return;
         };
         let at = engine.clock.now();
         let sent = at - Duration::from_std(elapsed).unwrap_or_default();
         let key = &ctx.connection.budget_key;
-        let heard = classify::budget_answer(&result, writer.reset_kind(), sent);
+        let heard = classify::budget_answer(&result, writer.reset_kind(), sent, paced);
         match engine.pacer.hear(key, heard, at).await {
             Verdict::GoOn => {}
             Verdict::Spent {

@@ -47,6 +47,8 @@ pub struct Answer<'a> {
     pub reset_kind: ResetKind,
     /// When the call left.
     pub sent: DateTime<Utc>,
+    /// The pace its slot was booked at (requests per second).
+    pub paced: f64,
 }
 
 /// What the chain does after an answer.
@@ -94,7 +96,7 @@ impl Pacer {
                 // A wait the answer named goes before its headers' reset.
                 let wait = wait.or(statement.reset);
                 let block = blocks::block_length(wait);
-                if let Err(e) = self.throttled(key, answer.sent, block).await {
+                if let Err(e) = self.throttled(key, answer.sent, answer.paced, block).await {
                     tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                 }
                 return Verdict::Block { wait, raw };

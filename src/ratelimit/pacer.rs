@@ -58,10 +58,6 @@ pub const COLD_SPREAD: f64 = 0.05;
 /// calls.
 const RECENT_TRIPS: usize = 32;
 
-/// The leases a process remembers the pace of per budget, so that a 429 answered after
-/// later leases still reports the pace its call was booked at (a quarter second each).
-const RECENT_PACES: usize = 16;
-
 /// A long window spent for longer than this stops the waiting calls (their deliveries stay
 /// pending); the chain's next job waits in the queue until the window has room.
 pub const SPENT_WAIT: Duration = Duration::from_secs(1);
@@ -87,7 +83,18 @@ pub fn cold_interval_for(rpm: f64) -> Duration {
 }
 
 /// What a waiting request gets: its slot, or the time a spent window frees.
-type Slot = Result<DateTime<Utc>, DateTime<Utc>>;
+/// A request slot: when the call may go out, and the pace (requests per second) the slot
+/// was booked at, which a 429 on the call reports as the pace refused.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Slot {
+    /// When the call may go out.
+    pub at: DateTime<Utc>,
+    /// The pace of the lease that booked it.
+    pub paced: f64,
+}
+
+/// What a waiting request gets: a slot, or when a spent long window frees.
+type Granted = Result<Slot, DateTime<Utc>>;
 
 /// Per-rule fair queue of waiting requests.
 #[derive(Default)]
@@ -97,13 +104,13 @@ struct FairQueue {
     /// The stamp of each rule's latest request.
     last: HashMap<i64, f64>,
     /// Waiting requests by (stamp, arrival order).
-    waiting: BTreeMap<(u64, u64), oneshot::Sender<Slot>>,
+    waiting: BTreeMap<(u64, u64), oneshot::Sender<Granted>>,
     /// Arrival counter, to keep equal stamps in arrival order.
     seq: u64,
 }
 
 impl FairQueue {
-    fn push(&mut self, rule: i64, weight: u32, tx: oneshot::Sender<Slot>) {
+    fn push(&mut self, rule: i64, weight: u32, tx: oneshot::Sender<Granted>) {
         let start = self
             .last
             .get(&rule)
@@ -117,7 +124,7 @@ impl FairQueue {
         self.waiting.insert((stamp.to_bits(), self.seq), tx);
     }
 
-    fn pop(&mut self) -> Option<oneshot::Sender<Slot>> {
+    fn pop(&mut self) -> Option<oneshot::Sender<Granted>> {
         let ((stamp, _), tx) = self.waiting.pop_first()?;
         self.now_virtual = f64::from_bits(stamp);
         Some(tx)
@@ -163,7 +170,7 @@ impl Budget {
 /// What a process keeps of a budget between leases.
 struct Local {
     /// Leased slots not yet handed out.
-    slots: VecDeque<DateTime<Utc>>,
+    slots: VecDeque<Slot>,
     /// Requests waiting for a slot, in fair turn.
     queue: FairQueue,
     /// Whether a lease is under way.
@@ -173,9 +180,9 @@ struct Local {
     /// How far ahead of now a lease starts (microseconds): twice the last lease's round
     /// trip, so the slots are still fresh when they arrive, however fast the rate.
     lookahead_us: i64,
-    /// The first slot and the pace (requests per second) of this process's latest
-    /// [`RECENT_PACES`] leases, oldest first (before any lease: the declared pace).
-    paces: VecDeque<(DateTime<Utc>, f64)>,
+    /// The pace (requests per second) of this process's latest lease (before any: the
+    /// declared pace).
+    rate: f64,
     /// Calls the target accepted (answered other than 429) not yet reported to the budget
     /// row; the next lease adds them.
     accepted: u64,
@@ -192,14 +199,13 @@ struct Local {
 
 impl Local {
     fn new(declared: &[Limit]) -> Self {
-        let first = declared.first().map_or(f64::MAX, Limit::per_second);
         Self {
             slots: VecDeque::new(),
             queue: FairQueue::default(),
             leasing: false,
             granted: 0,
             lookahead_us: FIRST_LOOKAHEAD.as_micros() as i64,
-            paces: VecDeque::from([(DateTime::<Utc>::MIN_UTC, first)]),
+            rate: declared.first().map_or(f64::MAX, Limit::per_second),
             accepted: 0,
             advertised: None,
             hold: None,
@@ -210,15 +216,7 @@ impl Local {
 
     /// The pace the latest lease booked its slots at.
     fn rate(&self) -> f64 {
-        self.paces.back().map_or(f64::MAX, |p| p.1)
-    }
-
-    /// The pace the slot of a call sent at `sent` was booked at: that of the latest lease
-    /// whose slots began by then.
-    fn rate_at(&self, sent: DateTime<Utc>) -> f64 {
-        let paces = &self.paces;
-        let booked = paces.iter().rev().find(|p| p.0 <= sent).or(paces.front());
-        booked.map_or(f64::MAX, |p| p.1)
+        self.rate
     }
 }
 
@@ -295,8 +293,8 @@ impl Pacer {
         self.budgets.lock().expect("pacer mutex").get(key).cloned()
     }
 
-    /// A call on budget `key` sent at `sent` met a 429 whose block lasts `block`: the
-    /// target allows less than the pace its slot was booked at. The controller learns from
+    /// A call on budget `key` sent at `sent` on a slot booked at pace `paced` met a 429
+    /// whose block lasts `block`: the target allows less than that pace. The controller learns from
     /// it in the budget's row (shared by every process, see
     /// [`controller`](super::controller)); slots this process leased are dropped, and the
     /// shared booking is cut back to the end of the block.
@@ -304,15 +302,16 @@ impl Pacer {
         &self,
         key: &str,
         sent: DateTime<Utc>,
+        paced: f64,
         block: Duration,
     ) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
-        let (pending, paced) = {
+        let pending = {
             let mut local = b.local();
             local.slots.clear();
-            (std::mem::take(&mut local.accepted), local.rate_at(sent))
+            std::mem::take(&mut local.accepted)
         };
         let now = self.clock.now();
         let block_end = now + chrono::Duration::from_std(block).unwrap_or_default();
@@ -395,7 +394,7 @@ impl Pacer {
         if let Some(b) = self.known(key) {
             let mut local = b.local();
             local.hold = Some(local.hold.map_or(until, |h| h.max(until)));
-            local.slots.retain(|&s| s >= until);
+            local.slots.retain(|s| s.at >= until);
         }
     }
 
@@ -427,7 +426,7 @@ impl Pacer {
             return None;
         }
         let free = match local.slots.front() {
-            Some(&slot) => slot,
+            Some(slot) => slot.at,
             None => local.booked_until?,
         };
         Some(free).filter(|&t| t > self.clock.now())
@@ -510,8 +509,8 @@ impl Pacer {
     }
 
     /// Waits for the next request slot of budget `key` on behalf of `rule`, and returns
-    /// the time the request may go out. The caller sleeps until then
-    /// ([`Clock::sleep_until`]); one slot is one request.
+    /// it: the time the request may go out and the pace it was booked at. The caller
+    /// sleeps until then ([`Clock::sleep_until`]); one slot is one request.
     pub async fn acquire(
         self: &Arc<Self>,
         key: &str,
@@ -519,7 +518,7 @@ impl Pacer {
         reserve: u8,
         rule: i64,
         weight: u32,
-    ) -> Result<DateTime<Utc>, PacerError> {
+    ) -> Result<Slot, PacerError> {
         let budget = self.budget(key, limits, reserve);
         let (tx, rx) = oneshot::channel();
         let need_lease = {
@@ -559,7 +558,7 @@ impl Pacer {
             let Some(slot) = st.slots.pop_front() else {
                 return;
             };
-            if slot < stale {
+            if slot.at < stale {
                 continue; // unused in its time: spending it late would make a burst
             }
             if let Some(tx) = st.queue.pop() {
@@ -584,7 +583,7 @@ impl Pacer {
                 let mut st = budget.local();
                 let next = match result {
                     Ok((slots, spent)) => {
-                        let last = slots.last().copied();
+                        let last = slots.last().map(|s| s.at);
                         st.slots.extend(slots);
                         let spent_wait = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
                         match (last, spent) {
@@ -631,7 +630,7 @@ impl Pacer {
     async fn lease_slice(
         &self,
         budget: &Budget,
-    ) -> Result<(Vec<DateTime<Utc>>, Option<DateTime<Utc>>), PacerError> {
+    ) -> Result<(Vec<Slot>, Option<DateTime<Utc>>), PacerError> {
         // Timed on the engine's clock: a manual one stands still through the round trip, so
         // a test's leases start where it put the clock, whatever the database's speed.
         let asked = self.clock.now();
@@ -675,15 +674,18 @@ impl Pacer {
             .unwrap_or_default()
             .min(MAX_LOOKAHEAD / 2);
         let mut local = budget.local();
-        if let Some(&first) = slice.slots.first() {
-            if local.paces.len() == RECENT_PACES {
-                local.paces.pop_front();
-            }
-            local.paces.push_back((first, slice.rate));
+        if !slice.slots.is_empty() {
+            local.rate = slice.rate;
         }
         local.booked_until = slice.spent_until.or(tat);
         local.lookahead_us = 2 * round_trip.as_micros() as i64;
-        Ok((slice.slots, slice.spent_until))
+        let paced = slice.rate;
+        let slots = slice
+            .slots
+            .into_iter()
+            .map(|at| Slot { at, paced })
+            .collect();
+        Ok((slots, slice.spent_until))
     }
 }
 
@@ -748,7 +750,13 @@ mod tests {
         }
         let now = Utc::now();
         for _ in 0..8 {
-            q.pop().unwrap().send(Ok(now)).unwrap();
+            q.pop()
+                .unwrap()
+                .send(Ok(Slot {
+                    at: now,
+                    paced: 1.0,
+                }))
+                .unwrap();
         }
         for (rule, mut rx) in rxs {
             if rx.try_recv().is_ok() {
@@ -760,28 +768,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_429_reports_the_pace_its_slot_was_booked_at() {
+    async fn a_slot_carries_the_pace_it_was_booked_at() {
         let pool = PgPool::connect_lazy("postgres://127.0.0.1/unused").unwrap();
-        let pacer = Pacer::new(pool, Clock::system());
-        let b = pacer.budget("k", &[Limit::new(100, 1)], 0);
-        let t = |ms| {
-            DateTime::from_timestamp(1_800_000_000, 0).unwrap() + chrono::Duration::milliseconds(ms)
-        };
+        let pacer = Arc::new(Pacer::new(pool, Clock::system()));
+        let limits = [Limit::new(100, 1)];
+        let b = pacer.budget("k", &limits, 0);
         assert_eq!(
-            b.local().rate_at(t(0)),
+            b.local().rate(),
             100.0,
             "before any lease: the declared pace"
         );
-        // A climbing pace: each quarter second's lease books faster slots.
-        for (i, rate) in [9.0, 9.5, 10.0, 10.5].into_iter().enumerate() {
-            b.local().paces.push_back((t(250 * i as i64), rate));
+        // Slots of a climbing pace, leased before: each keeps the pace of its lease, so a
+        // 429 on a call reports the pace that call went out at, not the latest.
+        let now = Utc::now() + chrono::Duration::seconds(1);
+        for (i, paced) in [9.0, 9.5, 10.0].into_iter().enumerate() {
+            let at = now + chrono::Duration::milliseconds(100 * i as i64);
+            b.local().slots.push_back(Slot { at, paced });
         }
-        assert_eq!(b.local().rate(), 10.5);
-        assert_eq!(
-            b.local().rate_at(t(300)),
-            9.5,
-            "the lease whose slots began by then"
-        );
-        assert_eq!(b.local().rate_at(t(750)), 10.5);
+        b.local().rate = 10.5;
+        for paced in [9.0, 9.5, 10.0] {
+            let slot = pacer.acquire("k", &limits, 0, 1, 1).await.unwrap();
+            assert_eq!(slot.paced, paced);
+        }
     }
 }
