@@ -302,8 +302,9 @@ impl Feeding {
 impl Job<'_> {
     /// Calls the writer for the deliveries of `first` (the job's first batch) with no
     /// transaction open, classifying each answer into `tally` and committing it as it
-    /// comes (one commit at a time, the calls going on meanwhile), while beating on the run. Once every call of the batch has started (the
-    /// tail is in flight) the next batch is claimed and its calls follow, up to
+    /// comes (one commit at a time, the calls going on meanwhile), while beating on the
+    /// run. Once every call of the batch has started (the tail is in flight) the next batch
+    /// is claimed, the calls going on meanwhile, and its calls follow, up to
     /// [`BATCHES_PER_JOB`]. A 429 or a call that opens the circuit stops the rest; so does
     /// a shutdown (calls already in flight finish).
     async fn deliver(

@@ -1,9 +1,10 @@
 //! The tooling of the `courier` command line that is more than a call into the engine:
-//! the end-to-end [`demo`], the private PostgreSQL [`cluster`] it and the benchmark harness
-//! (`crates/courier-bench`) may start, the live [`progress`] line, the [`tables`] people read, and the
-//! worker's metrics and dashboard server ([`web`]). The binary (`src/main.rs`) parses arguments and hands over to the
-//! engine library (`courier`), the local target (`courier_target`) or these modules; they
-//! are a library so this crate's tests can run them.
+//! the end-to-end [`demo`], the private PostgreSQL [`cluster`] it and the benchmark
+//! harness (`crates/courier-bench`) may start, the live [`progress`] line, the [`tables`]
+//! people read, and the worker's metrics and dashboard server ([`web`]). The binary
+//! (`src/main.rs`) parses arguments and hands over to the engine library (`courier`), the
+//! local target (`courier_target`) or these modules; they are a library so this crate's
+//! tests (and the benchmark harness) can use them.
 
 pub mod cluster;
 pub mod demo;
