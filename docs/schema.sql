@@ -210,6 +210,12 @@ CREATE FUNCTION public.courier_budget_key(c public.connections) RETURNS text
     SELECT COALESCE(c.budget_key, 'connection:' || c.id)
 $$;
 
+CREATE FUNCTION public.courier_chain_job(run_id bigint, rule_id bigint) RETURNS bytea
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT convert_to(json_build_object('run_id', run_id, 'rule_id', rule_id)::text, 'UTF8')
+$$;
+
 CREATE TABLE public.circuits (
     connection_id bigint NOT NULL,
     state text DEFAULT 'closed'::text NOT NULL,

@@ -8,7 +8,7 @@ use sqlx::{PgConnection, PgExecutor};
 
 use crate::{
     ledger::Outcome,
-    queue::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, new_job_id},
+    queue::{self, ChainJob, new_job_id},
 };
 
 /// The channel that wakes the dispatcher (deliveries inserted, a run finished).
@@ -116,10 +116,8 @@ pub struct Started {
 }
 
 /// Starts a run for each rule in `rule_ids` that has none active (the unique partial index
-/// decides races), each with its first chain job, due now; returns the runs started. One
-/// statement, so a pass that starts thousands of runs sends the rule ids once and gets
-/// back two numbers per run: the job's payload is the [`ChainJob`](crate::queue::ChainJob)
-/// JSON, built in SQL from the row just inserted (a test reads it back as one).
+/// decides races), each with its first chain job, due now ([`queue::push`]); returns the
+/// runs started. Two statements, however many runs a pass starts.
 pub async fn start(
     tx: &mut PgConnection,
     rule_ids: &[i64],
@@ -128,27 +126,28 @@ pub async fn start(
 ) -> Result<Vec<Started>, sqlx::Error> {
     let job_ids: Vec<String> = rule_ids.iter().map(|_| new_job_id()).collect();
     let rows = sqlx::query!(
-        r#"WITH started AS (
-               INSERT INTO runs (rule_id, job_id, started_by, started_at, heartbeat_at)
-               SELECT u.r, u.j, $3, $4, $4 FROM unnest($1::bigint[], $2::text[]) AS u(r, j)
-               ON CONFLICT (rule_id) WHERE active DO NOTHING
-               RETURNING id, rule_id, job_id),
-           jobs AS (
-               INSERT INTO apalis.jobs (id, job_type, job, max_attempts)
-               SELECT job_id, $5,
-                      convert_to(json_build_object('run_id', id, 'rule_id', rule_id)::text, 'UTF8'),
-                      $6
-               FROM started)
-           SELECT id, rule_id FROM started"#,
+        r#"INSERT INTO runs (rule_id, job_id, started_by, started_at, heartbeat_at)
+           SELECT u.r, u.j, $3, $4, $4 FROM unnest($1::bigint[], $2::text[]) AS u(r, j)
+           ON CONFLICT (rule_id) WHERE active DO NOTHING
+           RETURNING id, rule_id, job_id AS "job_id!""#,
         rule_ids,
         &job_ids,
         started_by,
-        now,
-        CHAIN_QUEUE,
-        CHAIN_JOB_MAX_ATTEMPTS as i32
+        now
     )
-    .fetch_all(tx)
+    .fetch_all(&mut *tx)
     .await?;
+    let jobs: Vec<(ChainJob, String)> = rows
+        .iter()
+        .map(|r| {
+            let job = ChainJob {
+                run_id: r.id,
+                rule_id: r.rule_id,
+            };
+            (job, r.job_id.clone())
+        })
+        .collect();
+    queue::push(tx, &jobs).await?;
     Ok(rows
         .into_iter()
         .map(|r| Started {

@@ -37,8 +37,8 @@ pub const CHAIN_QUEUE: &str = "courier.chain";
 /// past this, its run is left to the reaper.
 pub const CHAIN_JOB_MAX_ATTEMPTS: usize = 3;
 
-/// The payload of a chain job: ids only, so a payload can never go stale or grow.
-/// [`runs::start`](crate::runs::start) writes the same JSON in SQL.
+/// The payload of a chain job: ids only, so a payload can never go stale or grow. Pushed
+/// jobs are encoded in SQL by `courier_chain_job` ([`push`]); read back by serde.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct ChainJob {
     /// The run this job belongs to.
@@ -64,21 +64,17 @@ pub async fn push(tx: &mut PgConnection, jobs: &[(ChainJob, String)]) -> Result<
     if jobs.is_empty() {
         return Ok(());
     }
-    let (payloads, ids): (Vec<Vec<u8>>, Vec<String>) = jobs
-        .iter()
-        .map(|(job, id)| {
-            (
-                serde_json::to_vec(job).expect("ChainJob serialises"),
-                id.clone(),
-            )
-        })
-        .unzip();
+    let ids: Vec<&str> = jobs.iter().map(|(_, id)| id.as_str()).collect();
+    let runs: Vec<i64> = jobs.iter().map(|(job, _)| job.run_id).collect();
+    let rules: Vec<i64> = jobs.iter().map(|(job, _)| job.rule_id).collect();
     sqlx::query!(
         "INSERT INTO apalis.jobs (id, job_type, job, max_attempts)
-         SELECT u.id, $2, u.job, $4 FROM unnest($1::text[], $3::bytea[]) AS u(id, job)",
-        &ids,
+         SELECT u.id, $2, courier_chain_job(u.run, u.rule), $5
+         FROM unnest($1::text[], $3::bigint[], $4::bigint[]) AS u(id, run, rule)",
+        &ids as &[&str],
         CHAIN_QUEUE,
-        &payloads,
+        &runs,
+        &rules,
         CHAIN_JOB_MAX_ATTEMPTS as i32
     )
     .execute(tx)
