@@ -274,7 +274,7 @@ enum Feed {
 
 /// The deliveries a job claimed and the calls it queued for them.
 struct Feeding {
-    /// Every delivery claimed so far; calls name them by index.
+    /// Every delivery claimed so far, in id order; calls name them by index.
     claimed: Vec<Arc<Claimed>>,
     /// Sends calls to the call stage; `None` once no batch is left (the calls stream ends
     /// when the queued ones have answered).
@@ -535,13 +535,11 @@ impl Job<'_> {
         let metrics = &engine.metrics;
         for entry in &judged.entries {
             metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+            // The job's deliveries are claimed in id order, batch after batch.
             if entry.outcome == crate::ledger::Outcome::Delivered
-                && let Some(d) = indices
-                    .iter()
-                    .map(|&i| &claimed[i])
-                    .find(|d| d.id == entry.delivery_id)
+                && let Ok(i) = claimed.binary_search_by_key(&entry.delivery_id, |d| d.id)
             {
-                metrics.delivered_after(&ctx.rule_name, entry.at - d.created_at);
+                metrics.delivered_after(&ctx.rule_name, entry.at - claimed[i].created_at);
             }
         }
         called.not_attempted.extend(judged.undecided);
