@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    controller::{Learned, Params},
+    controller::{IDLE_AFTER, Learned, Params, Sample},
     limits::{Limit, usable_quota},
 };
 
@@ -28,14 +28,8 @@ pub const HEADROOM: f64 = 0.02;
 /// Buckets a long window is counted in: a spent window waits at most a bucket (1/60 of
 /// it) longer than an exact count would.
 pub const BUCKETS: i64 = 60;
-/// A budget whose slots all lay this far in the past was idle: the count of accepted
-/// calls a 429 measures starts afresh.
-pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a statement from the target's headers holds unless restated (seconds).
 pub const ADVERTISED_FOR: f64 = 600.0;
-const SECOND: chrono::Duration = chrono::Duration::seconds(1);
-/// The most slots of a stretch's first second kept (see [`BudgetState::first_second_us`]).
-const FIRST_SECOND_MOST: usize = 1000;
 
 /// The slots of one long window, in buckets of `window / BUCKETS`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,17 +51,9 @@ pub struct BudgetState {
     /// What 429s taught.
     #[serde(default)]
     pub learned: Learned,
-    /// Calls the target accepted since `stretch_from` (the last cut, or the start of the
-    /// busy stretch).
-    #[serde(default)]
-    pub accepted: u64,
-    /// Where the stretch the next 429 measures began.
-    pub stretch_from: Option<DateTime<Utc>>,
-    /// The slots leased in the stretch's first second by every process, in microseconds
-    /// after `stretch_from` (at most [`FIRST_SECOND_MOST`]); kept a second more for answers
-    /// still on their way, then dropped, so a busy budget's row stays small.
-    #[serde(default)]
-    pub first_second_us: Vec<u32>,
+    /// What the target let through, for the next 429 to measure.
+    #[serde(flatten)]
+    pub sample: Sample,
     /// The limits the target's headers stated, and when.
     pub advertised: Option<(Vec<Limit>, DateTime<Utc>)>,
     /// No slot before this: the target said its budget is spent until then.
@@ -232,7 +218,10 @@ impl BudgetState {
     pub fn lease(&mut self, params: &Params, now: DateTime<Utc>, ask: &SliceRequest) -> Slice {
         self.sync_windows(&self.limits(ask.limits, now));
         self.hold = self.hold.filter(|&h| h > now);
-        self.follow_stretch(now, ask.accepted);
+        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
+        let was_idle = self.tat.is_none_or(|t| t < now - idle);
+        self.sample
+            .follow(&self.learned, was_idle, now, ask.accepted);
         let rate = self.rate(ask.limits, params, now);
         let step = interval(rate / ask.spread);
         let mut t = micros(
@@ -273,23 +262,6 @@ impl BudgetState {
         }
     }
 
-    /// Starts a new stretch for the next 429 to measure when the budget was idle (or none
-    /// began yet), lets the first second's slots go once no answer to them can still come,
-    /// and counts `accepted` calls answered since the process's last lease.
-    fn follow_stretch(&mut self, now: DateTime<Utc>, accepted: u64) {
-        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
-        let was_idle = self.tat.is_none_or(|t| t < now - idle);
-        if was_idle || self.stretch_from.is_none() {
-            self.stretch_from = Some(self.learned.since.map_or(now, |s| s.max(now)));
-            self.accepted = 0;
-            self.first_second_us.clear();
-        }
-        if self.stretch_from.is_some_and(|f| now >= f + SECOND * 2) {
-            self.first_second_us = Vec::new();
-        }
-        self.accepted += accepted;
-    }
-
     /// The earliest time from `t` (microseconds) at which every long window has room, each
     /// holding its quota in `quotas`.
     fn room_from(&self, mut t: i64, quotas: &[u32]) -> i64 {
@@ -307,20 +279,12 @@ impl BudgetState {
         }
     }
 
-    /// Books a slot at `t` (microseconds): counted in every long window, and kept among the
-    /// stretch's first second's slots when it falls in that second.
+    /// Books a slot at `t` (microseconds): counted in every long window and in the sample.
     fn book(&mut self, t: i64) {
         for s in &mut self.spent {
             s.count(t);
         }
-        if let Some(from) = self.stretch_from {
-            let after = t - micros(from);
-            if after < SECOND.num_microseconds().expect("fits")
-                && self.first_second_us.len() < FIRST_SECOND_MOST
-            {
-                self.first_second_us.push(after.max(0) as u32);
-            }
-        }
+        self.sample.book(at_micros(t));
     }
 
     /// Keeps one count per long limit (every declared limit but the shortest), dropping
@@ -340,11 +304,9 @@ impl BudgetState {
     }
 
     /// A call sent at `sent`, paced at `paced`, met a 429 at `now` whose block ends at
-    /// `block_end`; `accepted` calls were answered since the process's last lease. Teaches
-    /// the controller what the target let through: the calls accepted since the stretch
-    /// began, or, for a call refused in the stretch's first second, the calls every process
-    /// sent before it in that second (all let through; no process's count lags). Drops the
-    /// booking past the block. Returns whether it cut.
+    /// `block_end`; `accepted` calls were answered since the process's last lease. The
+    /// controller learns from the sample ([`Sample::measure`]); a cut starts a new sample and
+    /// drops the booking past the block. Returns whether it cut.
     pub fn refused(
         &mut self,
         params: &Params,
@@ -354,28 +316,13 @@ impl BudgetState {
         now: DateTime<Utc>,
         block_end: DateTime<Utc>,
     ) -> bool {
-        self.accepted += accepted;
-        let from = self.stretch_from.unwrap_or(now);
-        let secs =
-            |to: DateTime<Utc>| ((to - from).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0);
-        let (through, stretch) = if sent < from + SECOND {
-            let sent_after = (sent - from).num_microseconds().unwrap_or(0);
-            let before = self
-                .first_second_us
-                .iter()
-                .filter(|&&s| i64::from(s) < sent_after)
-                .count() as u64;
-            (before.max(self.accepted), secs(sent))
-        } else {
-            (self.accepted, secs(now))
-        };
+        self.sample.accepted += accepted;
+        let (through, stretch) = self.sample.measure(sent, now);
         let cut = self
             .learned
             .refused(params, paced, through, stretch, now, block_end);
         if cut {
-            self.first_second_us.clear();
-            self.accepted = 0;
-            self.stretch_from = self.learned.since;
+            self.sample.restart(self.learned.since);
             self.tat = self.tat.map(|t| t.min(block_end));
         }
         cut
@@ -395,7 +342,7 @@ impl BudgetState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ratelimit::controller::PARAMS;
+    use crate::ratelimit::controller::{FIRST_SECOND_MOST, PARAMS};
 
     fn t0() -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000, 0).unwrap()
@@ -549,11 +496,15 @@ mod tests {
         for _ in 0..40 {
             st.lease(&PARAMS, t0(), &ask(&[], 0, h));
         }
-        assert_eq!(st.first_second_us.len(), FIRST_SECOND_MOST);
+        assert_eq!(st.sample.first_second_us.len(), FIRST_SECOND_MOST);
         // Two seconds into the stretch, no answer is still on its way from its first.
-        st.lease(&PARAMS, t0() + SECOND * 2, &ask(&[], 0, h));
-        assert!(st.first_second_us.is_empty());
-        assert_eq!(st.first_second_us.capacity(), 0);
+        st.lease(
+            &PARAMS,
+            t0() + chrono::Duration::seconds(2),
+            &ask(&[], 0, h),
+        );
+        assert!(st.sample.first_second_us.is_empty());
+        assert_eq!(st.sample.first_second_us.capacity(), 0);
     }
 
     #[test]

@@ -15,9 +15,9 @@
 //!    between a plain cut and the ceiling (`ceiling × (1 + decrease) / 2`), closing the gap
 //!    with time constant `approach`: the limit lies between the two.
 //! 3. A 429 that ends at least `hold` seconds without one remembers the pace that held
-//!    (**held**). If the last cut came within `memory` seconds of that and left the ceiling
-//!    below `decrease × held` (the limit dropped, as when another client shares the
-//!    account), the pace climbs towards held instead, from `approach` seconds after it.
+//!    (**held**). If a cut within `memory` seconds of that left the ceiling below a plain
+//!    cut of held (the limit dropped, as when another client shares the account), the pace
+//!    climbs towards held instead, from `approach` seconds after it.
 //! 4. After `quiet` times the last block without a 429 the ceiling itself grows by `probe`
 //!    per second: a limit that rose is found again, and a refused probe costs at most one
 //!    block in `quiet`. Back at the declared rate, nothing is learned.
@@ -25,6 +25,9 @@
 //! The effective rate is the least of the declared pace, this learned rate and what the
 //! target's headers advertise. [`Learned::by`] labels what the last 429 did, for
 //! diagnostics only: nothing reads it back.
+//!
+//! The rule's input is the [`Sample`]: the calls the target let through since the last cut
+//! (or since the budget got busy), kept in the budget's row beside what was learned.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -49,8 +52,6 @@ pub struct Params {
     pub hold: f64,
     /// Seconds after a held pace is remembered during which cuts still climb back to it.
     pub memory: f64,
-    /// The learned pace never falls below this share of the declared pace.
-    pub floor: f64,
 }
 
 /// The parameters courier runs with (fitted in the simulator, `src/ratelimit/sim.rs`).
@@ -63,13 +64,22 @@ pub const PARAMS: Params = Params {
     probe: 0.02,
     hold: 15.0,
     memory: 15.0,
-    floor: 0.05,
 };
 
-/// The slowest learned pace: one request a minute.
+/// The slowest learned pace: one request a minute (a declared limit slower than that is
+/// kept).
 pub const MIN_RATE: f64 = 1.0 / 60.0;
-/// The largest exponent the probe grows by (keeps `exp` finite on a budget quiet for days).
+/// A budget whose slots all lay this far in the past was idle: its sample starts afresh,
+/// and a process's first slice after it is cold (see `pacer::COLD_SPREAD`).
+pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Not tunables: bounds that keep the state finite.
+/// The largest exponent the probe grows by (past any real rate; keeps `exp` finite on a
+/// budget quiet for days).
 const MAX_GROWTH: f64 = 40.0;
+/// The most slots of a sample's first second kept (see [`Sample::first_second_us`]).
+pub const FIRST_SECOND_MOST: usize = 1000;
+const SECOND: chrono::Duration = chrono::Duration::seconds(1);
 
 /// What a budget has learned; the default is nothing.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -94,12 +104,11 @@ fn secs(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
 
 impl Learned {
     /// The pace in force at `now` (requests per second): `declared` (the shortest window
-    /// in force), or the learned pace below it, never under `floor` of `declared` nor under
-    /// [`MIN_RATE`] unless `declared` itself is slower.
+    /// in force), or the learned pace below it, never under [`MIN_RATE`] unless `declared`
+    /// itself is slower.
     pub fn pace(&self, p: &Params, declared: f64, now: DateTime<Utc>) -> f64 {
-        let floor = (declared * p.floor).max(MIN_RATE);
         match self.rate(p, declared, now) {
-            Some(l) => declared.min(l.max(floor)),
+            Some(l) => declared.min(l.max(MIN_RATE)),
             None => declared,
         }
     }
@@ -121,7 +130,7 @@ impl Learned {
         let probing = (s - p.quiet * block).max(0.0);
         let grown = top * (p.probe * probing).min(MAX_GROWTH).exp();
         let rate = grown - (grown - from) * (-t / p.approach).exp();
-        (rate < declared).then_some(rate.max(MIN_RATE))
+        (rate < declared).then_some(rate)
     }
 
     /// A call booked at pace `paced` (requests per second) met a 429 at `now`, after the
@@ -151,7 +160,7 @@ impl Learned {
             if measured < p.decrease {
                 // Refused within a second: a window let its quota through.
                 let ceiling = if stretch < 1.0 {
-                    (paced * measured / p.decrease).max(MIN_RATE)
+                    paced * measured / p.decrease
                 } else {
                     paced
                 };
@@ -162,12 +171,83 @@ impl Learned {
                 (1.0 - (1.0 - p.decrease) * p.hold / held_for, paced, "cut")
             }
         };
-        self.base = (paced * share).max(MIN_RATE);
+        self.base = paced * share;
         self.ceiling = ceiling;
         self.since = Some(block_end.max(now));
         self.last_429 = Some(now);
         self.by = by.to_owned();
         true
+    }
+}
+
+/// What the target let through since the last cut, or since the budget got busy: the
+/// calls accepted (every process reports its own at its next lease), and the slots every
+/// process booked in the sample's first second (a window that lets its quota through at
+/// once refuses within it, before any count arrives).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Calls the target accepted since `stretch_from`.
+    #[serde(default)]
+    pub accepted: u64,
+    /// Where the sample began.
+    pub stretch_from: Option<DateTime<Utc>>,
+    /// The slots booked in the sample's first second, in microseconds after
+    /// `stretch_from` (at most [`FIRST_SECOND_MOST`]); kept a second more for answers still
+    /// on their way, then dropped, so a busy budget's row stays small.
+    #[serde(default)]
+    pub first_second_us: Vec<u32>,
+}
+
+impl Sample {
+    /// At a lease at `now`: a budget that `was_idle` (or never sampled) starts afresh, from
+    /// the end of the last cut's block if that is later; the first second's slots go once no
+    /// answer to them can still come; and `accepted` calls answered are counted.
+    pub fn follow(&mut self, learned: &Learned, was_idle: bool, now: DateTime<Utc>, accepted: u64) {
+        if was_idle || self.stretch_from.is_none() {
+            self.restart(Some(learned.since.map_or(now, |s| s.max(now))));
+        }
+        if self.stretch_from.is_some_and(|f| now >= f + SECOND * 2) {
+            self.first_second_us = Vec::new();
+        }
+        self.accepted += accepted;
+    }
+
+    /// Starts afresh from `from`.
+    pub fn restart(&mut self, from: Option<DateTime<Utc>>) {
+        self.stretch_from = from;
+        self.accepted = 0;
+        self.first_second_us.clear();
+    }
+
+    /// Books a slot at `t`: kept among the first second's slots when it falls in it.
+    pub fn book(&mut self, t: DateTime<Utc>) {
+        if let Some(from) = self.stretch_from {
+            let after = (t - from).num_microseconds().unwrap_or(i64::MAX);
+            if after < SECOND.num_microseconds().expect("fits")
+                && self.first_second_us.len() < FIRST_SECOND_MOST
+            {
+                self.first_second_us.push(after.max(0) as u32);
+            }
+        }
+    }
+
+    /// For a call sent at `sent` and refused at `now`: the calls let through and over how
+    /// many seconds. Refused in the sample's first second, the calls every process sent
+    /// before it in that second were let through (no process's count lags); later, the
+    /// calls accepted up to now.
+    pub fn measure(&self, sent: DateTime<Utc>, now: DateTime<Utc>) -> (u64, f64) {
+        let from = self.stretch_from.unwrap_or(now);
+        if sent < from + SECOND {
+            let sent_after = (sent - from).num_microseconds().unwrap_or(0);
+            let before = self
+                .first_second_us
+                .iter()
+                .filter(|&&s| i64::from(s) < sent_after)
+                .count() as u64;
+            (before.max(self.accepted), secs(from, sent).max(0.0))
+        } else {
+            (self.accepted, secs(from, now).max(0.0))
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-pub use super::budget::{HEADROOM, IDLE_AFTER};
+pub use super::{budget::HEADROOM, controller::IDLE_AFTER};
 use super::{
     budget::{BudgetState, SliceRequest, interval},
     controller::PARAMS,
