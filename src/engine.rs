@@ -79,9 +79,10 @@ impl Engine {
 
     /// An engine whose notion of "now" comes from `clock` (tests pass a manual one).
     pub fn with_clock(pool: PgPool, settings: Settings, clock: Clock) -> Self {
+        let blocks = Arc::new(Blocks::default());
         Self {
-            pacer: Arc::new(Pacer::new(pool.clone(), clock.clone())),
-            blocks: Arc::new(Blocks::default()),
+            pacer: Arc::new(Pacer::new(pool.clone(), clock.clone(), blocks.clone())),
+            blocks,
             health: Health::new(clock.clone()),
             metrics: Arc::new(Metrics::new()),
             http_addr: std::sync::OnceLock::new(),

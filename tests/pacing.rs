@@ -109,6 +109,32 @@ async fn slots_are_spaced_across_processes_and_budgets_are_independent() {
 }
 
 #[tokio::test]
+async fn a_block_another_process_met_holds_back_the_slots_this_one_leases() {
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let limits = [Limit::per_minute(600)];
+    let now = e.clock.now();
+    // Another process met a 429 naming one second: its block arrives here by NOTIFY.
+    let until = now + Span::seconds(1);
+    e.blocks.set("ws:k", until);
+    assert_eq!(e.pacer.held_until("ws:k"), Some(until));
+    let slot = e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
+    // (Slots are whole microseconds.)
+    assert!(
+        slot.at + Span::microseconds(1) > until,
+        "a slot at {} inside the block until {until}",
+        slot.at
+    );
+    // A block longer than a batch sits out stops the waiting calls, like a spent window.
+    let long = now + Span::seconds(30);
+    e.blocks.set("ws:j", long);
+    match e.pacer.acquire("ws:j", &limits, 0, 1, 1).await {
+        Err(courier::ratelimit::pacer::PacerError::Spent(at)) => assert_eq!(at, long),
+        other => panic!("expected the block's end, got {other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn a_block_holds_every_connection_of_its_budget_key_in_every_process() {
     let db = TestDb::new().await;
     let target = Target::start(0).await.unwrap();
@@ -613,15 +639,22 @@ async fn a_target_stating_nothing_left_blocks_the_budget_before_any_429() {
     let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
     assert_eq!(report.rules[0].state, "waiting");
     // No 429 was met: nothing learned; the stated quota (4/min) is the advertised rate,
-    // reported to the budget with the process's next lease, whose slot is past the reset.
+    // reported to the budget with the process's next lease. Until the reset, a call asking
+    // for a slot is told the budget is spent until then; after it, it gets one.
     let key = budget_key(&db.pool).await;
+    let limits = [Limit::per_minute(600)];
+    match engine.pacer.acquire(&key, &limits, 0, 1, 1).await {
+        Err(courier::ratelimit::pacer::PacerError::Spent(at)) => assert_eq!(at, until),
+        other => panic!("expected the reset {until}, got {other:?}"),
+    }
+    engine.clock.advance(until - engine.clock.now());
     let slot = engine
         .pacer
-        .acquire(&key, &[Limit::per_minute(600)], 0, 1, 1)
+        .acquire(&key, &limits, 0, 1, 1)
         .await
         .unwrap()
         .at;
-    assert!(slot >= until - Span::milliseconds(1), "{slot} vs {until}");
+    assert!(slot + Span::milliseconds(1) >= until, "{slot} vs {until}");
     let (_, learned, effective) = rates(&db.pool, &key, engine.clock.now()).await;
     assert_eq!((learned, effective), (None, 4.0));
     let report = status::report(&db.pool, engine.clock.now()).await.unwrap();

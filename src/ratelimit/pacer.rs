@@ -23,12 +23,13 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-pub use super::{budget::HEADROOM, controller::IDLE_AFTER};
 use super::{
+    blocks::Blocks,
     budget::{BudgetState, SliceRequest, interval},
     controller::PARAMS,
     limits::Limit,
 };
+pub use super::{budget::HEADROOM, controller::IDLE_AFTER};
 use crate::clock::Clock;
 
 /// A slot may still be spent this late (or the interval's [`HEADROOM`], if longer: a call
@@ -238,6 +239,9 @@ pub struct Pacer {
     pool: PgPool,
     /// Where "now" comes from.
     clock: Clock,
+    /// The 429 blocks this process knows (its own, and others' by NOTIFY): no slot of a
+    /// blocked budget goes out before the block ends.
+    blocks: Arc<Blocks>,
     /// Budgets this process has used, by key.
     budgets: Mutex<HashMap<String, Arc<Budget>>>,
 }
@@ -263,10 +267,11 @@ pub enum PacerError {
 
 impl Pacer {
     /// A pacer over the budgets in `pool`.
-    pub fn new(pool: PgPool, clock: Clock) -> Self {
+    pub fn new(pool: PgPool, clock: Clock, blocks: Arc<Blocks>) -> Self {
         Self {
             pool,
             clock,
+            blocks,
             budgets: Mutex::new(HashMap::new()),
         }
     }
@@ -318,13 +323,17 @@ impl Pacer {
         let cut = self
             .with_state(&b, |st| {
                 st.refused(&PARAMS, paced, pending, sent, now, block_end)
+                    .then(|| st.learned.clone())
             })
             .await
             .inspect_err(|_| b.local().accepted += pending)?;
-        if cut {
+        if let Some(learned) = cut {
             tracing::debug!(
                 budget = key,
                 paced,
+                by = learned.by,
+                base = learned.base,
+                ceiling = learned.ceiling,
                 "a 429: the budget's learned rate is lowered"
             );
         }
@@ -398,12 +407,13 @@ impl Pacer {
         }
     }
 
-    /// Until when this process holds budget `key` back (see [`Pacer::hold`]), if later
-    /// than now: a slot granted before then is given up for a new one.
+    /// Until when budget `key` is held back, if later than now: by a 429's block (whichever
+    /// process met it) or by this process's hold (see [`Pacer::hold`]). A slot granted
+    /// before then is given up for a new one.
     pub fn held_until(&self, key: &str) -> Option<DateTime<Utc>> {
-        let b = self.known(key)?;
-        let hold = b.local().hold;
-        hold.filter(|&h| h > self.clock.now())
+        let hold = self.known(key).and_then(|b| b.local().hold);
+        let block = self.blocks.until(key);
+        hold.max(block).filter(|&h| h > self.clock.now())
     }
 
     /// The rate (requests per second) this process paces budget `key` at, as its last
@@ -634,16 +644,23 @@ impl Pacer {
         // Timed on the engine's clock: a manual one stands still through the round trip, so
         // a test's leases start where it put the clock, whatever the database's speed.
         let asked = self.clock.now();
+        // A blocked budget books from the block's end; a block longer than a batch sits out
+        // fails the waiting requests like a spent window.
+        let blocked = self.blocks.until(&budget.key).filter(|&b| b > asked);
+        let spent_wait = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
+        if let Some(until) = blocked.filter(|&b| b > asked + spent_wait) {
+            return Ok((Vec::new(), Some(until)));
+        }
         let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
         let (now, accepted, advertised, hold, cold) = {
             let mut local = budget.local();
-            let now = asked + chrono::Duration::microseconds(local.lookahead_us);
+            let ahead = asked + chrono::Duration::microseconds(local.lookahead_us);
+            let now = blocked.map_or(ahead, |b| b.max(ahead));
             let cold = local.trip.let_go.is_none_or(|l| l < now - idle);
             let accepted = std::mem::take(&mut local.accepted);
             (now, accepted, local.advertised.take(), local.hold, cold)
         };
         let spread = if cold { 1.0 + COLD_SPREAD } else { 1.0 };
-        let horizon = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
         let slice = self
             .with_state(budget, |st| {
                 if let Some(limits) = advertised {
@@ -658,7 +675,7 @@ impl Pacer {
                     n: u32::MAX,
                     spread,
                     accepted,
-                    horizon,
+                    horizon: spent_wait,
                 };
                 let slice = st.lease(&PARAMS, now, &ask);
                 (slice, st.tat)
@@ -770,7 +787,7 @@ mod tests {
     #[tokio::test]
     async fn a_slot_carries_the_pace_it_was_booked_at() {
         let pool = PgPool::connect_lazy("postgres://127.0.0.1/unused").unwrap();
-        let pacer = Arc::new(Pacer::new(pool, Clock::system()));
+        let pacer = Arc::new(Pacer::new(pool, Clock::system(), Arc::default()));
         let limits = [Limit::new(100, 1)];
         let b = pacer.budget("k", &limits, 0);
         assert_eq!(
