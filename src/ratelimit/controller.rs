@@ -20,7 +20,9 @@
 //!    climbs towards held instead, from `approach` seconds after it.
 //! 4. After `quiet` times the last block without a 429 the ceiling itself grows by `probe`
 //!    per second: a limit that rose is found again, and a refused probe costs at most one
-//!    block in `quiet`. Back at the declared rate, nothing is learned.
+//!    block in `quiet`. A ceiling no call was refused at (a window's quota, estimated in
+//!    its first second) grows at once: a burst let through at once says little of the
+//!    rate that follows. Back at the declared rate, nothing is learned.
 //!
 //! The effective rate is the least of the declared pace, this learned rate and what the
 //! target's headers advertise. [`Learned::by`] labels what the last 429 did, for
@@ -88,8 +90,12 @@ pub struct Learned {
     pub since: Option<DateTime<Utc>>,
     /// The pace right after the cut (requests per second).
     pub base: f64,
-    /// The pace the last 429 refused.
+    /// Where the limit lies at most: the pace the last 429 refused, or below it the quota
+    /// a window let through in its first second.
     pub ceiling: f64,
+    /// The pace the last 429 refused.
+    #[serde(default)]
+    pub refused: f64,
     /// The pace that held for `hold` seconds before a 429, and when it was remembered.
     pub held: Option<(f64, DateTime<Utc>)>,
     /// When the last 429 that cut came.
@@ -125,9 +131,13 @@ impl Learned {
             Some((h, _)) if s > p.approach => (h, self.ceiling.min(h), s - p.approach),
             _ => (self.ceiling * (1.0 + p.decrease) / 2.0, self.base, s),
         };
-        // The cut's block (its 429 came when it began) sets how long the quiet lasts.
+        // The cut's block (its 429 came when it began) sets how long the quiet lasts. A
+        // ceiling estimated from a window's quota (no call was refused at it) and not
+        // climbing back to a held pace probes at once.
         let block = self.last_429.map_or(0.0, |at| secs(at, since));
-        let probing = (s - p.quiet * block).max(0.0);
+        let estimated = held.is_none() && self.ceiling < self.refused;
+        let quiet = if estimated { 0.0 } else { p.quiet * block };
+        let probing = (s - quiet).max(0.0);
         let grown = top * (p.probe * probing).min(MAX_GROWTH).exp();
         let rate = grown - (grown - from) * (-t / p.approach).exp();
         (rate < declared).then_some(rate)
@@ -173,6 +183,7 @@ impl Learned {
         };
         self.base = paced * share;
         self.ceiling = ceiling;
+        self.refused = paced;
         self.since = Some(block_end.max(now));
         self.last_429 = Some(now);
         self.by = by.to_owned();
@@ -306,6 +317,22 @@ mod tests {
         l.refused(&p, 100.0, 1, 0.01, t(0.0), t(1.0));
         assert_eq!(l.by, "deep");
         assert!((l.rate(&p, 100.0, t(1.0)).unwrap() - 40.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_ceiling_estimated_from_a_first_second_probes_at_once() {
+        let p = PARAMS;
+        // A burst of 6 let through at 100/s, then a 429: the ceiling is an estimate
+        // (6 / 0.92), not a refused pace, and grows without waiting for the quiet.
+        let mut l = Learned::default();
+        l.refused(&p, 100.0, 6, 0.06, t(0.0), t(1.0));
+        let half = l.ceiling * (1.0 + p.decrease) / 2.0;
+        assert!(l.rate(&p, 100.0, t(11.0)).unwrap() > half * 1.15);
+        // A ceiling a call was refused at waits `quiet` blocks before it grows.
+        let mut l = Learned::default();
+        l.refused(&p, 10.0, 50, 5.0, t(5.0), t(6.0));
+        let half = 10.0 * (1.0 + p.decrease) / 2.0;
+        assert!(l.rate(&p, 100.0, t(16.0)).unwrap() < half);
     }
 
     #[test]

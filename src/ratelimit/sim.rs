@@ -574,6 +574,13 @@ fn models() -> Vec<Target> {
             loopback,
         ),
         (
+            // nginx `limit_req burst=5 nodelay`: five above the rate pass at once.
+            "token 10/s burst 6 (nginx burst=5)",
+            Model::token(10.0, 6.0),
+            vec![Limit::new(10, 1)],
+            loopback,
+        ),
+        (
             "sliding 10/s, 40±20 ms",
             Model::sliding(10.0, 1),
             vec![Limit::new(10, 1)],
