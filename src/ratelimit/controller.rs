@@ -54,6 +54,10 @@ pub struct Params {
     pub hold: f64,
     /// Seconds after a held pace is remembered during which cuts still climb back to it.
     pub memory: f64,
+    /// The learned pace never falls below this share of the declared pace: a target that
+    /// answers 429 to everything for a while leaves no pace it would take minutes to
+    /// climb back from.
+    pub floor: f64,
 }
 
 /// The parameters courier runs with (fitted in the simulator, `src/ratelimit/sim.rs`).
@@ -66,6 +70,7 @@ pub const PARAMS: Params = Params {
     probe: 0.02,
     hold: 15.0,
     memory: 15.0,
+    floor: 0.05,
 };
 
 /// The slowest learned pace: one request a minute (a declared limit slower than that is
@@ -110,11 +115,12 @@ fn secs(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
 
 impl Learned {
     /// The pace in force at `now` (requests per second): `declared` (the shortest window
-    /// in force), or the learned pace below it, never under [`MIN_RATE`] unless `declared`
-    /// itself is slower.
+    /// in force), or the learned pace below it, never under `floor` of `declared` nor under
+    /// [`MIN_RATE`] unless `declared` itself is slower.
     pub fn pace(&self, p: &Params, declared: f64, now: DateTime<Utc>) -> f64 {
+        let floor = (declared * p.floor).max(MIN_RATE);
         match self.rate(p, declared, now) {
-            Some(l) => declared.min(l.max(MIN_RATE)),
+            Some(l) => declared.min(l.max(floor)),
             None => declared,
         }
     }
