@@ -26,6 +26,9 @@ use sqlx::PgPool;
 /// blocking pool is barely used.
 pub const PRECISE_WITHIN: std::time::Duration = std::time::Duration::from_millis(3);
 
+/// The timer's resolution: a slot this late is still on time, and no wait is shorter.
+pub const RESOLUTION: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A wall clock further than this from the database's is worth a warning (once per
 /// process): the process keeps working on the database's clock, but the host's logs and
 /// anything else on it read another time.

@@ -151,7 +151,7 @@ impl Tally {
             let length = (*until - now)
                 .to_std()
                 .unwrap_or_default()
-                .clamp(blocks::MIN_SPENT_BLOCK, crate::writer::MAX_RATE_LIMIT_WAIT);
+                .clamp(crate::clock::RESOLUTION, crate::writer::MAX_RATE_LIMIT_WAIT);
             let until = blocks::block(&mut *tx, &cause(), length, Some(raw), now).await?;
             blocked = Some(blocked.map_or(until, |b: DateTime<Utc>| b.max(until)));
         }

@@ -25,9 +25,6 @@ pub const BLOCKS_CHANNEL: &str = "courier_blocks";
 /// The shortest block a 429 sets: a target answering `retry-after: 0` is not hammered.
 pub const MIN_BLOCK: Duration = Duration::from_secs(1);
 
-/// The shortest block a spent budget (a response stating 0 remaining) records.
-pub const MIN_SPENT_BLOCK: Duration = Duration::from_millis(1);
-
 /// The block a rate-limit response sets, from the wait it named: 60 s when it named none,
 /// at least [`MIN_BLOCK`], at most one day.
 pub fn block_length(wait: Option<Duration>) -> Duration {

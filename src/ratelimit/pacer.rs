@@ -32,14 +32,10 @@ use super::{
 pub use super::{budget::HEADROOM, controller::IDLE_AFTER};
 use crate::clock::Clock;
 
-/// A slot may still be spent this late (or the interval's [`HEADROOM`], if longer: a call
-/// that late is still no closer to the next slot than the declared rate allows, which a
-/// limiter with no burst checks).
-pub const MIN_STALE_TOLERANCE: Duration = Duration::from_millis(1);
-/// How far ahead of now a budget's first lease starts, before a round trip was timed.
-pub const FIRST_LOOKAHEAD: Duration = Duration::from_millis(20);
-/// The furthest ahead of now a lease may start.
-pub const MAX_LOOKAHEAD: Duration = Duration::from_millis(200);
+/// A process leases its next slice this long before its last slot, and a lease starts
+/// twice its last round trip ahead of now (at most twice this), so the slots are still
+/// fresh when they arrive, however fast the rate.
+pub const LEAD: Duration = Duration::from_millis(100);
 
 /// The least time between two calls of one process on a budget, as a share of the slot
 /// interval: half the [`HEADROOM`], so a call's trip to the target may vary by the other
@@ -205,7 +201,7 @@ impl Local {
             queue: FairQueue::default(),
             leasing: false,
             granted: 0,
-            lookahead_us: FIRST_LOOKAHEAD.as_micros() as i64,
+            lookahead_us: 0,
             rate: declared.first().map_or(f64::MAX, Limit::per_second),
             accepted: 0,
             advertised: None,
@@ -559,10 +555,12 @@ impl Pacer {
         st.queue.forget_gone();
         let now = self.clock.now();
         // A slot nobody took in time is dropped rather than spent late, right before the
-        // next one: two requests that close together could exceed the limit.
+        // next one: two requests that close together could exceed the limit. Late by the
+        // interval's headroom (or the timer's resolution), a call is still no closer to the
+        // next slot than the declared rate allows, which a limiter with no burst checks.
         let tolerance = std_interval(st.rate())
             .mul_f64(HEADROOM)
-            .max(MIN_STALE_TOLERANCE);
+            .max(crate::clock::RESOLUTION);
         let stale = now - chrono::Duration::from_std(tolerance).expect("fits");
         while !st.queue.is_empty() {
             let Some(slot) = st.slots.pop_front() else {
@@ -622,7 +620,7 @@ impl Pacer {
                 next
             };
             if let Some(next) = next {
-                let ahead = chrono::Duration::from_std(MAX_LOOKAHEAD / 2).expect("fits");
+                let ahead = chrono::Duration::from_std(LEAD).expect("fits");
                 self.clock.sleep_until(next - ahead).await;
                 // The waiters may have gone meanwhile (their batch stopped on a 429).
                 let mut st = budget.local();
@@ -689,7 +687,7 @@ impl Pacer {
         let round_trip = (self.clock.now() - asked)
             .to_std()
             .unwrap_or_default()
-            .min(MAX_LOOKAHEAD / 2);
+            .min(LEAD);
         let mut local = budget.local();
         if !slice.slots.is_empty() {
             local.rate = slice.rate;
