@@ -188,6 +188,127 @@ impl<'a> Progress<'a> {
     }
 }
 
+/// Job `job_id` of run `run_id` took the rule's lease at `now`: its heartbeat, and a
+/// waiting run reads `running` again. False when the run is carried by another job.
+pub async fn resume(
+    db: impl PgExecutor<'_>,
+    run_id: i64,
+    job_id: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let n = sqlx::query!(
+        "UPDATE runs SET heartbeat_at = $3,
+             status = CASE WHEN status = 'waiting' THEN 'running' ELSE status END,
+             resume_at = CASE WHEN status = 'waiting' THEN NULL ELSE resume_at END
+         WHERE id = $1 AND job_id IS NOT DISTINCT FROM $2",
+        run_id,
+        job_id,
+        now
+    )
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
+}
+
+/// Job `job_id` of run `run_id` beats at `now` while it calls. False when the run is
+/// over or carried by another job.
+pub async fn beat(
+    db: impl PgExecutor<'_>,
+    run_id: i64,
+    job_id: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let n = sqlx::query!(
+        "UPDATE runs SET heartbeat_at = $3
+         WHERE id = $1 AND active AND job_id IS NOT DISTINCT FROM $2",
+        run_id,
+        job_id,
+        now
+    )
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
+}
+
+/// A running run whose job went quiet, as [`stalled`] finds it.
+#[derive(Clone, Debug)]
+pub struct Stalled {
+    /// The run.
+    pub id: i64,
+    /// Its rule.
+    pub rule_id: i64,
+    /// The job that carries it.
+    pub job_id: Option<String>,
+}
+
+/// Running runs whose heartbeat is older than `cutoff` and whose job ended without moving
+/// them on (or is gone), or was fetched before `fetched_before` by a process that never
+/// started it. A job `Running` in a live process is its business (it beats while it
+/// calls; a slow database only delays the beat), and a job `Queued` may wait in its
+/// process's buffer for a free slot for a while under load.
+pub async fn stalled(
+    db: impl PgExecutor<'_>,
+    cutoff: DateTime<Utc>,
+    fetched_before: DateTime<Utc>,
+) -> Result<Vec<Stalled>, sqlx::Error> {
+    sqlx::query_as!(
+        Stalled,
+        r#"SELECT r.id, r.rule_id, r.job_id FROM runs r
+           LEFT JOIN apalis.jobs j ON j.id = r.job_id
+           WHERE r.status = 'running' AND r.heartbeat_at < $1
+             AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed')
+                  OR (j.status = 'Queued' AND j.lock_at < $2))"#,
+        cutoff,
+        fetched_before
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Moves each run in `stalled` on to the new job id beside it (heartbeat `now`), if it is
+/// still as it was read: running, quiet since before `cutoff`, carried by the same job (a
+/// job that beat meanwhile keeps its run). Returns the chain jobs to push.
+pub async fn move_on(
+    db: impl PgExecutor<'_>,
+    stalled: &[Stalled],
+    now: DateTime<Utc>,
+    cutoff: DateTime<Utc>,
+) -> Result<Vec<(ChainJob, String)>, sqlx::Error> {
+    let runs: Vec<i64> = stalled.iter().map(|r| r.id).collect();
+    let old: Vec<Option<String>> = stalled.iter().map(|r| r.job_id.clone()).collect();
+    let ids: Vec<String> = stalled.iter().map(|_| new_job_id()).collect();
+    let moved = sqlx::query!(
+        r#"WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
+                      AS u(run, job, old)),
+                r AS (UPDATE runs SET job_id = u.job, heartbeat_at = $4
+                      FROM u
+                      WHERE runs.id = u.run AND runs.status = 'running'
+                        AND runs.heartbeat_at < $5
+                        AND runs.job_id IS NOT DISTINCT FROM u.old
+                      RETURNING runs.id, runs.rule_id, u.job)
+           SELECT id AS "id!", rule_id AS "rule_id!", job AS "job!" FROM r"#,
+        &runs,
+        &ids,
+        &old as &[Option<String>],
+        now,
+        cutoff
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(moved
+        .into_iter()
+        .map(|m| {
+            let job = ChainJob {
+                run_id: m.id,
+                rule_id: m.rule_id,
+            };
+            (job, m.job)
+        })
+        .collect())
+}
+
 /// Adds job `job_id`'s counters to its active run, moves its cursor and heartbeat, and
 /// sets its status (finishing it when the status is final). Returns the run's counters
 /// now, or `None` when the run was no longer active (reaped meanwhile) or has moved on to

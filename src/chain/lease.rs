@@ -4,9 +4,10 @@
 //! only here is the owner's form known: `<worker>/<job id>`.
 
 use chrono::{DateTime, Duration, Utc};
-use sqlx::PgExecutor;
+use sqlx::{PgExecutor, PgPool};
 
 use super::JobContext;
+use crate::runs;
 
 /// The owner of a lease taken by job `task_id` of process `worker`: the job's own (a retry
 /// of the same apalis job may take it again), not the process's.
@@ -15,65 +16,58 @@ pub fn owner(worker: &str, task_id: &str) -> String {
 }
 
 /// Takes the rule's lease for `owner` until `now + length`, unless another owner holds
-/// an unexpired one; a job that gets it beats on its run at once, so a run resumed
-/// after a wait is not taken for stalled before its first renewal, and a waiting run
-/// reads `running` again (not `waiting` until a time past) while it calls.
+/// an unexpired one, and beats on the job's run at once ([`runs::resume`]), so a run
+/// resumed after a wait is not taken for stalled before its first renewal and a waiting
+/// run reads `running` again while it calls. One transaction: when the run is carried by
+/// another job, the lease is not taken either.
 pub async fn acquire(
-    db: impl PgExecutor<'_>,
+    pool: &PgPool,
     ctx: &JobContext,
     task_id: &str,
     owner: &str,
     now: DateTime<Utc>,
     length: Duration,
 ) -> Result<bool, sqlx::Error> {
-    let got = sqlx::query_scalar!(
-        "WITH l AS (
-            UPDATE rules SET lease_owner = $2, lease_until = $3
-            WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
-            RETURNING id)
-         UPDATE runs SET heartbeat_at = $4,
-             status = CASE WHEN status = 'waiting' THEN 'running' ELSE status END,
-             resume_at = CASE WHEN status = 'waiting' THEN NULL ELSE resume_at END
-         WHERE id = $5 AND job_id IS NOT DISTINCT FROM $6 AND EXISTS (SELECT 1 FROM l)
+    let mut tx = pool.begin().await?;
+    let taken = sqlx::query_scalar!(
+        "UPDATE rules SET lease_owner = $2, lease_until = $3
+         WHERE id = $1 AND (lease_owner IS NULL OR lease_until < $4 OR lease_owner = $2)
          RETURNING id",
         ctx.rule_id,
         owner,
         now + length,
-        now,
-        ctx.run_id,
-        task_id
+        now
     )
-    .fetch_optional(db)
-    .await?;
-    Ok(got.is_some())
+    .fetch_optional(&mut *tx)
+    .await?
+    .is_some();
+    if !(taken && runs::resume(&mut *tx, ctx.run_id, task_id, now).await?) {
+        return Ok(false); // dropping the transaction rolls it back
+    }
+    tx.commit().await?;
+    Ok(true)
 }
 
-/// Extends the lease and the run's heartbeat while a batch is still calling the
-/// target, so a slow batch is never taken for dead and its deliveries are never
-/// claimed again. Returns false when the run is over or carried by another job.
+/// Extends the lease until `until` and beats on the run ([`runs::beat`]) while a batch is
+/// still calling the target, so a slow batch is never taken for dead and its deliveries
+/// are never claimed again. Returns false when the run is over or carried by another job.
 pub async fn renew(
-    db: impl PgExecutor<'_>,
+    pool: &PgPool,
     ctx: &JobContext,
     task_id: &str,
     owner: &str,
     until: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
-    let n = sqlx::query!(
-        "WITH l AS (UPDATE rules SET lease_until = $3 WHERE id = $1 AND lease_owner = $2)
-         UPDATE runs SET heartbeat_at = $4
-         WHERE id = $5 AND active AND job_id IS NOT DISTINCT FROM $6",
+    let extend = sqlx::query!(
+        "UPDATE rules SET lease_until = $3 WHERE id = $1 AND lease_owner = $2",
         ctx.rule_id,
         owner,
-        until,
-        now,
-        ctx.run_id,
-        task_id
+        until
     )
-    .execute(db)
-    .await?
-    .rows_affected();
-    Ok(n == 1)
+    .execute(pool);
+    let (_, beat) = tokio::try_join!(extend, runs::beat(pool, ctx.run_id, task_id, now))?;
+    Ok(beat)
 }
 
 /// Gives the lease back.

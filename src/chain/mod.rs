@@ -86,9 +86,9 @@ pub async fn execute(
         .retry_outage(|| lease::acquire(&engine.pool, ctx, task_id, &owner, now, lease_for))
         .await?;
     if !leased {
-        // The statement may have taken the lease and then found the run carried by another
-        // job (the rescuer moved it on): give it back, or it would hold the rule until it
-        // expires.
+        // The run is carried by another job (the rescuer moved it on) or another owner
+        // holds the lease. A lease this job's earlier attempt took is given back, or it
+        // would hold the rule until it expires.
         release_lease(engine, ctx, task_id).await;
         let at = now + LEASE_BUSY_RETRY;
         queue::snooze(&engine.pool, task_id, at).await?;

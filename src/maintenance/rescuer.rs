@@ -30,6 +30,7 @@ use crate::{
     chain::lease,
     engine::Engine,
     queue::{self, CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, ChainJob},
+    runs,
 };
 
 /// A job fetched by a live process and still not started after this many
@@ -220,60 +221,15 @@ async fn resume_stalled(
     now: DateTime<Utc>,
     window: chrono::Duration,
 ) -> Result<Vec<(ChainJob, String)>, sqlx::Error> {
-    // Runs whose job ended without moving them on, or was fetched long ago by a process
-    // that never started it. A job `Running` in a live process is its business (it
-    // beats while it calls; a slow database only delays the beat), and a job `Queued`
-    // may wait in its process's buffer for a free slot for a while under load.
-    let stalled = sqlx::query!(
-        r#"SELECT r.id, r.rule_id, r.job_id FROM runs r
-           LEFT JOIN apalis.jobs j ON j.id = r.job_id
-           WHERE r.status = 'running' AND r.heartbeat_at < $1
-             AND (j.id IS NULL OR j.status IN ('Done', 'Killed', 'Failed')
-                  OR (j.status = 'Queued' AND j.lock_at < $2))"#,
-        cutoff,
-        now - window * NEVER_STARTED_WINDOWS
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    let stalled = runs::stalled(&mut *tx, cutoff, now - window * NEVER_STARTED_WINDOWS).await?;
     if stalled.is_empty() {
         return Ok(Vec::new());
     }
     let rules: Vec<i64> = stalled.iter().map(|r| r.rule_id).collect();
     lease::lock(&mut *tx, &rules).await?;
-    let runs: Vec<i64> = stalled.iter().map(|r| r.id).collect();
-    let old: Vec<Option<String>> = stalled.iter().map(|r| r.job_id.clone()).collect();
-    let ids: Vec<String> = stalled.iter().map(|_| queue::new_job_id()).collect();
-    // Only runs still as they were read: a job that beat meanwhile keeps its run.
-    let moved = sqlx::query!(
-        r#"WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
-                      AS u(run, job, old)),
-                r AS (UPDATE runs SET job_id = u.job, heartbeat_at = $4
-                      FROM u
-                      WHERE runs.id = u.run AND runs.status = 'running'
-                        AND runs.heartbeat_at < $5
-                        AND runs.job_id IS NOT DISTINCT FROM u.old
-                      RETURNING runs.id, runs.rule_id, u.job)
-           SELECT id AS "id!", rule_id AS "rule_id!", job AS "job!" FROM r"#,
-        &runs,
-        &ids,
-        &old as &[Option<String>],
-        now,
-        cutoff
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    let moved_rules: Vec<i64> = moved.iter().map(|m| m.rule_id).collect();
+    let jobs = runs::move_on(&mut *tx, &stalled, now, cutoff).await?;
+    let moved_rules: Vec<i64> = jobs.iter().map(|(j, _)| j.rule_id).collect();
     lease::release_rules(&mut *tx, &moved_rules).await?;
-    let jobs: Vec<(ChainJob, String)> = moved
-        .into_iter()
-        .map(|m| {
-            let job = ChainJob {
-                run_id: m.id,
-                rule_id: m.rule_id,
-            };
-            (job, m.job)
-        })
-        .collect();
     queue::push(&mut *tx, &jobs).await?;
     Ok(jobs)
 }
