@@ -16,3 +16,76 @@ pub mod limits;
 pub mod pacer;
 #[cfg(test)]
 mod sim;
+
+#[cfg(test)]
+mod tests {
+    use super::{blocks, budget, controller, pacer};
+
+    /// The value docs/pacing.md gives `name` in its table of what can be tuned, in seconds,
+    /// shares or counts ("3 s", "100 ms", "2%", "2%/s", "1/min", "0.92").
+    fn documented(doc: &str, name: &str) -> f64 {
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{name}` |")))
+            .unwrap_or_else(|| panic!("docs/pacing.md has no row for {name}"));
+        let cell = row.split('|').nth(2).unwrap().trim();
+        let number = |s: &str| {
+            s.trim()
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("{name}: {cell}"))
+        };
+        if let Some(v) = cell.strip_suffix("%/s").or(cell.strip_suffix('%')) {
+            number(v) / 100.0
+        } else if let Some(v) = cell.strip_suffix("ms") {
+            number(v) / 1000.0
+        } else if let Some(v) = cell.strip_suffix("/min") {
+            number(v) / 60.0
+        } else if let Some(v) = cell.strip_suffix(" s") {
+            number(v)
+        } else {
+            number(cell)
+        }
+    }
+
+    #[test]
+    fn the_documented_tunables_are_the_ones_in_the_code() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/pacing.md"))
+            .unwrap();
+        let p = controller::PARAMS;
+        let code = [
+            ("decrease", p.decrease),
+            ("deep_decrease", p.deep_decrease),
+            ("min_sample", p.min_sample as f64),
+            ("approach", p.approach),
+            ("quiet", p.quiet),
+            ("probe", p.probe),
+            ("hold", p.hold),
+            ("memory", p.memory),
+            ("floor", p.floor),
+            ("MIN_RATE", controller::MIN_RATE),
+            ("HEADROOM", budget::HEADROOM),
+            ("BUCKETS", budget::BUCKETS as f64),
+            ("IDLE_AFTER", controller::IDLE_AFTER.as_secs_f64()),
+            ("COLD_SPREAD", pacer::COLD_SPREAD),
+            ("RECENT_TRIPS", pacer::RECENT_TRIPS as f64),
+            ("LEAD", pacer::LEAD.as_secs_f64()),
+            ("SPENT_WAIT", pacer::SPENT_WAIT.as_secs_f64()),
+            ("MIN_BLOCK", blocks::MIN_BLOCK.as_secs_f64()),
+            ("ADVERTISED_FOR", budget::ADVERTISED_FOR),
+            ("PRECISE_WITHIN", crate::clock::PRECISE_WITHIN.as_secs_f64()),
+        ];
+        for (name, value) in code {
+            let doc = documented(&doc, name);
+            assert!(
+                (doc - value).abs() < 1e-9,
+                "{name}: docs say {doc}, the code {value}"
+            );
+        }
+        let rows = doc.lines().filter(|l| l.starts_with("| `")).count();
+        assert_eq!(
+            rows,
+            code.len(),
+            "a row of docs/pacing.md names no value of the code"
+        );
+    }
+}

@@ -53,7 +53,7 @@ pub const COLD_SPREAD: f64 = 0.05;
 /// holds the next call back by how much slower than the middle one it was (see
 /// [`Pacer::returned`]), so a path whose every trip varies widely is not slowed on most
 /// calls.
-const RECENT_TRIPS: usize = 32;
+pub const RECENT_TRIPS: usize = 32;
 
 /// A long window spent for longer than this stops the waiting calls (their deliveries stay
 /// pending); the chain's next job waits in the queue until the window has room.
