@@ -25,7 +25,7 @@ use prometheus_client::{
 };
 use sqlx::PgPool;
 
-use crate::{breaker, catalog, runs::RunStatus};
+use crate::{breaker, catalog, ratelimit::budget::BudgetState, runs::RunStatus};
 
 /// The content type of [`render`]'s text (OpenMetrics, which Prometheus reads).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -381,12 +381,8 @@ async fn budgets(
             reserve_percent: r.reserve,
             ..Default::default()
         };
-        let limits = conn.declared_limits();
-        let state = r
-            .state
-            .and_then(|s| serde_json::from_value(s).ok())
-            .unwrap_or_default();
-        let pace = crate::status::budget_pace(&state, &limits, conn.reserve(), now);
+        let state = BudgetState::from_row(r.state);
+        let pace = crate::status::budget_pace(&state, &conn.declared_limits(), conn.reserve(), now);
         (
             r.budget,
             i64::from(conn.rpm()),

@@ -258,12 +258,8 @@ async fn connections(
                 reserve_percent: r.reserve_percent,
                 ..Connection::default()
             };
-            let limits = conn.declared_limits();
-            let state: BudgetState = r
-                .budget_state
-                .and_then(|s| serde_json::from_value(s).ok())
-                .unwrap_or_default();
-            let pace = budget_pace(&state, &limits, conn.reserve(), now);
+            let state = BudgetState::from_row(r.budget_state);
+            let pace = budget_pace(&state, &conn.declared_limits(), conn.reserve(), now);
             ConnectionStatus {
                 name: r.name,
                 writer: r.writer,
@@ -300,7 +296,8 @@ pub struct Pace {
 }
 
 /// A budget's pace at `now` from its shared state: what each limit has used in its window
-/// and when that frees, the learned and the effective rate.
+/// and when that frees, the learned and the effective rate. Status and metrics read it
+/// from here alone.
 pub fn budget_pace(
     state: &BudgetState,
     declared: &[Limit],
@@ -429,13 +426,8 @@ impl RuleRow {
             reserve_percent: self.reserve_percent,
             ..Connection::default()
         };
-        let limits = conn.declared_limits();
-        let state: BudgetState = self
-            .budget_state
-            .clone()
-            .and_then(|s| serde_json::from_value(s).ok())
-            .unwrap_or_default();
-        state.rate(&limits, &PARAMS, now)
+        let state = BudgetState::from_row(self.budget_state.clone());
+        budget_pace(&state, &conn.declared_limits(), conn.reserve(), now).effective_rpm / 60.0
     }
 
     /// Its line, given its budget's pace (requests per second) and the weight of the rules

@@ -175,6 +175,14 @@ impl Spent {
 }
 
 impl BudgetState {
+    /// The state kept in a budget's row (`budgets.state`); none, or one courier cannot read
+    /// (written by another version), is a fresh state.
+    pub fn from_row(state: Option<serde_json::Value>) -> Self {
+        state
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default()
+    }
+
     /// The limits in force at `now`: those `declared`, and those the target's headers
     /// stated while their statement holds; of two on one window, the lesser quota.
     /// Shortest window first.

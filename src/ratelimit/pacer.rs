@@ -357,8 +357,7 @@ impl Pacer {
         .fetch_one(&mut *tx)
         .await
         .map_err(lease_err)?;
-        // A state courier cannot read (written by another version) starts afresh.
-        let mut st: BudgetState = serde_json::from_value(row).unwrap_or_default();
+        let mut st = BudgetState::from_row(Some(row));
         let out = change(&mut st);
         let limits: Vec<String> = b.limits.iter().map(ToString::to_string).collect();
         sqlx::query!(
