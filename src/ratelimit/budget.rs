@@ -497,6 +497,31 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_idle_for_a_while_starts_a_new_sample() {
+        let limits = [Limit::new(10, 1)];
+        let h = chrono::Duration::seconds(1);
+        let mut st = BudgetState::default();
+        st.lease(&PARAMS, t0(), &ask(&limits, 0, h));
+        let busy = t0() + chrono::Duration::milliseconds(200);
+        let mut report = ask(&limits, 0, h);
+        report.accepted = 20;
+        st.lease(&PARAMS, busy, &report);
+        assert_eq!(
+            (st.sample.accepted, st.sample.stretch_from),
+            (20, Some(t0()))
+        );
+        // Its last slot lies further back than IDLE_AFTER: what was let through before says
+        // nothing of the rate a 429 now would meet.
+        let later = busy + chrono::Duration::from_std(IDLE_AFTER).unwrap() + h;
+        report.accepted = 3;
+        st.lease(&PARAMS, later, &report);
+        assert_eq!(
+            (st.sample.accepted, st.sample.stretch_from),
+            (3, Some(later))
+        );
+    }
+
+    #[test]
     fn a_busy_budget_keeps_its_first_second_small_and_briefly() {
         // No limit declared: slices of 50 as fast as they are asked for.
         let mut st = BudgetState::default();

@@ -21,8 +21,9 @@
 //! 4. After `quiet` times the last block without a 429 the ceiling itself grows by `probe`
 //!    per second: a limit that rose is found again, and a refused probe costs at most one
 //!    block in `quiet`. A ceiling no call was refused at (a window's quota, estimated in
-//!    its first second) grows at once: a burst let through at once says little of the
-//!    rate that follows. Back at the declared rate, nothing is learned.
+//!    its first second) grows at once, unless the pace climbs back to held: a burst let
+//!    through at once says little of the rate that follows. Back at the declared rate,
+//!    nothing is learned.
 //!
 //! The effective rate is the least of the declared pace, this learned rate and what the
 //! target's headers advertise. [`Learned::by`] labels what the last 429 did, for
@@ -80,7 +81,8 @@ pub const MIN_RATE: f64 = 1.0 / 60.0;
 /// and a process's first slice after it is cold (see `pacer::COLD_SPREAD`).
 pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Not tunables: bounds that keep the state finite.
+// Not tunables: bounds that keep the state finite.
+
 /// The largest exponent the probe grows by (past any real rate; keeps `exp` finite on a
 /// budget quiet for days).
 const MAX_GROWTH: f64 = 40.0;
