@@ -329,7 +329,11 @@ pub fn budget_pace(
         .collect();
     Pace {
         limits: uses,
-        learned_rpm: state.learned.rate(&PARAMS, pace, now).map(|r| r * 60.0),
+        // As the pace applies it (never under its floor).
+        learned_rpm: state
+            .learned
+            .rate(&PARAMS, pace, now)
+            .map(|_| state.learned.pace(&PARAMS, pace, now) * 60.0),
         advertised_rpm: state
             .advertised_now(now)
             .iter()
@@ -528,4 +532,26 @@ pub async fn rate_series(
     )
     .fetch_all(pool)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_learned_rate_shown_is_the_one_paced_never_under_its_floor() {
+        let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let declared = [Limit::new(10, 1)];
+        let mut state = BudgetState::default();
+        // Twenty deep cuts in a row: far below 5% of the declared 10/s.
+        for i in 0..20 {
+            let t = at + chrono::Duration::seconds(i);
+            let paced = state.learned.rate(&PARAMS, 10.0, t).unwrap_or(10.0);
+            state.refused(&PARAMS, paced, 0, t, t, t + chrono::Duration::seconds(1));
+        }
+        let now = at + chrono::Duration::seconds(21);
+        let pace = budget_pace(&state, &declared, 0, now);
+        assert_eq!(pace.learned_rpm, Some(pace.effective_rpm));
+        assert!((pace.effective_rpm - 10.0 * PARAMS.floor * 60.0).abs() < 1e-9);
+    }
 }
