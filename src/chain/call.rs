@@ -148,7 +148,6 @@ async fn call_once(
     group: &[(usize, Arc<Claimed>)],
     stop: &Stop,
 ) -> Option<Made> {
-    let limits = ctx.connection.declared_limits();
     let reserve = ctx.connection.reserve();
     let weight = ctx.weight.max(1) as u32;
     let halted = || stop.stopped() || engine.shutdown.is_cancelled();
@@ -162,7 +161,7 @@ async fn call_once(
         loop {
             let slot = engine
                 .pacer
-                .acquire(key, &limits, reserve, ctx.rule_id, weight)
+                .acquire(key, &ctx.limits, reserve, ctx.rule_id, weight)
                 .await?;
             engine.clock.sleep_until_precise(slot.at).await;
             // The target said its budget is spent until later than this slot

@@ -8,6 +8,7 @@ use sqlx::PgExecutor;
 use crate::{
     breaker::{self, Circuit},
     catalog::Connection,
+    ratelimit::limits::Limit,
     retry::RetryPolicy,
     runs::RunStatus,
     writer::{Call, Outgoing, answer::AnswerMap, request::RequestShape},
@@ -51,6 +52,9 @@ pub struct JobContext {
     pub retry: RetryPolicy,
     /// The connection the rule delivers into.
     pub connection: Connection,
+    /// The limits the connection declares ([`Connection::declared_limits`], read once per
+    /// job).
+    pub limits: Vec<Limit>,
     /// The connection's circuit.
     pub circuit: Circuit,
     /// The run probing a half-open circuit, if any.
@@ -82,6 +86,21 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
     .await?;
     Ok(row.map(|r| {
         let request = RequestShape::parse(r.request.as_ref(), &r.path, r.records_per_call > 1);
+        let connection = Connection {
+            id: r.connection_id,
+            name: r.name,
+            writer: r.writer,
+            base_url: r.base_url,
+            api_key_env: r.api_key_env,
+            auth: r.auth,
+            headers: r.headers,
+            requests_per_minute: r.requests_per_minute,
+            max_in_flight: r.max_in_flight,
+            timeout_ms: r.timeout_ms,
+            budget_key: r.budget_key,
+            limits: r.limits,
+            reserve_percent: r.reserve_percent,
+        };
         JobContext {
             run_id,
             run_status: r.run_status,
@@ -108,21 +127,8 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
                 backoff_base_ms: r.backoff_base_ms,
                 backoff_max_ms: r.backoff_max_ms,
             },
-            connection: Connection {
-                id: r.connection_id,
-                name: r.name,
-                writer: r.writer,
-                base_url: r.base_url,
-                api_key_env: r.api_key_env,
-                auth: r.auth,
-                headers: r.headers,
-                requests_per_minute: r.requests_per_minute,
-                max_in_flight: r.max_in_flight,
-                timeout_ms: r.timeout_ms,
-                budget_key: r.budget_key,
-                limits: r.limits,
-                reserve_percent: r.reserve_percent,
-            },
+            limits: connection.declared_limits(),
+            connection,
             circuit: Circuit {
                 state: r.state,
                 consecutive_failures: r.consecutive_failures,
