@@ -232,10 +232,23 @@ CREATE TABLE public.circuits (
     CONSTRAINT circuits_times_opened_check CHECK ((times_opened >= 0))
 );
 
+CREATE FUNCTION public.courier_circuit_admits(c public.circuits, run bigint, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT c.state = 'closed' OR courier_circuit_cooled(c, at)
+        OR (c.state = 'half_open' AND (c.probe_run_id IS NULL OR c.probe_run_id = run))
+$$;
+
+CREATE FUNCTION public.courier_circuit_cooled(c public.circuits, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT c.state = 'open' AND c.open_until <= at
+$$;
+
 CREATE FUNCTION public.courier_circuit_wants_probe(c public.circuits, at timestamp with time zone, started bigint) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
-    SELECT (c.state = 'open' AND c.open_until <= at)
+    SELECT courier_circuit_cooled(c, at)
         OR (c.state = 'half_open' AND NOT EXISTS (
               SELECT 1 FROM runs p
               WHERE p.id = c.probe_run_id AND p.id IS DISTINCT FROM started AND p.active))

@@ -89,14 +89,6 @@ impl Circuit {
         self.times_opened += 1;
         self.open_until = Some(now + chrono::Duration::from_std(cooldown).expect("cooldown fits"));
     }
-
-    /// Whether calls may be made now.
-    pub fn allows_calls(&self, now: DateTime<Utc>) -> bool {
-        match self.state {
-            State::Closed | State::HalfOpen => true,
-            State::Open => self.open_until.is_none_or(|t| t <= now),
-        }
-    }
 }
 
 /// Forgets which connections were found unusable: a process that starts may see a
@@ -243,8 +235,6 @@ mod tests {
         assert!(!c.observe(false, &s, now));
         assert!(c.observe(false, &s, now));
         assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(30)));
-        assert!(!c.allows_calls(now));
-        assert!(c.allows_calls(now + chrono::Duration::seconds(30)));
         c.state = State::HalfOpen;
         assert!(c.observe(false, &s, now), "a failed probe reopens");
         assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(60)));
@@ -267,7 +257,6 @@ mod tests {
         assert_eq!(c.state, State::Open);
         // A run already under way when it opened meets the dead target after the cooldown.
         let later = now + chrono::Duration::seconds(31);
-        assert!(c.allows_calls(later));
         assert!(c.observe(false, &s, later), "it trips again at once");
         assert_eq!(c.open_until, Some(later + chrono::Duration::seconds(60)));
     }

@@ -355,6 +355,46 @@ async fn two_jobs_of_one_rule_never_execute_at_once() {
 }
 
 #[tokio::test]
+async fn a_circuit_admits_a_run_closed_cooled_down_or_half_open_for_its_own_probe() {
+    let (db, _target) = shop(&["customers", "orders"], 20, 1).await;
+    let runs: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO runs (rule_id, started_by, started_at, heartbeat_at)
+         SELECT id, 'test', now(), now() FROM rules ORDER BY id RETURNING id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let (mine, other) = (runs[0], runs[1]);
+    let at = chrono::Utc::now();
+    let cases = [
+        ("closed", None, None, true),
+        ("open", Some(at + Span::seconds(10)), None, false),
+        ("open", Some(at - Span::seconds(1)), None, true),
+        ("half_open", None, Some(mine), true),
+        ("half_open", None, Some(other), false),
+        ("half_open", None, None, true),
+    ];
+    for (state, open_until, probe, admits) in cases {
+        let got: bool = sqlx::query_scalar(
+            "UPDATE circuits c SET state = $1, open_until = $2, probe_run_id = $3
+             RETURNING courier_circuit_admits(c, $4, $5)",
+        )
+        .bind(state)
+        .bind(open_until)
+        .bind(probe)
+        .bind(mine)
+        .bind(at)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            got, admits,
+            "{state}, open until {open_until:?}, probe {probe:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn breaker_opens_skips_and_recovers_through_half_open() {
     let (db, target) = shop(&["customers", "orders"], 20, 1).await;
     let mut s = settings(&db.url);

@@ -207,13 +207,14 @@ async fn a_process_whose_session_is_gone_is_dead_two_beats_after_its_last() {
 }
 
 /// A job that loaded its run just before the rescuer gave the run a new job (the run had
-/// looked stalled) must not keep the rule's lease: its lease statement may take the lease
-/// and only then find the run carried by another job. It gives the lease back, so the new
-/// job is not kept waiting until the lease expires (the staleness window, ten minutes).
+/// looked stalled) must not keep the rule's lease: taking the lease and beating on the run
+/// are one transaction, so finding the run carried by another job leaves the lease free,
+/// and the new job is not kept waiting until it expires (the staleness window, ten
+/// minutes).
 #[tokio::test]
 async fn a_job_whose_run_moved_on_leaves_the_lease_free() {
     let (db, target, engine, job) = one_run_with_its_job().await;
-    let ctx = courier::chain::context::load(&db.pool, job.job.run_id)
+    let ctx = courier::chain::context::load(&db.pool, job.job.run_id, engine.clock.now())
         .await
         .unwrap()
         .unwrap();

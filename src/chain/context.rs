@@ -57,14 +57,20 @@ pub struct JobContext {
     pub limits: Vec<Limit>,
     /// The connection's circuit.
     pub circuit: Circuit,
-    /// The run probing a half-open circuit, if any.
-    pub probe_run_id: Option<i64>,
+    /// Whether this run may call through the circuit (`courier_circuit_admits` when the
+    /// run was read): closed, cooled down, or half-open with no other run probing it.
+    pub circuit_admits: bool,
     /// The apalis job carrying the run now: no other job may move it on.
     pub job_id: Option<String>,
 }
 
-/// Reads run `run_id` with its rule, connection and circuit; `None` when it is gone.
-pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobContext>, sqlx::Error> {
+/// Reads run `run_id` with its rule, connection and circuit (whether it admits the run at
+/// `now`); `None` when it is gone.
+pub async fn load(
+    db: impl PgExecutor<'_>,
+    run_id: i64,
+    now: DateTime<Utc>,
+) -> Result<Option<JobContext>, sqlx::Error> {
     let row = sqlx::query!(
         r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, r.job_id, ru.enabled,
                   ru.name AS rule_name,
@@ -74,13 +80,15 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
                   courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
                   ci.state AS "state: breaker::State", ci.consecutive_failures, ci.times_opened,
-                  courier_ts(ci.open_until) AS open_until, ci.probe_run_id
+                  courier_ts(ci.open_until) AS open_until,
+                  courier_circuit_admits(ci, r.id, $2) AS "circuit_admits!"
            FROM runs r
            JOIN rules ru ON ru.id = r.rule_id
            JOIN connections c ON c.id = ru.connection_id
            JOIN circuits ci ON ci.connection_id = c.id
            WHERE r.id = $1"#,
-        run_id
+        run_id,
+        now
     )
     .fetch_optional(db)
     .await?;
@@ -135,7 +143,7 @@ pub async fn load(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<JobCont
                 times_opened: r.times_opened,
                 open_until: r.open_until,
             },
-            probe_run_id: r.probe_run_id,
+            circuit_admits: r.circuit_admits,
             job_id: r.job_id,
         }
     }))
@@ -164,13 +172,5 @@ impl JobContext {
             .records_per_call
             .saturating_mul(self.connection.max_in_flight);
         self.batch_size.max(full_calls).min(MAX_CLAIM)
-    }
-
-    /// Whether this run may call the target now: the circuit allows calls, and a
-    /// half-open circuit is being probed by this run and no other.
-    pub fn circuit_allows(&self, now: DateTime<Utc>) -> bool {
-        let probing_elsewhere = self.circuit.state == breaker::State::HalfOpen
-            && self.probe_run_id.is_some_and(|p| p != self.run_id);
-        self.circuit.allows_calls(now) && !probing_elsewhere
     }
 }

@@ -36,7 +36,7 @@ use self::{
     triage::DependencyTimeout,
 };
 use crate::{
-    breaker::Circuit,
+    breaker::{self, Circuit},
     engine::Engine,
     queue,
     ratelimit::answer::Verdict,
@@ -119,7 +119,7 @@ fn lease_length(engine: &Engine) -> Duration {
 
 /// Whether this run may call the target now: the writer to call with, or how the run
 /// ends instead.
-fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dyn Writer>, Next> {
+fn admit(engine: &Engine, ctx: &JobContext) -> Result<Arc<dyn Writer>, Next> {
     if !ctx.rule_enabled {
         return Err(Next::Finish {
             status: RunStatus::Completed,
@@ -136,7 +136,7 @@ fn admit(engine: &Engine, ctx: &JobContext, now: DateTime<Utc>) -> Result<Arc<dy
         });
     }
     // Half-open: one run probes; every other run of the connection ends as if open.
-    if !ctx.circuit_allows(now) {
+    if !ctx.circuit_admits {
         return Err(Next::finish(RunStatus::CircuitOpen));
     }
     let writer = writer::build(&ctx.connection, &engine.http).map_err(|e| {
@@ -179,7 +179,7 @@ async fn run_batch(
 ) -> Result<JobOutcome, ChainError> {
     let settle = |tally, cursor, next| settle::settle(engine, ctx, task_id, tally, cursor, next);
     let now = engine.clock.now();
-    let writer = match admit(engine, ctx, now) {
+    let writer = match admit(engine, ctx) {
         Ok(writer) => writer,
         Err(end) => return Ok(settle(Tally::default(), 0, end).await?),
     };
@@ -205,7 +205,7 @@ async fn run_batch(
     let called = job
         .deliver(writer.as_ref(), claimed, scope, &mut tally)
         .await?;
-    let (cursor, next) = called.next_step(ctx, engine.clock.now());
+    let (cursor, next) = called.next_step(ctx);
     Ok(settle(tally, cursor, next).await?)
 }
 
@@ -244,6 +244,8 @@ struct Called {
     run_ended: bool,
     /// The circuit as the batch's answers left it.
     circuit: Circuit,
+    /// Whether an answer of this job opened it (it may have closed again since).
+    tripped: bool,
 }
 
 impl Called {
@@ -254,6 +256,7 @@ impl Called {
             not_attempted: Vec::new(),
             run_ended: false,
             circuit,
+            tripped: false,
         }
     }
 }
@@ -546,6 +549,7 @@ impl Job<'_> {
         if let Some(r) = judged.reachable
             && called.circuit.observe(r, &engine.settings.breaker, at)
         {
+            called.tripped = true;
             stop.stop();
         }
         tally.answered(judged.entries, judged.reachable);
@@ -577,14 +581,14 @@ impl Called {
     /// attempted keep the cursor below them, so the run (or the next one) visits them
     /// again; a 429 met here was settled as a block, which the next job meets in the
     /// throttle layer.
-    fn next_step(&self, ctx: &JobContext, now: DateTime<Utc>) -> (i64, Next) {
+    fn next_step(&self, ctx: &JobContext) -> (i64, Next) {
         let cursor = match self.not_attempted.iter().min() {
             Some(min) => min - 1,
             None => self.last_claimed.unwrap_or(ctx.cursor_id),
         };
         let next = if self.run_ended {
             Next::finish(RunStatus::Stale)
-        } else if !self.circuit.allows_calls(now) {
+        } else if self.tripped && self.circuit.state == breaker::State::Open {
             Next::finish(RunStatus::CircuitOpen)
         } else if self.not_attempted.is_empty() && !self.last_full {
             Next::finish(RunStatus::Completed)
