@@ -64,6 +64,17 @@ pub struct JobContext {
     pub job_id: Option<String>,
 }
 
+/// Why a run stops at its next batch boundary: its rule or its connection is paused.
+fn paused(rule: bool, connection: bool) -> Option<&'static str> {
+    if rule {
+        Some("rule paused")
+    } else if connection {
+        Some("connection paused")
+    } else {
+        None
+    }
+}
+
 /// Reads run `run_id` with its rule, connection and circuit (whether it admits the run at
 /// `now`); `None` when it is gone.
 pub async fn load(
@@ -116,13 +127,7 @@ pub async fn load(
             rule_name: r.rule_name,
             cursor_id: r.cursor_id,
             rule_enabled: r.enabled,
-            paused: if r.rule_paused {
-                Some("rule paused")
-            } else if r.connection_paused {
-                Some("connection paused")
-            } else {
-                None
-            },
+            paused: paused(r.rule_paused, r.connection_paused),
             weight: r.weight,
             path: r.path,
             batch_size: r.batch_size,
