@@ -21,13 +21,14 @@ use std::sync::{
 use chrono::{DateTime, Duration, Utc};
 use sqlx::PgPool;
 
-/// How close to its deadline [`Clock::sleep_until_precise`] hands over from tokio's timer
-/// to a blocking thread's sleep: more than the timer's lateness, little enough that the
-/// blocking pool is barely used.
-pub const PRECISE_WITHIN: std::time::Duration = std::time::Duration::from_millis(3);
-
-/// The timer's resolution: a slot this late is still on time, and no wait is shorter.
+/// The timer's resolution (tokio's tick): a slot this late is still on time, and no wait
+/// is shorter.
 pub const RESOLUTION: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How close to its deadline [`Clock::sleep_until_precise`] hands over from tokio's timer
+/// to a blocking thread's sleep: the timer rounds a deadline up to its next tick and wakes
+/// the task within a tick more, so three ticks are always more than its lateness.
+pub const PRECISE_WITHIN: std::time::Duration = RESOLUTION.saturating_mul(3);
 
 /// A wall clock further than this from the database's is worth a warning (once per
 /// process): the process keeps working on the database's clock, but the host's logs and

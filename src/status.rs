@@ -304,7 +304,7 @@ pub fn budget_pace(
     reserve: u8,
     now: DateTime<Utc>,
 ) -> Pace {
-    let limits = state.limits(declared, now);
+    let limits = state.limits(declared);
     let pace = limits.first().map_or(f64::MAX, Limit::per_second);
     let effective = state.rate(declared, &PARAMS, now);
     let uses = limits
@@ -335,7 +335,7 @@ pub fn budget_pace(
             .rate(&PARAMS, pace, now)
             .map(|_| state.learned.pace(&PARAMS, pace, now) * 60.0),
         advertised_rpm: state
-            .advertised_now(now)
+            .advertised()
             .iter()
             .map(|l| l.per_second() * 60.0)
             .reduce(f64::min),

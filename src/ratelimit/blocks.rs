@@ -22,14 +22,12 @@ use crate::writer::{DEFAULT_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT};
 /// The channel a written block is announced on (payload: the budget key).
 pub const BLOCKS_CHANNEL: &str = "courier_blocks";
 
-/// The shortest block a 429 sets: a target answering `retry-after: 0` is not hammered.
-pub const MIN_BLOCK: Duration = Duration::from_secs(1);
-
 /// The block a rate-limit response sets, from the wait it named: 60 s when it named none,
-/// at least [`MIN_BLOCK`], at most one day.
+/// at most one day. A `retry-after: 0` is taken at its word (the pace is cut all the same):
+/// the block lasts the clock's resolution.
 pub fn block_length(wait: Option<Duration>) -> Duration {
     wait.unwrap_or(DEFAULT_RATE_LIMIT_WAIT)
-        .clamp(MIN_BLOCK, MAX_RATE_LIMIT_WAIT)
+        .clamp(crate::clock::RESOLUTION, MAX_RATE_LIMIT_WAIT)
 }
 
 /// Where a 429 came from.
@@ -231,7 +229,7 @@ mod tests {
             block_length(Some(Duration::from_secs(86_401))),
             Duration::from_secs(86_400)
         );
-        assert_eq!(block_length(Some(Duration::ZERO)), MIN_BLOCK);
+        assert_eq!(block_length(Some(Duration::ZERO)), crate::clock::RESOLUTION);
     }
 
     #[test]

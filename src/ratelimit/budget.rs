@@ -28,8 +28,6 @@ pub const HEADROOM: f64 = 0.02;
 /// Buckets a long window is counted in: a spent window waits at most a bucket (1/60 of
 /// it) longer than an exact count would.
 pub const BUCKETS: i64 = 60;
-/// How long a statement from the target's headers holds unless restated (seconds).
-pub const ADVERTISED_FOR: f64 = 600.0;
 
 /// The slots of one long window, in buckets of `window / BUCKETS`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -54,7 +52,8 @@ pub struct BudgetState {
     /// What the target let through, for the next 429 to measure.
     #[serde(flatten)]
     pub sample: Sample,
-    /// The limits the target's headers stated, and when.
+    /// The limits the target's headers stated last, and when (a statement holds until
+    /// another answer states otherwise).
     pub advertised: Option<(Vec<Limit>, DateTime<Utc>)>,
     /// No slot before this: the target said its budget is spent until then.
     pub hold: Option<DateTime<Utc>>,
@@ -183,12 +182,11 @@ impl BudgetState {
             .unwrap_or_default()
     }
 
-    /// The limits in force at `now`: those `declared`, and those the target's headers
-    /// stated while their statement holds; of two on one window, the lesser quota.
-    /// Shortest window first.
-    pub fn limits(&self, declared: &[Limit], now: DateTime<Utc>) -> Vec<Limit> {
+    /// The limits in force: those `declared`, and those the target's headers stated last;
+    /// of two on one window, the lesser quota. Shortest window first.
+    pub fn limits(&self, declared: &[Limit]) -> Vec<Limit> {
         let mut limits = declared.to_vec();
-        for a in self.advertised_now(now) {
+        for a in self.advertised() {
             match limits.iter_mut().find(|l| l.window == a.window) {
                 Some(l) => l.quota = l.quota.min(a.quota),
                 None => limits.push(*a),
@@ -198,22 +196,15 @@ impl BudgetState {
         limits
     }
 
-    /// The limits the target's headers stated, while their statement holds.
-    pub fn advertised_now(&self, now: DateTime<Utc>) -> &[Limit] {
-        match &self.advertised {
-            Some((limits, at))
-                if ((now - *at).num_milliseconds() as f64 / 1e3) < ADVERTISED_FOR =>
-            {
-                limits
-            }
-            _ => &[],
-        }
+    /// The limits the target's headers stated last.
+    pub fn advertised(&self) -> &[Limit] {
+        self.advertised.as_ref().map_or(&[], |(limits, _)| limits)
     }
 
     /// The pace (requests per second) at `now`: the rate of the shortest window in force
     /// ([`BudgetState::limits`]) or the learned rate, as [`Learned::pace`] decides.
     pub fn rate(&self, declared: &[Limit], params: &Params, now: DateTime<Utc>) -> f64 {
-        let limits = self.limits(declared, now);
+        let limits = self.limits(declared);
         let pace = limits.first().map_or(f64::MAX, Limit::per_second);
         self.learned.pace(params, pace, now)
     }
@@ -224,7 +215,7 @@ impl BudgetState {
     /// a slot further than `ask.horizon` from now (a spent long window): the slots leased
     /// up to it, possibly none.
     pub fn lease(&mut self, params: &Params, now: DateTime<Utc>, ask: &SliceRequest) -> Slice {
-        self.sync_windows(&self.limits(ask.limits, now));
+        self.sync_windows(&self.limits(ask.limits));
         self.hold = self.hold.filter(|&h| h > now);
         let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
         let was_idle = self.tat.is_none_or(|t| t < now - idle);
@@ -450,12 +441,12 @@ mod tests {
     }
 
     #[test]
-    fn limits_the_target_states_are_kept_beside_the_declared_ones_while_they_hold() {
+    fn limits_the_target_states_are_kept_beside_the_declared_ones_until_restated() {
         let mut st = BudgetState::default();
         let declared = [Limit::new(10, 1)];
         st.advertise(vec![Limit::new(5, 1), Limit::new(20, 3600)], t0());
         assert_eq!(
-            st.limits(&declared, t0()),
+            st.limits(&declared),
             [Limit::new(5, 1), Limit::new(20, 3600)]
         );
         let h = chrono::Duration::seconds(1);
@@ -465,8 +456,10 @@ mod tests {
             got += st.lease(&PARAMS, now, &ask(&declared, 0, h)).slots.len();
         }
         assert_eq!(got, 20, "the stated hourly quota holds");
-        let later = t0() + chrono::Duration::seconds(ADVERTISED_FOR as i64 + 1);
-        assert_eq!(st.limits(&declared, later), declared);
+        // Until another answer states otherwise.
+        let later = t0() + chrono::Duration::hours(2);
+        st.advertise(vec![Limit::new(8, 1)], later);
+        assert_eq!(st.limits(&declared), [Limit::new(8, 1)]);
     }
 
     #[test]

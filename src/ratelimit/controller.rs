@@ -15,7 +15,7 @@
 //!    between a plain cut and the ceiling (`ceiling × (1 + decrease) / 2`), closing the gap
 //!    with time constant `approach`: the limit lies between the two.
 //! 3. A 429 that ends at least `hold` seconds without one remembers the pace that held
-//!    (**held**). If a cut within `memory` seconds of that left the ceiling below a plain
+//!    (**held**). If a cut within `hold` seconds of that left the ceiling below a plain
 //!    cut of held (the limit dropped, as when another client shares the account), the pace
 //!    climbs towards held instead, from `approach` seconds after it.
 //! 4. After `quiet` times the last block without a 429 the ceiling itself grows by `probe`
@@ -51,10 +51,9 @@ pub struct Params {
     pub quiet: f64,
     /// The ceiling's growth per second after `quiet` (multiplicative).
     pub probe: f64,
-    /// Seconds without a 429 for the pace to count as held (and cut less, the longer).
+    /// Seconds: a pace unrefused this long is held (and cut less, the longer it held); a
+    /// cut this soon after a held pace climbs back to it.
     pub hold: f64,
-    /// Seconds after a held pace is remembered during which cuts still climb back to it.
-    pub memory: f64,
     /// The learned pace never falls below this share of the declared pace: a target that
     /// answers 429 to everything for a while leaves no pace it would take minutes to
     /// climb back from.
@@ -70,13 +69,9 @@ pub const PARAMS: Params = Params {
     quiet: 40.0,
     probe: 0.02,
     hold: 15.0,
-    memory: 15.0,
     floor: 0.05,
 };
 
-/// The slowest learned pace: one request a minute (a declared limit slower than that is
-/// kept).
-pub const MIN_RATE: f64 = 1.0 / 60.0;
 /// A budget whose slots all lay this far in the past was idle: its sample starts afresh,
 /// and a process's first slice after it is cold (see `pacer::COLD_SPREAD`).
 pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
@@ -117,10 +112,9 @@ fn secs(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
 
 impl Learned {
     /// The pace in force at `now` (requests per second): `declared` (the shortest window
-    /// in force), or the learned pace below it, never under `floor` of `declared` nor under
-    /// [`MIN_RATE`] unless `declared` itself is slower.
+    /// in force), or the learned pace below it, never under `floor` of `declared`.
     pub fn pace(&self, p: &Params, declared: f64, now: DateTime<Utc>) -> f64 {
-        let floor = (declared * p.floor).max(MIN_RATE);
+        let floor = declared * p.floor;
         match self.rate(p, declared, now) {
             Some(l) => declared.min(l.max(floor)),
             None => declared,
@@ -134,7 +128,7 @@ impl Learned {
         let s = secs(since, now).max(0.0);
         let held = self
             .held
-            .filter(|&(h, at)| secs(at, since) < p.memory && self.ceiling < p.decrease * h);
+            .filter(|&(h, at)| secs(at, since) < p.hold && self.ceiling < p.decrease * h);
         let (top, from, t) = match held {
             Some((h, _)) if s > p.approach => (h, self.ceiling.min(h), s - p.approach),
             _ => (self.ceiling * (1.0 + p.decrease) / 2.0, self.base, s),
@@ -387,6 +381,6 @@ mod tests {
         // ...then climbs towards the pace that held.
         assert!(l.rate(&p, 20.0, t(64.0 + 3.0 * p.approach)).unwrap() > 9.0);
         // With no cut since, it stays there however long ago held was remembered.
-        assert!(l.rate(&p, 20.0, t(64.0 + 2.0 * p.memory)).unwrap() > 9.9);
+        assert!(l.rate(&p, 20.0, t(64.0 + 2.0 * p.hold)).unwrap() > 9.9);
     }
 }

@@ -19,7 +19,7 @@ mod sim;
 
 #[cfg(test)]
 mod tests {
-    use super::{blocks, budget, controller, pacer};
+    use super::{budget, controller, pacer};
 
     /// The value docs/pacing.md gives `name` in its table of what can be tuned, in seconds,
     /// shares or counts ("3 s", "100 ms", "2%", "2%/s", "1/min", "0.92").
@@ -60,9 +60,7 @@ mod tests {
             ("quiet", p.quiet),
             ("probe", p.probe),
             ("hold", p.hold),
-            ("memory", p.memory),
             ("floor", p.floor),
-            ("MIN_RATE", controller::MIN_RATE),
             ("HEADROOM", budget::HEADROOM),
             ("BUCKETS", budget::BUCKETS as f64),
             ("IDLE_AFTER", controller::IDLE_AFTER.as_secs_f64()),
@@ -70,9 +68,6 @@ mod tests {
             ("RECENT_TRIPS", pacer::RECENT_TRIPS as f64),
             ("LEAD", pacer::LEAD.as_secs_f64()),
             ("SPENT_WAIT", pacer::SPENT_WAIT.as_secs_f64()),
-            ("MIN_BLOCK", blocks::MIN_BLOCK.as_secs_f64()),
-            ("ADVERTISED_FOR", budget::ADVERTISED_FOR),
-            ("PRECISE_WITHIN", crate::clock::PRECISE_WITHIN.as_secs_f64()),
         ];
         for (name, value) in code {
             let doc = documented(&doc, name);
