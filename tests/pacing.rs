@@ -399,37 +399,6 @@ async fn a_call_let_go_late_holds_the_next_one_back_by_most_of_an_interval() {
     assert_eq!(departs(&e), e.clock.now());
 }
 
-#[tokio::test]
-async fn a_process_first_slice_on_a_budget_is_spaced_wider_until_it_has_called() {
-    use courier::ratelimit::pacer::{IDLE_AFTER, cold_interval_for, interval_for};
-    let db = TestDb::new().await;
-    let e = engine(&db.pool, settings(&db.url));
-    let limits = [Limit::per_minute(600)];
-    let slot = || async {
-        e.pacer
-            .acquire("ws:k", &limits, 0, 1, 1)
-            .await
-            .map(|s| s.at)
-    };
-    let gap = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).to_std().unwrap();
-    // No call of this process on the budget yet: its first calls go out cold, their slots
-    // (a slice of two at 600/min) 5% further apart.
-    let (a, b) = (slot().await.unwrap(), slot().await.unwrap());
-    assert_eq!(gap(a, b), cold_interval_for(600.0));
-    assert!(cold_interval_for(600.0) > interval_for(600.0).mul_f64(1.04));
-    // Once it has called, the next slice is spaced at the rate.
-    departs(&e);
-    let (c, d) = (slot().await.unwrap(), slot().await.unwrap());
-    assert_eq!(gap(c, d), interval_for(600.0));
-    assert!(c >= b + Span::from_std(cold_interval_for(600.0)).unwrap());
-    // Idle for longer than IDLE_AFTER: cold again.
-    departs(&e);
-    e.clock
-        .advance(Span::from_std(IDLE_AFTER).unwrap() + Span::seconds(1));
-    let (f, g) = (slot().await.unwrap(), slot().await.unwrap());
-    assert_eq!(gap(f, g), cold_interval_for(600.0));
-}
-
 /// An engine whose process has taken a slot of budget `ws:k` at 600/min: the interval
 /// between slots and the least gap between two calls of the process.
 async fn one_call_on_600_a_minute() -> (TestDb, Arc<Engine>, Duration, Duration) {

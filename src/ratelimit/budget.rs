@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    controller::{IDLE_AFTER, Learned, Params, Sample},
+    controller::{Learned, Params, Sample},
     limits::{Limit, usable_quota},
 };
 
@@ -25,6 +25,10 @@ use super::{
 /// never pushes a limiter that counts on a sliding window over its limit: slots are spaced
 /// 2% wider than the rate needs, and long windows count 2% longer.
 pub const HEADROOM: f64 = 0.02;
+/// A process leases this much of the pace's slots at once: a changed rate (a cut, a
+/// probe) shows in every process's calls within it, and processes share the budget in
+/// turns of it.
+pub const SLICE: std::time::Duration = std::time::Duration::from_millis(250);
 /// Buckets a long window is counted in: a spent window waits at most a bucket (1/60 of
 /// it) longer than an exact count would.
 pub const BUCKETS: i64 = 60;
@@ -80,8 +84,6 @@ pub struct SliceRequest<'a> {
     pub reserve: u8,
     /// The most slots wanted.
     pub n: u32,
-    /// At least 1: the slots are spaced that much wider than the pace.
-    pub spread: f64,
     /// Calls answered since the process's last lease.
     pub accepted: u64,
     /// How far from now a slot may lie before a spent long window stops the slice.
@@ -104,9 +106,9 @@ pub fn interval(rate: f64) -> chrono::Duration {
     chrono::Duration::microseconds((exact * 1e6).ceil() as i64)
 }
 
-/// Slots to lease at once at `rate` requests per second: a quarter second's worth, 1 to 50.
+/// Slots to lease at once at `rate` requests per second: a [`SLICE`]'s worth, at least one.
 pub fn slice_len(rate: f64) -> u32 {
-    ((rate.max(0.0) / 4.0).floor() as u32).clamp(1, 50)
+    ((rate.max(0.0) * SLICE.as_secs_f64()).floor() as u32).max(1)
 }
 
 impl Spent {
@@ -217,12 +219,12 @@ impl BudgetState {
     pub fn lease(&mut self, params: &Params, now: DateTime<Utc>, ask: &SliceRequest) -> Slice {
         self.sync_windows(&self.limits(ask.limits));
         self.hold = self.hold.filter(|&h| h > now);
-        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
+        let idle = chrono::Duration::from_std(super::pacer::SPENT_WAIT).expect("fits");
         let was_idle = self.tat.is_none_or(|t| t < now - idle);
         self.sample
             .follow(&self.learned, was_idle, now, ask.accepted);
         let rate = self.rate(ask.limits, params, now);
-        let step = interval(rate / ask.spread);
+        let step = interval(rate);
         let mut t = micros(
             self.tat
                 .unwrap_or(now)
@@ -341,7 +343,10 @@ impl BudgetState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ratelimit::controller::{FIRST_SECOND_MOST, PARAMS};
+    use crate::ratelimit::{
+        controller::{FIRST_SECOND_MOST, PARAMS},
+        pacer::SPENT_WAIT,
+    };
 
     fn t0() -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000, 0).unwrap()
@@ -353,7 +358,6 @@ mod tests {
             limits,
             reserve,
             n: 50,
-            spread: 1.0,
             accepted: 0,
             horizon,
         }
@@ -482,9 +486,9 @@ mod tests {
         // A call refused after the first second is measured by what was accepted.
         let mut st = BudgetState::default();
         st.lease(&PARAMS, t0(), &ask(&limits, 0, h));
-        let later = t0() + chrono::Duration::seconds(3);
+        let later = t0() + chrono::Duration::milliseconds(1100);
         st.lease(&PARAMS, later, &ask(&limits, 0, h));
-        st.refused(&PARAMS, 50.0, 30, later, later, later + h);
+        st.refused(&PARAMS, 50.0, 11, later, later, later + h);
         assert!((st.learned.base - 10.0).abs() < 1e-9, "{}", st.learned.base);
         assert!((st.learned.ceiling - 50.0).abs() < 1e-9);
     }
@@ -503,9 +507,9 @@ mod tests {
             (st.sample.accepted, st.sample.stretch_from),
             (20, Some(t0()))
         );
-        // Its last slot lies further back than IDLE_AFTER: what was let through before says
-        // nothing of the rate a 429 now would meet.
-        let later = busy + chrono::Duration::from_std(IDLE_AFTER).unwrap() + h;
+        // Its next free slot went unused for longer than a pause within a run of calls:
+        // what was let through before says nothing of the rate a 429 now would meet.
+        let later = busy + chrono::Duration::from_std(SPENT_WAIT).unwrap() + h;
         report.accepted = 3;
         st.lease(&PARAMS, later, &report);
         assert_eq!(
@@ -523,7 +527,12 @@ mod tests {
             st.lease(&PARAMS, t0(), &ask(&[], 0, h));
         }
         assert_eq!(st.sample.first_second_us.len(), FIRST_SECOND_MOST);
-        // Two seconds into the stretch, no answer is still on its way from its first.
+        // Busy on (a lease every half second); two seconds into the stretch, no answer is
+        // still on its way from its first.
+        for half in 1..4 {
+            let now = t0() + chrono::Duration::milliseconds(500 * half);
+            st.lease(&PARAMS, now, &ask(&[], 0, h));
+        }
         st.lease(
             &PARAMS,
             t0() + chrono::Duration::seconds(2),

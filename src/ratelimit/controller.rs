@@ -18,9 +18,9 @@
 //!    (**held**). If a cut within `hold` seconds of that left the ceiling below a plain
 //!    cut of held (the limit dropped, as when another client shares the account), the pace
 //!    climbs towards held instead, from `approach` seconds after it.
-//! 4. After `quiet` times the last block without a 429 the ceiling itself grows by `probe`
-//!    per second: a limit that rose is found again, and a refused probe costs at most one
-//!    block in `quiet`. A ceiling no call was refused at (a window's quota, estimated in
+//! 4. After the last block's length ÷ [`HEADROOM`] without a 429 (the **quiet**) the
+//!    ceiling itself grows by `probe` per second: a limit that rose is found again, and a
+//!    refused probe costs at most the share of the time the headroom gives up too. A ceiling no call was refused at (a window's quota, estimated in
 //!    its first second) grows at once, unless the pace climbs back to held: a burst let
 //!    through at once says little of the rate that follows. Back at the declared rate,
 //!    nothing is learned.
@@ -35,6 +35,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::budget::HEADROOM;
+
 /// The controller's parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Params {
@@ -47,9 +49,7 @@ pub struct Params {
     pub min_sample: u64,
     /// Seconds: the time constant of the climb back towards the ceiling.
     pub approach: f64,
-    /// Blocks without a 429 (the last block's length times this) before the ceiling grows.
-    pub quiet: f64,
-    /// The ceiling's growth per second after `quiet` (multiplicative).
+    /// The ceiling's growth per second after the quiet (multiplicative).
     pub probe: f64,
     /// Seconds: a pace unrefused this long is held (and cut less, the longer it held); a
     /// cut this soon after a held pace climbs back to it.
@@ -66,15 +66,10 @@ pub const PARAMS: Params = Params {
     deep_decrease: 0.4,
     min_sample: 5,
     approach: 3.0,
-    quiet: 40.0,
     probe: 0.02,
     hold: 15.0,
     floor: 0.05,
 };
-
-/// A budget whose slots all lay this far in the past was idle: its sample starts afresh,
-/// and a process's first slice after it is cold (see `pacer::COLD_SPREAD`).
-pub const IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 // Not tunables: bounds that keep the state finite.
 
@@ -138,7 +133,7 @@ impl Learned {
         // climbing back to a held pace probes at once.
         let block = self.last_429.map_or(0.0, |at| secs(at, since));
         let estimated = held.is_none() && self.ceiling < self.refused;
-        let quiet = if estimated { 0.0 } else { p.quiet * block };
+        let quiet = if estimated { 0.0 } else { block / HEADROOM };
         let probing = (s - quiet).max(0.0);
         let grown = top * (p.probe * probing).min(MAX_GROWTH).exp();
         let rate = grown - (grown - from) * (-t / p.approach).exp();
@@ -268,6 +263,9 @@ impl Sample {
 mod tests {
     use super::*;
 
+    /// Blocks without a 429 before a refused ceiling grows.
+    const QUIET: f64 = 1.0 / HEADROOM;
+
     fn t(s: f64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000, 0).unwrap()
             + chrono::Duration::microseconds((s * 1e6) as i64)
@@ -286,9 +284,9 @@ mod tests {
         assert!(at(7.0) > cut && at(7.0) < half);
         // Halfway between the plain cut and the ceiling, and no further while quiet.
         assert!(at(20.0) > half - 0.05 && at(20.0) < half, "{}", at(20.0));
-        assert!(at(6.0 + p.quiet) < half);
+        assert!(at(6.0 + QUIET) < half);
         // After the quiet period the ceiling grows; past the declared rate all is forgotten.
-        assert!(at(60.0) > 10.5);
+        assert!(at(6.0 + QUIET + 15.0) > 10.5);
         assert_eq!(l.rate(&p, 20.0, t(200.0)), None);
     }
 
@@ -296,14 +294,14 @@ mod tests {
     fn the_probe_waits_in_proportion_to_the_block_it_risks() {
         let p = PARAMS;
         let half = 10.0 * (1.0 + p.decrease) / 2.0;
-        // A target that names no wait blocks for a minute: probing after `quiet` seconds
+        // A target that names no wait blocks for a minute: probing after the quiet of a 1 s block
         // would spend more time blocked than it could win.
         let mut l = Learned::default();
         l.refused(&p, 10.0, 50, 5.0, t(0.0), t(60.0));
         let at = |s| l.rate(&p, 20.0, t(s)).unwrap();
-        assert!(at(60.0 + 2.0 * p.quiet) <= half);
-        assert!(at(60.0 + 60.0 * p.quiet - 1.0) <= half);
-        assert!(at(60.0 + 60.0 * p.quiet + 10.0) > half * 1.1);
+        assert!(at(60.0 + 2.0 * QUIET) <= half);
+        assert!(at(60.0 + 60.0 * QUIET - 1.0) <= half);
+        assert!(at(60.0 + 60.0 * QUIET + 10.0) > half * 1.1);
     }
 
     #[test]
@@ -330,7 +328,7 @@ mod tests {
         l.refused(&p, 100.0, 6, 0.06, t(0.0), t(1.0));
         let half = l.ceiling * (1.0 + p.decrease) / 2.0;
         assert!(l.rate(&p, 100.0, t(11.0)).unwrap() > half * 1.15);
-        // A ceiling a call was refused at waits `quiet` blocks before it grows.
+        // A ceiling a call was refused at waits the quiet before it grows.
         let mut l = Learned::default();
         l.refused(&p, 10.0, 50, 5.0, t(5.0), t(6.0));
         let half = 10.0 * (1.0 + p.decrease) / 2.0;

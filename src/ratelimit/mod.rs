@@ -57,16 +57,13 @@ mod tests {
             ("deep_decrease", p.deep_decrease),
             ("min_sample", p.min_sample as f64),
             ("approach", p.approach),
-            ("quiet", p.quiet),
             ("probe", p.probe),
             ("hold", p.hold),
             ("floor", p.floor),
             ("HEADROOM", budget::HEADROOM),
             ("BUCKETS", budget::BUCKETS as f64),
-            ("IDLE_AFTER", controller::IDLE_AFTER.as_secs_f64()),
-            ("COLD_SPREAD", pacer::COLD_SPREAD),
             ("RECENT_TRIPS", pacer::RECENT_TRIPS as f64),
-            ("LEAD", pacer::LEAD.as_secs_f64()),
+            ("SLICE", budget::SLICE.as_secs_f64()),
             ("SPENT_WAIT", pacer::SPENT_WAIT.as_secs_f64()),
         ];
         for (name, value) in code {

@@ -23,31 +23,19 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
+pub use super::budget::{HEADROOM, SLICE};
 use super::{
     blocks::Blocks,
     budget::{BudgetState, SliceRequest, interval},
     controller::PARAMS,
     limits::Limit,
 };
-pub use super::{budget::HEADROOM, controller::IDLE_AFTER};
-use crate::clock::Clock;
-
-/// A process leases its next slice this long before its last slot, and a lease starts
-/// twice its last round trip ahead of now (at most twice this), so the slots are still
-/// fresh when they arrive, however fast the rate.
-pub const LEAD: Duration = Duration::from_millis(100);
+use crate::clock::{Clock, PRECISE_WITHIN};
 
 /// The least time between two calls of one process on a budget, as a share of the slot
 /// interval: half the [`HEADROOM`], so a call's trip to the target may vary by the other
 /// half without the pair arriving closer together than the rate allows.
 pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
-
-/// A process's first slice on a budget, or its first after [`IDLE_AFTER`] without a call,
-/// books its slots this share wider: its first calls go out on cold connections and code
-/// paths and may reach the target a few milliseconds late, and the next slot, another
-/// process's or its own, would then follow too closely for a limiter with no burst. It
-/// costs one slice at the slower pace once per start.
-pub const COLD_SPREAD: f64 = 0.05;
 
 /// The round trips a process keeps per budget: a trip slower than nine in ten of them
 /// holds the next call back by how much slower than the middle one it was (see
@@ -56,7 +44,10 @@ pub const COLD_SPREAD: f64 = 0.05;
 pub const RECENT_TRIPS: usize = 32;
 
 /// A long window spent for longer than this stops the waiting calls (their deliveries stay
-/// pending); the chain's next job waits in the queue until the window has room.
+/// pending); the chain's next job waits in the queue until the window has room. The
+/// longest pause that is still part of one run of calls: a budget whose next free slot
+/// went unused longer than this was idle (its sample starts afresh), and no 429 blocks for
+/// less (see [`block_length`](super::blocks::block_length)).
 pub const SPENT_WAIT: Duration = Duration::from_secs(1);
 
 fn std_interval(rate: f64) -> Duration {
@@ -71,12 +62,6 @@ pub fn interval_for(rpm: f64) -> Duration {
 /// The time between two slots of a budget declaring `rpm` requests per minute.
 pub fn emission_interval(rpm: u32) -> Duration {
     interval_for(f64::from(rpm))
-}
-
-/// The slot interval of a process's cold slice ([`COLD_SPREAD`] wider than
-/// [`interval_for`]).
-pub fn cold_interval_for(rpm: f64) -> Duration {
-    std_interval(rpm / 60.0 / (1.0 + COLD_SPREAD))
 }
 
 /// What a waiting request gets: its slot, or the time a spent window frees.
@@ -174,8 +159,9 @@ struct Local {
     leasing: bool,
     /// Slots handed out by this process: one per writer call.
     granted: u64,
-    /// How far ahead of now a lease starts (microseconds): twice the last lease's round
-    /// trip, so the slots are still fresh when they arrive, however fast the rate.
+    /// How far ahead of now a lease starts, and how long before its last slot the next
+    /// one is asked for (microseconds): twice the last lease's round trip (at most a
+    /// slice), so the slots are still fresh when they arrive, however fast the rate.
     lookahead_us: i64,
     /// The pace (requests per second) of this process's latest lease (before any: the
     /// declared pace).
@@ -619,8 +605,11 @@ impl Pacer {
                 next
             };
             if let Some(next) = next {
-                let ahead = chrono::Duration::from_std(LEAD).expect("fits");
-                self.clock.sleep_until(next - ahead).await;
+                // The timer may wake its lateness after the deadline.
+                let ahead = budget.local().lookahead_us + PRECISE_WITHIN.as_micros() as i64;
+                self.clock
+                    .sleep_until(next - chrono::Duration::microseconds(ahead))
+                    .await;
                 // The waiters may have gone meanwhile (their batch stopped on a 429).
                 let mut st = budget.local();
                 st.queue.forget_gone();
@@ -648,16 +637,13 @@ impl Pacer {
         if let Some(until) = blocked.filter(|&b| b > asked + spent_wait) {
             return Ok((Vec::new(), Some(until)));
         }
-        let idle = chrono::Duration::from_std(IDLE_AFTER).expect("fits");
-        let (now, accepted, advertised, hold, cold) = {
+        let (now, accepted, advertised, hold) = {
             let mut local = budget.local();
             let ahead = asked + chrono::Duration::microseconds(local.lookahead_us);
             let now = blocked.map_or(ahead, |b| b.max(ahead));
-            let cold = local.trip.let_go.is_none_or(|l| l < now - idle);
             let accepted = std::mem::take(&mut local.accepted);
-            (now, accepted, local.advertised.take(), local.hold, cold)
+            (now, accepted, local.advertised.take(), local.hold)
         };
-        let spread = if cold { 1.0 + COLD_SPREAD } else { 1.0 };
         let slice = self
             .with_state(budget, |st| {
                 if let Some(limits) = advertised {
@@ -670,7 +656,6 @@ impl Pacer {
                     limits: &budget.limits,
                     reserve: budget.reserve,
                     n: u32::MAX,
-                    spread,
                     accepted,
                     horizon: spent_wait,
                 };
@@ -686,7 +671,7 @@ impl Pacer {
         let round_trip = (self.clock.now() - asked)
             .to_std()
             .unwrap_or_default()
-            .min(LEAD);
+            .min(SLICE / 2);
         let mut local = budget.local();
         if !slice.slots.is_empty() {
             local.rate = slice.rate;

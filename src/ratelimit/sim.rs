@@ -407,7 +407,6 @@ impl<'a> Sim<'a> {
             limits: &self.cell.declared,
             reserve: 0,
             n: 50,
-            spread: 1.0,
             accepted,
             horizon: chrono::Duration::seconds(1),
         };
