@@ -207,6 +207,76 @@ pub async fn record(
     Ok(circuit)
 }
 
+/// A connection's circuit as `courier status` and the metrics show it.
+#[derive(Debug)]
+pub struct CircuitLine {
+    /// The connection.
+    pub connection_id: i64,
+    /// `closed`, `open` or `half_open`.
+    pub state: String,
+    /// When an open circuit allows a probe.
+    pub open_until: Option<DateTime<Utc>>,
+    /// Unreachable failures in a row.
+    pub consecutive_failures: i32,
+}
+
+/// Every connection's circuit.
+pub async fn lines(db: impl sqlx::PgExecutor<'_>) -> Result<Vec<CircuitLine>, sqlx::Error> {
+    sqlx::query_as!(
+        CircuitLine,
+        r#"SELECT connection_id, state::text AS "state!", courier_ts(open_until) AS open_until,
+                  consecutive_failures
+           FROM circuits"#
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The connections left alone as unusable at `now`: `(connection, why, until when)`.
+pub async fn unusable(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Vec<(i64, String, DateTime<Utc>)>, sqlx::Error> {
+    Ok(sqlx::query!(
+        r#"SELECT connection_id, unusable_error AS "reason!", unusable_until AS "until!"
+           FROM circuits WHERE unusable_until > $1"#,
+        now
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| (r.connection_id, r.reason, r.until))
+    .collect())
+}
+
+/// Connection `connection_id`'s circuit, and whether it admits run `run_id` at `now`
+/// (`courier_circuit_admits`: closed, cooled down, or half-open for this run's probe).
+pub async fn for_run(
+    db: impl sqlx::PgExecutor<'_>,
+    connection_id: i64,
+    run_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(Circuit, bool), sqlx::Error> {
+    let r = sqlx::query!(
+        r#"SELECT state AS "state: State", consecutive_failures, times_opened,
+                  courier_ts(open_until) AS open_until,
+                  courier_circuit_admits(circuits, $2, $3) AS "admits!"
+           FROM circuits WHERE connection_id = $1"#,
+        connection_id,
+        run_id,
+        now
+    )
+    .fetch_one(db)
+    .await?;
+    let circuit = Circuit {
+        state: r.state,
+        consecutive_failures: r.consecutive_failures,
+        times_opened: r.times_opened,
+        open_until: r.open_until,
+    };
+    Ok((circuit, r.admits))
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -7,6 +7,7 @@
 //! there refuse what SQL can check cheaply (the URL's shape, the headers), and a rule path
 //! its writer cannot serve fails its run once with the reason, leaving its backlog pending.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{Acquire, PgConnection, PgExecutor, Postgres};
 
@@ -85,6 +86,8 @@ pub struct Connection {
     pub limits: Vec<String>,
     /// Percent of each long window kept for other clients.
     pub reserve_percent: i16,
+    /// Paused by an operator: none of its rules gets a run.
+    pub paused: bool,
 }
 
 /// A connection's requests per minute as stored (`requests_per_minute`), else
@@ -196,6 +199,8 @@ pub struct Rule {
     pub answer: Option<serde_json::Value>,
     /// How its requests are shaped, if stated.
     pub request: Option<serde_json::Value>,
+    /// Paused by an operator: it gets no run.
+    pub paused: bool,
 }
 
 /// Why a connection or rule could not be stored.
@@ -581,7 +586,7 @@ pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>
         Connection,
         r#"SELECT id, name, writer, base_url, api_key_env, auth, headers, requests_per_minute,
                   max_in_flight, timeout_ms, courier_budget_key(connections) AS "budget_key!",
-                  limits, reserve_percent
+                  limits, reserve_percent, paused
            FROM connections ORDER BY name"#
     )
     .fetch_all(db)
@@ -594,11 +599,88 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
                 backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope,
-                budget_key, answer, request
+                budget_key, answer, request, paused
          FROM rules ORDER BY name"
     )
     .fetch_all(db)
     .await
+}
+
+/// Rule `rule_id` and the connection it delivers into, whose budget key is the one the
+/// rule spends from (its own, if it has one); `None` when the rule is gone.
+pub async fn rule_with_connection(
+    db: impl PgExecutor<'_>,
+    rule_id: i64,
+) -> Result<Option<(Rule, Connection)>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"SELECT ru.id, ru.name AS rule_name, ru.connection_id, ru.path, ru.enabled, ru.batch_size,
+                  ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms, ru.weight,
+                  ru.records_per_call, ru.batch_envelope, ru.budget_key AS rule_budget_key,
+                  ru.answer, ru.request, ru.paused AS rule_paused,
+                  c.name, c.writer, c.base_url, c.api_key_env, c.auth, c.headers,
+                  c.requests_per_minute, c.max_in_flight, c.timeout_ms,
+                  courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
+                  c.paused
+           FROM rules ru JOIN connections c ON c.id = ru.connection_id
+           WHERE ru.id = $1"#,
+        rule_id
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| {
+        let rule = Rule {
+            id: r.id,
+            name: r.rule_name,
+            connection_id: r.connection_id,
+            path: r.path,
+            enabled: r.enabled,
+            batch_size: r.batch_size,
+            max_attempts: r.max_attempts,
+            backoff_base_ms: r.backoff_base_ms,
+            backoff_max_ms: r.backoff_max_ms,
+            weight: r.weight,
+            records_per_call: r.records_per_call,
+            batch_envelope: r.batch_envelope,
+            budget_key: r.rule_budget_key,
+            answer: r.answer,
+            request: r.request,
+            paused: r.rule_paused,
+        };
+        let connection = Connection {
+            id: r.connection_id,
+            name: r.name,
+            writer: r.writer,
+            base_url: r.base_url,
+            api_key_env: r.api_key_env,
+            auth: r.auth,
+            headers: r.headers,
+            requests_per_minute: r.requests_per_minute,
+            max_in_flight: r.max_in_flight,
+            timeout_ms: r.timeout_ms,
+            budget_key: r.budget_key,
+            limits: r.limits,
+            reserve_percent: r.reserve_percent,
+            paused: r.paused,
+        };
+        (rule, connection)
+    }))
+}
+
+/// The rules left alone as unusable at `now`: `(rule, why, until when)`.
+pub async fn unusable_rules(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, String, DateTime<Utc>)>, sqlx::Error> {
+    Ok(sqlx::query!(
+        r#"SELECT name, unusable_error AS "reason!", unusable_until AS "until!"
+           FROM rules WHERE unusable_until > $1"#,
+        now
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| (r.name, r.reason, r.until))
+    .collect())
 }
 
 /// The declarative form the CLI applies: `courier apply FILE`.

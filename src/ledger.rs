@@ -328,3 +328,45 @@ pub async fn retry(
     .await?;
     Ok(n as u64)
 }
+
+/// A rule's backlog: its pending deliveries.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Backlog {
+    /// Pending deliveries.
+    pub pending: i64,
+    /// Pending deliveries due by now.
+    pub due: i64,
+    /// Pending deliveries held until their `depends_on` is delivered.
+    pub waiting_on_dependency: i64,
+}
+
+/// Every rule's backlog at `now`, by rule id (rules with none left out).
+pub async fn backlog(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<std::collections::HashMap<i64, Backlog>, sqlx::Error> {
+    Ok(sqlx::query!(
+        r#"SELECT d.rule_id, count(*) AS "pending!",
+                  count(*) FILTER (WHERE d.next_attempt_at <= $1) AS "due!",
+                  count(*) FILTER (WHERE d.depends_on IS NOT NULL AND NOT EXISTS (
+                      SELECT 1 FROM delivered_records x
+                      WHERE x.connection_id = r.connection_id
+                        AND x.record_key = d.depends_on)) AS "dependency!"
+           FROM deliveries d JOIN rules r ON r.id = d.rule_id
+           WHERE d.status = 'pending'
+           GROUP BY d.rule_id"#,
+        now
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| {
+        let backlog = Backlog {
+            pending: r.pending,
+            due: r.due,
+            waiting_on_dependency: r.dependency,
+        };
+        (r.rule_id, backlog)
+    })
+    .collect())
+}

@@ -25,7 +25,11 @@ use prometheus_client::{
 };
 use sqlx::PgPool;
 
-use crate::{breaker, catalog, ratelimit::budget::BudgetState, runs::RunStatus};
+use crate::{
+    breaker, catalog, ledger,
+    ratelimit::{blocks, pacer},
+    runs::{self, RunStatus},
+};
 
 /// The content type of [`render`]'s text (OpenMetrics, which Prometheus reads).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -305,43 +309,33 @@ pub struct Shared {
 }
 
 /// Reads [`Shared`] in one read-only transaction whose statements may run at most
-/// [`SCRAPE_STATEMENT_TIMEOUT`].
+/// [`SCRAPE_STATEMENT_TIMEOUT`], from each table's owner.
 pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let timeout = SCRAPE_STATEMENT_TIMEOUT.as_millis().to_string();
     sqlx::query!("SELECT set_config('statement_timeout', $1, true)", timeout)
         .fetch_one(&mut *tx)
         .await?;
-    let backlog = sqlx::query!(
-        r#"SELECT r.name, count(d.id) AS "pending!",
-                  count(d.id) FILTER (WHERE d.next_attempt_at <= $1) AS "due!"
-           FROM rules r LEFT JOIN deliveries d ON d.rule_id = r.id AND d.status = 'pending'
-           GROUP BY r.name ORDER BY r.name"#,
-        now
-    )
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|r| (r.name, r.pending, r.due))
-    .collect();
-    let runs = sqlx::query!(
-        r#"SELECT status::text AS "status!", count(*) AS "runs!" FROM runs GROUP BY status"#
-    )
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|r| (r.status, r.runs))
-    .collect();
-    let budgets = budgets(&mut tx, now).await?;
-    let circuits = sqlx::query!(
-        r#"SELECT c.name, ci.state::text AS "state!"
-           FROM connections c JOIN circuits ci ON ci.connection_id = c.id ORDER BY c.name"#
-    )
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|r| (r.name, r.state))
-    .collect();
+    let rules = catalog::list_rules(&mut *tx).await?;
+    let backlog = ledger::backlog(&mut *tx, now).await?;
+    let backlog = rules
+        .iter()
+        .map(|r| {
+            let b = backlog.get(&r.id).copied().unwrap_or_default();
+            (r.name.clone(), b.pending, b.due)
+        })
+        .collect();
+    let runs = runs::count_by_status(&mut *tx).await?;
+    let connections = catalog::list_connections(&mut *tx).await?;
+    let budgets = budgets(&mut tx, &connections, now).await?;
+    let circuits = breaker::lines(&mut *tx).await?;
+    let circuits = connections
+        .iter()
+        .filter_map(|c| {
+            let line = circuits.iter().find(|l| l.connection_id == c.id)?;
+            Some((c.name.clone(), line.state.clone()))
+        })
+        .collect();
     tx.commit().await?;
     Ok(Shared {
         backlog,
@@ -351,46 +345,46 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     })
 }
 
-/// Each budget's declared and effective requests per minute and its block's end, if blocked.
+/// Each budget's declared and effective requests per minute and its block's end, if
+/// blocked; connections sharing a budget declare the least of their rates.
 async fn budgets(
     tx: &mut sqlx::PgConnection,
+    connections: &[catalog::Connection],
     now: DateTime<Utc>,
 ) -> Result<Vec<(String, i64, f64, Option<DateTime<Utc>>)>, sqlx::Error> {
-    Ok(sqlx::query!(
-        r#"SELECT courier_budget_key(c) AS "budget!",
-                  array_agg(c.requests_per_minute) AS "rpms!: Vec<Option<i32>>",
-                  min(array_to_string(c.limits, ' ')) AS "limits!",
-                  max(c.reserve_percent) AS "reserve!", (array_agg(bu.state))[1] AS state,
-                  courier_ts(max(b.blocked_until)) AS blocked_until
-           FROM connections c
-           LEFT JOIN budgets bu ON bu.budget_key = courier_budget_key(c)
-           LEFT JOIN connection_blocks b
-                  ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
-           GROUP BY 1 ORDER BY 1"#,
-        now
-    )
-    .fetch_all(tx)
-    .await?
-    .into_iter()
-    .map(|r| {
-        // Connections sharing a budget: the least of their rates.
-        let rpm = r.rpms.iter().map(|&x| catalog::rpm_or_default(x)).min();
-        let conn = catalog::Connection {
-            requests_per_minute: rpm.map(|x| x as i32),
-            limits: r.limits.split_whitespace().map(str::to_owned).collect(),
-            reserve_percent: r.reserve,
-            ..Default::default()
-        };
-        let state = BudgetState::from_row(r.state);
-        let pace = crate::status::budget_pace(&state, &conn.declared_limits(), conn.reserve(), now);
-        (
-            r.budget,
-            i64::from(conn.rpm()),
-            pace.effective_rpm,
-            r.blocked_until,
-        )
-    })
-    .collect())
+    let states = pacer::states(&mut *tx).await?;
+    let blocks = blocks::current(&mut *tx, now).await?;
+    let mut keys: Vec<&str> = connections.iter().map(|c| c.budget_key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys
+        .into_iter()
+        .map(|key| {
+            let sharing = connections.iter().filter(|c| c.budget_key == key);
+            let rpm = sharing.clone().map(catalog::Connection::rpm).min();
+            let limits = sharing.clone().map(|c| c.limits.join(" ")).min();
+            let conn = catalog::Connection {
+                requests_per_minute: rpm.map(|x| x as i32),
+                limits: limits
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect(),
+                reserve_percent: sharing.map(|c| c.reserve_percent).max().unwrap_or(0),
+                ..Default::default()
+            };
+            let state = states.get(key).cloned().unwrap_or_default();
+            let pace =
+                crate::status::budget_pace(&state, &conn.declared_limits(), conn.reserve(), now);
+            let blocked_until = blocks.iter().find(|b| b.budget_key == key).map(|b| b.until);
+            (
+                key.to_owned(),
+                i64::from(conn.rpm()),
+                pace.effective_rpm,
+                blocked_until,
+            )
+        })
+        .collect())
 }
 
 /// The whole exposition: this process's counters, then the database's figures as gauges.

@@ -416,3 +416,82 @@ pub async fn reap_stale(
     .fetch_all(db)
     .await
 }
+
+/// One run's line, as `courier status` shows it.
+#[derive(Debug, Serialize)]
+pub struct RunLine {
+    /// Run id.
+    pub id: i64,
+    /// Its rule.
+    pub rule: String,
+    /// Status.
+    pub status: String,
+    /// Counters.
+    pub delivered: i32,
+    /// Transient failures retried.
+    pub failed: i32,
+    /// Exhausted deliveries.
+    pub exhausted: i32,
+    /// Rejected deliveries.
+    pub rejected: i32,
+    /// Suppressed deliveries.
+    pub suppressed: i32,
+    /// Held deliveries.
+    pub held: i32,
+    /// Start.
+    pub started_at: DateTime<Utc>,
+    /// Last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// End.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The `n` most recent runs, newest first.
+pub async fn recent(db: impl PgExecutor<'_>, n: i64) -> Result<Vec<RunLine>, sqlx::Error> {
+    sqlx::query_as!(
+        RunLine,
+        r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
+                x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
+                courier_ts(x.heartbeat_at) AS "heartbeat_at!", courier_ts(x.finished_at) AS finished_at
+         FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT $1"#,
+        n
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Runs by status: `(status, runs)`.
+pub async fn count_by_status(db: impl PgExecutor<'_>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    Ok(sqlx::query!(
+        r#"SELECT status::text AS "status!", count(*) AS "runs!" FROM runs GROUP BY status"#
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| (r.status, r.runs))
+    .collect())
+}
+
+/// A run as a job of its chain reads it.
+#[derive(Debug)]
+pub struct RunRow {
+    /// How it stands.
+    pub status: RunStatus,
+    /// Its rule.
+    pub rule_id: i64,
+    /// The last delivery id it went past.
+    pub cursor_id: i64,
+    /// The job that carries it.
+    pub job_id: Option<String>,
+}
+
+/// Run `run_id`; `None` when it is gone.
+pub async fn get(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as!(
+        RunRow,
+        r#"SELECT status AS "status: RunStatus", rule_id, cursor_id, job_id FROM runs WHERE id = $1"#,
+        run_id
+    )
+    .fetch_optional(db)
+    .await
+}

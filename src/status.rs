@@ -3,17 +3,25 @@
 //! as data (the command line renders it as tables for people,
 //! or as JSON for machines; the dashboard as HTML).
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::{
-    catalog::Connection,
+    breaker::{self, CircuitLine},
+    catalog::{self, Connection, Rule},
+    ledger::{self, Backlog},
+    maintenance::heartbeat,
     ratelimit::{
+        blocks::{self, BlockLine},
         budget::BudgetState,
         controller::PARAMS,
         limits::{Limit, usable_quota},
+        pacer,
     },
+    runs,
 };
 
 /// One connection's line.
@@ -110,50 +118,7 @@ pub struct RuleStatus {
     pub last_run_status: Option<String>,
 }
 
-/// One run's line.
-#[derive(Debug, Serialize)]
-pub struct RunLine {
-    /// Run id.
-    pub id: i64,
-    /// Its rule.
-    pub rule: String,
-    /// Status.
-    pub status: String,
-    /// Counters.
-    pub delivered: i32,
-    /// Transient failures retried.
-    pub failed: i32,
-    /// Exhausted deliveries.
-    pub exhausted: i32,
-    /// Rejected deliveries.
-    pub rejected: i32,
-    /// Suppressed deliveries.
-    pub suppressed: i32,
-    /// Held deliveries.
-    pub held: i32,
-    /// Start.
-    pub started_at: DateTime<Utc>,
-    /// Last heartbeat.
-    pub heartbeat_at: DateTime<Utc>,
-    /// End.
-    pub finished_at: Option<DateTime<Utc>>,
-}
-
-/// One live worker process.
-#[derive(Debug, Serialize)]
-pub struct WorkerLine {
-    /// Its unique name (`courier-<host>-<pid>-<random>`).
-    pub name: String,
-    /// When it started.
-    pub started_at: DateTime<Utc>,
-    /// Its last beat.
-    pub heartbeat_at: DateTime<Utc>,
-    /// Where it serves `/metrics` and the dashboard (`None`: nowhere).
-    pub http_addr: Option<String>,
-    /// How far its host's wall clock is ahead of the database's, in milliseconds
-    /// (negative: behind), at its last beat. It keeps time by the database's clock.
-    pub clock_offset_ms: Option<f64>,
-}
+pub use crate::{maintenance::heartbeat::WorkerLine, runs::RunLine};
 
 /// Everything `courier status` shows.
 #[derive(Debug, Serialize)]
@@ -196,91 +161,105 @@ pub async fn report_with(
     worker_dead_after: std::time::Duration,
 ) -> Result<Report, sqlx::Error> {
     let window = chrono::Duration::from_std(worker_dead_after).unwrap_or(chrono::Duration::MAX);
+    let read = Catalog {
+        connections: catalog::list_connections(pool).await?,
+        rules: catalog::list_rules(pool).await?,
+        budgets: pacer::states(pool).await?,
+    };
     Ok(Report {
-        connections: connections(pool, now).await?,
-        rules: rules(pool, now).await?,
-        workers: workers(pool, now, window).await?,
-        recent_runs: recent_runs(pool).await?,
-        problems: problems(pool, now).await?,
+        connections: connections(pool, &read, now).await?,
+        rules: rules(pool, &read, now).await?,
+        workers: heartbeat::live(pool, now, window).await?,
+        recent_runs: runs::recent(pool, RECENT_RUNS).await?,
+        problems: problems(pool, &read, now).await?,
     })
-}
-
-/// The live workers: alive by `window` (`COURIER_WORKER_DEAD_AFTER_SECONDS`), or, their
-/// session gone, by two beats of it, as the rescuer judges them.
-async fn workers(
-    pool: &PgPool,
-    now: DateTime<Utc>,
-    window: chrono::Duration,
-) -> Result<Vec<WorkerLine>, sqlx::Error> {
-    let grace = window * 2 / 5;
-    sqlx::query_as!(
-        WorkerLine,
-        r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr, w.clock_offset_ms FROM workers w
-           WHERE courier_worker_alive(w, $1, $2) ORDER BY w.started_at, w.name"#,
-        now - window,
-        now - grace
-    )
-    .fetch_all(pool)
-    .await
 }
 
 /// Each connection with its budget, circuit and block.
 async fn connections(
     pool: &PgPool,
+    read: &Catalog,
     now: DateTime<Utc>,
 ) -> Result<Vec<ConnectionStatus>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"SELECT c.name, c.writer, courier_budget_key(c) AS "budget_key!",
-                  c.requests_per_minute, c.limits, c.reserve_percent,
-                  COALESCE((SELECT sum(u.calls) FROM budget_calls u
-                            WHERE u.budget_key = courier_budget_key(c)
-                              AND u.at > $1 - interval '60 seconds'), 0)::bigint AS "used_last_minute!",
-                  bu.state AS "budget_state?",
-                  ci.state AS circuit, courier_ts(ci.open_until) AS open_until, ci.consecutive_failures,
-                  courier_ts(b.blocked_until) AS "blocked_until?", br.name AS "blocked_by?",
-                  b.retry_after_raw AS "retry_after_raw?", c.paused
-           FROM connections c JOIN circuits ci ON ci.connection_id = c.id
-           LEFT JOIN connection_blocks b
-                  ON b.budget_key = courier_budget_key(c) AND b.blocked_until > $1
-           LEFT JOIN rules br ON br.id = b.rule_id
-           LEFT JOIN budgets bu ON bu.budget_key = courier_budget_key(c)
-           ORDER BY c.name"#,
-        now
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
+    let circuits: HashMap<i64, CircuitLine> = breaker::lines(pool)
+        .await?
         .into_iter()
-        .map(|r| {
-            let conn = Connection {
-                requests_per_minute: r.requests_per_minute,
-                limits: r.limits,
-                reserve_percent: r.reserve_percent,
-                ..Connection::default()
-            };
-            let state = BudgetState::from_row(r.budget_state);
-            let pace = budget_pace(&state, &conn.declared_limits(), conn.reserve(), now);
+        .map(|c| (c.connection_id, c))
+        .collect();
+    let blocks = blocks_by_key(pool, now).await?;
+    let used = pacer::calls_last_minute(pool, now).await?;
+    Ok(read
+        .connections
+        .iter()
+        .map(|c| {
+            let state = read.budget(&c.budget_key);
+            let pace = budget_pace(&state, &c.declared_limits(), c.reserve(), now);
+            let circuit = circuits.get(&c.id);
+            let block = blocks.get(&c.budget_key);
             ConnectionStatus {
-                name: r.name,
-                writer: r.writer,
-                budget_key: r.budget_key,
-                requests_per_minute: conn.rpm() as i32,
+                name: c.name.clone(),
+                writer: c.writer.clone(),
+                budget_key: c.budget_key.clone(),
+                requests_per_minute: c.rpm() as i32,
                 limits: pace.limits,
-                used_last_minute: r.used_last_minute,
+                used_last_minute: used.get(&c.budget_key).copied().unwrap_or(0),
                 learned_rpm: pace.learned_rpm,
                 advertised_rpm: pace.advertised_rpm,
                 effective_rpm: pace.effective_rpm,
                 last_429_at: state.learned.last_429,
-                circuit: r.circuit,
-                open_until: r.open_until,
-                consecutive_failures: r.consecutive_failures,
-                blocked_until: r.blocked_until,
-                blocked_by: r.blocked_by,
-                retry_after_raw: r.retry_after_raw,
-                paused: r.paused,
+                circuit: circuit.map_or_else(|| "closed".to_owned(), |c| c.state.clone()),
+                open_until: circuit.and_then(|c| c.open_until),
+                consecutive_failures: circuit.map_or(0, |c| c.consecutive_failures),
+                blocked_until: block.map(|b| b.until),
+                blocked_by: block.and_then(|b| read.rule_name(b.rule_id)),
+                retry_after_raw: block.and_then(|b| b.retry_after_raw.clone()),
+                paused: c.paused,
             }
         })
         .collect())
+}
+
+/// The blocks in force at `now`, by budget key.
+async fn blocks_by_key(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, BlockLine>, sqlx::Error> {
+    Ok(blocks::current(pool, now)
+        .await?
+        .into_iter()
+        .map(|b| (b.budget_key.clone(), b))
+        .collect())
+}
+
+/// What the report reads once: the catalog and every budget's shared state.
+struct Catalog {
+    /// The connections, by name.
+    connections: Vec<Connection>,
+    /// The rules, by name.
+    rules: Vec<Rule>,
+    /// Each budget's shared state, by key.
+    budgets: HashMap<String, BudgetState>,
+}
+
+impl Catalog {
+    /// Budget `key`'s shared state (the default when it has none yet).
+    fn budget(&self, key: &str) -> BudgetState {
+        self.budgets.get(key).cloned().unwrap_or_default()
+    }
+
+    /// The name of rule `id`, if it exists.
+    fn rule_name(&self, id: Option<i64>) -> Option<String> {
+        let id = id?;
+        self.rules
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| r.name.clone())
+    }
+
+    /// Connection `id`.
+    fn connection(&self, id: i64) -> Option<&Connection> {
+        self.connections.iter().find(|c| c.id == id)
+    }
 }
 
 /// Where a budget's pace stands (see [`budget_pace`]).
@@ -343,22 +322,15 @@ pub fn budget_pace(
     }
 }
 
-/// A rule's row for [`rules`]: its backlog, state, last run and budget.
-struct RuleRow {
+/// A rule's state for [`rules`], as the view `rule_states` reads it.
+struct RuleState {
+    rule_id: i64,
     name: String,
+    connection_id: i64,
     connection: String,
     enabled: bool,
     budget_key: String,
-    weight: i32,
-    records_per_call: i32,
-    requests_per_minute: Option<i32>,
-    limits: Vec<String>,
-    reserve_percent: i16,
-    budget_state: Option<serde_json::Value>,
     paused: Option<String>,
-    pending: i64,
-    due: i64,
-    waiting_on_dependency: i64,
     state: String,
     resume_at: Option<DateTime<Utc>>,
     blocked_until: Option<DateTime<Utc>>,
@@ -367,54 +339,65 @@ struct RuleRow {
     last_run_status: Option<String>,
 }
 
+/// A rule's line in the making: its state, what the catalog says of it, its backlog.
+struct RuleRow {
+    state: RuleState,
+    weight: i32,
+    records_per_call: i32,
+    backlog: Backlog,
+}
+
 /// Each rule with its backlog, state, last run and estimated drain time.
-async fn rules(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleStatus>, sqlx::Error> {
-    let rows = rule_rows(pool, now).await?;
+async fn rules(
+    pool: &PgPool,
+    read: &Catalog,
+    now: DateTime<Utc>,
+) -> Result<Vec<RuleStatus>, sqlx::Error> {
+    let backlog = ledger::backlog(pool, now).await?;
+    let rows: Vec<RuleRow> = rule_states(pool)
+        .await?
+        .into_iter()
+        .filter_map(|state| {
+            let rule = read.rules.iter().find(|r| r.id == state.rule_id)?;
+            Some(RuleRow {
+                weight: rule.weight,
+                records_per_call: rule.records_per_call,
+                backlog: backlog.get(&rule.id).copied().unwrap_or_default(),
+                state,
+            })
+        })
+        .collect();
     // Each rule's budget's pace (requests per second), and the weight of the rules with a
     // backlog on each budget: a rule's share of the pace.
-    let paces: Vec<f64> = rows.iter().map(|r| r.budget_rate(now)).collect();
+    let paces: Vec<f64> = rows.iter().map(|r| r.budget_rate(read, now)).collect();
     let busy_weight = |key: &str| -> i64 {
         rows.iter()
-            .filter(|r| r.budget_key == key && r.pending > 0)
+            .filter(|r| r.state.budget_key == key && r.backlog.pending > 0)
             .map(|r| i64::from(r.weight))
             .sum()
     };
     Ok(rows
         .iter()
         .zip(paces)
-        .map(|(r, pace)| r.status(pace, busy_weight(&r.budget_key), now))
+        .map(|(r, pace)| r.status(pace, busy_weight(&r.state.budget_key), now))
         .collect())
 }
 
-/// Each rule's row, in the order of their names.
-async fn rule_rows(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleRow>, sqlx::Error> {
+/// Each rule's state, in the order of their names.
+async fn rule_states(pool: &PgPool) -> Result<Vec<RuleState>, sqlx::Error> {
     sqlx::query_as!(
-        RuleRow,
-        r#"SELECT s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
-                  s.budget_key AS "budget_key!", ru.weight, ru.records_per_call,
-                  c.requests_per_minute, c.limits,
-                  c.reserve_percent, bu.state AS "budget_state?",
+        RuleState,
+        r#"SELECT s.rule_id AS "rule_id!", s.rule AS "name!", s.connection_id AS "connection_id!",
+                  s.connection AS "connection!", s.enabled AS "enabled!",
+                  s.budget_key AS "budget_key!",
                   CASE WHEN s.rule_paused AND s.connection_paused THEN 'rule, connection'
                        WHEN s.rule_paused THEN 'rule'
                        WHEN s.connection_paused THEN 'connection' END AS paused,
-                  COALESCE(p.pending, 0) AS "pending!", COALESCE(p.due, 0) AS "due!",
-                  COALESCE(p.dependency, 0) AS "waiting_on_dependency!",
                   s.state AS "state!", courier_ts(s.resume_at) AS resume_at,
                   courier_ts(s.blocked_until) AS blocked_until, s.blocked_by_rule,
                   s.last_run_id AS "last_run?", s.last_run_status AS "last_run_status?"
            FROM rule_states s
-           JOIN rules ru ON ru.id = s.rule_id
-           JOIN connections c ON c.id = ru.connection_id
-           LEFT JOIN budgets bu ON bu.budget_key = s.budget_key
-           LEFT JOIN LATERAL (
-               SELECT count(*) AS pending, count(*) FILTER (WHERE d.next_attempt_at <= $1) AS due,
-                      count(*) FILTER (WHERE d.depends_on IS NOT NULL AND NOT EXISTS (
-                          SELECT 1 FROM delivered_records x JOIN rules xr ON xr.id = x.rule_id
-                          WHERE xr.connection_id = ru.connection_id
-                            AND x.record_key = d.depends_on)) AS dependency
-               FROM deliveries d WHERE d.rule_id = s.rule_id AND d.status = 'pending') p ON true
-           ORDER BY s.rule"#,
-        now
+           ORDER BY s.rule"#
     )
     .fetch_all(pool)
     .await
@@ -423,116 +406,86 @@ async fn rule_rows(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<RuleRow>, sq
 impl RuleRow {
     /// Its budget's pace at `now` (requests per second), from the limits its connection
     /// declares and the budget's shared state.
-    fn budget_rate(&self, now: DateTime<Utc>) -> f64 {
-        let conn = Connection {
-            requests_per_minute: self.requests_per_minute,
-            limits: self.limits.clone(),
-            reserve_percent: self.reserve_percent,
-            ..Connection::default()
+    fn budget_rate(&self, read: &Catalog, now: DateTime<Utc>) -> f64 {
+        let Some(conn) = read.connection(self.state.connection_id) else {
+            return 0.0;
         };
-        let state = BudgetState::from_row(self.budget_state.clone());
+        let state = read.budget(&self.state.budget_key);
         budget_pace(&state, &conn.declared_limits(), conn.reserve(), now).effective_rpm / 60.0
     }
 
     /// Its line, given its budget's pace (requests per second) and the weight of the rules
     /// with a backlog on that budget.
     fn status(&self, pace: f64, busy_weight: i64, now: DateTime<Utc>) -> RuleStatus {
+        let s = &self.state;
+        let pending = self.backlog.pending;
         // Its backlog over its share of the budget's pace (calls of records_per_call),
         // after the block or wait it is in.
         let share = f64::from(self.weight) / busy_weight.max(1) as f64;
-        let waits = self
+        let waits = s
             .blocked_until
-            .or(self.resume_at)
+            .or(s.resume_at)
             .map_or(0.0, |t| (t - now).as_seconds_f64().max(0.0));
         let per_second = pace * share * f64::from(self.records_per_call.max(1));
-        let drain_secs = (self.pending > 0).then(|| waits + self.pending as f64 / per_second);
+        let drain_secs = (pending > 0).then(|| waits + pending as f64 / per_second);
         RuleStatus {
-            name: self.name.clone(),
-            connection: self.connection.clone(),
-            enabled: self.enabled,
+            name: s.name.clone(),
+            connection: s.connection.clone(),
+            enabled: s.enabled,
             records_per_call: self.records_per_call,
-            budget_key: self.budget_key.clone(),
-            paused: self.paused.clone(),
-            pending: self.pending,
-            due: self.due,
-            waiting_on_dependency: self.waiting_on_dependency,
+            budget_key: s.budget_key.clone(),
+            paused: s.paused.clone(),
+            pending,
+            due: self.backlog.due,
+            waiting_on_dependency: self.backlog.waiting_on_dependency,
             drain_secs,
-            state: self.state.clone(),
-            resume_at: self.resume_at,
-            blocked_until: self.blocked_until,
-            blocked_by_rule: self.blocked_by_rule.clone(),
-            last_run: self.last_run,
-            last_run_status: self.last_run_status.clone(),
+            state: s.state.clone(),
+            resume_at: s.resume_at,
+            blocked_until: s.blocked_until,
+            blocked_by_rule: s.blocked_by_rule.clone(),
+            last_run: s.last_run,
+            last_run_status: s.last_run_status.clone(),
         }
     }
 }
 
-/// The 15 most recent runs.
-async fn recent_runs(pool: &PgPool) -> Result<Vec<RunLine>, sqlx::Error> {
-    sqlx::query_as!(
-        RunLine,
-        r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
-                x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
-                courier_ts(x.heartbeat_at) AS "heartbeat_at!", courier_ts(x.finished_at) AS finished_at
-         FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT 15"#
-    )
-    .fetch_all(pool)
-    .await
-}
-
 /// Connections and rules left alone as unusable, until when, and why.
-async fn problems(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Problem>, sqlx::Error> {
-    sqlx::query_as!(
-        Problem,
-        r#"SELECT 'connection ' || c.name AS "what!", ci.unusable_error AS "reason!",
-                  ci.unusable_until AS "until!"
-           FROM circuits ci JOIN connections c ON c.id = ci.connection_id
-           WHERE ci.unusable_until > $1
-           UNION ALL
-           SELECT 'rule ' || r.name, r.unusable_error, r.unusable_until
-           FROM rules r WHERE r.unusable_until > $1
-           ORDER BY 1"#,
-        now
-    )
-    .fetch_all(pool)
-    .await
-}
-
-/// Calls per budget over time, for the dashboard's chart: one point per `step_secs`
-/// bucket (its start, in Unix seconds) with the calls counted in it, the last
-/// `window_secs` before `now`; buckets without calls are left out.
-#[derive(Debug, Serialize)]
-pub struct RatePoint {
-    /// The budget.
-    pub budget_key: String,
-    /// The bucket's start (Unix seconds).
-    pub bucket: i64,
-    /// Calls in the bucket (429s included).
-    pub calls: i64,
-}
-
-/// Reads [`RatePoint`]s from `budget_calls` (kept for an hour by the pruner).
-pub async fn rate_series(
+async fn problems(
     pool: &PgPool,
+    read: &Catalog,
     now: DateTime<Utc>,
-    window_secs: i32,
-    step_secs: i32,
-) -> Result<Vec<RatePoint>, sqlx::Error> {
-    sqlx::query_as!(
-        RatePoint,
-        r#"SELECT budget_key,
-                  (floor(extract(epoch FROM at) / $3::integer) * $3::integer)::bigint AS "bucket!",
-                  sum(calls)::bigint AS "calls!"
-           FROM budget_calls
-           WHERE at > $1::timestamptz - make_interval(secs => $2) AND at <= $1
-           GROUP BY 1, 2 ORDER BY 1, 2"#,
-        now,
-        f64::from(window_secs),
-        step_secs
-    )
-    .fetch_all(pool)
-    .await
+) -> Result<Vec<Problem>, sqlx::Error> {
+    let connections = breaker::unusable(pool, now)
+        .await?
+        .into_iter()
+        .map(|(id, reason, until)| {
+            let name = read
+                .connection(id)
+                .map_or_else(|| id.to_string(), |c| c.name.clone());
+            Problem {
+                what: format!("connection {name}"),
+                reason,
+                until,
+            }
+        });
+    let rules =
+        catalog::unusable_rules(pool, now)
+            .await?
+            .into_iter()
+            .map(|(name, reason, until)| Problem {
+                what: format!("rule {name}"),
+                reason,
+                until,
+            });
+    let mut problems: Vec<Problem> = connections.chain(rules).collect();
+    problems.sort_by(|a, b| a.what.cmp(&b.what));
+    Ok(problems)
 }
+
+/// How many of the most recent runs the report shows.
+const RECENT_RUNS: i64 = 15;
+
+pub use crate::ratelimit::pacer::{RatePoint, rate_series};
 
 #[cfg(test)]
 mod tests {

@@ -1,16 +1,16 @@
-//! What a chain job works with, read in one statement from its run row: the rule, its
-//! connection, the connection's circuit and block. Rule and connection come from the run,
-//! never from the job's payload.
+//! What a chain job works with, read from each table's owner: its run, the run's rule and
+//! connection, the connection's circuit. Rule and connection come from the run, never
+//! from the job's payload.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
+use sqlx::PgPool;
 
 use crate::{
     breaker::{self, Circuit},
-    catalog::Connection,
+    catalog::{self, Connection},
     ratelimit::limits::Limit,
     retry::RetryPolicy,
-    runs::RunStatus,
+    runs::{self, RunStatus},
     writer::{Call, Outgoing, answer::AnswerMap, request::RequestShape},
 };
 
@@ -75,82 +75,47 @@ fn paused(rule: bool, connection: bool) -> Option<&'static str> {
     }
 }
 
-/// Reads run `run_id` with its rule, connection and circuit (whether it admits the run at
-/// `now`); `None` when it is gone.
+/// Reads run `run_id` (from `runs`), its rule and connection (from the catalog) and the
+/// connection's circuit (whether it admits the run at `now`); `None` when the run or its
+/// rule is gone.
 pub async fn load(
-    db: impl PgExecutor<'_>,
+    pool: &PgPool,
     run_id: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<JobContext>, sqlx::Error> {
-    let row = sqlx::query!(
-        r#"SELECT r.status AS "run_status: RunStatus", r.rule_id, r.cursor_id, r.job_id, ru.enabled,
-                  ru.name AS rule_name,
-                  ru.paused AS rule_paused, c.paused AS connection_paused,
-                  ru.path, ru.batch_size, ru.records_per_call, ru.batch_envelope, ru.answer, ru.request, ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms,
-                  c.id AS connection_id, c.name, c.writer, c.base_url, c.api_key_env, c.auth, c.headers,
-                  c.requests_per_minute, c.max_in_flight, c.timeout_ms, ru.weight,
-                  courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
-                  ci.state AS "state: breaker::State", ci.consecutive_failures, ci.times_opened,
-                  courier_ts(ci.open_until) AS open_until,
-                  courier_circuit_admits(ci, r.id, $2) AS "circuit_admits!"
-           FROM runs r
-           JOIN rules ru ON ru.id = r.rule_id
-           JOIN connections c ON c.id = ru.connection_id
-           JOIN circuits ci ON ci.connection_id = c.id
-           WHERE r.id = $1"#,
+    let Some(run) = runs::get(pool, run_id).await? else {
+        return Ok(None);
+    };
+    let Some((rule, connection)) = catalog::rule_with_connection(pool, run.rule_id).await? else {
+        return Ok(None);
+    };
+    let (circuit, circuit_admits) = breaker::for_run(pool, connection.id, run_id, now).await?;
+    let request = RequestShape::parse(rule.request.as_ref(), &rule.path, rule.records_per_call > 1);
+    Ok(Some(JobContext {
         run_id,
-        now
-    )
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map(|r| {
-        let request = RequestShape::parse(r.request.as_ref(), &r.path, r.records_per_call > 1);
-        let connection = Connection {
-            id: r.connection_id,
-            name: r.name,
-            writer: r.writer,
-            base_url: r.base_url,
-            api_key_env: r.api_key_env,
-            auth: r.auth,
-            headers: r.headers,
-            requests_per_minute: r.requests_per_minute,
-            max_in_flight: r.max_in_flight,
-            timeout_ms: r.timeout_ms,
-            budget_key: r.budget_key,
-            limits: r.limits,
-            reserve_percent: r.reserve_percent,
-        };
-        JobContext {
-            run_id,
-            run_status: r.run_status,
-            rule_id: r.rule_id,
-            rule_name: r.rule_name,
-            cursor_id: r.cursor_id,
-            rule_enabled: r.enabled,
-            paused: paused(r.rule_paused, r.connection_paused),
-            weight: r.weight,
-            path: r.path,
-            batch_size: r.batch_size,
-            records_per_call: r.records_per_call,
-            batch_envelope: r.batch_envelope,
-            answer: r.answer.as_ref().map(AnswerMap::parse).transpose(),
-            request,
-            retry: RetryPolicy {
-                max_attempts: r.max_attempts,
-                backoff_base_ms: r.backoff_base_ms,
-                backoff_max_ms: r.backoff_max_ms,
-            },
-            limits: connection.declared_limits(),
-            connection,
-            circuit: Circuit {
-                state: r.state,
-                consecutive_failures: r.consecutive_failures,
-                times_opened: r.times_opened,
-                open_until: r.open_until,
-            },
-            circuit_admits: r.circuit_admits,
-            job_id: r.job_id,
-        }
+        run_status: run.status,
+        rule_id: run.rule_id,
+        rule_name: rule.name,
+        cursor_id: run.cursor_id,
+        rule_enabled: rule.enabled,
+        paused: paused(rule.paused, connection.paused),
+        weight: rule.weight,
+        path: rule.path,
+        batch_size: rule.batch_size,
+        records_per_call: rule.records_per_call,
+        batch_envelope: rule.batch_envelope,
+        answer: rule.answer.as_ref().map(AnswerMap::parse).transpose(),
+        request,
+        retry: RetryPolicy {
+            max_attempts: rule.max_attempts,
+            backoff_base_ms: rule.backoff_base_ms,
+            backoff_max_ms: rule.backoff_max_ms,
+        },
+        limits: connection.declared_limits(),
+        connection,
+        circuit,
+        circuit_admits,
+        job_id: run.job_id,
     }))
 }
 

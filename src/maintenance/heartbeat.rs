@@ -4,9 +4,46 @@
 //! metrics and dashboard (`http_addr`), for `courier status`. A process that stops cleanly
 //! (or fails once it has beaten) removes its row.
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
+
+/// One live worker process.
+#[derive(Debug, Serialize)]
+pub struct WorkerLine {
+    /// Its unique name (`courier-<host>-<pid>-<random>`).
+    pub name: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last beat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// Where it serves `/metrics` and the dashboard (`None`: nowhere).
+    pub http_addr: Option<String>,
+    /// How far its host's wall clock is ahead of the database's, in milliseconds
+    /// (negative: behind), at its last beat. It keeps time by the database's clock.
+    pub clock_offset_ms: Option<f64>,
+}
+
+/// The live workers, oldest first: alive by `window` (`COURIER_WORKER_DEAD_AFTER_SECONDS`),
+/// or, their session gone, by two beats of it, as the rescuer judges them.
+pub async fn live(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+    window: chrono::Duration,
+) -> Result<Vec<WorkerLine>, sqlx::Error> {
+    let grace = window * 2 / 5;
+    sqlx::query_as!(
+        WorkerLine,
+        r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr, w.clock_offset_ms FROM workers w
+           WHERE courier_worker_alive(w, $1, $2) ORDER BY w.started_at, w.name"#,
+        now - window,
+        now - grace
+    )
+    .fetch_all(db)
+    .await
+}
 
 /// Beats for this process.
 pub struct Heartbeat<'a> {

@@ -219,6 +219,34 @@ impl Blocks {
     }
 }
 
+/// A block in force, as `courier status` and the metrics show it.
+#[derive(Debug)]
+pub struct BlockLine {
+    /// The budget blocked.
+    pub budget_key: String,
+    /// Until when.
+    pub until: DateTime<Utc>,
+    /// The rule whose call met the 429, while it exists.
+    pub rule_id: Option<i64>,
+    /// The raw `retry-after` of that 429.
+    pub retry_after_raw: Option<String>,
+}
+
+/// The blocks in force at `now`.
+pub async fn current(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Vec<BlockLine>, sqlx::Error> {
+    sqlx::query_as!(
+        BlockLine,
+        r#"SELECT budget_key, courier_ts(blocked_until) AS "until!", rule_id, retry_after_raw
+           FROM connection_blocks WHERE blocked_until > $1"#,
+        now
+    )
+    .fetch_all(db)
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

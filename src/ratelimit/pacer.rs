@@ -20,6 +20,7 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
@@ -720,6 +721,71 @@ pub async fn prune_calls(
             .await?
             .rows_affected(),
     )
+}
+
+/// Calls per budget over time, for the dashboard's chart: one point per `step_secs`
+/// bucket (its start, in Unix seconds) with the calls counted in it, the last
+/// `window_secs` before `now`; buckets without calls are left out.
+#[derive(Debug, Serialize)]
+pub struct RatePoint {
+    /// The budget.
+    pub budget_key: String,
+    /// The bucket's start (Unix seconds).
+    pub bucket: i64,
+    /// Calls in the bucket (429s included).
+    pub calls: i64,
+}
+
+/// Reads [`RatePoint`]s from `budget_calls` (kept for an hour by the pruner).
+pub async fn rate_series(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    window_secs: i32,
+    step_secs: i32,
+) -> Result<Vec<RatePoint>, sqlx::Error> {
+    sqlx::query_as!(
+        RatePoint,
+        r#"SELECT budget_key,
+                  (floor(extract(epoch FROM at) / $3::integer) * $3::integer)::bigint AS "bucket!",
+                  sum(calls)::bigint AS "calls!"
+           FROM budget_calls
+           WHERE at > $1::timestamptz - make_interval(secs => $2) AND at <= $1
+           GROUP BY 1, 2 ORDER BY 1, 2"#,
+        now,
+        f64::from(window_secs),
+        step_secs
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Every budget's shared state, by key.
+pub async fn states(
+    db: impl sqlx::PgExecutor<'_>,
+) -> Result<HashMap<String, BudgetState>, sqlx::Error> {
+    Ok(sqlx::query!("SELECT budget_key, state FROM budgets")
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .map(|r| (r.budget_key, BudgetState::from_row(Some(r.state))))
+        .collect())
+}
+
+/// Calls made against each budget in the 60 s before `now` (429s included), by key.
+pub async fn calls_last_minute(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, i64>, sqlx::Error> {
+    Ok(sqlx::query!(
+        r#"SELECT budget_key, sum(calls)::bigint AS "calls!" FROM budget_calls
+           WHERE at > $1::timestamptz - interval '60 seconds' GROUP BY budget_key"#,
+        now
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| (r.budget_key, r.calls))
+    .collect())
 }
 
 #[cfg(test)]
