@@ -277,6 +277,53 @@ pub async fn for_run(
     Ok((circuit, r.admits))
 }
 
+/// The connections whose circuit is closed and that are not left alone as unusable at
+/// `now`: their rules may start runs.
+pub async fn closed(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT connection_id FROM circuits
+         WHERE state = 'closed' AND (unusable_until IS NULL OR unusable_until <= $1)",
+        now
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The connections whose open circuit has cooled down (or whose probe ended without an
+/// answer) and that are not left alone as unusable at `now`: one run each may probe.
+pub async fn wanting_probe(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT connection_id FROM circuits c
+         WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1)
+           AND courier_circuit_wants_probe(c, $1, NULL)",
+        now
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The first moment after `now` at which a circuit cools down or a connection stops being
+/// left alone as unusable.
+pub async fn next_change(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT courier_ts(LEAST(
+             (SELECT min(open_until) FROM circuits WHERE state = 'open' AND open_until > $1),
+             (SELECT min(unusable_until) FROM circuits WHERE unusable_until > $1)))",
+        now
+    )
+    .fetch_one(db)
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -666,6 +666,59 @@ pub async fn rule_with_connection(
     }))
 }
 
+/// The rules of connections `connection_ids` that may start a run at `now`
+/// (`courier_rule_startable`: enabled, not paused, not left alone as unusable, not blocked,
+/// no active run, a due delivery).
+pub async fn startable_rules(
+    db: impl PgExecutor<'_>,
+    connection_ids: &[i64],
+    now: DateTime<Utc>,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT r.id FROM rules r JOIN connections k ON k.id = r.connection_id
+         WHERE r.connection_id = ANY($1) AND courier_rule_startable(r, k, $2)",
+        connection_ids,
+        now
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Of each connection of `connection_ids`, its startable rule with the lowest id (see
+/// [`startable_rules`]): `(connection, rule)`.
+pub async fn first_startable_rules(
+    db: impl PgExecutor<'_>,
+    connection_ids: &[i64],
+    now: DateTime<Utc>,
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    Ok(sqlx::query!(
+        "SELECT DISTINCT ON (r.connection_id) r.connection_id, r.id
+         FROM rules r JOIN connections k ON k.id = r.connection_id
+         WHERE r.connection_id = ANY($1) AND courier_rule_startable(r, k, $2)
+         ORDER BY r.connection_id, r.id",
+        connection_ids,
+        now
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| (r.connection_id, r.id))
+    .collect())
+}
+
+/// When the first rule left alone as unusable at `now` is tried again.
+pub async fn next_usable(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT courier_ts(min(unusable_until)) FROM rules WHERE unusable_until > $1",
+        now
+    )
+    .fetch_one(db)
+    .await
+}
+
 /// The rules left alone as unusable at `now`: `(rule, why, until when)`.
 pub async fn unusable_rules(
     db: impl PgExecutor<'_>,

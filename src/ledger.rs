@@ -370,3 +370,17 @@ pub async fn backlog(
     })
     .collect())
 }
+
+/// When the first pending delivery not yet due at `now` falls due.
+pub async fn next_due(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT courier_ts(min(next_attempt_at)) FROM deliveries
+         WHERE status = 'pending' AND next_attempt_at > $1",
+        now
+    )
+    .fetch_one(db)
+    .await
+}

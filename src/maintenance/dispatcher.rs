@@ -4,15 +4,18 @@
 //! unless its connection's circuit is open. An open circuit whose cooldown has passed gets
 //! one probing run (half-open). A paused rule, or a rule on a paused connection, gets no
 //! run (resuming one sends the same NOTIFY). Rules of a connection blocked by a 429 are skipped until the
-//! block lapses.
+//! block lapses. It reads each table through its owner (`breaker`, `catalog`, `ledger`,
+//! `blocks`) and starts runs through `runs`.
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    breaker,
+    breaker, catalog,
     engine::Engine,
+    ledger,
+    ratelimit::blocks,
     runs::{self, WAKE_CHANNEL},
 };
 
@@ -37,16 +40,8 @@ impl<'a> Dispatcher<'a> {
     /// Rules on connections whose circuit is closed: all due ones in one transaction.
     async fn start_closed(&self, now: DateTime<Utc>) -> Result<usize, sqlx::Error> {
         let mut tx = self.engine.pool.begin().await?;
-        let rule_ids = sqlx::query_scalar!(
-            "SELECT r.id FROM rules r
-             JOIN connections k ON k.id = r.connection_id
-             JOIN circuits c ON c.connection_id = r.connection_id
-             WHERE c.state = 'closed' AND (c.unusable_until IS NULL OR c.unusable_until <= $1)
-               AND courier_rule_startable(r, k, $1)",
-            now
-        )
-        .fetch_all(&mut *tx)
-        .await?;
+        let connections = breaker::closed(&mut *tx, now).await?;
+        let rule_ids = catalog::startable_rules(&mut *tx, &connections, now).await?;
         if rule_ids.is_empty() {
             return Ok(0);
         }
@@ -63,29 +58,20 @@ impl<'a> Dispatcher<'a> {
     /// answer): one run of one startable rule probes each (a rule whose own budget is
     /// blocked is not startable, whatever its connection's budget says).
     async fn start_probes(&self, now: DateTime<Utc>) -> Result<usize, sqlx::Error> {
-        let candidates = sqlx::query!(
-            r#"SELECT c.connection_id,
-                      (SELECT r.id FROM rules r
-                       WHERE r.connection_id = c.connection_id
-                         AND courier_rule_startable(r, k, $1)
-                       ORDER BY r.id LIMIT 1) AS rule_id
-               FROM circuits c
-               JOIN connections k ON k.id = c.connection_id
-               WHERE (c.unusable_until IS NULL OR c.unusable_until <= $1)
-                 AND courier_circuit_wants_probe(c, $1, NULL)"#,
-            now
-        )
-        .fetch_all(&self.engine.pool)
-        .await?;
+        let pool = &self.engine.pool;
+        let connections = breaker::wanting_probe(pool, now).await?;
+        if connections.is_empty() {
+            return Ok(0);
+        }
+        let candidates = catalog::first_startable_rules(pool, &connections, now).await?;
         let mut started = 0;
-        for c in candidates {
-            let Some(rule_id) = c.rule_id else { continue };
-            let mut tx = self.engine.pool.begin().await?;
+        for (connection_id, rule_id) in candidates {
+            let mut tx = pool.begin().await?;
             let run = runs::start(&mut tx, &[rule_id], &self.engine.worker_name, now).await?;
             let Some(run_id) = run.first().map(|s| s.run_id) else {
                 continue;
             };
-            if !breaker::start_probe(&mut *tx, c.connection_id, run_id, now).await? {
+            if !breaker::start_probe(&mut *tx, connection_id, run_id, now).await? {
                 // Another process started the probe first.
                 tx.rollback().await?;
                 continue;
@@ -94,7 +80,7 @@ impl<'a> Dispatcher<'a> {
             tracing::info!(
                 run = run_id,
                 rule = rule_id,
-                connection = c.connection_id,
+                connection = connection_id,
                 "probe run started (half-open)"
             );
             started += 1;
@@ -104,21 +90,18 @@ impl<'a> Dispatcher<'a> {
 
     /// The earliest moment after now at which something may become startable by time
     /// alone: a pending delivery falling due, a rate-limit block lapsing, an open circuit
-    /// cooling down. Everything else (new deliveries, finished runs) arrives by NOTIFY.
+    /// cooling down, a connection or rule no longer left alone. Everything else (new
+    /// deliveries, finished runs) arrives by NOTIFY.
     pub async fn next_due(&self) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
         let now = self.engine.clock.now();
-        sqlx::query_scalar!(
-            "SELECT courier_ts(LEAST(
-                (SELECT min(next_attempt_at) FROM deliveries
-                  WHERE status = 'pending' AND next_attempt_at > $1),
-                (SELECT min(blocked_until) FROM connection_blocks WHERE blocked_until > $1),
-                (SELECT min(open_until) FROM circuits WHERE state = 'open' AND open_until > $1),
-                (SELECT min(unusable_until) FROM circuits WHERE unusable_until > $1),
-                (SELECT min(unusable_until) FROM rules WHERE unusable_until > $1)))",
-            now
-        )
-        .fetch_one(&self.engine.pool)
-        .await
+        let pool = &self.engine.pool;
+        let times = [
+            ledger::next_due(pool, now).await?,
+            blocks::next_lapse(pool, now).await?,
+            breaker::next_change(pool, now).await?,
+            catalog::next_usable(pool, now).await?,
+        ];
+        Ok(times.into_iter().flatten().min())
     }
 
     /// Runs passes until `shutdown`: on every notification, and otherwise when the next

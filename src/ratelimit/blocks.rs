@@ -247,6 +247,19 @@ pub async fn current(
     .await
 }
 
+/// When the first block in force at `now` lapses.
+pub async fn next_lapse(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT courier_ts(min(blocked_until)) FROM connection_blocks WHERE blocked_until > $1",
+        now
+    )
+    .fetch_one(db)
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
