@@ -606,6 +606,26 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
     .await
 }
 
+/// The id of the rule named `name`, if there is one.
+pub async fn rule_id(db: impl PgExecutor<'_>, name: &str) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!("SELECT id FROM rules WHERE name = $1", name)
+        .fetch_optional(db)
+        .await
+}
+
+/// The budget key of the connection named `name`, if there is one.
+pub async fn budget_key_of(
+    db: impl PgExecutor<'_>,
+    name: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT courier_budget_key(c) AS "key!" FROM connections c WHERE c.name = $1"#,
+        name
+    )
+    .fetch_optional(db)
+    .await
+}
+
 /// Rule `rule_id` and the connection it delivers into, whose budget key is the one the
 /// rule spends from (its own, if it has one); `None` when the rule is gone.
 pub async fn rule_with_connection(

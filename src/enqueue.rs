@@ -120,9 +120,8 @@ pub fn check_delivery(d: &NewDelivery) -> Result<(), String> {
 }
 
 /// Looks up a rule's id by name.
-pub async fn rule_id(db: impl PgExecutor<'_>, rule: &str) -> Result<i64, EnqueueError> {
-    sqlx::query_scalar!("SELECT id FROM rules WHERE name = $1", rule)
-        .fetch_optional(db)
+async fn rule_id(db: impl PgExecutor<'_>, rule: &str) -> Result<i64, EnqueueError> {
+    crate::catalog::rule_id(db, rule)
         .await?
         .ok_or_else(|| EnqueueError::UnknownRule(rule.to_owned()))
 }

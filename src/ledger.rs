@@ -384,3 +384,61 @@ pub async fn next_due(
     .fetch_one(db)
     .await
 }
+
+/// One step in a record's history: a delivery enqueued, or a ledger row.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HistoryEntry {
+    /// When it happened.
+    pub at: DateTime<Utc>,
+    /// The rule of the delivery.
+    pub rule: String,
+    /// The delivery.
+    pub delivery_id: i64,
+    /// The ledger's outcome; `None` for the delivery being enqueued.
+    pub outcome: Option<Outcome>,
+    /// The run that recorded it (none for enqueues and retries).
+    pub run_id: Option<i64>,
+    /// The attempt count after it (ledger rows).
+    pub attempt: Option<i32>,
+    /// The target's HTTP status, when it answered.
+    pub http_status: Option<i16>,
+    /// What went wrong, or who retried it.
+    pub detail: Option<String>,
+    /// The delivery's status now.
+    pub status: DeliveryStatus,
+}
+
+/// Record key `key`'s deliveries (every rule) and their ledger rows, oldest first: each
+/// delivery in the order they were enqueued, followed by its ledger rows in the order they
+/// were written. Empty when no delivery has the key (never enqueued, or removed by
+/// retention).
+pub async fn history(
+    db: impl sqlx::PgExecutor<'_>,
+    key: &str,
+) -> Result<Vec<HistoryEntry>, sqlx::Error> {
+    let rows = sqlx::query_as!(
+        HistoryEntry,
+        r#"SELECT at AS "at!", rule AS "rule!", delivery_id AS "delivery_id!",
+                  outcome AS "outcome?: Outcome", run_id, attempt, http_status, detail,
+                  status AS "status!: DeliveryStatus"
+           FROM (
+               SELECT courier_ts(d.created_at) AS at, r.name AS rule, d.id AS delivery_id,
+                      NULL::text AS outcome, NULL::bigint AS run_id, NULL::int AS attempt,
+                      NULL::smallint AS http_status, NULL::text AS detail, d.status,
+                      0 AS seq, 0::bigint AS ledger_id
+               FROM deliveries d JOIN rules r ON r.id = d.rule_id
+               WHERE d.record_key = $1
+               UNION ALL
+               SELECT courier_ts(l.created_at), r.name, d.id, l.outcome, l.run_id, l.attempt,
+                      l.http_status, COALESCE(l.error, l.actor), d.status, 1, l.id
+               FROM deliveries d JOIN rules r ON r.id = d.rule_id
+               JOIN ledger l ON l.delivery_id = d.id
+               WHERE d.record_key = $1
+           ) h
+           ORDER BY delivery_id, seq, ledger_id"#,
+        key
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows)
+}

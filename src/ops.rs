@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+pub use crate::ledger::HistoryEntry;
 use crate::{
     catalog::{self, Paused},
     ledger::{self, DeliveryStatus, Outcome},
@@ -140,8 +141,7 @@ pub async fn retry_as(
 }
 
 async fn rule_id(tx: &mut sqlx::PgConnection, rule: &str) -> Result<i64, OpsError> {
-    sqlx::query_scalar!("SELECT id FROM rules WHERE name = $1", rule)
-        .fetch_optional(&mut *tx)
+    catalog::rule_id(&mut *tx, rule)
         .await?
         .ok_or_else(|| OpsError::NotFound {
             kind: "rule",
@@ -193,16 +193,12 @@ async fn set_paused(
 /// dispatchers are woken for rules it had kept from starting.
 pub async fn unblock_connection(pool: &PgPool, connection: &str) -> Result<u64, OpsError> {
     let mut tx = pool.begin().await?;
-    let key = sqlx::query_scalar!(
-        r#"SELECT courier_budget_key(c) AS "key!" FROM connections c WHERE c.name = $1"#,
-        connection
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or_else(|| OpsError::NotFound {
-        kind: "connection",
-        name: connection.to_owned(),
-    })?;
+    let key = catalog::budget_key_of(&mut *tx, connection)
+        .await?
+        .ok_or_else(|| OpsError::NotFound {
+            kind: "connection",
+            name: connection.to_owned(),
+        })?;
     let lifted = blocks::lift(&mut *tx, &key).await?;
     if lifted > 0 {
         runs::wake(&mut *tx).await?;
@@ -215,57 +211,8 @@ pub async fn unblock_connection(pool: &PgPool, connection: &str) -> Result<u64, 
     Ok(lifted)
 }
 
-/// One step in a record's history: a delivery enqueued, or a ledger row.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct HistoryEntry {
-    /// When it happened.
-    pub at: DateTime<Utc>,
-    /// The rule of the delivery.
-    pub rule: String,
-    /// The delivery.
-    pub delivery_id: i64,
-    /// The ledger's outcome; `None` for the delivery being enqueued.
-    pub outcome: Option<Outcome>,
-    /// The run that recorded it (none for enqueues and retries).
-    pub run_id: Option<i64>,
-    /// The attempt count after it (ledger rows).
-    pub attempt: Option<i32>,
-    /// The target's HTTP status, when it answered.
-    pub http_status: Option<i16>,
-    /// What went wrong, or who retried it.
-    pub detail: Option<String>,
-    /// The delivery's status now.
-    pub status: DeliveryStatus,
-}
-
-/// Record key `key`'s deliveries (every rule) and their ledger rows, oldest first: each
-/// delivery in the order they were enqueued, followed by its ledger rows in the order they
-/// were written. Empty when no delivery has the key (never enqueued, or removed by
-/// retention).
+/// Record key `key`'s deliveries (every rule) and their ledger rows, oldest first (see
+/// [`ledger::history`]).
 pub async fn history(pool: &PgPool, key: &str) -> Result<Vec<HistoryEntry>, OpsError> {
-    let rows = sqlx::query_as!(
-        HistoryEntry,
-        r#"SELECT at AS "at!", rule AS "rule!", delivery_id AS "delivery_id!",
-                  outcome AS "outcome?: Outcome", run_id, attempt, http_status, detail,
-                  status AS "status!: DeliveryStatus"
-           FROM (
-               SELECT courier_ts(d.created_at) AS at, r.name AS rule, d.id AS delivery_id,
-                      NULL::text AS outcome, NULL::bigint AS run_id, NULL::int AS attempt,
-                      NULL::smallint AS http_status, NULL::text AS detail, d.status,
-                      0 AS seq, 0::bigint AS ledger_id
-               FROM deliveries d JOIN rules r ON r.id = d.rule_id
-               WHERE d.record_key = $1
-               UNION ALL
-               SELECT courier_ts(l.created_at), r.name, d.id, l.outcome, l.run_id, l.attempt,
-                      l.http_status, COALESCE(l.error, l.actor), d.status, 1, l.id
-               FROM deliveries d JOIN rules r ON r.id = d.rule_id
-               JOIN ledger l ON l.delivery_id = d.id
-               WHERE d.record_key = $1
-           ) h
-           ORDER BY delivery_id, seq, ledger_id"#,
-        key
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
+    Ok(ledger::history(pool, key).await?)
 }

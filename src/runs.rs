@@ -495,3 +495,16 @@ pub async fn get(db: impl PgExecutor<'_>, run_id: i64) -> Result<Option<RunRow>,
     .fetch_optional(db)
     .await
 }
+
+/// The jobs of the runs waiting out a block on budget `key`.
+pub async fn waiting_on(db: impl PgExecutor<'_>, key: &str) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT x.job_id AS "job_id!" FROM runs x
+           JOIN rules r ON r.id = x.rule_id JOIN connections c ON c.id = r.connection_id
+           WHERE x.status = 'waiting' AND courier_rule_budget_key(r, c) = $1
+             AND x.job_id IS NOT NULL"#,
+        key
+    )
+    .fetch_all(db)
+    .await
+}

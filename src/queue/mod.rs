@@ -151,12 +151,11 @@ impl PollStrategy for Tick {
 /// Makes the jobs of runs waiting out a block on budget `key` due now (the block was
 /// lifted), and wakes the fetchers.
 pub async fn wake_waiting(pool: &sqlx::PgPool, key: &str) -> Result<u64, sqlx::Error> {
+    let jobs = crate::runs::waiting_on(pool, key).await?;
     let n = sqlx::query!(
-        "UPDATE apalis.jobs j SET run_at = now()
-         FROM runs x JOIN rules r ON r.id = x.rule_id JOIN connections c ON c.id = r.connection_id
-         WHERE x.status = 'waiting' AND courier_rule_budget_key(r, c) = $1
-           AND j.id = x.job_id AND j.status = 'Pending' AND j.run_at > now()",
-        key
+        "UPDATE apalis.jobs SET run_at = now()
+         WHERE id = ANY($1) AND status = 'Pending' AND run_at > now()",
+        &jobs
     )
     .execute(pool)
     .await?
