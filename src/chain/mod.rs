@@ -73,7 +73,7 @@ pub enum ChainError {
 /// Executes one chain job of the run `ctx` describes (loaded and checked against blocks
 /// by the throttle layer). `task_id` is the apalis job's id, used to re-schedule it.
 pub async fn execute(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     ctx: &JobContext,
     task_id: &str,
 ) -> Result<JobOutcome, ChainError> {
@@ -172,7 +172,7 @@ fn admit(engine: &Engine, ctx: &JobContext) -> Result<Arc<dyn Writer>, Next> {
 }
 
 async fn run_batch(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     ctx: &JobContext,
     task_id: &str,
     owner: &str,
@@ -225,7 +225,7 @@ fn committed(active: bool, called: &mut Called, stop: &Stop) {
 
 /// The job at hand, for the stages that need all of it.
 struct Job<'a> {
-    engine: &'a Engine,
+    engine: &'a Arc<Engine>,
     ctx: &'a JobContext,
     task_id: &'a str,
     owner: &'a str,
@@ -338,10 +338,12 @@ impl Job<'_> {
             while claiming.is_none() && feeding.tx.is_some() && pulled() == feeding.queued {
                 claiming = self.feed(writer, &mut feeding, &mut called, scope, &stop, tally);
             }
-            // One commit at a time, while the calls go on.
+            // One commit at a time, while the calls go on: a task of its own, so its
+            // transaction goes on whatever this loop awaits (a renewal, an answer's
+            // bookkeeping); a transaction nobody polls would hold its row locks, and the
+            // renewal's beat waits for the run's row.
             if flushing.is_none() && tally.due() {
-                let commit = settle::flush(engine, ctx, self.task_id, tally.take());
-                flushing = Some(Box::pin(commit));
+                flushing = Some(self.commit(tally.take()));
             }
             let next = tokio::select! {
                 next = calls.next() => next,
@@ -359,7 +361,7 @@ impl Job<'_> {
                     if flushing.is_some() =>
                 {
                     flushing = None;
-                    committed(active?, &mut called, &stop);
+                    committed(joined(active)?, &mut called, &stop);
                     continue;
                 }
                 _ = beat.tick() => {
@@ -382,9 +384,16 @@ impl Job<'_> {
             .await;
         }
         if let Some(commit) = flushing {
-            committed(commit.await?, &mut called, &stop);
+            committed(joined(commit.await)?, &mut called, &stop);
         }
         Ok(called)
+    }
+
+    /// Commits `tally` ([`settle::flush`]) in a task of its own.
+    fn commit(&self, tally: Tally) -> tokio::task::JoinHandle<Result<bool, sqlx::Error>> {
+        let engine = Arc::clone(self.engine);
+        let (ctx, task_id) = (self.ctx.clone(), self.task_id.to_owned());
+        tokio::spawn(async move { settle::flush(&engine, &ctx, &task_id, tally).await })
     }
 
     /// Feeds the calls: the next batch at once when it is claimed already, else the claim
@@ -574,6 +583,17 @@ impl Job<'_> {
             true
         })
     }
+}
+
+/// A commit's result from its task; a commit that panicked is a failed one.
+fn joined(
+    result: Result<Result<bool, sqlx::Error>, tokio::task::JoinError>,
+) -> Result<bool, sqlx::Error> {
+    result.unwrap_or_else(|e| {
+        Err(sqlx::Error::Protocol(format!(
+            "a commit's task failed: {e}"
+        )))
+    })
 }
 
 impl Called {
