@@ -1061,3 +1061,75 @@ async fn a_rule_whose_own_budget_is_blocked_never_probes_its_connection() {
         "the probe is a rule that may call"
     );
 }
+
+/// Waits until a statement starting with `prefix` waits for a lock in `pool`'s database.
+async fn until_waiting_on_lock(pool: &sqlx::PgPool, prefix: &str) {
+    for _ in 0..200 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND ltrim(query) LIKE $1 || '%'",
+        )
+        .bind(prefix)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no statement starting with {prefix:?} waited for a lock");
+}
+
+/// A job's commit in flight goes on while the job's loop waits for the lease's renewal.
+/// A commit left unpolled sits in its transaction holding the run's row, which the
+/// renewal's beat waits for: the job would wait for itself until the statement timeout.
+#[tokio::test]
+async fn a_commit_in_flight_goes_on_while_the_lease_renewal_waits() {
+    let (db, target) = shop(&["customers"], 50, 1).await;
+    let mut settings = settings(&db.url);
+    settings.worker_dead_after = Duration::from_millis(250); // a renewal every 50 ms
+    let engine = engine(&db.pool, settings);
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 200))
+        .await
+        .unwrap();
+    target.set_latency(Duration::from_millis(5));
+    // The circuit's row held: the job's first commit waits for it, mid-transaction.
+    let mut circuit = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM circuits FOR UPDATE")
+        .execute(&mut *circuit)
+        .await
+        .unwrap();
+    Dispatcher::new(&engine).run_once().await.unwrap();
+    let job = take_due_jobs(&db.pool, engine.clock.now()).await.remove(0);
+    let running = {
+        let engine = engine.clone();
+        tokio::spawn(async move { run_job(&engine, &job).await })
+    };
+    until_waiting_on_lock(&db.pool, "SELECT state").await;
+    // Then the rule's row (as an update would: the commit's foreign keys share it): the
+    // next renewal waits for it, and the job's loop with it.
+    let mut rule = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM rules FOR NO KEY UPDATE")
+        .execute(&mut *rule)
+        .await
+        .unwrap();
+    until_waiting_on_lock(&db.pool, "UPDATE rules SET lease_until").await;
+    circuit.commit().await.unwrap();
+    // The commit goes on, the renewal still waiting.
+    let mut committed = 0;
+    for _ in 0..100 {
+        committed = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ledger")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if committed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(committed > 0, "the commit waited for the renewal");
+    rule.commit().await.unwrap();
+    running.await.unwrap();
+}
