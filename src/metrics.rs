@@ -10,7 +10,10 @@
 //! Labels name rules, connections, budgets, outcomes and states only: never a record key,
 //! a payload or a secret.
 
-use std::time::Duration;
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use chrono::{DateTime, Utc};
 use prometheus_client::{
@@ -328,13 +331,13 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     let runs = runs::count_by_status(&mut *tx).await?;
     let connections = catalog::list_connections(&mut *tx).await?;
     let budgets = budgets(&mut tx, &connections, now).await?;
-    let circuits = breaker::lines(&mut *tx).await?;
+    let mut circuits: HashMap<i64, String> = (breaker::lines(&mut *tx).await?)
+        .into_iter()
+        .map(|l| (l.connection_id, l.state))
+        .collect();
     let circuits = connections
         .iter()
-        .filter_map(|c| {
-            let line = circuits.iter().find(|l| l.connection_id == c.id)?;
-            Some((c.name.clone(), line.state.clone()))
-        })
+        .filter_map(|c| Some((c.name.clone(), circuits.remove(&c.id)?)))
         .collect();
     tx.commit().await?;
     Ok(Shared {
@@ -353,30 +356,32 @@ async fn budgets(
     now: DateTime<Utc>,
 ) -> Result<Vec<(String, i64, f64, Option<DateTime<Utc>>)>, sqlx::Error> {
     let states = pacer::states(&mut *tx).await?;
-    let blocks = blocks::current(&mut *tx, now).await?;
-    let mut keys: Vec<&str> = connections.iter().map(|c| c.budget_key.as_str()).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    Ok(keys
+    let blocks: HashMap<String, DateTime<Utc>> = (blocks::current(&mut *tx, now).await?)
         .into_iter()
-        .map(|key| {
-            let sharing = connections.iter().filter(|c| c.budget_key == key);
-            let rpm = sharing.clone().map(catalog::Connection::rpm).min();
-            let limits = sharing.clone().map(|c| c.limits.join(" ")).min();
+        .map(|b| (b.budget_key, b.until))
+        .collect();
+    let mut sharing: BTreeMap<&str, Vec<&catalog::Connection>> = BTreeMap::new();
+    for c in connections {
+        sharing.entry(c.budget_key.as_str()).or_default().push(c);
+    }
+    Ok(sharing
+        .into_iter()
+        .map(|(key, sharing)| {
             let conn = catalog::Connection {
-                requests_per_minute: rpm.map(|x| x as i32),
-                limits: limits
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .map(str::to_owned)
-                    .collect(),
-                reserve_percent: sharing.map(|c| c.reserve_percent).max().unwrap_or(0),
+                requests_per_minute: sharing.iter().map(|c| c.rpm()).min().map(|x| x as i32),
+                limits: sharing
+                    .iter()
+                    .map(|c| &c.limits)
+                    .min()
+                    .cloned()
+                    .unwrap_or_default(),
+                reserve_percent: sharing.iter().map(|c| c.reserve_percent).max().unwrap_or(0),
                 ..Default::default()
             };
             let state = states.get(key).cloned().unwrap_or_default();
             let pace =
                 crate::status::budget_pace(&state, &conn.declared_limits(), conn.reserve(), now);
-            let blocked_until = blocks.iter().find(|b| b.budget_key == key).map(|b| b.until);
+            let blocked_until = blocks.get(key).copied();
             (
                 key.to_owned(),
                 i64::from(conn.rpm()),

@@ -161,9 +161,16 @@ pub async fn report_with(
     worker_dead_after: std::time::Duration,
 ) -> Result<Report, sqlx::Error> {
     let window = chrono::Duration::from_std(worker_dead_after).unwrap_or(chrono::Duration::MAX);
+    let listed = catalog::list_connections(pool).await?;
     let read = Catalog {
-        connections: catalog::list_connections(pool).await?,
-        rules: catalog::list_rules(pool).await?,
+        by_id: (listed.iter().enumerate())
+            .map(|(i, c)| (c.id, i))
+            .collect(),
+        connections: listed,
+        rules: (catalog::list_rules(pool).await?)
+            .into_iter()
+            .map(|r| (r.id, r))
+            .collect(),
         budgets: pacer::states(pool).await?,
     };
     Ok(Report {
@@ -235,8 +242,10 @@ async fn blocks_by_key(
 struct Catalog {
     /// The connections, by name.
     connections: Vec<Connection>,
-    /// The rules, by name.
-    rules: Vec<Rule>,
+    /// Where each connection stands in `connections`, by id.
+    by_id: HashMap<i64, usize>,
+    /// The rules, by id.
+    rules: HashMap<i64, Rule>,
     /// Each budget's shared state, by key.
     budgets: HashMap<String, BudgetState>,
 }
@@ -249,16 +258,12 @@ impl Catalog {
 
     /// The name of rule `id`, if it exists.
     fn rule_name(&self, id: Option<i64>) -> Option<String> {
-        let id = id?;
-        self.rules
-            .iter()
-            .find(|r| r.id == id)
-            .map(|r| r.name.clone())
+        self.rules.get(&id?).map(|r| r.name.clone())
     }
 
     /// Connection `id`.
     fn connection(&self, id: i64) -> Option<&Connection> {
-        self.connections.iter().find(|c| c.id == id)
+        self.by_id.get(&id).map(|&i| &self.connections[i])
     }
 }
 
@@ -358,7 +363,7 @@ async fn rules(
         .await?
         .into_iter()
         .filter_map(|state| {
-            let rule = read.rules.iter().find(|r| r.id == state.rule_id)?;
+            let rule = read.rules.get(&state.rule_id)?;
             Some(RuleRow {
                 weight: rule.weight,
                 records_per_call: rule.records_per_call,
@@ -370,16 +375,17 @@ async fn rules(
     // Each rule's budget's pace (requests per second), and the weight of the rules with a
     // backlog on each budget: a rule's share of the pace.
     let paces: Vec<f64> = rows.iter().map(|r| r.budget_rate(read, now)).collect();
-    let busy_weight = |key: &str| -> i64 {
-        rows.iter()
-            .filter(|r| r.state.budget_key == key && r.backlog.pending > 0)
-            .map(|r| i64::from(r.weight))
-            .sum()
-    };
+    let mut busy_weight: HashMap<&str, i64> = HashMap::new();
+    for r in rows.iter().filter(|r| r.backlog.pending > 0) {
+        *busy_weight.entry(&r.state.budget_key).or_default() += i64::from(r.weight);
+    }
     Ok(rows
         .iter()
         .zip(paces)
-        .map(|(r, pace)| r.status(pace, busy_weight(&r.state.budget_key), now))
+        .map(|(r, pace)| {
+            let busy = busy_weight.get(r.state.budget_key.as_str()).copied();
+            r.status(pace, busy.unwrap_or(0), now)
+        })
         .collect())
 }
 
