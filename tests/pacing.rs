@@ -8,7 +8,11 @@ use std::{sync::Arc, time::Duration};
 use chrono::{DateTime, Duration as Span, Utc};
 use common::*;
 use courier::chain::JobOutcome;
-use courier::ratelimit::limits::Limit;
+use courier::ratelimit::{
+    answer::{Answer, Answered, Verdict},
+    headers::ResetKind,
+    limits::Limit,
+};
 use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
@@ -646,7 +650,7 @@ async fn what_a_429_teaches_one_process_paces_every_other() {
     let sent = a.clock.now();
     let paced = a.pacer.effective_rate("ws:k").unwrap();
     a.pacer
-        .throttled("ws:k", sent, paced, Duration::from_secs(1))
+        .throttled("ws:k", sent, paced, sent + Span::seconds(1))
         .await
         .unwrap();
     let at = a.clock.now() + Span::seconds(1);
@@ -666,6 +670,49 @@ async fn what_a_429_teaches_one_process_paces_every_other() {
         (rate * 60.0 - shared).abs() < shared * 0.05,
         "{rate}/s vs {shared}/min"
     );
+}
+
+/// A 429 for a call sent at `sent` on a slot paced `paced`, heard by `e` at `at`.
+async fn hear_429(e: &Engine, sent: DateTime<Utc>, paced: f64, at: DateTime<Utc>) -> Verdict {
+    let headers = reqwest::header::HeaderMap::new();
+    let answer = Answer {
+        answered: Answered::Refused {
+            wait: Some(Duration::from_secs(1)),
+            raw: Some("1".into()),
+        },
+        headers: &headers,
+        reset_kind: ResetKind::Delta,
+        sent,
+        paced,
+    };
+    e.pacer.hear("ws:k", answer, at).await
+}
+
+#[tokio::test]
+async fn a_429_holds_the_process_back_at_once_and_the_next_block_cuts_again() {
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let limits = [Limit::per_minute(6_000)];
+    let slot = e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
+    // The second call at 100/s is refused; its answer is heard 5 ms after it came (a
+    // busy process).
+    let sent = e.clock.now();
+    let at = sent + Span::milliseconds(1);
+    e.clock.advance(Span::milliseconds(6));
+    let verdict = hear_429(&e, sent, slot.paced, at).await;
+    assert!(matches!(verdict, Verdict::Block { .. }), "{verdict:?}");
+    // The process's calls wait for the block's end from the moment the 429 is heard, not
+    // from when the job's commit writes the block.
+    let end = at + Span::seconds(1);
+    assert_eq!(e.pacer.held_until("ws:k"), Some(end));
+    // The first call after the block is refused too: it was sent once the block ended,
+    // however late the block's 429 was heard, so the budget is cut again (40/s, then 16/s).
+    e.clock.advance(end + Span::milliseconds(1) - e.clock.now());
+    hear_429(&e, end, 40.0, e.clock.now()).await;
+    let again = e.clock.now() + Span::seconds(1);
+    let (_, learned, _) = rates(&db.pool, "ws:k", again).await;
+    let learned = learned.expect("a 429 teaches a rate");
+    assert!((learned - 16.0 * 60.0).abs() < 1.0, "{learned}/min");
 }
 
 /// Connection `shop` (User.com writer) on `target`'s workspace and its rule `customers`

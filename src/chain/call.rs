@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +35,8 @@ pub struct Answered {
 pub struct Made {
     /// The target's answer.
     pub result: Result<Written, WriteError>,
+    /// When the call left (the engine's clock).
+    pub sent: DateTime<Utc>,
     /// How long the call took.
     pub elapsed: Duration,
     /// The pace its slot was booked at (requests per second).
@@ -207,7 +210,8 @@ async fn call_once(
             payload: &d.payload,
         })
         .collect();
-    engine.pacer.left(key, go, engine.clock.now());
+    let sent = engine.clock.now();
+    engine.pacer.left(key, go, sent);
     let started = Instant::now();
     let result = writer.write_many(ctx.call(&records)).await;
     // From the time the call was due: a thread that woke late delays it too.
@@ -216,6 +220,7 @@ async fn call_once(
     counted(engine, ctx, &result, records.len());
     Some(Made {
         result,
+        sent,
         elapsed: started.elapsed(),
         paced,
     })

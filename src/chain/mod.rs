@@ -510,6 +510,7 @@ impl Job<'_> {
         let ids = || indices.iter().map(|&i| claimed[i].id);
         let Some(call::Made {
             result,
+            sent,
             elapsed,
             paced,
         }) = answer
@@ -518,7 +519,6 @@ impl Job<'_> {
             return;
         };
         let at = engine.clock.now();
-        let sent = at - Duration::from_std(elapsed).unwrap_or_default();
         let key = &ctx.connection.budget_key;
         let heard = classify::budget_answer(&result, writer.reset_kind(), sent, paced);
         match engine.pacer.hear(key, heard, at).await {

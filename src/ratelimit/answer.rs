@@ -95,8 +95,13 @@ impl Pacer {
             Answered::Refused { wait, raw } => {
                 // A wait the answer named goes before its headers' reset.
                 let wait = wait.or(statement.reset);
-                let block = blocks::block_length(wait);
-                if let Err(e) = self.throttled(key, answer.sent, answer.paced, block).await {
+                let until = at
+                    + chrono::Duration::from_std(blocks::block_length(wait))
+                        .expect("capped at a day");
+                // This process holds the budget back at once; the job's commit writes the
+                // block for the others.
+                self.blocks.set(key, until);
+                if let Err(e) = self.throttled(key, answer.sent, answer.paced, until).await {
                     tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                 }
                 return Verdict::Block { wait, raw };

@@ -318,10 +318,10 @@ impl BudgetState {
         block_end: DateTime<Utc>,
     ) -> bool {
         self.sample.accepted += accepted;
-        let (through, stretch) = self.sample.measure(sent, now);
+        let through = self.sample.measure(sent, now);
         let cut = self
             .learned
-            .refused(params, paced, through, stretch, now, block_end);
+            .refused(params, paced, through, sent, now, block_end);
         if cut {
             self.sample.restart(self.learned.since);
             self.tat = self.tat.map(|t| t.min(block_end));

@@ -140,21 +140,21 @@ impl Learned {
         (rate < declared).then_some(rate)
     }
 
-    /// A call booked at pace `paced` (requests per second) met a 429 at `now`, after the
-    /// target let `accepted` calls through over `stretch` seconds since the last cut (or
-    /// since the budget got busy; under a second: up to the refused call's sending); its
-    /// block ends at `block_end`. Returns whether it cut.
+    /// A call booked at pace `paced` (requests per second) and sent at `sent` met a 429 at
+    /// `now`, after the target let `accepted` calls through over `stretch` seconds since
+    /// the last cut (or since the budget got busy; under a second: up to the refused
+    /// call's sending); its block ends at `block_end`. Returns whether it cut.
     pub fn refused(
         &mut self,
         p: &Params,
         paced: f64,
-        accepted: u64,
-        stretch: f64,
+        (accepted, stretch): (u64, f64),
+        sent: DateTime<Utc>,
         now: DateTime<Utc>,
         block_end: DateTime<Utc>,
     ) -> bool {
-        if self.since.is_some_and(|s| s > now) {
-            return false; // the same refusal, met by another call in flight
+        if self.since.is_some_and(|s| sent < s) {
+            return false; // sent before the last block ended: the same refusal
         }
         if self.last_429.is_none_or(|t| secs(t, now) >= p.hold) && stretch >= p.hold {
             self.held = Some((paced, now));
@@ -276,7 +276,7 @@ mod tests {
         let p = PARAMS;
         let mut l = Learned::default();
         assert_eq!(l.rate(&p, 10.0, t(0.0)), None, "nothing learned");
-        assert!(l.refused(&p, 10.0, 50, 5.0, t(5.0), t(6.0)));
+        assert!(l.refused(&p, 10.0, (50, 5.0), t(5.0), t(5.0), t(6.0)));
         assert_eq!(l.by, "cut");
         let at = |s| l.rate(&p, 20.0, t(s)).unwrap();
         let (cut, half) = (10.0 * p.decrease, 10.0 * (1.0 + p.decrease) / 2.0);
@@ -297,7 +297,7 @@ mod tests {
         // A target that names no wait blocks for a minute: probing after the quiet of a 1 s block
         // would spend more time blocked than it could win.
         let mut l = Learned::default();
-        l.refused(&p, 10.0, 50, 5.0, t(0.0), t(60.0));
+        l.refused(&p, 10.0, (50, 5.0), t(0.0), t(0.0), t(60.0));
         let at = |s| l.rate(&p, 20.0, t(s)).unwrap();
         assert!(at(60.0 + 2.0 * QUIET) <= half);
         assert!(at(60.0 + 60.0 * QUIET - 1.0) <= half);
@@ -309,12 +309,12 @@ mod tests {
         let p = PARAMS;
         let mut l = Learned::default();
         // A window let 10 through in a tenth of a second at 100/s: measured 10/s.
-        l.refused(&p, 100.0, 10, 0.1, t(0.0), t(1.0));
+        l.refused(&p, 100.0, (10, 0.1), t(0.0), t(0.0), t(1.0));
         assert_eq!(l.by, "measured");
         assert!((l.rate(&p, 100.0, t(1.0)).unwrap() - 10.0).abs() < 1e-9);
         // A limiter with no burst refused the second call: too few to measure.
         let mut l = Learned::default();
-        l.refused(&p, 100.0, 1, 0.01, t(0.0), t(1.0));
+        l.refused(&p, 100.0, (1, 0.01), t(0.0), t(0.0), t(1.0));
         assert_eq!(l.by, "deep");
         assert!((l.rate(&p, 100.0, t(1.0)).unwrap() - 40.0).abs() < 1e-9);
     }
@@ -325,12 +325,12 @@ mod tests {
         // A burst of 6 let through at 100/s, then a 429: the ceiling is an estimate
         // (6 / 0.92), not a refused pace, and grows without waiting for the quiet.
         let mut l = Learned::default();
-        l.refused(&p, 100.0, 6, 0.06, t(0.0), t(1.0));
+        l.refused(&p, 100.0, (6, 0.06), t(0.0), t(0.0), t(1.0));
         let half = l.ceiling * (1.0 + p.decrease) / 2.0;
         assert!(l.rate(&p, 100.0, t(11.0)).unwrap() > half * 1.15);
         // A ceiling a call was refused at waits the quiet before it grows.
         let mut l = Learned::default();
-        l.refused(&p, 10.0, 50, 5.0, t(5.0), t(6.0));
+        l.refused(&p, 10.0, (50, 5.0), t(5.0), t(5.0), t(6.0));
         let half = 10.0 * (1.0 + p.decrease) / 2.0;
         assert!(l.rate(&p, 100.0, t(16.0)).unwrap() < half);
     }
@@ -341,7 +341,7 @@ mod tests {
         let mut l = Learned::default();
         // Four times `hold` at the pace before the 429: a quarter of the usual cut.
         let s = 4.0 * p.hold;
-        l.refused(&p, 10.0, (10.0 * s) as u64, s, t(s), t(s + 1.0));
+        l.refused(&p, 10.0, ((10.0 * s) as u64, s), t(s), t(s), t(s + 1.0));
         let cut = 10.0 * (1.0 - (1.0 - p.decrease) / 4.0);
         assert!((l.base - cut).abs() < 1e-9, "{}", l.base);
         // Held for `hold` or less: the usual cut.
@@ -349,8 +349,8 @@ mod tests {
         l.refused(
             &p,
             10.0,
-            (10.0 * p.hold) as u64,
-            p.hold,
+            ((10.0 * p.hold) as u64, p.hold),
+            t(p.hold),
             t(p.hold),
             t(p.hold + 1.0),
         );
@@ -361,9 +361,14 @@ mod tests {
     fn one_cut_per_block() {
         let p = PARAMS;
         let mut l = Learned::default();
-        assert!(l.refused(&p, 10.0, 50, 5.0, t(0.0), t(1.0)));
-        assert!(!l.refused(&p, 8.5, 50, 5.0, t(0.5), t(1.5)));
+        assert!(l.refused(&p, 10.0, (50, 5.0), t(0.0), t(0.0), t(1.0)));
+        // Sent before the block ended, however late the answer: the same refusal.
+        assert!(!l.refused(&p, 8.5, (50, 5.0), t(0.5), t(0.5), t(1.5)));
+        assert!(!l.refused(&p, 8.5, (50, 5.0), t(0.99), t(1.2), t(2.2)));
         assert!((l.ceiling - 10.0).abs() < 1e-9);
+        // Sent once it ended: a new refusal, heard however soon.
+        assert!(l.refused(&p, 9.2, (1, 0.0), t(1.0), t(1.0), t(2.0)));
+        assert!((l.ceiling - 9.2).abs() < 1e-9);
     }
 
     #[test]
@@ -371,9 +376,9 @@ mod tests {
         let p = PARAMS;
         let mut l = Learned::default();
         // 10/s held for a minute, then the limit halved: measured 5/s.
-        l.refused(&p, 10.0, 300, 60.0, t(60.0), t(61.0));
+        l.refused(&p, 10.0, (300, 60.0), t(60.0), t(60.0), t(61.0));
         assert!(l.held.is_some());
-        l.refused(&p, 6.0, 10, 2.0, t(63.0), t(64.0));
+        l.refused(&p, 6.0, (10, 2.0), t(63.0), t(63.0), t(64.0));
         // Within `approach` of the cut, the pace stays near the low ceiling...
         assert!(l.rate(&p, 20.0, t(65.0)).unwrap() < 6.0);
         // ...then climbs towards the pace that held.

@@ -224,7 +224,7 @@ pub struct Pacer {
     clock: Clock,
     /// The 429 blocks this process knows (its own, and others' by NOTIFY): no slot of a
     /// blocked budget goes out before the block ends.
-    blocks: Arc<Blocks>,
+    pub(super) blocks: Arc<Blocks>,
     /// Budgets this process has used, by key.
     budgets: Mutex<HashMap<String, Arc<Budget>>>,
 }
@@ -282,7 +282,7 @@ impl Pacer {
     }
 
     /// A call on budget `key` sent at `sent` on a slot booked at pace `paced` met a 429
-    /// whose block lasts `block`: the target allows less than that pace. The controller learns from
+    /// whose block ends at `block_end`: the target allows less than that pace. The controller learns from
     /// it in the budget's row (shared by every process, see
     /// [`controller`](super::controller)); slots this process leased are dropped, and the
     /// shared booking is cut back to the end of the block.
@@ -291,7 +291,7 @@ impl Pacer {
         key: &str,
         sent: DateTime<Utc>,
         paced: f64,
-        block: Duration,
+        block_end: DateTime<Utc>,
     ) -> Result<(), PacerError> {
         let Some(b) = self.known(key) else {
             return Ok(());
@@ -302,7 +302,6 @@ impl Pacer {
             std::mem::take(&mut local.accepted)
         };
         let now = self.clock.now();
-        let block_end = now + chrono::Duration::from_std(block).unwrap_or_default();
         let cut = self
             .with_state(&b, |st| {
                 st.refused(&PARAMS, paced, pending, sent, now, block_end)
