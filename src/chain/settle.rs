@@ -148,10 +148,7 @@ impl Tally {
             blocked = Some(blocks::block(&mut *tx, &cause(), length, raw.as_deref(), *at).await?);
         }
         if let Some((until, raw)) = &self.spent {
-            let length = (*until - now)
-                .to_std()
-                .unwrap_or_default()
-                .clamp(crate::clock::RESOLUTION, crate::writer::MAX_RATE_LIMIT_WAIT);
+            let length = blocks::block_length(Some((*until - now).to_std().unwrap_or_default()));
             let until = blocks::block(&mut *tx, &cause(), length, Some(raw), now).await?;
             blocked = Some(blocked.map_or(until, |b: DateTime<Utc>| b.max(until)));
         }

@@ -44,11 +44,10 @@ pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
 /// calls.
 pub const RECENT_TRIPS: usize = 32;
 
-/// A long window spent for longer than this stops the waiting calls (their deliveries stay
-/// pending); the chain's next job waits in the queue until the window has room. The
-/// longest pause that is still part of one run of calls: a budget whose next free slot
-/// went unused longer than this was idle (its sample starts afresh), and no 429 blocks for
-/// less (see [`block_length`](super::blocks::block_length)).
+/// The longest pause that is still part of one run of calls: a long window spent, or a
+/// target's budget spent, for longer stops the waiting calls (their deliveries stay
+/// pending; the chain's next job waits in the queue until there is room), and a budget
+/// whose next free slot went unused longer was idle (its sample starts afresh).
 pub const SPENT_WAIT: Duration = Duration::from_secs(1);
 
 fn std_interval(rate: f64) -> Duration {
