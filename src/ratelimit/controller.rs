@@ -7,8 +7,8 @@
 //!    the last cut if that is lower (counted over at least a second); with fewer than
 //!    `min_sample` calls let through the pace was far above the limit and is cut to
 //!    `p × deep_decrease`. A pace that held `s` seconds longer than `hold` was barely too
-//!    high: the cut shrinks to `(1 − decrease) × hold / s` of it. One cut per block: calls
-//!    in flight meeting the same refusal do not cut again.
+//!    high: the cut shrinks to `(1 − decrease) × hold / s` of it. One cut per block: a call
+//!    that left before the last block ended met the same refusal and does not cut again.
 //! 2. The refused pace becomes the **ceiling**; but a call refused within a second of the
 //!    last cut, after the rate let through cut deeper, found a window's quota: the ceiling
 //!    is that rate ÷ `decrease`. From the cut, the pace climbs back towards halfway
