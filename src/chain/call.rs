@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::{claim::Claimed, context::JobContext};
 use crate::{
     engine::Engine,
+    ratelimit::pacer::PacerError,
     writer::{Outgoing, WriteError, Writer, Written},
 };
 
@@ -151,40 +152,16 @@ async fn call_once(
     group: &[(usize, Arc<Claimed>)],
     stop: &Stop,
 ) -> Option<Made> {
-    let reserve = ctx.connection.reserve();
-    let weight = ctx.weight.max(1) as u32;
     let halted = || stop.stopped() || engine.shutdown.is_cancelled();
     if halted() {
         return None;
     }
-    // One request of the budget per call, in fair turn with other rules.
     let key = &ctx.connection.budget_key;
-    let slot = async {
-        let asked = Instant::now();
-        loop {
-            let slot = engine
-                .pacer
-                .acquire(key, &ctx.limits, reserve, ctx.rule_id, weight)
-                .await?;
-            engine.clock.sleep_until_precise(slot.at).await;
-            // The target said its budget is spent until later than this slot
-            // (remaining 0): a new slot, from then on.
-            if engine.pacer.held_until(key).is_none_or(|h| h <= slot.at) {
-                let mut go = engine.clock.now();
-                while let Err(later) = engine.pacer.depart(key, go) {
-                    engine.clock.sleep_until_precise(later).await;
-                    go = later.max(engine.clock.now());
-                }
-                engine.metrics.pacer_waited(key, asked.elapsed());
-                return Ok::<_, crate::ratelimit::pacer::PacerError>((go, slot.paced));
-            }
-        }
-    };
     // A stop does not wait for slots: the deliveries stay pending, untouched.
     let (go, paced) = tokio::select! {
-        waited = slot => match waited {
+        waited = slot(engine, ctx) => match waited {
             Ok(granted) => granted,
-            Err(e @ crate::ratelimit::pacer::PacerError::Spent(_)) => {
+            Err(e @ PacerError::Spent(_)) => {
                 tracing::debug!(reason = %e, "no request slot; deliveries left pending");
                 stop.stop();
                 return None;
@@ -224,6 +201,32 @@ async fn call_once(
         elapsed: started.elapsed(),
         paced,
     })
+}
+
+/// A request slot of the call's budget, in fair turn with other rules, once its time has
+/// come and the pacer lets the call go: when it goes, and the pace the slot was booked at.
+async fn slot(engine: &Engine, ctx: &JobContext) -> Result<(DateTime<Utc>, f64), PacerError> {
+    let key = &ctx.connection.budget_key;
+    let (reserve, weight) = (ctx.connection.reserve(), ctx.weight.max(1) as u32);
+    let asked = Instant::now();
+    loop {
+        let slot = engine
+            .pacer
+            .acquire(key, &ctx.limits, reserve, ctx.rule_id, weight)
+            .await?;
+        engine.clock.sleep_until_precise(slot.at).await;
+        // A block, or the target's statement that its budget is spent (remaining 0),
+        // until later than this slot: a new slot, from then on.
+        if engine.pacer.held_until(key).is_none_or(|h| h <= slot.at) {
+            let mut go = engine.clock.now();
+            while let Err(later) = engine.pacer.depart(key, go) {
+                engine.clock.sleep_until_precise(later).await;
+                go = later.max(engine.clock.now());
+            }
+            engine.metrics.pacer_waited(key, asked.elapsed());
+            return Ok((go, slot.paced));
+        }
+    }
 }
 
 /// A call of `n` records answered `result`, in the process's metrics.
