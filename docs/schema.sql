@@ -392,10 +392,16 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.courier_rule_paused(r public.rules, k public.connections) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT r.paused OR k.paused
+$$;
+
 CREATE FUNCTION public.courier_rule_startable(r public.rules, k public.connections, at timestamp with time zone) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
-    SELECT r.enabled AND NOT r.paused AND NOT k.paused
+    SELECT r.enabled AND NOT courier_rule_paused(r, k)
        AND (r.unusable_until IS NULL OR r.unusable_until <= at)
        AND NOT EXISTS (SELECT 1 FROM connection_blocks b
                        WHERE b.budget_key = courier_rule_budget_key(r, k)
@@ -637,7 +643,7 @@ CREATE VIEW public.rule_states AS
         CASE
             WHEN lr.active THEN lr.status
             WHEN (NOT r.enabled) THEN 'disabled'::text
-            WHEN (r.paused OR c.paused) THEN 'paused'::text
+            WHEN public.courier_rule_paused(r.*, c.*) THEN 'paused'::text
             WHEN (b.blocked_until > now()) THEN 'throttled'::text
             WHEN (lr.status = 'stale'::text) THEN 'stale'::text
             ELSE 'idle'::text

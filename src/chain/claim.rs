@@ -76,9 +76,10 @@ pub async fn claim(
                       WHERE x.connection_id = $2 AND x.record_key = d.depends_on)) AS "dependency_pending!"
            FROM deliveries d
            WHERE d.rule_id = $1 AND d.status = 'pending' AND d.id > $3 AND d.next_attempt_at <= $4
-             -- A pause stops a job between its batches, not only at its start.
+             -- A pause (the catalog's condition) stops a job between its batches, not
+             -- only at its start.
              AND NOT EXISTS (SELECT 1 FROM rules r JOIN connections c ON c.id = r.connection_id
-                             WHERE r.id = $1 AND (r.paused OR c.paused))
+                             WHERE r.id = $1 AND courier_rule_paused(r, c))
            ORDER BY d.id
            LIMIT $5"#,
         scope.rule_id,
