@@ -5,7 +5,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use chrono::{DateTime, Duration as Span, Utc};
+use chrono::{DateTime, Duration as Span, SubsecRound, Utc};
 use common::*;
 use courier::chain::JobOutcome;
 use courier::ratelimit::{
@@ -672,13 +672,19 @@ async fn what_a_429_teaches_one_process_paces_every_other() {
     );
 }
 
-/// A 429 for a call sent at `sent` on a slot paced `paced`, heard by `e` at `at`.
-async fn hear_429(e: &Engine, sent: DateTime<Utc>, paced: f64, at: DateTime<Utc>) -> Verdict {
+/// A 429 naming a wait of `wait` seconds for a call sent at `sent` on a slot paced
+/// `paced`, heard by `e` at `at`.
+async fn hear_429(
+    e: &Engine,
+    (sent, paced): (DateTime<Utc>, f64),
+    wait: u64,
+    at: DateTime<Utc>,
+) -> Verdict {
     let headers = reqwest::header::HeaderMap::new();
     let answer = Answer {
         answered: Answered::Refused {
-            wait: Some(Duration::from_secs(1)),
-            raw: Some("1".into()),
+            wait: Some(Duration::from_secs(wait)),
+            raw: Some(wait.to_string()),
         },
         headers: &headers,
         reset_kind: ResetKind::Delta,
@@ -699,20 +705,53 @@ async fn a_429_holds_the_process_back_at_once_and_the_next_block_cuts_again() {
     let sent = e.clock.now();
     let at = sent + Span::milliseconds(1);
     e.clock.advance(Span::milliseconds(6));
-    let verdict = hear_429(&e, sent, slot.paced, at).await;
+    let verdict = hear_429(&e, (sent, slot.paced), 1, at).await;
     assert!(matches!(verdict, Verdict::Block { .. }), "{verdict:?}");
     // The process's calls wait for the block's end from the moment the 429 is heard, not
     // from when the job's commit writes the block.
-    let end = at + Span::seconds(1);
+    let end = (at + Span::seconds(1)).trunc_subsecs(6);
     assert_eq!(e.pacer.held_until("ws:k"), Some(end));
     // The first call after the block is refused too: it was sent once the block ended,
     // however late the block's 429 was heard, so the budget is cut again (40/s, then 16/s).
     e.clock.advance(end + Span::milliseconds(1) - e.clock.now());
-    hear_429(&e, end, 40.0, e.clock.now()).await;
+    hear_429(&e, (end, 40.0), 1, e.clock.now()).await;
     let again = e.clock.now() + Span::seconds(1);
     let (_, learned, _) = rates(&db.pool, "ws:k", again).await;
     let learned = learned.expect("a 429 teaches a rate");
     assert!((learned - 16.0 * 60.0).abs() < 1.0, "{learned}/min");
+}
+
+#[tokio::test]
+async fn a_slot_booked_before_a_429_is_given_up_even_past_the_block() {
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let limits = [Limit::per_minute(6_000)];
+    let mut slots = Vec::new();
+    for _ in 0..3 {
+        slots.push(e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap());
+    }
+    let booked = slots[2];
+    assert!(e.pacer.may_use("ws:k", &booked));
+    // The first call is refused, naming no wait: the block lasts the clock's resolution,
+    // and the third slot, leased ahead at the refused pace, lies past it.
+    let at = e.clock.now();
+    hear_429(&e, (slots[0].at, slots[0].paced), 0, at).await;
+    let end = e.pacer.held_until("ws:k").expect("blocked");
+    assert!(booked.at > end, "{} vs {end}", booked.at);
+    assert!(!e.pacer.may_use("ws:k", &booked));
+    // A slot leased since, at the pace the 429 taught, may be used.
+    let fresh = e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
+    assert!(
+        fresh.paced < booked.paced,
+        "{} vs {}",
+        fresh.paced,
+        booked.paced
+    );
+    assert!(
+        e.pacer.may_use("ws:k", &fresh),
+        "{fresh:?} held {:?}",
+        e.pacer.held_until("ws:k")
+    );
 }
 
 /// Connection `shop` (User.com writer) on `target`'s workspace and its rule `customers`

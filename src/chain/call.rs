@@ -216,8 +216,8 @@ async fn slot(engine: &Engine, ctx: &JobContext) -> Result<(DateTime<Utc>, f64),
             .await?;
         engine.clock.sleep_until_precise(slot.at).await;
         // A block, or the target's statement that its budget is spent (remaining 0),
-        // until later than this slot: a new slot, from then on.
-        if engine.pacer.held_until(key).is_none_or(|h| h <= slot.at) {
+        // until later than this slot, or a block set since it was booked: a new slot.
+        if engine.pacer.may_use(key, &slot) {
             let mut go = engine.clock.now();
             while let Err(later) = engine.pacer.depart(key, go) {
                 engine.clock.sleep_until_precise(later).await;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use reqwest::header::HeaderMap;
 
 use super::{
@@ -95,9 +95,9 @@ impl Pacer {
             Answered::Refused { wait, raw } => {
                 // A wait the answer named goes before its headers' reset.
                 let wait = wait.or(statement.reset);
-                let until = at
-                    + chrono::Duration::from_std(blocks::block_length(wait))
-                        .expect("capped at a day");
+                let length = chrono::Duration::from_std(blocks::block_length(wait));
+                // To the microsecond, as the database keeps it and slots are booked.
+                let until = (at + length.expect("capped at a day")).trunc_subsecs(6);
                 // This process holds the budget back at once; the job's commit writes the
                 // block for the others.
                 self.blocks.set(key, until);

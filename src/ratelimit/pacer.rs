@@ -73,6 +73,9 @@ pub struct Slot {
     pub at: DateTime<Utc>,
     /// The pace of the lease that booked it.
     pub paced: f64,
+    /// The end of the budget's latest block as the lease knew it: a block set since (a 429
+    /// refused a pace the slot may carry) makes the slot stale.
+    pub block: Option<DateTime<Utc>>,
 }
 
 /// What a waiting request gets: a slot, or when a spent long window frees.
@@ -388,12 +391,19 @@ impl Pacer {
     }
 
     /// Until when budget `key` is held back, if later than now: by a 429's block (whichever
-    /// process met it) or by this process's hold (see [`Pacer::hold`]). A slot granted
-    /// before then is given up for a new one.
+    /// process met it) or by this process's hold (see [`Pacer::hold`]).
     pub fn held_until(&self, key: &str) -> Option<DateTime<Utc>> {
         let hold = self.known(key).and_then(|b| b.local().hold);
         let block = self.blocks.until(key);
         hold.max(block).filter(|&h| h > self.clock.now())
+    }
+
+    /// Whether a call on budget `key` may use `slot` now that its time has come: the
+    /// budget is not held back past it ([`Pacer::held_until`]), and no block was set
+    /// since it was booked (a 429 refused the pace it was booked at, however long ago it
+    /// was leased ahead). A slot that may not is given up for a new one.
+    pub fn may_use(&self, key: &str, slot: &Slot) -> bool {
+        self.held_until(key).is_none_or(|h| h <= slot.at) && self.blocks.until(key) <= slot.block
     }
 
     /// The rate (requests per second) this process paces budget `key` at, as its last
@@ -631,7 +641,8 @@ impl Pacer {
         let asked = self.clock.now();
         // A blocked budget books from the block's end; a block longer than a batch sits out
         // fails the waiting requests like a spent window.
-        let blocked = self.blocks.until(&budget.key).filter(|&b| b > asked);
+        let known_block = self.blocks.until(&budget.key);
+        let blocked = known_block.filter(|&b| b > asked);
         let spent_wait = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
         if let Some(until) = blocked.filter(|&b| b > asked + spent_wait) {
             return Ok((Vec::new(), Some(until)));
@@ -681,7 +692,11 @@ impl Pacer {
         let slots = slice
             .slots
             .into_iter()
-            .map(|at| Slot { at, paced })
+            .map(|at| Slot {
+                at,
+                paced,
+                block: known_block,
+            })
             .collect();
         Ok((slots, slice.spent_until))
     }
@@ -818,6 +833,7 @@ mod tests {
                 .send(Ok(Slot {
                     at: now,
                     paced: 1.0,
+                    block: None,
                 }))
                 .unwrap();
         }
@@ -846,7 +862,11 @@ mod tests {
         let now = Utc::now() + chrono::Duration::seconds(1);
         for (i, paced) in [9.0, 9.5, 10.0].into_iter().enumerate() {
             let at = now + chrono::Duration::milliseconds(100 * i as i64);
-            b.local().slots.push_back(Slot { at, paced });
+            b.local().slots.push_back(Slot {
+                at,
+                paced,
+                block: None,
+            });
         }
         b.local().rate = 10.5;
         for paced in [9.0, 9.5, 10.0] {
