@@ -754,6 +754,36 @@ async fn a_slot_booked_before_a_429_is_given_up_even_past_the_block() {
     );
 }
 
+#[tokio::test]
+async fn a_process_books_at_most_a_slice_ahead_however_many_calls_wait() {
+    use courier::{clock::Clock, ratelimit::pacer::SLICE};
+    let db = TestDb::new().await;
+    // The system's clock: the pacer's wait for the next lease is what is tested.
+    let e = Arc::new(Engine::with_clock(
+        db.pool.clone(),
+        settings(&db.url),
+        Clock::system(),
+    ));
+    // 100/s: a slice is a quarter second's 25 slots, all handed out at once.
+    let limits = [Limit::per_minute(6_000)];
+    let mut slots = Vec::new();
+    for _ in 0..25 {
+        slots.push(e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap());
+    }
+    // A call asking now gets its slot from the next slice, leased only when the last slot
+    // of this one is near (twice a lease's round trip before it, at most half a slice),
+    // not at once: the process's booking stays a slice ahead however many calls wait.
+    let next = e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
+    let leased = e.clock.now();
+    let near = slots[24].at - Span::from_std(SLICE / 2 + courier::clock::PRECISE_WITHIN).unwrap();
+    assert!(
+        leased >= near,
+        "leased {} before the slice's end",
+        slots[24].at - leased
+    );
+    assert!(next.at > slots[24].at);
+}
+
 /// Connection `shop` (User.com writer) on `target`'s workspace and its rule `customers`
 /// with `n` deliveries.
 async fn usercom_shop_with(db: &TestDb, target: &Target, key_var: &str, n: usize) {

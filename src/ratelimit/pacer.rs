@@ -179,6 +179,9 @@ struct Local {
     /// The shared budget's next free slot as of this process's last lease: how far other
     /// processes (or a spent long window) have booked it.
     booked_until: Option<DateTime<Utc>>,
+    /// No lease before this time: the last slot leased is not near yet (or a spent long
+    /// window frees then).
+    next_lease: Option<DateTime<Utc>>,
     /// This process's latest call on the budget (see [`Pacer::depart`]).
     trip: Trip,
 }
@@ -196,6 +199,7 @@ impl Local {
             advertised: None,
             hold: None,
             booked_until: None,
+            next_lease: None,
             trip: Trip::default(),
         }
     }
@@ -301,6 +305,7 @@ impl Pacer {
         let pending = {
             let mut local = b.local();
             local.slots.clear();
+            local.next_lease = None;
             std::mem::take(&mut local.accepted)
         };
         let now = self.clock.now();
@@ -573,52 +578,16 @@ impl Pacer {
     }
 
     /// Leases slices while requests wait, each when the previous one is nearly spent: a
-    /// process books at most a slice ahead, so a changed rate (a 429's cut, a probe) shows
-    /// in its calls within a quarter second, and processes share the budget in turn. A
-    /// long window spent for more than [`SPENT_WAIT`] fails the waiting requests
-    /// ([`PacerError::Spent`]): their deliveries stay pending, and the chain's next job
-    /// waits for the window in the queue.
+    /// process books at most a slice ahead, however many requests wait, so a changed rate
+    /// (a 429's cut, a probe) shows in its calls within a quarter second, and processes
+    /// share the budget in turn. A long window spent for more than [`SPENT_WAIT`] fails
+    /// the waiting requests ([`PacerError::Spent`]): their deliveries stay pending, and the
+    /// chain's next job waits for the window in the queue.
     async fn refill(self: Arc<Self>, budget: Arc<Budget>) {
         loop {
-            let result = self.lease_slice(&budget).await;
-            let next = {
-                let mut st = budget.local();
-                let next = match result {
-                    Ok((slots, spent)) => {
-                        let last = slots.last().map(|s| s.at);
-                        st.slots.extend(slots);
-                        let spent_wait = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
-                        match (last, spent) {
-                            (_, Some(until)) if until > self.clock.now() + spent_wait => {
-                                self.serve(&mut st);
-                                st.queue.fail_all(until);
-                                st.leasing = false;
-                                return;
-                            }
-                            (Some(last), _) => Some(last),
-                            (None, spent) => spent,
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "pacer could not lease; waiting requests fail");
-                        st.queue = FairQueue::default();
-                        st.leasing = false;
-                        return;
-                    }
-                };
-                self.serve(&mut st);
-                if st.queue.is_empty() {
-                    st.leasing = false;
-                    return;
-                }
-                next
-            };
-            if let Some(next) = next {
-                // The timer may wake its lateness after the deadline.
-                let ahead = budget.local().lookahead_us + PRECISE_WITHIN.as_micros() as i64;
-                self.clock
-                    .sleep_until(next - chrono::Duration::microseconds(ahead))
-                    .await;
+            let due = budget.local().next_lease;
+            if let Some(due) = due.filter(|&d| d > self.clock.now()) {
+                self.clock.sleep_until(due).await;
                 // The waiters may have gone meanwhile (their batch stopped on a 429).
                 let mut st = budget.local();
                 st.queue.forget_gone();
@@ -626,6 +595,37 @@ impl Pacer {
                     st.leasing = false;
                     return;
                 }
+            }
+            let result = self.lease_slice(&budget).await;
+            let mut st = budget.local();
+            match result {
+                Ok((slots, spent)) => {
+                    let last = slots.last().map(|s| s.at);
+                    st.slots.extend(slots);
+                    let spent_wait = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
+                    if let Some(until) = spent.filter(|&u| u > self.clock.now() + spent_wait) {
+                        self.serve(&mut st);
+                        st.queue.fail_all(until);
+                        st.leasing = false;
+                        return;
+                    }
+                    // The timer may wake its lateness after the deadline.
+                    let ahead = st.lookahead_us + PRECISE_WITHIN.as_micros() as i64;
+                    st.next_lease = last
+                        .or(spent)
+                        .map(|t| t - chrono::Duration::microseconds(ahead));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "pacer could not lease; waiting requests fail");
+                    st.queue = FairQueue::default();
+                    st.leasing = false;
+                    return;
+                }
+            }
+            self.serve(&mut st);
+            if st.queue.is_empty() {
+                st.leasing = false;
+                return;
             }
         }
     }
