@@ -159,7 +159,7 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     let until = courier::ratelimit::blocks::block(
         &db.pool,
         &cause,
-        std::time::Duration::from_secs(600),
+        engine.clock.now() + Span::seconds(600),
         Some("600"),
         engine.clock.now(),
     )
@@ -169,7 +169,7 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     let again = courier::ratelimit::blocks::block(
         &db.pool,
         &cause,
-        std::time::Duration::from_secs(5),
+        engine.clock.now() + Span::seconds(5),
         Some("5"),
         engine.clock.now(),
     )

@@ -533,10 +533,10 @@ impl Job<'_> {
                     stop.stop();
                 }
             }
-            Verdict::Block { wait, raw } => {
-                tracing::debug!(records = indices.len(), ?wait, raw = ?raw, "target rate-limited the connection");
+            Verdict::Block { until, raw } => {
+                tracing::debug!(records = indices.len(), %until, raw = ?raw, "target rate-limited the connection");
                 engine.metrics.rate_limited(key);
-                tally.rate_limited(at, wait, raw);
+                tally.rate_limited(until, raw);
                 stop.stop();
                 called.not_attempted.extend(ids());
                 return;

@@ -36,8 +36,8 @@ pub struct Tally {
     last_error: Option<String>,
     /// Calls made (429s included), for the budget's count.
     calls: i32,
-    /// A 429 met: when, the wait it asked for and the raw header.
-    rate_limited: Option<(DateTime<Utc>, Option<std::time::Duration>, Option<String>)>,
+    /// A 429 met: when the block it sets ends, and the raw header.
+    rate_limited: Option<(DateTime<Utc>, Option<String>)>,
     /// The target's headers said its budget is spent (remaining 0): until when, and what
     /// they said.
     spent: Option<(DateTime<Utc>, String)>,
@@ -78,17 +78,12 @@ impl Tally {
         self.entries.extend(entries);
     }
 
-    /// Adds a 429 met `at`: a call made, the target reachable, no outcome for the
-    /// delivery. The block it sets counts from `at`, and is committed at once.
-    pub fn rate_limited(
-        &mut self,
-        at: DateTime<Utc>,
-        wait: Option<std::time::Duration>,
-        raw: Option<String>,
-    ) {
+    /// Adds a 429 whose block ends at `until`: a call made, the target reachable, no
+    /// outcome for the delivery. The block is committed at once.
+    pub fn rate_limited(&mut self, until: DateTime<Utc>, raw: Option<String>) {
         self.calls += 1;
         self.reachability.push(true);
-        self.rate_limited = Some((at, wait, raw));
+        self.rate_limited = Some((until, raw));
     }
 
     /// Adds a statement of the target that its budget is spent until `until` (remaining
@@ -143,13 +138,13 @@ impl Tally {
             rule_id: ctx.rule_id,
             run_id: ctx.run_id,
         };
-        if let Some((at, wait, raw)) = &self.rate_limited {
-            let length = blocks::block_length(*wait);
-            blocked = Some(blocks::block(&mut *tx, &cause(), length, raw.as_deref(), *at).await?);
+        if let Some((until, raw)) = &self.rate_limited {
+            blocked = Some(blocks::block(&mut *tx, &cause(), *until, raw.as_deref(), now).await?);
         }
         if let Some((until, raw)) = &self.spent {
             let length = blocks::block_length(Some((*until - now).to_std().unwrap_or_default()));
-            let until = blocks::block(&mut *tx, &cause(), length, Some(raw), now).await?;
+            let until = now + chrono::Duration::from_std(length).expect("capped at a day");
+            let until = blocks::block(&mut *tx, &cause(), until, Some(raw), now).await?;
             blocked = Some(blocked.map_or(until, |b: DateTime<Utc>| b.max(until)));
         }
         Ok(blocked)

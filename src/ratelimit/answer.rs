@@ -68,11 +68,13 @@ pub enum Verdict {
         stop_batch: bool,
     },
     /// A 429: the call's records stay pending, untouched; the batch stops and the whole
-    /// budget is blocked for `wait` (see [`blocks::block_length`]).
+    /// budget is blocked until `until`: from the answer, for the wait it named (see
+    /// [`blocks::block_length`]). This process holds back from now on; the job's commit
+    /// writes the block for the others.
     Block {
-        /// The wait the answer named, or its headers' reset.
-        wait: Option<Duration>,
-        /// The raw header value that named it.
+        /// When the block ends (to the microsecond, as the database keeps it).
+        until: DateTime<Utc>,
+        /// The raw header value that named the wait.
         raw: Option<String>,
     },
 }
@@ -96,15 +98,12 @@ impl Pacer {
                 // A wait the answer named goes before its headers' reset.
                 let wait = wait.or(statement.reset);
                 let length = chrono::Duration::from_std(blocks::block_length(wait));
-                // To the microsecond, as the database keeps it and slots are booked.
                 let until = (at + length.expect("capped at a day")).trunc_subsecs(6);
-                // This process holds the budget back at once; the job's commit writes the
-                // block for the others.
                 self.blocks.set(key, until);
                 if let Err(e) = self.throttled(key, answer.sent, answer.paced, until).await {
                     tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                 }
-                return Verdict::Block { wait, raw };
+                return Verdict::Block { until, raw };
             }
             Answered::Sent => self.answered(key, 1),
             Answered::NotSent => {}

@@ -46,16 +46,15 @@ pub struct Cause<'a> {
     pub run_id: i64,
 }
 
-/// Blocks a budget until `now + length`, unless it is already blocked for longer (a block
-/// is extended, never shortened); returns the block's end as it now stands.
+/// Blocks a budget until `until` (set at `now`), unless it is already blocked for longer
+/// (a block is extended, never shortened); returns the block's end as it now stands.
 pub async fn block(
     db: impl PgExecutor<'_>,
     cause: &Cause<'_>,
-    length: Duration,
+    until: DateTime<Utc>,
     raw: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<DateTime<Utc>, sqlx::Error> {
-    let until = now + chrono::Duration::from_std(length).expect("capped at a day");
     sqlx::query_scalar!(
         "INSERT INTO connection_blocks
             (budget_key, connection_id, blocked_until, rule_id, run_id, retry_after_raw, set_at)
