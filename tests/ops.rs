@@ -448,7 +448,7 @@ async fn unblocking_wakes_a_run_waiting_out_the_block() {
     .await;
     // A process whose NOTIFY is still on the way: its copy still holds the block. The
     // job must not wait it out on that stale copy.
-    engine.blocks.set("connection:1", until);
+    engine.blocks.written("connection:1", until);
     let jobs = take_jobs(&engine).await;
     assert_eq!(jobs.len(), 1, "the waiting job is due at once");
     run_job(&engine, &jobs[0]).await;

@@ -119,7 +119,7 @@ async fn a_block_another_process_met_holds_back_the_slots_this_one_leases() {
     let now = e.clock.now();
     // Another process met a 429 naming one second: its block arrives here by NOTIFY.
     let until = now + Span::seconds(1);
-    e.blocks.set("ws:k", until);
+    e.blocks.written("ws:k", until);
     assert_eq!(e.pacer.held_until("ws:k"), Some(until));
     let slot = e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
     // (Slots are whole microseconds.)
@@ -130,7 +130,7 @@ async fn a_block_another_process_met_holds_back_the_slots_this_one_leases() {
     );
     // A block longer than a batch sits out stops the waiting calls, like a spent window.
     let long = now + Span::seconds(30);
-    e.blocks.set("ws:j", long);
+    e.blocks.written("ws:j", long);
     match e.pacer.acquire("ws:j", &limits, 0, 1, 1).await {
         Err(courier::ratelimit::pacer::PacerError::Spent(at)) => assert_eq!(at, long),
         other => panic!("expected the block's end, got {other:?}"),
@@ -719,6 +719,29 @@ async fn a_429_holds_the_process_back_at_once_and_the_next_block_cuts_again() {
     let (_, learned, _) = rates(&db.pool, "ws:k", again).await;
     let learned = learned.expect("a 429 teaches a rate");
     assert!((learned - 16.0 * 60.0).abs() < 1.0, "{learned}/min");
+}
+
+#[tokio::test]
+async fn a_block_heard_is_kept_until_written_and_then_the_table_speaks_for_it() {
+    let db = TestDb::new().await;
+    let e = engine(&db.pool, settings(&db.url));
+    let limits = [Limit::per_minute(6_000)];
+    let slot = e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap();
+    let at = e.clock.now();
+    hear_429(&e, (slot.at, slot.paced), 1, at).await;
+    let end = e
+        .pacer
+        .held_until("ws:k")
+        .expect("blocked from the moment it is heard");
+    // Before the job writes the block, a refresh from the table (another job about to
+    // wait, or a NOTIFY of an older write) finds no row: the block heard stands.
+    e.blocks.refresh(&db.pool, "ws:k").await.unwrap();
+    assert_eq!(e.pacer.held_until("ws:k"), Some(end));
+    // Once its job wrote it, the table speaks for it: a row gone (an operator lifted the
+    // block) ends it here too.
+    e.blocks.written("ws:k", end);
+    e.blocks.refresh(&db.pool, "ws:k").await.unwrap();
+    assert_eq!(e.pacer.held_until("ws:k"), None);
 }
 
 #[tokio::test]

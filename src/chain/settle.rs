@@ -271,7 +271,7 @@ fn note_block(engine: &Engine, ctx: &JobContext, until: DateTime<Utc>) {
     if engine.blocks.announce(key, until, now) {
         tracing::info!(budget = %key, %until, rule = ctx.rule_id, "rate-limit block set by a 429");
     }
-    engine.blocks.set(key, until);
+    engine.blocks.written(key, until);
     engine.metrics.block_set(key);
 }
 

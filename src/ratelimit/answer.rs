@@ -99,7 +99,7 @@ impl Pacer {
                 let wait = wait.or(statement.reset);
                 let length = chrono::Duration::from_std(blocks::block_length(wait));
                 let until = (at + length.expect("capped at a day")).trunc_subsecs(6);
-                self.blocks.set(key, until);
+                self.blocks.heard(key, until);
                 if let Err(e) = self.throttled(key, answer.sent, answer.paced, until).await {
                     tracing::warn!(error = %e, "could not record what the 429 taught the budget");
                 }

@@ -4,7 +4,8 @@
 //!
 //! Every process keeps [`Blocks`], an in-memory copy of the table that the throttle layer
 //! reads before each job: loaded when its listener subscribes, and refreshed whenever a
-//! block is written (a trigger sends `NOTIFY courier_blocks, '<budget key>'`).
+//! block is written (a trigger sends `NOTIFY courier_blocks, '<budget key>'`). A block
+//! the process heard a 429 set holds there from that moment, before its job writes it.
 
 use std::{
     collections::HashMap,
@@ -105,6 +106,9 @@ pub struct Blocks {
     /// Blocks this process met and logged, until it logs their end (the copy above is
     /// refreshed by NOTIFY, possibly before the process that wrote a block looks).
     announced: std::sync::Mutex<HashMap<String, DateTime<Utc>>>,
+    /// Blocks this process heard a 429 set and its job has not yet written: a refresh
+    /// from the table in between keeps them (an unwritten block is not a lifted one).
+    heard: std::sync::Mutex<HashMap<String, DateTime<Utc>>>,
 }
 
 impl Blocks {
@@ -129,8 +133,26 @@ impl Blocks {
         self.announced.lock().expect("announced lock").remove(key)
     }
 
-    /// Records a block this process wrote (others hear of it by NOTIFY).
-    pub fn set(&self, key: &str, until: DateTime<Utc>) {
+    /// Records a block a 429 this process heard sets, from that moment; its job writes it
+    /// to the table ([`Blocks::written`]) a little later.
+    pub fn heard(&self, key: &str, until: DateTime<Utc>) {
+        let mut heard = self.heard.lock().expect("heard lock");
+        let end = heard.entry(key.to_owned()).or_insert(until);
+        *end = (*end).max(until);
+        self.extend(key, until);
+    }
+
+    /// Records a block this process wrote to the table (others hear of it by NOTIFY): from
+    /// now on the table's copy speaks for it, an operator's lift included.
+    pub fn written(&self, key: &str, until: DateTime<Utc>) {
+        let mut heard = self.heard.lock().expect("heard lock");
+        if heard.get(key).is_some_and(|&h| h <= until) {
+            heard.remove(key);
+        }
+        self.extend(key, until);
+    }
+
+    fn extend(&self, key: &str, until: DateTime<Utc>) {
         let mut map = self.until.write().expect("blocks lock");
         let end = map.entry(key.to_owned()).or_insert(until);
         *end = (*end).max(until);
@@ -196,7 +218,12 @@ impl Blocks {
         )
         .fetch_all(pool)
         .await?;
-        let map = rows.into_iter().map(|r| (r.budget_key, r.until)).collect();
+        let mut map: HashMap<_, _> = rows.into_iter().map(|r| (r.budget_key, r.until)).collect();
+        let heard = self.heard.lock().expect("heard lock");
+        for (key, &h) in heard.iter() {
+            let end = map.entry(key.clone()).or_insert(h);
+            *end = (*end).max(h);
+        }
         *self.until.write().expect("blocks lock") = map;
         Ok(())
     }
@@ -211,8 +238,9 @@ impl Blocks {
         )
         .fetch_optional(pool)
         .await?;
+        let heard = self.heard.lock().expect("heard lock").get(key).copied();
         let mut map = self.until.write().expect("blocks lock");
-        match until {
+        match until.max(heard) {
             Some(t) => map.insert(key.to_owned(), t),
             None => map.remove(key),
         };
@@ -279,8 +307,8 @@ mod tests {
     fn a_block_is_extended_never_shortened() {
         let blocks = Blocks::default();
         let now = Utc::now();
-        blocks.set("k", now + chrono::Duration::seconds(10));
-        blocks.set("k", now + chrono::Duration::seconds(5));
+        blocks.heard("k", now + chrono::Duration::seconds(10));
+        blocks.written("k", now + chrono::Duration::seconds(5));
         assert_eq!(blocks.until("k"), Some(now + chrono::Duration::seconds(10)));
         assert_eq!(blocks.until("other"), None);
     }
