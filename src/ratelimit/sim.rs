@@ -640,9 +640,42 @@ impl Bounds {
     }
 }
 
-/// Runs the matrix for `ratios` and schedules; returns each cell's line and the failures.
-fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>) {
-    let (mut lines, mut failures) = (Vec::new(), Vec::new());
+/// The parameters a matrix runs with: [`PARAMS`], or changed by `SIM_PARAMS`
+/// (`approach=2,deep_decrease=0.35`: any of [`Params`]' fields), to fit them.
+fn params() -> Params {
+    let mut p = PARAMS;
+    let Ok(changes) = std::env::var("SIM_PARAMS") else {
+        return p;
+    };
+    for change in changes.split(',').filter(|c| !c.trim().is_empty()) {
+        let (name, value) = change.split_once('=').unwrap_or((change, ""));
+        let value: f64 = value
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("SIM_PARAMS: '{change}' is not name=number"));
+        let field = match name.trim() {
+            "decrease" => &mut p.decrease,
+            "deep_decrease" => &mut p.deep_decrease,
+            "approach" => &mut p.approach,
+            "probe" => &mut p.probe,
+            "hold" => &mut p.hold,
+            "floor" => &mut p.floor,
+            "min_sample" => {
+                p.min_sample = value as u64;
+                continue;
+            }
+            other => panic!("SIM_PARAMS: no parameter '{other}'"),
+        };
+        *field = value;
+    }
+    p
+}
+
+/// Runs the matrix for `ratios` and schedules; returns each cell's line, the failures and
+/// the 429s of all cells.
+fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>, u64) {
+    let params = params();
+    let (mut lines, mut failures, mut refused) = (Vec::new(), Vec::new(), 0);
     for (name, model, declared, latency) in models() {
         for &schedule in schedules {
             for &ratio in ratios {
@@ -658,7 +691,8 @@ fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>) 
                         processes,
                         latency,
                     };
-                    let o = run(&cell, &PARAMS);
+                    let o = run(&cell, &params);
+                    refused += o.refused;
                     let line = format!(
                         "{name:32} {schedule:?} ×{ratio:<4} {processes}p: drain {:.1}s ideal {:.1}s = {:.3}×, 429s {}/{} = {:.2}%, 38–40 s {}",
                         o.drain,
@@ -677,12 +711,13 @@ fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>) 
             }
         }
     }
-    (lines, failures)
+    (lines, failures, refused)
 }
 
 fn report(name: &str, ratios: &[f64], schedules: &[Schedule]) {
-    let (lines, failures) = matrix(ratios, schedules);
+    let (lines, failures, refused) = matrix(ratios, schedules);
     println!("{name}\n{}", lines.join("\n"));
+    println!("{name}: {} cells, {refused} 429s", lines.len());
     assert!(
         failures.is_empty(),
         "{} of {} cells out of bounds:\n{}",
