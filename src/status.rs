@@ -506,7 +506,7 @@ mod tests {
         for i in 0..20 {
             let t = at + chrono::Duration::seconds(i);
             let paced = state.learned.rate(&PARAMS, 10.0, t).unwrap_or(10.0);
-            state.refused(&PARAMS, paced, 0, t, t, t + chrono::Duration::seconds(1));
+            state.refused(&PARAMS, paced, t, t, t + chrono::Duration::seconds(1));
         }
         let now = at + chrono::Duration::seconds(21);
         let pace = budget_pace(&state, &declared, 0, now);

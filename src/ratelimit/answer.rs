@@ -93,20 +93,16 @@ impl Pacer {
         if !stated.is_empty() {
             self.advertised(key, stated);
         }
-        match answer.answered {
-            Answered::Refused { wait, raw } => {
-                // A wait the answer named goes before its headers' reset.
-                let wait = wait.or(statement.reset);
-                let length = chrono::Duration::from_std(blocks::block_length(wait));
-                let until = (at + length.expect("capped at a day")).trunc_subsecs(6);
-                self.blocks.heard(key, until);
-                if let Err(e) = self.throttled(key, answer.sent, answer.paced, until).await {
-                    tracing::warn!(error = %e, "could not record what the 429 taught the budget");
-                }
-                return Verdict::Block { until, raw };
+        if let Answered::Refused { wait, raw } = answer.answered {
+            // A wait the answer named goes before its headers' reset.
+            let wait = wait.or(statement.reset);
+            let length = chrono::Duration::from_std(blocks::block_length(wait));
+            let until = (at + length.expect("capped at a day")).trunc_subsecs(6);
+            self.blocks.heard(key, until);
+            if let Err(e) = self.throttled(key, answer.sent, answer.paced, until).await {
+                tracing::warn!(error = %e, "could not record what the 429 taught the budget");
             }
-            Answered::Sent => self.answered(key, 1),
-            Answered::NotSent => {}
+            return Verdict::Block { until, raw };
         }
         let Some(until) = statement.spent_until(at) else {
             return Verdict::GoOn;

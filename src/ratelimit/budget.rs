@@ -84,8 +84,6 @@ pub struct SliceRequest<'a> {
     pub reserve: u8,
     /// The most slots wanted.
     pub n: u32,
-    /// Calls answered since the process's last lease.
-    pub accepted: u64,
     /// How far from now a slot may lie before a spent long window stops the slice.
     pub horizon: chrono::Duration,
 }
@@ -212,8 +210,7 @@ impl BudgetState {
     }
 
     /// Leases up to `ask.n` slots from `now` on, honouring every limit in force (shortest
-    /// window first) with `ask.reserve` percent of the long windows kept for others, and
-    /// reports `ask.accepted` calls answered since the process's last lease. Stops early at
+    /// window first) with `ask.reserve` percent of the long windows kept for others. Stops early at
     /// a slot further than `ask.horizon` from now (a spent long window): the slots leased
     /// up to it, possibly none.
     pub fn lease(&mut self, params: &Params, now: DateTime<Utc>, ask: &SliceRequest) -> Slice {
@@ -221,8 +218,7 @@ impl BudgetState {
         self.hold = self.hold.filter(|&h| h > now);
         let idle = chrono::Duration::from_std(super::pacer::SPENT_WAIT).expect("fits");
         let was_idle = self.tat.is_none_or(|t| t < now - idle);
-        self.sample
-            .follow(&self.learned, was_idle, now, ask.accepted);
+        self.sample.follow(&self.learned, was_idle, now);
         let rate = self.rate(ask.limits, params, now);
         let step = interval(rate);
         let mut t = micros(
@@ -305,20 +301,17 @@ impl BudgetState {
     }
 
     /// A call sent at `sent`, paced at `paced`, met a 429 at `now` whose block ends at
-    /// `block_end`; `accepted` calls were answered since the process's last lease. The
-    /// controller learns from the sample ([`Sample::measure`]); a cut starts a new sample and
-    /// drops the booking past the block. Returns whether it cut.
+    /// `block_end`. The controller learns from the sample ([`Sample::measure`]); a cut
+    /// starts a new sample and drops the booking past the block. Returns whether it cut.
     pub fn refused(
         &mut self,
         params: &Params,
         paced: f64,
-        accepted: u64,
         sent: DateTime<Utc>,
         now: DateTime<Utc>,
         block_end: DateTime<Utc>,
     ) -> bool {
-        self.sample.accepted += accepted;
-        let through = self.sample.measure(sent, now);
+        let through = self.sample.measure(sent);
         let cut = self
             .learned
             .refused(params, paced, through, sent, now, block_end);
@@ -344,7 +337,7 @@ impl BudgetState {
 mod tests {
     use super::*;
     use crate::ratelimit::{
-        controller::{FIRST_SECOND_MOST, PARAMS},
+        controller::{PARAMS, RECENT_MOST},
         pacer::SPENT_WAIT,
     };
 
@@ -352,13 +345,12 @@ mod tests {
         DateTime::from_timestamp(1_800_000_000, 0).unwrap()
     }
 
-    /// Up to 50 slots at the pace, with no answer to report.
+    /// Up to 50 slots at the pace.
     fn ask(limits: &[Limit], reserve: u8, horizon: chrono::Duration) -> SliceRequest<'_> {
         SliceRequest {
             limits,
             reserve,
             n: 50,
-            accepted: 0,
             horizon,
         }
     }
@@ -467,11 +459,11 @@ mod tests {
     }
 
     #[test]
-    fn a_call_refused_in_the_first_second_counts_every_process_calls_before_it() {
+    fn a_refused_call_counts_every_process_calls_before_it() {
         let limits = [Limit::new(50, 1)];
         let mut st = BudgetState::default();
         let h = chrono::Duration::seconds(1);
-        // Three processes lease in turn at 50/s, none has reported an answer yet.
+        // Three processes lease in turn at 50/s, none has heard an answer yet.
         let slots: Vec<_> = (0..3)
             .flat_map(|_| st.lease(&PARAMS, t0(), &ask(&limits, 0, h)).slots)
             .collect();
@@ -479,17 +471,23 @@ mod tests {
         // The target lets 10 a second through: the eleventh call is refused.
         let sent = slots[10];
         let now = sent + chrono::Duration::milliseconds(2);
-        assert!(st.refused(&PARAMS, 50.0, 0, sent, now, t0() + h));
+        assert!(st.refused(&PARAMS, 50.0, sent, now, t0() + h));
         assert_eq!(st.learned.by, "measured");
         assert!((st.learned.base - 10.0).abs() < 1e-9, "{}", st.learned.base);
         assert!((st.learned.ceiling - 10.0 / PARAMS.decrease).abs() < 1e-9);
-        // A call refused after the first second is measured by what was accepted.
+        // Later than the first second, the same: the slots booked before the refused
+        // call's, not those booked after it, over the time up to it.
         let mut st = BudgetState::default();
-        st.lease(&PARAMS, t0(), &ask(&limits, 0, h));
+        let first = st.lease(&PARAMS, t0(), &ask(&limits, 0, h)).slots.len();
         let later = t0() + chrono::Duration::milliseconds(1100);
-        st.lease(&PARAMS, later, &ask(&limits, 0, h));
-        st.refused(&PARAMS, 50.0, 11, later, later, later + h);
-        assert!((st.learned.base - 10.0).abs() < 1e-9, "{}", st.learned.base);
+        let next = st.lease(&PARAMS, later, &ask(&limits, 0, h)).slots;
+        st.refused(&PARAMS, 50.0, next[0], next[0], next[0] + h);
+        let through = first as f64 / 1.1;
+        assert!(
+            (st.learned.base - through).abs() < 1e-6,
+            "{}",
+            st.learned.base
+        );
         assert!((st.learned.ceiling - 50.0).abs() < 1e-9);
     }
 
@@ -497,49 +495,43 @@ mod tests {
     fn a_budget_idle_for_a_while_starts_a_new_sample() {
         let limits = [Limit::new(10, 1)];
         let h = chrono::Duration::seconds(1);
+        let far = t0() + chrono::Duration::hours(1);
         let mut st = BudgetState::default();
-        st.lease(&PARAMS, t0(), &ask(&limits, 0, h));
+        let mut booked = st.lease(&PARAMS, t0(), &ask(&limits, 0, h)).slots.len();
         let busy = t0() + chrono::Duration::milliseconds(200);
-        let mut report = ask(&limits, 0, h);
-        report.accepted = 20;
-        st.lease(&PARAMS, busy, &report);
-        assert_eq!(
-            (st.sample.accepted, st.sample.stretch_from),
-            (20, Some(t0()))
-        );
+        booked += st.lease(&PARAMS, busy, &ask(&limits, 0, h)).slots.len();
+        assert_eq!(st.sample.stretch_from, Some(t0()));
+        assert_eq!(st.sample.measure(far).0, booked as u64);
         // Its next free slot went unused for longer than a pause within a run of calls:
         // what was let through before says nothing of the rate a 429 now would meet.
         let later = busy + chrono::Duration::from_std(SPENT_WAIT).unwrap() + h;
-        report.accepted = 3;
-        st.lease(&PARAMS, later, &report);
-        assert_eq!(
-            (st.sample.accepted, st.sample.stretch_from),
-            (3, Some(later))
-        );
+        let now_booked = st.lease(&PARAMS, later, &ask(&limits, 0, h)).slots.len();
+        assert_eq!(st.sample.stretch_from, Some(later));
+        assert_eq!(st.sample.measure(far).0, now_booked as u64);
     }
 
     #[test]
-    fn a_busy_budget_keeps_its_first_second_small_and_briefly() {
+    fn a_busy_budget_keeps_few_slot_times() {
         // No limit declared: slices of 50 as fast as they are asked for.
         let mut st = BudgetState::default();
         let h = chrono::Duration::seconds(1);
         for _ in 0..40 {
             st.lease(&PARAMS, t0(), &ask(&[], 0, h));
         }
-        assert_eq!(st.sample.first_second_us.len(), FIRST_SECOND_MOST);
-        // Busy on (a lease every half second); two seconds into the stretch, no answer is
-        // still on its way from its first.
-        for half in 1..4 {
-            let now = t0() + chrono::Duration::milliseconds(500 * half);
-            st.lease(&PARAMS, now, &ask(&[], 0, h));
+        assert_eq!(st.sample.recent_us.len(), RECENT_MOST);
+        let far = t0() + chrono::Duration::hours(1);
+        assert_eq!(st.sample.measure(far).0, 40 * 50, "every slot counted");
+        // Busy on at 10/s: only the slots of the last two seconds keep their times.
+        let limits = [Limit::new(10, 1)];
+        for tenth in 1..=100 {
+            let now = t0() + chrono::Duration::milliseconds(100 * tenth);
+            st.lease(&PARAMS, now, &ask(&limits, 0, h));
         }
-        st.lease(
-            &PARAMS,
-            t0() + chrono::Duration::seconds(2),
-            &ask(&[], 0, h),
+        assert!(
+            st.sample.recent_us.len() <= 21,
+            "{}",
+            st.sample.recent_us.len()
         );
-        assert!(st.sample.first_second_us.is_empty());
-        assert_eq!(st.sample.first_second_us.capacity(), 0);
     }
 
     #[test]

@@ -32,6 +32,8 @@
 //! The rule's input is the [`Sample`]: the calls the target let through since the last cut
 //! (or since the budget got busy), kept in the budget's row beside what was learned.
 
+use std::collections::VecDeque;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -43,9 +45,9 @@ pub struct Params {
     /// A 429 cuts the pace to this share of the pace refused (at most), after a pace that
     /// held `hold` seconds or less.
     pub decrease: f64,
-    /// A 429 with fewer than `min_sample` calls accepted before it cuts to this share.
+    /// A 429 with fewer than `min_sample` calls let through before it cuts to this share.
     pub deep_decrease: f64,
-    /// Calls accepted since the last cut for their rate to say where the limit lies.
+    /// Calls let through since the last cut for their rate to say where the limit lies.
     pub min_sample: u64,
     /// Seconds: the time constant of the climb back towards the ceiling.
     pub approach: f64,
@@ -76,9 +78,11 @@ pub const PARAMS: Params = Params {
 /// The largest exponent the probe grows by (past any real rate; keeps `exp` finite on a
 /// budget quiet for days).
 const MAX_GROWTH: f64 = 40.0;
-/// The most slots of a sample's first second kept (see [`Sample::first_second_us`]).
-pub const FIRST_SECOND_MOST: usize = 1000;
-const SECOND: chrono::Duration = chrono::Duration::seconds(1);
+/// How long before the newest slot a sample keeps each slot's time: longer than a call's
+/// answer takes to come back, as a slot booked after a refused call's must not count.
+const RECENT: chrono::Duration = chrono::Duration::seconds(2);
+/// The most slot times a sample keeps (a budget's row stays small however fast the pace).
+pub const RECENT_MOST: usize = 1000;
 
 /// What a budget has learned; the default is nothing.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -141,9 +145,9 @@ impl Learned {
     }
 
     /// A call booked at pace `paced` (requests per second) and sent at `sent` met a 429 at
-    /// `now`, after the target let `accepted` calls through over `stretch` seconds since
-    /// the last cut (or since the budget got busy; under a second: up to the refused
-    /// call's sending); its block ends at `block_end`. Returns whether it cut.
+    /// `now`, after the target let `accepted` calls through over the `stretch` seconds
+    /// before it since the last cut (or since the budget got busy); its block ends at
+    /// `block_end`. Returns whether it cut.
     pub fn refused(
         &mut self,
         p: &Params,
@@ -189,73 +193,64 @@ impl Learned {
 }
 
 /// What the target let through since the last cut, or since the budget got busy: the
-/// calls accepted (every process reports its own at its next lease), and the slots every
-/// process booked in the sample's first second (a window that lets its quota through at
-/// once refuses within it, before any count arrives).
+/// slots every process booked. Each call before a refused one was let through (a refusal
+/// cuts, and the sample starts again), and the slots are counted as they are booked, so
+/// no process's count lags behind another's.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
-    /// Calls the target accepted since `stretch_from`.
-    #[serde(default)]
-    pub accepted: u64,
     /// Where the sample began.
     pub stretch_from: Option<DateTime<Utc>>,
-    /// The slots booked in the sample's first second, in microseconds after
-    /// `stretch_from` (at most [`FIRST_SECOND_MOST`]); kept a second more for answers still
-    /// on their way, then dropped, so a busy budget's row stays small.
+    /// Slots booked since `stretch_from` before those in `recent_us`.
     #[serde(default)]
-    pub first_second_us: Vec<u32>,
+    pub booked: u64,
+    /// The latest slots booked, in microseconds after `stretch_from`, oldest first: those
+    /// within [`RECENT`] of the newest (at most [`RECENT_MOST`]), so that a refused call
+    /// counts the slots before its own, not the ones booked after it.
+    #[serde(default)]
+    pub recent_us: VecDeque<i64>,
 }
 
 impl Sample {
     /// At a lease at `now`: a budget that `was_idle` (or never sampled) starts afresh, from
-    /// the end of the last cut's block if that is later; the first second's slots go once no
-    /// answer to them can still come; and `accepted` calls answered are counted.
-    pub fn follow(&mut self, learned: &Learned, was_idle: bool, now: DateTime<Utc>, accepted: u64) {
+    /// the end of the last cut's block if that is later.
+    pub fn follow(&mut self, learned: &Learned, was_idle: bool, now: DateTime<Utc>) {
         if was_idle || self.stretch_from.is_none() {
             self.restart(Some(learned.since.map_or(now, |s| s.max(now))));
         }
-        if self.stretch_from.is_some_and(|f| now >= f + SECOND * 2) {
-            self.first_second_us = Vec::new();
-        }
-        self.accepted += accepted;
     }
 
     /// Starts afresh from `from`.
     pub fn restart(&mut self, from: Option<DateTime<Utc>>) {
         self.stretch_from = from;
-        self.accepted = 0;
-        self.first_second_us.clear();
+        self.booked = 0;
+        self.recent_us.clear();
     }
 
-    /// Books a slot at `t`: kept among the first second's slots when it falls in it.
+    /// Books a slot at `t`.
     pub fn book(&mut self, t: DateTime<Utc>) {
-        if let Some(from) = self.stretch_from {
-            let after = (t - from).num_microseconds().unwrap_or(i64::MAX);
-            if after < SECOND.num_microseconds().expect("fits")
-                && self.first_second_us.len() < FIRST_SECOND_MOST
-            {
-                self.first_second_us.push(after.max(0) as u32);
-            }
+        let Some(from) = self.stretch_from else {
+            return;
+        };
+        let after = (t - from).num_microseconds().unwrap_or(i64::MAX).max(0);
+        self.recent_us.push_back(after);
+        let recent = RECENT.num_microseconds().expect("fits");
+        while self
+            .recent_us
+            .front()
+            .is_some_and(|&s| s < after - recent || self.recent_us.len() > RECENT_MOST)
+        {
+            self.recent_us.pop_front();
+            self.booked += 1;
         }
     }
 
-    /// For a call sent at `sent` and refused at `now`: the calls let through and over how
-    /// many seconds. Refused in the sample's first second, the calls every process sent
-    /// before it in that second were let through (no process's count lags); later, the
-    /// calls accepted up to now.
-    pub fn measure(&self, sent: DateTime<Utc>, now: DateTime<Utc>) -> (u64, f64) {
-        let from = self.stretch_from.unwrap_or(now);
-        if sent < from + SECOND {
-            let sent_after = (sent - from).num_microseconds().unwrap_or(0);
-            let before = self
-                .first_second_us
-                .iter()
-                .filter(|&&s| i64::from(s) < sent_after)
-                .count() as u64;
-            (before.max(self.accepted), secs(from, sent).max(0.0))
-        } else {
-            (self.accepted, secs(from, now).max(0.0))
-        }
+    /// For a call sent at `sent`: the calls let through before it (the slots booked before
+    /// its own) and over how many seconds.
+    pub fn measure(&self, sent: DateTime<Utc>) -> (u64, f64) {
+        let from = self.stretch_from.unwrap_or(sent);
+        let sent_after = (sent - from).num_microseconds().unwrap_or(i64::MAX);
+        let recent = self.recent_us.iter().filter(|&&s| s < sent_after).count() as u64;
+        (self.booked + recent, secs(from, sent).max(0.0))
     }
 }
 

@@ -5,7 +5,7 @@
 //! [`BudgetState`]: the pace, what each long window has spent, what 429s taught. A worker
 //! process leases a small slice of slots at once (a quarter second's worth) in one short
 //! transaction: it locks the row, lets [`BudgetState::lease`] book the slots, and writes
-//! the state back, reporting the calls the target accepted since its last lease. Slots are
+//! the state back. Slots are
 //! spaced at the effective rate across all processes; losing a process loses at most the
 //! slice it held.
 //!
@@ -169,9 +169,6 @@ struct Local {
     /// The pace (requests per second) of this process's latest lease (before any: the
     /// declared pace).
     rate: f64,
-    /// Calls the target accepted (answered other than 429) not yet reported to the budget
-    /// row; the next lease adds them.
-    accepted: u64,
     /// The limits the target's headers stated, not yet reported.
     advertised: Option<Vec<Limit>>,
     /// No slot before this time: the target said its budget is spent until then.
@@ -195,7 +192,6 @@ impl Local {
             granted: 0,
             lookahead_us: 0,
             rate: declared.first().map_or(f64::MAX, Limit::per_second),
-            accepted: 0,
             advertised: None,
             hold: None,
             booked_until: None,
@@ -302,20 +298,18 @@ impl Pacer {
         let Some(b) = self.known(key) else {
             return Ok(());
         };
-        let pending = {
+        {
             let mut local = b.local();
             local.slots.clear();
             local.next_lease = None;
-            std::mem::take(&mut local.accepted)
-        };
+        }
         let now = self.clock.now();
         let cut = self
             .with_state(&b, |st| {
-                st.refused(&PARAMS, paced, pending, sent, now, block_end)
+                st.refused(&PARAMS, paced, sent, now, block_end)
                     .then(|| st.learned.clone())
             })
-            .await
-            .inspect_err(|_| b.local().accepted += pending)?;
+            .await?;
         if let Some(learned) = cut {
             tracing::debug!(
                 budget = key,
@@ -366,14 +360,6 @@ impl Pacer {
         .map_err(lease_err)?;
         tx.commit().await.map_err(lease_err)?;
         Ok(out)
-    }
-
-    /// `calls` calls on budget `key` were answered other than 429: the target accepted
-    /// them. Counted for the budget with this process's next lease.
-    pub fn answered(&self, key: &str, calls: u32) {
-        if let Some(b) = self.known(key) {
-            b.local().accepted += u64::from(calls);
-        }
     }
 
     /// The target's headers stated `limits` for budget `key` (one per policy): the budget
@@ -647,12 +633,11 @@ impl Pacer {
         if let Some(until) = blocked.filter(|&b| b > asked + spent_wait) {
             return Ok((Vec::new(), Some(until)));
         }
-        let (now, accepted, advertised, hold) = {
+        let (now, advertised, hold) = {
             let mut local = budget.local();
             let ahead = asked + chrono::Duration::microseconds(local.lookahead_us);
             let now = blocked.map_or(ahead, |b| b.max(ahead));
-            let accepted = std::mem::take(&mut local.accepted);
-            (now, accepted, local.advertised.take(), local.hold)
+            (now, local.advertised.take(), local.hold)
         };
         let slice = self
             .with_state(budget, |st| {
@@ -666,17 +651,12 @@ impl Pacer {
                     limits: &budget.limits,
                     reserve: budget.reserve,
                     n: u32::MAX,
-                    accepted,
                     horizon: spent_wait,
                 };
                 let slice = st.lease(&PARAMS, now, &ask);
                 (slice, st.tat)
             })
-            .await
-            .inspect_err(|_| {
-                // Not counted yet: the next lease reports them.
-                budget.local().accepted += accepted;
-            });
+            .await;
         let (slice, tat) = slice?;
         let round_trip = (self.clock.now() - asked)
             .to_std()

@@ -282,8 +282,6 @@ enum Ev {
 
 struct Process {
     generation: u64,
-    /// Calls accepted not yet reported to the budget.
-    pending: u64,
     /// Slots leased and not yet come.
     slots: u64,
     /// A lease is scheduled.
@@ -346,7 +344,6 @@ impl<'a> Sim<'a> {
         let procs = (0..cell.processes)
             .map(|_| Process {
                 generation: 0,
-                pending: 0,
                 slots: 0,
                 leasing: true,
             })
@@ -402,12 +399,10 @@ impl<'a> Sim<'a> {
             self.push(now, Ev::Lease(p));
             return;
         }
-        let accepted = std::mem::take(&mut self.procs[p].pending);
         let ask = SliceRequest {
             limits: &self.cell.declared,
             reserve: 0,
             n: 50,
-            accepted,
             horizon: chrono::Duration::seconds(1),
         };
         let slice = self.st.lease(self.params, at(now), &ask);
@@ -459,7 +454,6 @@ impl<'a> Sim<'a> {
         match wait {
             None => {
                 self.delivered += 1;
-                self.procs[p].pending += 1;
             }
             Some(wait) => self.hear_429(p, t, rate, sent, wait),
         }
@@ -477,15 +471,9 @@ impl<'a> Sim<'a> {
     fn hear_429(&mut self, p: usize, t: Us, rate: u64, sent: Us, wait: Us) {
         self.refused += 1;
         let end = t + wait;
-        let accepted = std::mem::take(&mut self.procs[p].pending);
-        let cut = self.st.refused(
-            self.params,
-            rate as f64 / 1e6,
-            accepted,
-            at(sent),
-            at(t),
-            at(end),
-        );
+        let cut = self
+            .st
+            .refused(self.params, rate as f64 / 1e6, at(sent), at(t), at(end));
         if cut {
             self.trace_cut(p, t, rate);
         }
