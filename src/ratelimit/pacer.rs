@@ -5,9 +5,8 @@
 //! [`BudgetState`]: the pace, what each long window has spent, what 429s taught. A worker
 //! process leases a small slice of slots at once (a quarter second's worth) in one short
 //! transaction: it locks the row, lets [`BudgetState::lease`] book the slots, and writes
-//! the state back. Slots are
-//! spaced at the effective rate across all processes; losing a process loses at most the
-//! slice it held.
+//! the state back. Slots are spaced at the effective rate across all processes; losing a
+//! process loses at most the slice it held.
 //!
 //! Within a process, rules waiting on one budget are served by start-time fair queueing:
 //! each request of a rule is stamped `max(now_virtual, last_of_rule) + 1/weight`, and the
