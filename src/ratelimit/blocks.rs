@@ -108,6 +108,7 @@ pub struct Blocks {
     announced: std::sync::Mutex<HashMap<String, DateTime<Utc>>>,
     /// Blocks this process heard a 429 set and its job has not yet written: a refresh
     /// from the table in between keeps them (an unwritten block is not a lifted one).
+    /// Locked before `until` when both are.
     heard: std::sync::Mutex<HashMap<String, DateTime<Utc>>>,
 }
 
