@@ -210,9 +210,9 @@ impl BudgetState {
     }
 
     /// Leases up to `ask.n` slots from `now` on, honouring every limit in force (shortest
-    /// window first) with `ask.reserve` percent of the long windows kept for others. Stops early at
-    /// a slot further than `ask.horizon` from now (a spent long window): the slots leased
-    /// up to it, possibly none.
+    /// window first) with `ask.reserve` percent of the long windows kept for others. Stops
+    /// early at a slot further than `ask.horizon` from now (a spent long window): the slots
+    /// leased up to it, possibly none.
     pub fn lease(&mut self, params: &Params, now: DateTime<Utc>, ask: &SliceRequest) -> Slice {
         self.sync_windows(&self.limits(ask.limits));
         self.hold = self.hold.filter(|&h| h > now);
