@@ -71,10 +71,7 @@ pub fn answered(result: &Result<Written, WriteError>) -> Answered {
             wait: *wait,
             raw: raw.clone(),
         },
-        other => match reachable(other) {
-            Some(_) => Answered::Sent,
-            None => Answered::NotSent,
-        },
+        _ => Answered::NotRefused,
     }
 }
 
@@ -259,8 +256,8 @@ mod tests {
         let outcomes: Vec<_> = j.entries.iter().map(|e| e.outcome).collect();
         assert_eq!(outcomes, [Outcome::Delivered, Outcome::Rejected]);
         assert_eq!(j.reachable, Some(true));
-        assert_eq!(answered(&result), Answered::Sent);
-        // Refused by the writer before sending: nothing heard by anyone.
+        assert_eq!(answered(&result), Answered::NotRefused);
+        // Refused by the writer before sending: the breaker hears nothing.
         let unsent: Result<Written, _> = Err(WriteError::Permanent {
             status: None,
             message: "no id".into(),
@@ -273,7 +270,10 @@ mod tests {
             Utc::now(),
             || 0.5,
         );
-        assert_eq!((j.reachable, answered(&unsent)), (None, Answered::NotSent));
+        assert_eq!(
+            (j.reachable, answered(&unsent)),
+            (None, Answered::NotRefused)
+        );
         // A timeout: the breaker hears the target down; the budget counts the call.
         let down: Result<Written, _> = Err(WriteError::Transient {
             status: None,
@@ -282,7 +282,7 @@ mod tests {
         let j = judge(ds.iter(), &down, Duration::ZERO, &RETRY, Utc::now(), || 0.5);
         assert_eq!(
             (j.reachable, answered(&down)),
-            (Some(false), Answered::Sent)
+            (Some(false), Answered::NotRefused)
         );
     }
 }

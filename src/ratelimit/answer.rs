@@ -21,9 +21,6 @@ use super::{
 /// How the target answered one call, as the budget hears it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Answered {
-    /// The call was sent and not refused for its rate (whatever the records' fate, or
-    /// none came back): it counts towards the pace the target takes.
-    Sent,
     /// HTTP 429: the target refused the call for its rate.
     Refused {
         /// The wait the answer named (`Retry-After` or the writer's reset header).
@@ -31,9 +28,9 @@ pub enum Answered {
         /// The raw header value that named it.
         raw: Option<String>,
     },
-    /// The call never reached the target (refused by the writer, a connection error):
-    /// it says nothing of the budget.
-    NotSent,
+    /// Any other answer, or none (a connection error, a call the writer refused to send):
+    /// the budget hears only its headers. The slot it took counts as let through.
+    NotRefused,
 }
 
 /// One answer: what the target did and the rate-limit headers it sent.
