@@ -638,7 +638,7 @@ impl Pacer {
             let now = blocked.map_or(ahead, |b| b.max(ahead));
             (now, local.advertised.take(), local.hold)
         };
-        let slice = self
+        let (slice, tat) = self
             .with_state(budget, |st| {
                 if let Some(limits) = advertised {
                     st.advertise(limits, now);
@@ -655,8 +655,7 @@ impl Pacer {
                 let slice = st.lease(&PARAMS, now, &ask);
                 (slice, st.tat)
             })
-            .await;
-        let (slice, tat) = slice?;
+            .await?;
         let round_trip = (self.clock.now() - asked)
             .to_std()
             .unwrap_or_default()
