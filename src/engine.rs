@@ -89,7 +89,10 @@ impl Engine {
             pool,
             settings,
             clock,
+            // No redirect is followed: credentials go only to the origins the operator
+            // configured, and a 3xx is an answer of its own (never `delivered`).
             http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
                 .pool_max_idle_per_host(256)
                 .build()
                 .expect("reqwest client builds"),
