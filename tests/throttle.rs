@@ -90,10 +90,13 @@ async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
 
 #[tokio::test]
 async fn short_waits_are_sat_out_and_long_ones_throttle() {
-    // The header, the block's length in milliseconds (a wait of none lasts the clock's
-    // resolution), what becomes of the run.
-    let cases: [(Option<&str>, i64, RunStatus); 7] = [
-        (Some("0"), 1, RunStatus::Waiting),
+    // The header, the block's length in milliseconds (a wait of none, or one in the
+    // past, lasts a second), what becomes of the run.
+    let past =
+        httpdate::fmt_http_date(std::time::SystemTime::now() - std::time::Duration::from_secs(60));
+    let cases: [(Option<&str>, i64, RunStatus); 8] = [
+        (Some("0"), 1_000, RunStatus::Waiting),
+        (Some(past.as_str()), 1_000, RunStatus::Waiting),
         (Some("1"), 1_000, RunStatus::Waiting),
         (Some("300"), 300_000, RunStatus::Waiting),
         (Some("301"), 301_000, RunStatus::Throttled),

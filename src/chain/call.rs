@@ -190,7 +190,10 @@ async fn call_once(
     let sent = engine.clock.now();
     engine.pacer.left(key, go, sent);
     let started = Instant::now();
-    let result = writer.write_many(ctx.call(&records)).await;
+    // What the target said is sealed here, once, before anything keeps or shows it.
+    let result = writer
+        .secrets()
+        .seal(writer.write_many(ctx.call(&records)).await);
     // From the time the call was due: a thread that woke late delays it too.
     let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
     engine.pacer.returned(key, go, trip);

@@ -18,20 +18,18 @@ use sqlx::{PgExecutor, PgPool, postgres::PgListener};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    clock::RESOLUTION,
-    writer::{DEFAULT_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT},
-};
+use crate::writer::{DEFAULT_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT, MIN_RATE_LIMIT_WAIT};
 
 /// The channel a written block is announced on (payload: the budget key).
 pub const BLOCKS_CHANNEL: &str = "courier_blocks";
 
 /// The block a rate-limit response sets, from the wait it named: 60 s when it named none,
-/// at most one day, at least the clock's resolution. A target answering `retry-after: 0`
-/// is not hammered for it: its 429 cuts the pace like any other.
+/// at most one day, at least [`MIN_RATE_LIMIT_WAIT`]. A target answering `retry-after: 0`
+/// (or a date already past) still gets a second's rest: a 429 says "not now", whatever
+/// wait it names.
 pub fn block_length(wait: Option<Duration>) -> Duration {
     wait.unwrap_or(DEFAULT_RATE_LIMIT_WAIT)
-        .clamp(RESOLUTION, MAX_RATE_LIMIT_WAIT)
+        .clamp(MIN_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT)
 }
 
 /// Where a 429 came from.
@@ -301,7 +299,11 @@ mod tests {
             block_length(Some(Duration::from_secs(86_401))),
             Duration::from_secs(86_400)
         );
-        assert_eq!(block_length(Some(Duration::ZERO)), RESOLUTION);
+        assert_eq!(block_length(Some(Duration::ZERO)), MIN_RATE_LIMIT_WAIT);
+        assert_eq!(
+            block_length(Some(Duration::from_millis(300))),
+            MIN_RATE_LIMIT_WAIT
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Outgoing, WriteError};
+use super::{Body, Outgoing, WriteError};
 
 /// The longest error text kept from an answer item.
 const MESSAGE_LIMIT: usize = 300;
@@ -170,17 +170,27 @@ impl AnswerMap {
         out
     }
 
-    /// Each record's fate from a 2xx answer `status` with `body` (`None`: no JSON body)
-    /// to a call that carried `records`: `None` delivered, else why not.
+    /// Each record's fate from a 2xx answer `status` with `body` to a call that carried
+    /// `records`: `None` delivered, else why not. A body the map cannot read whole (cut
+    /// off, not JSON, a list where the map names one that is something else) leaves every
+    /// record it does not account for unaccounted for.
     pub fn read(
         &self,
         status: u16,
-        body: Option<&Value>,
+        body: &Body,
         records: &[Outgoing<'_>],
     ) -> Vec<Option<WriteError>> {
         let n = records.len();
-        let Some(body) = body else {
-            return unnamed(status, n);
+        let body = match body {
+            Body::Unreadable(why) => return unaccounted(status, n, why),
+            // No content names no failure, but a positional map needs an item per record.
+            Body::Empty => match self {
+                AnswerMap::Positional { .. } => {
+                    return unaccounted(status, n, "an empty answer, not one item per record");
+                }
+                _ => return unnamed(status, n),
+            },
+            Body::Json(v) => v,
         };
         match self {
             AnswerMap::Positional {
@@ -202,22 +212,27 @@ impl AnswerMap {
                         RecordKey::Payload(p) => names(r.payload.pointer(p)).into_iter().next(),
                     })
                     .collect();
-                let lists = (
-                    list(body, errors),
-                    results.as_deref().map(|r| list(body, r)),
-                );
-                keyed(status, lists, key, &keys, message.as_deref())
+                let errors = match list(body, errors, "errors") {
+                    Ok(e) => e,
+                    Err(why) => return unaccounted(status, n, &why),
+                };
+                let results = results.as_deref().map(|r| list(body, r, "results"));
+                keyed(status, (errors, results), key, &keys, message.as_deref())
             }
             AnswerMap::Indexed {
                 errors,
                 index,
                 message,
-            } => indexed(status, list(body, errors), index, n, message.as_deref()),
+            } => match list(body, errors, "errors") {
+                Ok(errors) => indexed(status, errors, index, n, message.as_deref()),
+                Err(why) => unaccounted(status, n, &why),
+            },
         }
     }
 }
 
-/// A positional answer: the array `items` (if any), one item per record.
+/// A positional answer: the array `items` (if any), one item per record; an item that is
+/// no object, or whose success field cannot be read, accounts for nobody.
 fn positional(
     status: u16,
     items: Option<&Value>,
@@ -229,8 +244,12 @@ fn positional(
         Some(items) if items.len() == n => items
             .iter()
             .map(|item| match success.holds(item) {
-                true => None,
-                false => Some(item_failure(item, success, message)),
+                Some(true) => None,
+                Some(false) => Some(item_failure(item, success, message)),
+                None => Some(unaccounted_error(
+                    status,
+                    "an answer item whose success field cannot be read",
+                )),
             })
             .collect(),
         Some(items) => unaccounted(
@@ -238,7 +257,11 @@ fn positional(
             n,
             &format!("{} answer items for {n} records", items.len()),
         ),
-        None => unnamed(status, n),
+        None => unaccounted(
+            status,
+            n,
+            &format!("the answer has no list of items ({})", kind(items)),
+        ),
     }
 }
 
@@ -246,12 +269,18 @@ fn positional(
 /// each record's own (`keys`).
 fn keyed(
     status: u16,
-    (errors, results): (&[Value], Option<&[Value]>),
+    (errors, results): (&[Value], Option<Result<&[Value], String>>),
     key: &str,
     keys: &[Option<String>],
     message: Option<&str>,
 ) -> Vec<Option<WriteError>> {
     let named = |item: &Value| names(item.pointer(key));
+    // A results list that cannot be read: the errors still count, nobody else is known.
+    let (results, unreadable) = match results {
+        Some(Ok(r)) => (Some(r), None),
+        Some(Err(why)) => (None, Some(why)),
+        None => (None, None),
+    };
     let mut fates: Vec<Fate> = vec![Fate::Unnamed; keys.len()];
     let mut stray = 0;
     for e in errors {
@@ -270,7 +299,9 @@ fn keyed(
             }
         }
     }
-    let why = (stray > 0).then(|| format!("{stray} errors name no record of the call"));
+    let why = (stray > 0)
+        .then(|| format!("{stray} errors name no record of the call"))
+        .or(unreadable);
     settle(status, fates, why, results.is_some())
 }
 
@@ -297,20 +328,25 @@ fn indexed(
 }
 
 impl Success {
-    fn holds(&self, item: &Value) -> bool {
-        match self {
+    /// Whether `item` went through; `None` when the item cannot say (it is no object, or
+    /// its status field is no number).
+    fn holds(&self, item: &Value) -> Option<bool> {
+        if !item.is_object() {
+            return None;
+        }
+        Some(match self {
             Success::Equals { field, value } => item.pointer(field) == Some(value),
-            Success::Status { field } => item
-                .pointer(field)
-                .and_then(Value::as_u64)
-                .is_none_or(|s| s < 400),
+            Success::Status { field } => match item.pointer(field) {
+                None | Some(Value::Null) => true,
+                Some(s) => s.as_u64()? < 400,
+            },
             Success::Empty { field } => match item.pointer(field) {
                 None | Some(Value::Null) => true,
                 Some(Value::Array(a)) => a.is_empty(),
                 Some(Value::Object(o)) => o.is_empty(),
                 Some(_) => false,
             },
-        }
+        })
     }
 }
 
@@ -360,7 +396,8 @@ pub fn unnamed(status: u16, n: usize) -> Vec<Option<WriteError>> {
     }
 }
 
-fn unaccounted(status: u16, n: usize, why: &str) -> Vec<Option<WriteError>> {
+/// Every record of a call unaccounted for, and why.
+pub fn unaccounted(status: u16, n: usize, why: &str) -> Vec<Option<WriteError>> {
     vec![Some(unaccounted_error(status, why)); n]
 }
 
@@ -372,11 +409,35 @@ fn unaccounted_error(status: u16, why: &str) -> WriteError {
     }
 }
 
-/// The list at `pointer` in `body` (absent or not a list: empty).
-fn list<'b>(body: &'b Value, pointer: &str) -> &'b [Value] {
-    body.pointer(pointer)
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
+/// The list `name` at `pointer` in `body`: absent or null in an object, none; anything
+/// else that is not a list cannot be read.
+fn list<'b>(body: &'b Value, pointer: &str, name: &str) -> Result<&'b [Value], String> {
+    match body.pointer(pointer) {
+        Some(Value::Array(a)) => Ok(a),
+        Some(Value::Null) => Ok(&[]),
+        None if body.is_object() => Ok(&[]),
+        None => Err(format!(
+            "the answer is {}, not an object with {name}",
+            kind(Some(body))
+        )),
+        found => Err(format!(
+            "{name} at {pointer:?} is {}, not a list",
+            kind(found)
+        )),
+    }
+}
+
+/// What a JSON value is, in words.
+fn kind(v: Option<&Value>) -> &'static str {
+    match v {
+        None => "absent",
+        Some(Value::Null) => "null",
+        Some(Value::Bool(_)) => "a boolean",
+        Some(Value::Number(_)) => "a number",
+        Some(Value::String(_)) => "a string",
+        Some(Value::Array(_)) => "a list",
+        Some(Value::Object(_)) => "an object",
+    }
 }
 
 /// The names a key field holds: a string, a number, or an array of them.
@@ -495,7 +556,7 @@ mod tests {
             {"success": false, "errors": [{"statusCode": "INVALID_EMAIL_ADDRESS", "message": "bad email"}]},
             {"id": "c", "success": true, "errors": []}
         ]);
-        let out = map.read(200, Some(&body), &records(&p));
+        let out = map.read(200, &Body::Json(body.clone()), &records(&p));
         assert_eq!(fates(&out), ["delivered", "rejected", "delivered"]);
         assert!(
             matches!(&out[1], Some(WriteError::Permanent { message, .. }) if message == "bad email")
@@ -503,7 +564,7 @@ mod tests {
         // An array of the wrong length accounts for nobody.
         let short = json!([{"success": true}]);
         assert_eq!(
-            fates(&map.read(200, Some(&short), &records(&p))),
+            fates(&map.read(200, &Body::Json(short.clone()), &records(&p))),
             ["unaccounted"; 3]
         );
     }
@@ -521,18 +582,18 @@ mod tests {
             "results": [{"objectWriteTraceId": "10"}, {"objectWriteTraceId": "12"}],
             "errors": [{"status": "error", "message": "Property values were not valid", "objectWriteTraceId": "11"}]
         });
-        let out = map.read(207, Some(&body), &records(&p));
+        let out = map.read(207, &Body::Json(body.clone()), &records(&p));
         assert_eq!(fates(&out), ["delivered", "rejected", "delivered"]);
         // A 207 that leaves a record out of both lists does not deliver it.
         let partial = json!({"results": [{"objectWriteTraceId": "10"}], "errors": []});
         assert_eq!(
-            fates(&map.read(207, Some(&partial), &records(&p))),
+            fates(&map.read(207, &Body::Json(partial.clone()), &records(&p))),
             ["delivered", "unaccounted", "unaccounted"]
         );
         // An error naming no record of the call: nobody unlisted can be called delivered.
         let stray = json!({"results": [{"objectWriteTraceId": "10"}], "errors": [{"objectWriteTraceId": "99"}]});
         assert_eq!(
-            fates(&map.read(200, Some(&stray), &records(&p))),
+            fates(&map.read(200, &Body::Json(stray.clone()), &records(&p))),
             ["delivered", "unaccounted", "unaccounted"]
         );
     }
@@ -550,7 +611,7 @@ mod tests {
         ];
         let body = json!({"new_members": [], "errors": [{"email_address": "b@x.io", "error": "looks fake"}]});
         assert_eq!(
-            fates(&map.read(200, Some(&body), &records(&p))),
+            fates(&map.read(200, &Body::Json(body.clone()), &records(&p))),
             ["delivered", "rejected"]
         );
     }
@@ -564,17 +625,17 @@ mod tests {
         let p = [json!({}), json!({}), json!({})];
         let body = json!({"message": "success", "errors": [{"type": "bad attribute", "input_array": "attributes", "index": 2}]});
         assert_eq!(
-            fates(&map.read(201, Some(&body), &records(&p))),
+            fates(&map.read(201, &Body::Json(body.clone()), &records(&p))),
             ["delivered", "delivered", "rejected"]
         );
         // A 207 naming positions says the rest went through, as Customer.io's does.
         assert_eq!(
-            fates(&map.read(207, Some(&body), &records(&p))),
+            fates(&map.read(207, &Body::Json(body.clone()), &records(&p))),
             ["delivered", "delivered", "rejected"]
         );
         let stray = json!({"errors": [{"index": 7}, {"index": 0, "status": 503}]});
         assert_eq!(
-            fates(&map.read(201, Some(&stray), &records(&p))),
+            fates(&map.read(201, &Body::Json(stray.clone()), &records(&p))),
             ["failed", "unaccounted", "unaccounted"]
         );
     }
@@ -585,9 +646,12 @@ mod tests {
             AnswerMap::parse(&json!({"kind": "indexed", "errors": "/errors", "index": "/index"}))
                 .unwrap();
         let p = [json!({}), json!({})];
-        assert_eq!(fates(&map.read(204, None, &records(&p))), ["delivered"; 2]);
         assert_eq!(
-            fates(&map.read(207, None, &records(&p))),
+            fates(&map.read(204, &Body::Empty, &records(&p))),
+            ["delivered"; 2]
+        );
+        assert_eq!(
+            fates(&map.read(207, &Body::Empty, &records(&p))),
             ["unaccounted"; 2]
         );
     }
@@ -606,5 +670,73 @@ mod tests {
         assert!(e.contains("unknown field `colour`"), "{e}");
         let e = AnswerMap::parse(&json!({"kind": "sorted"})).unwrap_err();
         assert!(e.contains("unknown variant `sorted`"), "{e}");
+    }
+
+    #[test]
+    fn an_answer_a_map_cannot_read_whole_delivers_nobody() {
+        let p = [json!({}), json!({})];
+        let positional = AnswerMap::parse(&json!({
+            "kind": "positional", "success": {"equals": {"field": "/success", "value": true}}
+        }))
+        .unwrap();
+        let keyed = AnswerMap::parse(&json!({
+            "kind": "keyed", "results": "/results", "errors": "/errors",
+            "key": "/id", "record": "delivery_id"
+        }))
+        .unwrap();
+        let indexed =
+            AnswerMap::parse(&json!({"kind": "indexed", "errors": "/errors", "index": "/index"}))
+                .unwrap();
+        let cut = Body::Unreadable("cut off".into());
+        for map in [&positional, &keyed, &indexed] {
+            assert_eq!(
+                fates(&map.read(200, &cut, &records(&p))),
+                ["unaccounted"; 2]
+            );
+            // An HTML page, a string, a number where an object or a list belongs.
+            for wrong in [json!("<html>ok</html>"), json!(42)] {
+                assert_eq!(
+                    fates(&map.read(200, &Body::Json(wrong.clone()), &records(&p))),
+                    ["unaccounted"; 2],
+                    "{map:?} {wrong}"
+                );
+            }
+        }
+        // Wrong-typed parts: an object for the positional array, a string for errors.
+        let object = Body::Json(json!({"success": false}));
+        assert_eq!(
+            fates(&positional.read(200, &object, &records(&p))),
+            ["unaccounted"; 2]
+        );
+        let stringly = Body::Json(json!({"errors": "record 10 failed"}));
+        assert_eq!(
+            fates(&keyed.read(200, &stringly, &records(&p))),
+            ["unaccounted"; 2]
+        );
+        assert_eq!(
+            fates(&indexed.read(200, &stringly, &records(&p))),
+            ["unaccounted"; 2]
+        );
+        // Items that are no objects say nothing of their records.
+        let items = Body::Json(json!(["ok", {"success": true}]));
+        assert_eq!(
+            fates(&positional.read(200, &items, &records(&p))),
+            ["unaccounted", "delivered"]
+        );
+        // What can be read still counts: a named error stands beside unreadable results.
+        let half = Body::Json(json!({"results": "all", "errors": [{"id": "10"}]}));
+        assert_eq!(
+            fates(&keyed.read(200, &half, &records(&p))),
+            ["rejected", "unaccounted"]
+        );
+        // An empty body names no failure, but a positional map needs its items.
+        assert_eq!(
+            fates(&keyed.read(200, &Body::Empty, &records(&p))),
+            ["delivered"; 2]
+        );
+        assert_eq!(
+            fates(&positional.read(200, &Body::Empty, &records(&p))),
+            ["unaccounted"; 2]
+        );
     }
 }

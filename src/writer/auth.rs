@@ -45,6 +45,10 @@ pub enum Auth {
         /// Whether the token answer's `instance_url` replaces the base URL's origin.
         #[serde(default)]
         instance_url: bool,
+        /// The hosts an instance URL may name (`.example.com`: it and its subdomains);
+        /// absent: the token URL's host and the subdomains of its parent domain.
+        #[serde(default)]
+        instance_hosts: Vec<String>,
     },
 }
 
@@ -111,7 +115,8 @@ impl Auth {
             token_url,
             client_id_env,
             scope,
-            ..
+            instance_url,
+            instance_hosts,
         } = self
         else {
             return Ok(None);
@@ -124,6 +129,8 @@ impl Auth {
             client_id,
             client_secret: key.to_owned(),
             scope: scope.clone(),
+            use_instance_url: *instance_url,
+            instance_hosts: instance_hosts.clone(),
         }))
     }
 }

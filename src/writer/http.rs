@@ -16,8 +16,8 @@ use futures::{FutureExt, future::BoxFuture};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{
-    Call, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written,
-    answer,
+    Body, Call, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer, WriterConfigError,
+    Written, answer,
     request::{self, RequestShape},
     secrets::{Secrets, is_secret_header},
 };
@@ -25,6 +25,13 @@ use crate::{catalog::Connection, ratelimit::headers::ResetKind};
 
 /// Longest response body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 300;
+/// The most of a 2xx answer's body courier reads; a longer one cannot be read.
+pub const ANSWER_LIMIT: usize = 16 * 1024 * 1024;
+/// The most of an error answer's body courier reads (it keeps a snippet of it).
+const ERROR_READ_LIMIT: usize = 64 * 1024;
+/// The longest URL courier sends (what common servers accept); a record whose filled path
+/// makes a longer one is rejected.
+pub const MAX_URL_LEN: usize = 8 * 1024;
 
 /// Vendor headers the generic writer reads a 429's wait from when `Retry-After` is absent:
 /// the IETF draft's `RateLimit-Reset` (delta seconds).
@@ -56,15 +63,20 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Reads `conn`'s settings and headers; `authorization` is the header carrying the
-    /// key and its full value (e.g. `Authorization: Bearer <key>`), never logged.
+    /// key and its full value (e.g. `Authorization: Bearer <key>`), never logged; `key`
+    /// is the key itself, a secret in whatever form it is presented.
     pub fn new(
         conn: &Connection,
         client: &reqwest::Client,
         authorization: Option<(HeaderName, String)>,
+        key: Option<&str>,
     ) -> Result<Self, WriterConfigError> {
         let invalid = |reason: String| invalid(conn, reason);
         let mut headers = header_map(&conn.headers).map_err(invalid)?;
-        let mut secrets = Secrets::default();
+        let secrets = Secrets::default();
+        if let Some(key) = key {
+            secrets.add(key);
+        }
         for (name, value) in conn.headers.as_object().into_iter().flatten() {
             if let Some(value) = value.as_str().filter(|_| is_secret_header(name)) {
                 secrets.add(value);
@@ -110,33 +122,10 @@ impl Endpoint {
             .timeout(self.timeout)
             .send()
             .await;
-        let result = match response {
+        // What the target says is sealed by the call stage ([`Secrets::seal`]).
+        match response {
             Ok(r) => classify_response(r, reset_headers, &self.connection, read_body).await,
             Err(e) => Err(classify_transport(e)),
-        };
-        result.map_err(|e| self.redact(e))
-    }
-
-    /// `e` with every secret of the connection hidden in the text the target sent.
-    fn redact(&self, e: WriteError) -> WriteError {
-        match e {
-            WriteError::RateLimited {
-                wait,
-                raw,
-                rate_headers,
-            } => WriteError::RateLimited {
-                wait,
-                raw: raw.map(|r| self.secrets.redact(&r)),
-                rate_headers,
-            },
-            WriteError::Permanent { status, message } => WriteError::Permanent {
-                status,
-                message: self.secrets.redact(&message),
-            },
-            WriteError::Transient { status, message } => WriteError::Transient {
-                status,
-                message: self.secrets.redact(&message),
-            },
         }
     }
 }
@@ -189,9 +178,8 @@ pub struct HttpJsonWriter {
     endpoint: Endpoint,
     /// Base URL, ending in `/` so rule paths join under it.
     base_url: String,
-    /// Where its OAuth tokens come from (auth kind `oauth`), and whether the token
-    /// answer's instance URL replaces the base URL's origin.
-    oauth: Option<(super::oauth::TokenSource, bool)>,
+    /// Where its OAuth tokens come from (auth kind `oauth`).
+    oauth: Option<super::oauth::TokenSource>,
 }
 
 impl HttpJsonWriter {
@@ -214,10 +202,9 @@ impl HttpJsonWriter {
             .map_err(|e| invalid(conn, e))?
             .flatten();
         let oauth = match (&key, &auth) {
-            (Some(k), super::auth::Auth::Oauth { instance_url, .. }) => auth
+            (Some(k), super::auth::Auth::Oauth { .. }) => auth
                 .token_source(&conn.name, k)
-                .map_err(|e| invalid(conn, e))?
-                .map(|source| (source, *instance_url)),
+                .map_err(|e| invalid(conn, e))?,
             (None, super::auth::Auth::Oauth { .. }) => {
                 return Err(invalid(
                     conn,
@@ -226,10 +213,7 @@ impl HttpJsonWriter {
             }
             _ => None,
         };
-        let mut endpoint = Endpoint::new(conn, client, authorization)?;
-        if let (Some(k), Some(_)) = (&key, &oauth) {
-            endpoint.secrets.add(k);
-        }
+        let endpoint = Endpoint::new(conn, client, authorization, key.as_deref())?;
         Ok(Self {
             endpoint,
             base_url,
@@ -244,7 +228,7 @@ impl HttpJsonWriter {
         make: impl Fn(&str, Option<&str>) -> reqwest::RequestBuilder,
         read_body: bool,
     ) -> Result<Receipt, WriteError> {
-        let Some((source, instance_url)) = &self.oauth else {
+        let Some(source) = &self.oauth else {
             return self
                 .endpoint
                 .send_reading(make(&self.base_url, None), RESET_HEADERS, read_body)
@@ -254,15 +238,16 @@ impl HttpJsonWriter {
         let mut refused: Option<String> = None;
         loop {
             let token = source.token(client, refused.as_deref()).await?;
-            let base = match (instance_url, &token.instance_url) {
-                (true, Some(instance)) => with_origin(&self.base_url, instance),
-                _ => self.base_url.clone(),
+            // Hidden from here on, in this answer and any later one that echoes it.
+            self.endpoint.secrets.add_token(&token.access);
+            let base = match &token.instance_url {
+                Some(instance) => with_origin(&self.base_url, instance),
+                None => self.base_url.clone(),
             };
             let answer = self
                 .endpoint
                 .send_reading(make(&base, Some(&token.access)), RESET_HEADERS, read_body)
-                .await
-                .map_err(|e| redact_token(e, &token.access));
+                .await;
             match answer {
                 Err(WriteError::Permanent {
                     status: Some(401), ..
@@ -274,6 +259,10 @@ impl HttpJsonWriter {
 }
 
 impl Writer for HttpJsonWriter {
+    fn secrets(&self) -> &Secrets {
+        &self.endpoint.secrets
+    }
+
     fn max_in_flight(&self) -> usize {
         self.endpoint.max_in_flight
     }
@@ -331,6 +320,8 @@ impl Writer for HttpJsonWriter {
                 Err(e) => return Err(refused(e)),
             };
             let path = path.trim_start_matches('/');
+            // A URL that cannot be built is the record's, never a transient failure.
+            url(&self.base_url, path).map_err(refused)?;
             let ids: Vec<String> = sent
                 .iter()
                 .map(|(i, _)| call.records[*i].delivery_id.to_string())
@@ -368,25 +359,47 @@ impl Writer for HttpJsonWriter {
 }
 
 /// The fate of each record of `outgoing` (those of `call` that were sent) from the
-/// answer `receipt`: by the rule's answer map, else the generic per-item array.
+/// answer `receipt`: by the rule's answer map, else the generic per-item array. A body
+/// that cannot be read whole accounts for nobody.
 fn answered(
     call: &Call<'_>,
     outgoing: &[Outgoing<'_>],
     receipt: &Receipt,
 ) -> Vec<Option<WriteError>> {
     let status = receipt.http_status.unwrap_or(200);
-    let body = receipt.body.as_ref();
     let m = outgoing.len();
-    match (
-        call.bulk,
-        call.answer,
-        body.and_then(serde_json::Value::as_array),
-    ) {
+    match (call.bulk, call.answer, &receipt.body) {
         (false, _, _) => vec![None; m],
-        (true, Some(map), _) => map.read(status, body, outgoing),
-        (true, None, Some(items)) if items.len() == m => items.iter().map(item_outcome).collect(),
+        (true, Some(map), body) => map.read(status, body, outgoing),
+        (true, None, Body::Unreadable(why)) => answer::unaccounted(status, m, why),
+        (true, None, Body::Json(serde_json::Value::Array(items))) if items.len() == m => {
+            items.iter().map(|i| item_outcome(status, i)).collect()
+        }
+        (true, None, Body::Json(serde_json::Value::Array(items))) => answer::unaccounted(
+            status,
+            m,
+            &format!("{} answer items for {m} records", items.len()),
+        ),
         (true, None, _) => answer::unnamed(status, m),
     }
+}
+
+/// The URL of a request: `base` (ending in `/`) and `path` joined, checked as one that
+/// can be sent; the error names what is wrong, never the value.
+fn url(base: &str, path: &str) -> Result<reqwest::Url, String> {
+    let joined = format!("{base}{path}");
+    if joined.len() > MAX_URL_LEN {
+        return Err(format!(
+            "the URL built from the rule's path is {} bytes, over the {MAX_URL_LEN} courier sends",
+            joined.len()
+        ));
+    }
+    let url = reqwest::Url::parse(&joined)
+        .map_err(|e| format!("the URL built from the rule's path is not valid: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("the URL built from the rule's path is no http(s) URL with a host".into());
+    }
+    Ok(url)
 }
 
 /// `base` with its scheme and host replaced by `origin`'s (an OAuth instance URL).
@@ -396,22 +409,6 @@ fn with_origin(base: &str, origin: &str) -> String {
         .and_then(|(_, r)| r.find('/').map(|i| &r[i..]))
         .unwrap_or("/");
     format!("{}{rest}", origin.trim_end_matches('/'))
-}
-
-/// `e` with `token` hidden in the text the target sent.
-fn redact_token(e: WriteError, token: &str) -> WriteError {
-    let hide = |m: String| m.replace(token, "[redacted]");
-    match e {
-        WriteError::Permanent { status, message } => WriteError::Permanent {
-            status,
-            message: hide(message),
-        },
-        WriteError::Transient { status, message } => WriteError::Transient {
-            status,
-            message: hide(message),
-        },
-        other => other,
-    }
 }
 
 /// The shape of a rule that states none: each payload as it is, by POST as JSON.
@@ -444,7 +441,12 @@ fn refused(reason: String) -> WriteError {
 /// (absent: 200), and an `error` field makes it a failure classified like that status (a
 /// 2xx with an error counts as 422). 5xx, 408 and 429 are transient, other 4xx
 /// permanent; anything else delivered.
-pub fn item_outcome(item: &serde_json::Value) -> Option<WriteError> {
+pub fn item_outcome(answer_status: u16, item: &serde_json::Value) -> Option<WriteError> {
+    if !item.is_object() {
+        return answer::unaccounted(answer_status, 1, "an answer item that is no object")
+            .pop()
+            .flatten();
+    }
     let status = item
         .get("status")
         .and_then(serde_json::Value::as_u64)
@@ -509,8 +511,8 @@ pub async fn classify_response(
         }
         let rate_headers = super::rate_limit_headers(response.headers());
         let body = match read_body {
-            true => response.json().await.ok(),
-            false => None,
+            true => read_answer(response).await,
+            false => Body::Empty,
         };
         return Ok(Receipt {
             http_status: Some(status),
@@ -529,8 +531,28 @@ pub async fn classify_response(
             rate_headers: Box::new(super::rate_limit_headers(response.headers())),
         });
     }
+    if response.status().is_redirection() {
+        // No redirect is followed: credentials go only to the origin configured, and a
+        // POST turned into a GET elsewhere would deliver nothing.
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
+        return Err(WriteError::Transient {
+            status: Some(status),
+            message: format!(
+                "the target answered {status}, redirecting to {}; courier follows no \
+                 redirect (check the base URL)",
+                location
+                    .as_deref()
+                    .map_or("nowhere".into(), |l| format!("{l:?}"))
+            ),
+        });
+    }
     let rate_headers = super::rate_limit_headers(response.headers());
-    let body = response.text().await.unwrap_or_default();
+    let body = match read_capped(response, ERROR_READ_LIMIT).await {
+        Ok(b) | Err((b, _)) => String::from_utf8_lossy(&b).into_owned(),
+    };
     let message = snippet(&body);
     // Salesforce answers a spent allowance with 403 `REQUEST_LIMIT_EXCEEDED`: a statement
     // about the target's rate, not about the record or the credentials.
@@ -559,6 +581,45 @@ pub async fn classify_response(
             status: Some(status),
             message,
         })
+    }
+}
+
+/// A 2xx answer's body, read whole as JSON, empty, or why it cannot be read.
+async fn read_answer(response: reqwest::Response) -> Body {
+    match read_capped(response, ANSWER_LIMIT).await {
+        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Body::Empty,
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(v) => Body::Json(v),
+            Err(e) => Body::Unreadable(format!("the answer is not JSON ({e})")),
+        },
+        Err((_, why)) => Body::Unreadable(why),
+    }
+}
+
+/// A response's body, up to `cap` bytes; a body cut off (the connection closed early, a
+/// length it did not keep) or longer than `cap` is an error saying so, with what was read.
+pub async fn read_capped(
+    mut response: reqwest::Response,
+    cap: usize,
+) -> Result<Vec<u8>, (Vec<u8>, String)> {
+    let over = |n: u64| format!("the answer's body of {n} bytes is over the {cap} courier reads");
+    if let Some(n) = response.content_length().filter(|n| *n > cap as u64) {
+        return Err((Vec::new(), over(n)));
+    }
+    let mut out = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) if out.len() + chunk.len() > cap => {
+                let why = over((out.len() + chunk.len()) as u64);
+                return Err((out, why));
+            }
+            Ok(Some(chunk)) => out.extend_from_slice(&chunk),
+            Ok(None) => return Ok(out),
+            Err(e) => {
+                let why = format!("the answer's body was cut off ({})", e.without_url());
+                return Err((out, why));
+            }
+        }
     }
 }
 
@@ -754,7 +815,7 @@ mod tests {
     fn per_item_answers_read_status_and_error() {
         use serde_json::json;
         let status = |item| {
-            item_outcome(&item)
+            item_outcome(200, &item)
                 .map(|e| (e.http_status(), matches!(e, WriteError::Transient { .. })))
         };
         assert_eq!(status(json!({"status": 200})), None);
@@ -774,7 +835,11 @@ mod tests {
             Some((Some(503), true))
         );
         assert_eq!(status(json!({"status": 429})), Some((Some(429), true)));
-        let e = item_outcome(&json!({"status": 409, "error": "duplicate sku"})).unwrap();
+        assert!(matches!(
+            item_outcome(200, &json!("ok")),
+            Some(WriteError::Transient { message, .. }) if message.contains("unaccounted")
+        ));
+        let e = item_outcome(200, &json!({"status": 409, "error": "duplicate sku"})).unwrap();
         assert!(e.to_string().contains("duplicate sku"), "{e}");
     }
 }

@@ -31,6 +31,9 @@ use crate::{catalog::Connection, ratelimit::headers::ResetKind};
 pub const DEFAULT_REQUESTS_PER_MINUTE: u32 = 600;
 /// The longest a rate-limit response may block a connection.
 pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(86_400);
+/// The shortest block a rate-limit response sets, whatever wait it names (`0`, a date
+/// already past).
+pub const MIN_RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
 /// The block a rate-limit response sets when it names no wait.
 pub const DEFAULT_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
 
@@ -72,9 +75,31 @@ pub struct Receipt {
     pub http_status: Option<u16>,
     /// The response's rate-limit headers ([`rate_limit_headers`]), read by the pacer.
     pub rate_headers: reqwest::header::HeaderMap,
-    /// The response's JSON body, read only for calls that carry several records (whose
+    /// The response's body, read only for calls that carry several records (whose
     /// answer may speak of each).
-    pub body: Option<serde_json::Value>,
+    pub body: Body,
+}
+
+/// A 2xx answer's body as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Body {
+    /// Not read, or empty.
+    #[default]
+    Empty,
+    /// JSON, read whole.
+    Json(serde_json::Value),
+    /// Something that cannot be read whole: cut off, too long, not JSON. Why, in words.
+    Unreadable(String),
+}
+
+impl Body {
+    /// The JSON, if the body was read whole as JSON.
+    pub fn json(&self) -> Option<&serde_json::Value> {
+        match self {
+            Body::Json(v) => Some(v),
+            _ => None,
+        }
+    }
 }
 
 /// The answer to a call that reached the target and was not refused as a whole.
@@ -241,6 +266,9 @@ impl WriteError {
 
 /// Delivers records to one target connection.
 pub trait Writer: Send + Sync {
+    /// The connection's secrets: every answer passes [`Secrets::seal`] before the call
+    /// stage keeps any of it.
+    fn secrets(&self) -> &secrets::Secrets;
     /// How many calls may be in flight at once.
     fn max_in_flight(&self) -> usize;
     /// How the target means `X-RateLimit-Reset` (see [`crate::ratelimit::headers`]): a delta
@@ -342,6 +370,9 @@ pub fn check_base_url(url: &str) -> Result<(), String> {
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err("names no host".into());
     }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("names a user or password (credentials belong in auth, never in a URL)".into());
+    }
     Ok(())
 }
 
@@ -434,7 +465,7 @@ mod tests {
         for good in [
             "https://crm.example.com/api/",
             "http://127.0.0.1:8080",
-            "http://user:pw@[::1]:1/x?y=1",
+            "http://[::1]:1/x?y=1",
         ] {
             assert_eq!(check_base_url(good), Ok(()), "{good}");
         }
@@ -448,6 +479,8 @@ mod tests {
             ("mailto:a@b", "http:// or https://"),
             ("/api/", "http:// or https://"),
             ("http://:80/", "host"),
+            ("http://user:pw@[::1]:1/x?y=1", "user or password"),
+            ("https://good@crm.example.com/", "user or password"),
         ] {
             let e = check_base_url(bad).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");

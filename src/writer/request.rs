@@ -150,6 +150,13 @@ pub fn fill_path(path: &str, r: Record<'_>) -> Result<String, String> {
             Slot::RecordKey => r.record_key.to_owned(),
             Slot::Records => return Err(format!("path {path:?}: {{records}} belongs in a body")),
         };
+        // `.` and `..` would move the path instead of naming a thing in it.
+        if is_dot_segment(&value) {
+            return Err(format!(
+                "path {path:?}: {{{name}}} is a dot segment (. or ..), which would change \
+                 the path; refused"
+            ));
+        }
         out.push_str(&encode(&value));
         rest = &rest[open + close + 1..];
     }
@@ -330,6 +337,12 @@ fn text(v: &Value) -> String {
 
 /// Percent-encodes everything but unreserved characters (RFC 3986), for a path segment or
 /// a form value.
+/// Whether a path value is `.` or `..`, as it is or once percent-decoded (`%2e%2E`).
+fn is_dot_segment(value: &str) -> bool {
+    let decoded = value.to_ascii_lowercase().replace("%2e", ".");
+    matches!(value, "." | "..") || matches!(decoded.as_str(), "." | "..")
+}
+
 pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
@@ -449,6 +462,21 @@ mod tests {
         );
         let e = fill_path("members/{payload/phone}", record(&p)).unwrap_err();
         assert!(e.contains("no field /phone"), "{e}");
+        // A dot segment would move the path: refused for that record, naming the field.
+        for id in [".", "..", "%2e%2E", ".%2e"] {
+            let p = json!({"id": id});
+            let e = fill_path("items/{payload/id}/update", record(&p)).unwrap_err();
+            assert!(e.contains("{payload/id} is a dot segment"), "{id}: {e}");
+        }
+        let dots = Record {
+            record_key: "..",
+            ..record(&p)
+        };
+        assert!(fill_path("items/{record_key}", dots).is_err());
+        assert_eq!(
+            fill_path("items/{payload/id}", record(&json!({"id": "..."}))).unwrap(),
+            "items/..."
+        );
         // Embedded placeholders become text.
         let shape = RequestShape::parse(
             Some(&json!({"item": {"ref": "order-{{record_key}}"}})),

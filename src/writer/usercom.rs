@@ -381,6 +381,7 @@ impl UserComWriter {
                 reqwest::header::AUTHORIZATION,
                 format!("Token {}", key.trim()),
             )),
+            Some(key.trim()),
         )?;
         endpoint
             .headers
@@ -390,6 +391,10 @@ impl UserComWriter {
 }
 
 impl Writer for UserComWriter {
+    fn secrets(&self) -> &super::secrets::Secrets {
+        &self.endpoint.secrets
+    }
+
     fn max_in_flight(&self) -> usize {
         self.endpoint.max_in_flight
     }
@@ -470,18 +475,27 @@ impl Writer for UserComWriter {
                 .await
             {
                 Ok(receipt) => {
-                    let unknown = not_found(receipt.body.as_ref());
-                    let items = ids
-                        .iter()
-                        .map(|id| {
-                            unknown.contains(&id.as_str()).then(|| WriteError::Permanent {
-                                status: Some(404),
-                                message: format!(
-                                    "mass update: no user with custom_id {id:?} in the workspace"
-                                ),
-                            })
-                        })
-                        .collect();
+                    let items = match &receipt.body {
+                        // An answer that cannot be read whole accounts for nobody.
+                        super::Body::Unreadable(why) => super::answer::unaccounted(
+                            receipt.http_status.unwrap_or(200),
+                            ids.len(),
+                            why,
+                        ),
+                        body => {
+                            let unknown = not_found(body.json());
+                            ids.iter()
+                                .map(|id| {
+                                    unknown.contains(&id.as_str()).then(|| WriteError::Permanent {
+                                        status: Some(404),
+                                        message: format!(
+                                            "mass update: no user with custom_id {id:?} in the workspace"
+                                        ),
+                                    })
+                                })
+                                .collect()
+                        }
+                    };
                     Ok(Written { receipt, items })
                 }
                 // Attribute and value are every record's: so is their refusal.
