@@ -1,5 +1,5 @@
 //! Targets and token endpoints that misbehave on purpose, served on loopback by a raw HTTP
-//! server of this file's own, against real chain jobs and PostgreSQL: a redirect to another
+//! server ([`common::Server`]), against real chain jobs and PostgreSQL: a redirect to another
 //! host, a token endpoint that redirects, lies about the instance, never ends, sends
 //! megabytes or a lifetime of 2^64 seconds; answers that echo every credential; 2xx bodies
 //! that cannot be read whole; path values that are dot segments. Each test says which case
@@ -8,11 +8,7 @@
 
 mod common;
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
 use common::*;
 use courier::{
@@ -22,144 +18,6 @@ use courier::{
 };
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
-};
-
-/// One request as the server read it.
-#[derive(Clone, Debug)]
-struct Seen {
-    path: String,
-    /// The request line and headers, as sent.
-    head: String,
-    body: String,
-}
-
-impl Seen {
-    /// A header's value (case-insensitive name), empty when absent.
-    fn header(&self, name: &str) -> String {
-        self.head
-            .lines()
-            .find_map(|l| {
-                let (n, v) = l.split_once(':')?;
-                n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-            })
-            .unwrap_or_default()
-    }
-}
-
-/// What the server does with a request.
-enum Reply {
-    /// These bytes, then the connection closes.
-    Raw(String),
-    /// Nothing, ever: the connection stays open.
-    Hang,
-    /// A 200 whose JSON body never stops growing, `n` bytes of it, without a length.
-    Huge(usize),
-}
-
-/// A complete answer: status line, extra header lines (each ending `\r\n`), a body.
-fn answer(status: &str, headers: &str, body: &str) -> Reply {
-    Reply::Raw(format!(
-        "HTTP/1.1 {status}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    ))
-}
-
-/// A server on `ip` that answers each request with `reply` and keeps what it saw.
-struct Server {
-    url: String,
-    addr: SocketAddr,
-    seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl Server {
-    async fn start(ip: &str, reply: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Self {
-        let listener = TcpListener::bind((ip, 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (kept, reply) = (seen.clone(), Arc::new(reply));
-        tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                let (kept, reply) = (kept.clone(), reply.clone());
-                tokio::spawn(async move { serve(socket, &kept, &*reply).await });
-            }
-        });
-        Self {
-            url: format!("http://{addr}/"),
-            addr,
-            seen,
-        }
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-async fn serve(
-    mut socket: TcpStream,
-    kept: &Mutex<Vec<Seen>>,
-    reply: &(dyn Fn(&Seen) -> Reply + Sync),
-) {
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 64 * 1024];
-    let head_end = loop {
-        let Ok(n) = socket.read(&mut chunk).await else {
-            return;
-        };
-        if n == 0 {
-            return;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        match socket.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let seen = Seen {
-        path: head
-            .split_whitespace()
-            .nth(1)
-            .unwrap_or_default()
-            .to_owned(),
-        head: head.clone(),
-        body: String::from_utf8_lossy(&buf[head_end..]).into_owned(),
-    };
-    kept.lock().unwrap().push(seen.clone());
-    match reply(&seen) {
-        Reply::Raw(bytes) => {
-            let _ = socket.write_all(bytes.as_bytes()).await;
-        }
-        Reply::Hang => std::future::pending::<()>().await,
-        Reply::Huge(n) => {
-            let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"access_token\": \"";
-            if socket.write_all(head.as_bytes()).await.is_err() {
-                return;
-            }
-            let block = vec![b'a'; 64 * 1024];
-            let mut sent = 0;
-            while sent < n && socket.write_all(&block).await.is_ok() {
-                sent += block.len();
-            }
-        }
-    }
-}
 
 /// Saves a connection on `base_url` whose key is in `key_env`.
 async fn connection(

@@ -5,7 +5,10 @@
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
 
 use apalis::prelude::{Task, TaskBuilder, TaskId};
 use chrono::Utc;
@@ -22,6 +25,10 @@ use courier::{
 };
 use courier_target::Target;
 use sqlx::{Connection, PgConnection, PgPool};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
 use tower::{Service, ServiceExt};
 
 /// The server tests create their databases on: `COURIER_TEST_DATABASE_URL`, else the
@@ -344,4 +351,141 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     panic!("timed out waiting for: {what}");
+}
+
+// A raw HTTP server for targets that misbehave on purpose (tests/hostile.rs): it answers
+// what a test tells it to, byte for byte, and keeps every request it read.
+
+/// One request as the server read it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub path: String,
+    /// The request line and headers, as sent.
+    pub head: String,
+    pub body: String,
+}
+
+impl Seen {
+    /// A header's value (case-insensitive name), empty when absent.
+    pub fn header(&self, name: &str) -> String {
+        self.head
+            .lines()
+            .find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// What the server does with a request.
+pub enum Reply {
+    /// These bytes, then the connection closes.
+    Raw(String),
+    /// Nothing, ever: the connection stays open.
+    Hang,
+    /// A 200 whose JSON body never stops growing, `n` bytes of it, without a length.
+    Huge(usize),
+}
+
+/// A complete answer: status line, extra header lines (each ending `\r\n`), a body.
+pub fn answer(status: &str, headers: &str, body: &str) -> Reply {
+    Reply::Raw(format!(
+        "HTTP/1.1 {status}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ))
+}
+
+/// A server on `ip` that answers each request with `reply` and keeps what it saw.
+pub struct Server {
+    pub url: String,
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Server {
+    pub async fn start(ip: &str, reply: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (kept, reply) = (seen.clone(), Arc::new(reply));
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (kept, reply) = (kept.clone(), reply.clone());
+                tokio::spawn(async move { serve(socket, &kept, &*reply).await });
+            }
+        });
+        Self {
+            url: format!("http://{addr}/"),
+            addr,
+            seen,
+        }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn serve(
+    mut socket: TcpStream,
+    kept: &Mutex<Vec<Seen>>,
+    reply: &(dyn Fn(&Seen) -> Reply + Sync),
+) {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let head_end = loop {
+        let Ok(n) = socket.read(&mut chunk).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let seen = Seen {
+        path: head
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned(),
+        head: head.clone(),
+        body: String::from_utf8_lossy(&buf[head_end..]).into_owned(),
+    };
+    kept.lock().unwrap().push(seen.clone());
+    match reply(&seen) {
+        Reply::Raw(bytes) => {
+            let _ = socket.write_all(bytes.as_bytes()).await;
+        }
+        Reply::Hang => std::future::pending::<()>().await,
+        Reply::Huge(n) => {
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"access_token\": \"";
+            if socket.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let block = vec![b'a'; 64 * 1024];
+            let mut sent = 0;
+            while sent < n && socket.write_all(&block).await.is_ok() {
+                sent += block.len();
+            }
+        }
+    }
 }

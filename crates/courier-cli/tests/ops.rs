@@ -170,3 +170,168 @@ async fn a_worker_in_steady_state_writes_one_line_per_run() {
     // Besides: worker started, stop requested, worker stopped.
     assert_eq!(lines.len() as i64, runs + 3, "{err}");
 }
+
+/// A worker process against a target that echoes every credential it is sent (a Klaviyo
+/// key after its scheme, a Basic password, an OAuth token and client secret) in 422 and
+/// 2xx bulk answers and a 429's `Retry-After`: none of them is in the worker's log at debug
+/// level, in `courier status` (table and JSON), `courier history`, `connection list`, or
+/// the dashboard's state, history and metrics; the echoes that were redacted show `***`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_echoed_by_a_target_is_in_no_log_view_or_dashboard() {
+    use serde_json::json;
+    const SECRETS: &[&str] = &[
+        "KLAVIYOKEY-B2",
+        "BASICPASSWORD99",
+        "OAUTHTOKEN-5F3A",
+        "CLIENTSECRET42",
+    ];
+    let db = TestDb::new().await;
+    let tokens = Server::start("127.0.0.1", |_| {
+        answer(
+            "200 OK",
+            "",
+            r#"{"access_token": "OAUTHTOKEN-5F3A", "expires_in": 3600}"#,
+        )
+    })
+    .await;
+    let target = Server::start("127.0.0.1", |s| {
+        let auth = s.header("authorization");
+        let echo = json!(format!("refused for {auth} / {}", s.body)).to_string();
+        match s.path.trim_matches('/') {
+            "items" => {
+                let n =
+                    serde_json::from_str::<Vec<serde_json::Value>>(&s.body).map_or(1, |v| v.len());
+                let item = format!(r#"{{"status": 422, "error": {echo}}}"#);
+                answer("200 OK", "", &format!("[{}]", vec![item; n].join(",")))
+            }
+            "limited" => answer(
+                "429 Too Many Requests",
+                &format!("Retry-After: {auth}\r\n"),
+                "",
+            ),
+            _ => answer("422 Unprocessable Entity", "", &echo),
+        }
+    })
+    .await;
+    let kinds = [
+        (
+            "klaviyo",
+            json!({"kind": "header", "name": "Authorization", "scheme": "Klaviyo-API-Key"}),
+        ),
+        ("basic", json!({"kind": "basic", "user": "anystring"})),
+        (
+            "oauth",
+            json!({"kind": "oauth", "token_url": format!("{}token", tokens.url), "client_id_env": "ECHO_CLIENT_ID"}),
+        ),
+    ];
+    for (name, auth) in &kinds {
+        for (suffix, path, per_call) in [
+            ("", "items/", 2),
+            ("-422", "one/", 1),
+            ("-429", "limited/", 1),
+        ] {
+            let conn = format!("{name}{suffix}");
+            courier::catalog::upsert_connection(
+                &db.pool,
+                &courier::catalog::NewConnection {
+                    name: conn.clone(),
+                    writer: "http_json".into(),
+                    base_url: target.url.clone(),
+                    api_key_env: Some(format!("ECHO_{}_KEY", name.to_uppercase())),
+                    auth: Some(auth.clone()),
+                    requests_per_minute: Some(600_000),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+            let rule = courier::catalog::NewRule {
+                name: conn.clone(),
+                connection: conn.clone(),
+                path: path.into(),
+                max_attempts: Some(1),
+                records_per_call: Some(per_call),
+                ..Default::default()
+            };
+            courier::catalog::upsert_rule(&db.pool, &rule)
+                .await
+                .unwrap();
+            let records = (0..2).map(|i| {
+                courier::enqueue::NewDelivery::new(format!("{conn}:{i}"), json!({"n": i}))
+            });
+            courier::enqueue::enqueue_many(&db.pool, &conn, records.collect())
+                .await
+                .unwrap();
+        }
+    }
+    let log = std::env::temp_dir().join(format!("courier-echo-{}.log", std::process::id()));
+    let mut worker = courier_on(&db.url)
+        .arg("worker")
+        .env("COURIER_HTTP_ADDR", "127.0.0.1:0")
+        .env("COURIER_LOG", "debug,sqlx=warn")
+        .env("ECHO_KLAVIYO_KEY", "KLAVIYOKEY-B2")
+        .env("ECHO_BASIC_KEY", "BASICPASSWORD99")
+        .env("ECHO_OAUTH_KEY", "CLIENTSECRET42")
+        .env("ECHO_CLIENT_ID", "client-7")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+        .spawn()
+        .unwrap();
+    // Every record but those behind a 429 has its outcome; each 429 set its block.
+    eventually("every answer met", || {
+        let pool = db.pool.clone();
+        async move {
+            let (done, blocks): (i64, i64) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM deliveries WHERE status <> 'pending'),
+                        (SELECT count(*) FROM connection_blocks)",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            done == 12 && blocks == 3
+        }
+    })
+    .await;
+    let report: serde_json::Value =
+        serde_json::from_str(&run(&db.url, &["status", "--json"]).1).unwrap();
+    let addr = report["workers"][0]["http_addr"]
+        .as_str()
+        .expect("the worker's address")
+        .to_owned();
+    let get = |path: String| {
+        let url = format!("http://{addr}{path}");
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let mut shown = vec![
+        get("/api/state".into()).await,
+        get("/metrics".into()).await,
+        run(&db.url, &["status"]).1,
+        report.to_string(),
+        run(&db.url, &["connection", "list"]).1,
+    ];
+    for (name, _) in &kinds {
+        for key in [format!("{name}:0"), format!("{name}-422:1")] {
+            let history = run(&db.url, &["history", &key]);
+            assert!(history.0 && history.1.contains("***"), "{key}: {history:?}");
+            shown.push(history.1);
+            shown.push(get(format!("/api/history?key={key}")).await);
+        }
+    }
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    shown.push(std::fs::read_to_string(&log).unwrap());
+    shown.push(std::fs::read_to_string(log.with_extension("err")).unwrap());
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(log.with_extension("err"));
+    // The log did hear the answers: a debug line per call at least.
+    assert!(
+        shown.last().unwrap().len() > 1_000,
+        "{}",
+        shown.last().unwrap()
+    );
+    for (i, text) in shown.iter().enumerate() {
+        for secret in SECRETS {
+            assert!(!text.contains(secret), "view {i} shows {secret}: {text}");
+        }
+    }
+}
