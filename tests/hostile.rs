@@ -932,3 +932,52 @@ async fn a_rejection_quoting_a_huge_payload_is_cut() {
         .unwrap();
     assert_eq!(&last, error);
 }
+
+/// Why 7, the rest of it: a token endpoint that keeps failing is a failing target: each
+/// record is `failed` with its backoff (due later, not at once), the breaker counts every
+/// fetch and opens, and no run is started while it is open.
+#[tokio::test]
+async fn a_failing_token_endpoint_backs_off_like_a_failing_target() {
+    let db = TestDb::new().await;
+    let tokens = Server::start("127.0.0.1", |_| answer("503 Service Unavailable", "", "{}")).await;
+    let target = Server::start("127.0.0.1", |_| answer("200 OK", "", "{}")).await;
+    oauth(
+        &db.pool,
+        "down",
+        &target.url,
+        &format!("{}token", tokens.url),
+        json!({}),
+    )
+    .await;
+    rule(&db.pool, "to-down", "down", "c/", 1, None, None).await;
+    records(&db.pool, "to-down", 8).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let fetches = tokens.seen().len();
+    drive(&engine).await;
+
+    assert!(target.seen().is_empty());
+    // Five failures open the circuit: the fetches stop there, and a second pass starts none.
+    assert_eq!(fetches, 5);
+    assert_eq!(tokens.seen().len(), 5);
+    let (state, failures): (String, i32) =
+        sqlx::query_as("SELECT state, consecutive_failures FROM circuits")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), failures), ("open", 5));
+    // Each failed record is due a backoff after the moment it failed (the engine's clock).
+    let due: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT next_attempt_at FROM deliveries WHERE status = 'pending' AND attempts = 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(due.len(), 5);
+    let now = engine.clock.now();
+    assert!(
+        due.iter()
+            .all(|d| *d > now + chrono::Duration::milliseconds(400)),
+        "{due:?} vs {now}"
+    );
+}
