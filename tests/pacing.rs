@@ -748,14 +748,15 @@ async fn a_block_heard_is_kept_until_written_and_then_the_table_speaks_for_it() 
 async fn a_slot_booked_before_a_429_is_given_up_even_past_the_block() {
     let db = TestDb::new().await;
     let e = engine(&db.pool, settings(&db.url));
-    let limits = [Limit::per_minute(6_000)];
+    // One call a second: the third slot lies two seconds ahead, past the shortest block.
+    let limits = [Limit::per_minute(60)];
     let mut slots = Vec::new();
     for _ in 0..3 {
         slots.push(e.pacer.acquire("ws:k", &limits, 0, 1, 1).await.unwrap());
     }
     let booked = slots[2];
     assert!(e.pacer.may_use("ws:k", &booked));
-    // The first call is refused, naming no wait: the block lasts the clock's resolution,
+    // The first call is refused, naming no wait: the block lasts the shortest wait (1 s),
     // and the third slot, leased ahead at the refused pace, lies past it.
     let at = e.clock.now();
     hear_429(&e, (slots[0].at, slots[0].paced), 0, at).await;
