@@ -222,6 +222,19 @@ async fn a_delivery_made_due_sooner_by_plain_sql_wakes_a_running_worker() {
     .await;
 }
 
+/// How many sessions of this database listen on the wake-up channel (a listener's last
+/// statement is its `LISTEN`, as sqlx's `PgListener` words it).
+async fn listening(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        r#"SELECT count(*) FROM pg_stat_activity
+           WHERE datname = current_database() AND query = format('LISTEN "%s"', $1::text)"#,
+    )
+    .bind(courier::runs::WAKE_CHANNEL)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 async fn sql(pool: &PgPool, statement: &'static str) {
     sqlx::query(statement).execute(pool).await.unwrap();
 }
@@ -241,9 +254,17 @@ async fn resume_wakes_a_running_worker(hold: &'static str, resume: impl AsyncFnO
         ..settings(&db.url)
     };
     let engine = Arc::new(Engine::new(db.pool.clone(), settings));
-    let worker = tokio::spawn(courier::worker::run(engine.clone()));
     let mut listener = PgListener::connect_with(&db.pool).await.unwrap();
     listener.listen(courier::runs::WAKE_CHANNEL).await.unwrap();
+    let worker = tokio::spawn(courier::worker::run(engine.clone()));
+    // The worker's dispatcher hears the wake-up only once it listens: wait for its LISTEN
+    // (beside this test's own), however slowly a loaded machine starts it.
+    within(
+        std::time::Duration::from_secs(60),
+        "the worker's dispatcher listens",
+        || async { listening(&db.pool).await >= 2 },
+    )
+    .await;
     sql(&db.pool, hold).await;
     sql(&db.pool, "UPDATE rules SET batch_size = 5").await;
     sql(&db.pool, "UPDATE connections SET timeout_ms = 5000").await;
@@ -252,7 +273,7 @@ async fn resume_wakes_a_running_worker(hold: &'static str, resume: impl AsyncFnO
     assert_eq!(count(&db.pool, "delivered").await, 0);
     resume(&db.pool).await;
     within(
-        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(60),
         "the resumed rule delivers",
         || async { count(&db.pool, "delivered").await == 20 },
     )
