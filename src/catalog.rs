@@ -274,7 +274,12 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
             c.writer
         )));
     }
-    writer::auth::Auth::parse(c.auth.as_ref()).map_err(invalid)?;
+    let auth = writer::auth::Auth::parse(c.auth.as_ref()).map_err(invalid)?;
+    if matches!(auth, writer::auth::Auth::Oauth { .. }) && c.api_key_env.is_none() {
+        return Err(invalid(
+            "auth kind oauth needs api_key_env (the variable holding the client secret)".into(),
+        ));
+    }
     limits::check(c.limits.clone()).map_err(|e| invalid(e.to_string()))?;
     if let Some(r) = &c.reserve {
         limits::parse_reserve(r).map_err(|e| invalid(e.to_string()))?;
@@ -285,8 +290,9 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
     Ok(())
 }
 
-/// What the schema accepts as `api_key_env`: `^[A-Za-z_][A-Za-z0-9_]*$`.
-fn is_variable_name(s: &str) -> bool {
+/// What the schema accepts as `api_key_env` (and [`writer::auth::Auth`] as `user_env` and
+/// `client_id_env`): `^[A-Za-z_][A-Za-z0-9_]*$`.
+pub(crate) fn is_variable_name(s: &str) -> bool {
     s.chars()
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
@@ -412,7 +418,8 @@ pub async fn upsert_rule<'c>(
         kind: "connection",
         name: r.connection.clone(),
     })?;
-    writer::check_path(&writer, &r.path)
+    check_rule_path(&r.path)
+        .and_then(|()| writer::check_path(&writer, &r.path))
         .and_then(|()| {
             writer::check_bulk(
                 &writer,
@@ -466,6 +473,25 @@ pub async fn upsert_rule<'c>(
     .map_err(|e| explain(e, &format!("rule {:?}", r.name)))?;
     tx.commit().await?;
     Ok(id)
+}
+
+/// Refuses a rule path holding a line break, a tab or another control character: the URL
+/// parser would drop some of them quietly (and a User.com operation's name is trimmed), so
+/// what was saved would not be what is called. The error never repeats the path.
+fn check_rule_path(path: &str) -> Result<(), String> {
+    if path.contains(['\r', '\n']) {
+        return Err(
+            "path holds a line break (control characters are refused, never dropped)".into(),
+        );
+    }
+    if path.chars().any(char::is_control) {
+        return Err(
+            "path holds a control character such as a tab (control characters are refused, \
+             never dropped; percent-encode what the path needs)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Turns a rule on or off.
@@ -779,8 +805,14 @@ pub async fn apply(pool: &sqlx::PgPool, file: &CatalogFile) -> Result<(), Catalo
     Ok(())
 }
 
-/// Checks and saves a whole file inside the caller's transaction.
+/// Checks and saves a whole file inside the caller's transaction; a connection or rule
+/// named twice is refused (the second would silently win), naming it.
 async fn save_all(tx: &mut PgConnection, file: &CatalogFile) -> Result<(), CatalogError> {
+    named_once(
+        "connection",
+        file.connections.iter().map(|c| c.name.as_str()),
+    )?;
+    named_once("rule", file.rules.iter().map(|r| r.name.as_str()))?;
     for c in &file.connections {
         check_connection(c)?;
     }
@@ -793,6 +825,19 @@ async fn save_all(tx: &mut PgConnection, file: &CatalogFile) -> Result<(), Catal
     }
     for (id, c) in saved {
         check_rules_of(&mut *tx, id, c).await?;
+    }
+    Ok(())
+}
+
+/// Refuses a name given twice among a file's entries of `kind`.
+fn named_once<'a>(kind: &str, names: impl Iterator<Item = &'a str>) -> Result<(), CatalogError> {
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        if !seen.insert(name) {
+            return Err(CatalogError::Invalid(format!(
+                "{kind} {name:?} is named twice in the file (each {kind} once)"
+            )));
+        }
     }
     Ok(())
 }
@@ -837,7 +882,7 @@ impl std::fmt::Display for Change {
 }
 
 /// The raw entries of a catalog file, before they are merged with what is stored.
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
     /// A line saying what the file is for (a preset's), not applied.
@@ -852,14 +897,30 @@ struct RawFile {
 /// Applies a catalog file's text (`courier apply`): unknown keys are refused by name;
 /// fields a file leaves out keep their stored values unless `opts.replace`; everything is
 /// checked and saved in one transaction (rolled back for `opts.dry_run`). Returns what
-/// changed, entry by entry.
+/// changed, entry by entry: empty for a file without entries (an empty text, `[]`, `{}`).
+/// A connection or rule named twice is refused.
 pub async fn apply_file(
     pool: &sqlx::PgPool,
     text: &str,
     opts: ApplyOptions,
 ) -> Result<Vec<Change>, CatalogError> {
-    let raw: RawFile = serde_json::from_str(text)
-        .map_err(|e| CatalogError::Invalid(format!("not a catalog file: {e}")))?;
+    let not_a_file = |e: String| CatalogError::Invalid(format!("not a catalog file: {e}"));
+    let start = text.trim_start();
+    let raw: RawFile = if start.is_empty() {
+        RawFile::default()
+    } else if start.starts_with('{') {
+        serde_json::from_str(text).map_err(|e| not_a_file(e.to_string()))?
+    } else {
+        // serde would read an array as the fields in order: only `[]` means nothing here.
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Array(a)) if a.is_empty() => RawFile::default(),
+            _ => {
+                return Err(not_a_file(
+                    "expected a JSON object, {\"connections\": [...], \"rules\": [...]}".into(),
+                ));
+            }
+        }
+    };
     let mut tx = pool.begin().await?;
     let mut changes = Vec::new();
     let mut file = CatalogFile::default();

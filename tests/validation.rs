@@ -199,6 +199,29 @@ async fn base_urls_and_headers_are_checked_when_saved_without_echoing_secrets() 
         ),
         (with_url("https://u:hunter2@/api/"), &["base_url", "u:***@"]),
         (
+            with_url("https://u:hunter2@crm.example.com/api/"),
+            &["base_url", "names a user or password", "u:***@"],
+        ),
+        (
+            with_header("Idempotency-Key", json!("SECRET123")),
+            &[
+                "header Idempotency-Key cannot be set",
+                "its own key per delivery",
+            ],
+        ),
+        (
+            with_header("host", json!("SECRET123")),
+            &["header Host cannot be set"],
+        ),
+        (
+            {
+                let mut c = with_header("X-Dup", json!("SECRET123"));
+                c.headers.insert("x-dup".into(), json!("hunter2"));
+                c
+            },
+            &["\"X-Dup\" and \"x-dup\" are the same header"],
+        ),
+        (
             with_header("X-Api-Key", json!("SECRET123\r\nX-Injected: 1")),
             &["header \"X-Api-Key\"", "line break"],
         ),
@@ -253,11 +276,11 @@ async fn base_urls_and_headers_are_checked_when_saved_without_echoing_secrets() 
     }
     assert_eq!(count(&db.pool, "SELECT count(*) FROM connections").await, 0);
 
-    // What is valid is saved: a tab, punctuation and UTF-8 in a value, a user and port in
-    // the URL, an IPv6 host.
+    // What is valid is saved: a tab, punctuation and UTF-8 in a value, a port in the URL,
+    // an IPv6 host.
     let mut good = with_header("X-Tenant", json!("Zürich\tA ~!\"#"));
     good.headers.insert("x-trace_id.v2".into(), json!(""));
-    good.base_url = "http://user@[::1]:8080/api?v=2".into();
+    good.base_url = "http://[::1]:8080/api?v=2".into();
     catalog::upsert_connection(&db.pool, &good).await.unwrap();
 
     // Plain SQL is refused too, by the schema's checks.
@@ -293,6 +316,127 @@ async fn base_urls_and_headers_are_checked_when_saved_without_echoing_secrets() 
     ] {
         assert_eq!(violated(&db.pool, sql).await, constraint, "{sql}");
     }
+}
+
+#[tokio::test]
+async fn what_would_go_wrong_later_is_refused_when_saved_naming_the_field_never_its_value() {
+    let db = TestDb::new().await;
+    let base = NewConnection {
+        name: "crm".into(),
+        writer: "http_json".into(),
+        base_url: "https://crm.example.com/api/".into(),
+        api_key_env: Some("CRM_KEY".into()),
+        ..Default::default()
+    };
+    let with_auth = |auth: serde_json::Value| NewConnection {
+        auth: Some(auth),
+        ..base.clone()
+    };
+    let oauth = json!({"kind": "oauth", "token_url": "https://login.example.com/token",
+                       "client_id_env": "CRM_ID"});
+    let connections: Vec<(NewConnection, &[&str])> = vec![
+        (
+            with_auth(json!({"kind": "bearer", "prefix": "SECRET123"})),
+            &["unknown field `prefix`"],
+        ),
+        (
+            with_auth(json!({"kind": "header", "name": "X-Key", "sceme": "SECRET123"})),
+            &["unknown field `sceme`"],
+        ),
+        (
+            with_auth(json!({"kind": "header", "name": "Authorization",
+                             "scheme": "SECRET123\r\nX-Injected: 1"})),
+            &["scheme", "line break"],
+        ),
+        (
+            with_auth(json!({"kind": "header", "name": "Host"})),
+            &["header name Host cannot carry the key"],
+        ),
+        (
+            with_auth(json!({"kind": "basic", "user_env": "SECRET123-site"})),
+            &["user_env is not the name of an environment variable"],
+        ),
+        (
+            with_auth(
+                json!({"kind": "oauth", "token_url": "https://login.example.com/token",
+                             "client_id_env": "SECRET123 id"}),
+            ),
+            &["client_id_env is not the name of an environment variable"],
+        ),
+        (
+            NewConnection {
+                api_key_env: None,
+                ..with_auth(oauth.clone())
+            },
+            &["oauth needs api_key_env"],
+        ),
+    ];
+    for (c, expected) in &connections {
+        let m = invalid(catalog::upsert_connection(&db.pool, c).await);
+        for e in *expected {
+            assert!(m.contains(e), "{m:?} should say {e:?}");
+        }
+        assert!(!m.contains("SECRET123"), "{m}");
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM connections").await, 0);
+    catalog::upsert_connection(&db.pool, &with_auth(oauth))
+        .await
+        .unwrap();
+
+    let with_request = |request: serde_json::Value| NewRule {
+        records_per_call: Some(10),
+        request: Some(request),
+        ..rule("customers", "crm", "contacts/")
+    };
+    let rules: Vec<(NewRule, &[&str])> = vec![
+        (
+            with_request(json!({"item": {"{{payload/id}}": "{{payload}}"}})),
+            &["item", "object key holds a placeholder"],
+        ),
+        (
+            with_request(json!({"body": {"inputs": "{{records}}", "trace": "{{delivery_id}}"}})),
+            &["body", "{{delivery_id}} is a record's"],
+        ),
+        (
+            with_request(json!({"body": {"inputs": "{{records}}", "...": "{{payload}}"}})),
+            &["body", "spread key"],
+        ),
+        (
+            rule("customers", "crm", "contacts/\r\nX: 1"),
+            &["path holds a line break"],
+        ),
+        (
+            rule("customers", "crm", "contacts/\tall"),
+            &["path holds a control character"],
+        ),
+    ];
+    for (r, expected) in &rules {
+        let m = invalid(catalog::upsert_rule(&db.pool, r).await);
+        for e in *expected {
+            assert!(m.contains(e), "{m:?} should say {e:?}");
+        }
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 0);
+
+    // A file naming a connection twice is refused before anything is written; one naming
+    // nothing applies nothing and says so.
+    let twice = CatalogFile {
+        connections: vec![base.clone(), base.clone()],
+        rules: vec![],
+    };
+    let m = invalid(catalog::apply(&db.pool, &twice).await.map(|()| 0));
+    assert!(m.contains("connection \"crm\" is named twice"), "{m}");
+    for empty in ["", "[]", "{}"] {
+        let changes = catalog::apply_file(&db.pool, empty, Default::default())
+            .await
+            .unwrap();
+        assert!(changes.is_empty(), "{empty:?}: {changes:?}");
+    }
+    let m = match catalog::apply_file(&db.pool, "[1]", Default::default()).await {
+        Err(CatalogError::Invalid(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(m.contains("expected a JSON object"), "{m}");
 }
 
 #[tokio::test]

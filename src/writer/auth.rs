@@ -60,16 +60,53 @@ impl Auth {
         };
         let auth: Auth = serde_json::from_value(value.clone())
             .map_err(|e| format!("auth: {e} (kinds: bearer, header, basic, oauth)"))?;
+        // serde lets a unit variant of an internally tagged enum carry any field: refuse
+        // them here, as the other kinds' unknown fields are.
+        if auth == Auth::Bearer
+            && let Some(field) = value
+                .as_object()
+                .into_iter()
+                .flatten()
+                .find_map(|(k, _)| (k != "kind").then_some(k))
+        {
+            return Err(format!(
+                "auth: unknown field `{field}`: kind bearer takes no other field"
+            ));
+        }
         match &auth {
             Auth::Header { name, .. } if HeaderName::try_from(name.as_str()).is_err() => Err(
                 format!("auth: header name {name:?} is not a valid HTTP header name"),
             ),
+            Auth::Header { name, .. } if owned_header(name).is_some() => {
+                let (owned, why) = owned_header(name).unwrap_or_default();
+                Err(format!(
+                    "auth: header name {owned} cannot carry the key: {why}"
+                ))
+            }
+            Auth::Header {
+                scheme: Some(scheme),
+                ..
+            } => check_scheme(scheme).map(|()| auth.clone()),
             Auth::Basic { user, user_env } if user.is_some() == user_env.is_some() => {
                 Err("auth: basic takes one of user and user_env".into())
             }
+            // Not echoed: a user may be a site id or worse.
+            Auth::Basic { user: Some(u), .. } if u.contains(':') => Err(
+                "auth: user holds a colon, where HTTP Basic ends the user and starts the key"
+                    .into(),
+            ),
+            Auth::Basic {
+                user_env: Some(var),
+                ..
+            } if !crate::catalog::is_variable_name(var) => Err(not_a_variable("user_env")),
             Auth::Oauth { token_url, .. } if super::check_base_url(token_url).is_err() => Err(
                 format!("auth: token_url {token_url:?} is not an absolute http(s) URL"),
             ),
+            Auth::Oauth { client_id_env, .. }
+                if !crate::catalog::is_variable_name(client_id_env) =>
+            {
+                Err(not_a_variable("client_id_env"))
+            }
             _ => Ok(auth),
         }
     }
@@ -135,6 +172,59 @@ impl Auth {
     }
 }
 
+/// Headers courier or HTTP itself sets on every request, with why: neither a
+/// connection's extra headers nor its `auth` may name them (what they sent would be
+/// overwritten, doubled or break the request).
+pub const OWNED_HEADERS: &[(&str, &str)] = &[
+    ("Host", "HTTP sets it from the URL"),
+    ("Content-Length", "HTTP sets it from the body"),
+    ("Transfer-Encoding", "HTTP sets it from the body"),
+    ("Connection", "the HTTP client manages its connections"),
+    (
+        "Content-Type",
+        "courier sets it from the rule's request content_type",
+    ),
+    ("Idempotency-Key", "courier sends its own key per delivery"),
+];
+
+/// The header of [`OWNED_HEADERS`] `name` is (names ignore case), with why it is owned.
+pub fn owned_header(name: &str) -> Option<(&'static str, &'static str)> {
+    OWNED_HEADERS
+        .iter()
+        .find(|(owned, _)| owned.eq_ignore_ascii_case(name.trim()))
+        .copied()
+}
+
+/// The error of an auth field that should name an environment variable; it never repeats
+/// the value (a secret given in place of its variable's name would be echoed).
+fn not_a_variable(field: &str) -> String {
+    format!(
+        "auth: {field} is not the name of an environment variable (letters, digits and _, \
+         not starting with a digit); it names the variable, never the value itself"
+    )
+}
+
+/// Checks a header auth's `scheme`: text a header value can hold before the key, without
+/// repeating it.
+fn check_scheme(scheme: &str) -> Result<(), String> {
+    if scheme.contains(['\r', '\n']) {
+        return Err("auth: scheme holds a line break, which a header value cannot".into());
+    }
+    if scheme.chars().any(char::is_control)
+        || reqwest::header::HeaderValue::try_from(scheme).is_err()
+    {
+        return Err("auth: scheme holds a control character, which a header value cannot".into());
+    }
+    if scheme.trim().is_empty() || scheme.trim() != scheme {
+        return Err(
+            "auth: scheme is blank or starts or ends with a blank (leave it out to send the \
+             key alone)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -182,5 +272,90 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.contains("unknown field `password`"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_for_every_kind_bearer_too() {
+        let e = Auth::parse(Some(&json!({"kind": "bearer", "colour": 1}))).unwrap_err();
+        assert!(e.contains("unknown field `colour`"), "{e}");
+        let e =
+            Auth::parse(Some(&json!({"kind": "header", "name": "X", "shceme": "y"}))).unwrap_err();
+        assert!(e.contains("unknown field `shceme`"), "{e}");
+        let e = Auth::parse(Some(&json!({
+            "kind": "oauth", "token_url": "https://t.example.com/", "client_id_env": "ID",
+            "scopes": "a"
+        })))
+        .unwrap_err();
+        assert!(e.contains("unknown field `scopes`"), "{e}");
+        assert_eq!(
+            Auth::parse(Some(&json!({"kind": "bearer"}))).unwrap(),
+            Auth::Bearer
+        );
+    }
+
+    #[test]
+    fn a_scheme_a_header_value_cannot_hold_is_refused_without_echoing_it() {
+        for (scheme, what) in [
+            ("SECRET\r\nX-Injected: 1", "line break"),
+            ("SECRET\n", "line break"),
+            ("SECRET\u{7}", "control character"),
+            ("SECRET\u{7f}", "control character"),
+            ("SECRET\t", "control character"),
+            (" SECRET", "blank"),
+            ("", "blank"),
+        ] {
+            let e = Auth::parse(Some(
+                &json!({"kind": "header", "name": "Authorization", "scheme": scheme}),
+            ))
+            .unwrap_err();
+            assert!(e.contains("scheme") && e.contains(what), "{e}");
+            assert!(!e.contains("SECRET"), "{e}");
+        }
+        Auth::parse(Some(
+            &json!({"kind": "header", "name": "Authorization", "scheme": "Klaviyo-API-Key"}),
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn variables_must_be_variable_names_and_are_never_echoed() {
+        for auth in [
+            json!({"kind": "basic", "user_env": "SECRET-SITE"}),
+            json!({"kind": "basic", "user_env": "9SECRET"}),
+            json!({"kind": "basic", "user_env": ""}),
+            json!({"kind": "oauth", "token_url": "https://t.example.com/",
+                   "client_id_env": "SECRET ID"}),
+        ] {
+            let e = Auth::parse(Some(&auth)).unwrap_err();
+            assert!(
+                (e.contains("user_env") || e.contains("client_id_env"))
+                    && e.contains("not the name of an environment variable"),
+                "{e}"
+            );
+            assert!(!e.contains("SECRET"), "{e}");
+        }
+        let e = Auth::parse(Some(&json!({"kind": "basic", "user": "SECRET:x"}))).unwrap_err();
+        assert!(
+            e.contains("user holds a colon") && !e.contains("SECRET"),
+            "{e}"
+        );
+        Auth::parse(Some(&json!({"kind": "basic", "user_env": "_CIO_SITE_2"}))).unwrap();
+    }
+
+    #[test]
+    fn a_header_courier_or_http_owns_cannot_carry_the_key() {
+        for name in [
+            "Host",
+            "host",
+            "Content-Length",
+            "Content-Type",
+            "Transfer-Encoding",
+            "Connection",
+            "idempotency-key",
+        ] {
+            let e = Auth::parse(Some(&json!({"kind": "header", "name": name}))).unwrap_err();
+            assert!(e.contains("cannot carry the key"), "{name}: {e}");
+        }
+        Auth::parse(Some(&json!({"kind": "header", "name": "api-key"}))).unwrap();
     }
 }

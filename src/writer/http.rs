@@ -134,7 +134,9 @@ impl Endpoint {
 /// function checks them when a connection is saved and builds them for its writer, so what
 /// is accepted is what can be sent. An error names the header and what is wrong with it,
 /// never its value (it may be a secret). Secret headers (see [`is_secret_header`]) are
-/// marked sensitive.
+/// marked sensitive. A header courier or HTTP sets itself ([`super::auth::OWNED_HEADERS`]:
+/// `Idempotency-Key`, `Content-Type`, `Host`, ...) is refused, and so is one named twice in
+/// different case (`X-Dup` and `x-dup`: the second would silently replace the first).
 pub fn header_map(headers: &serde_json::Value) -> Result<HeaderMap, String> {
     let map = headers
         .as_object()
@@ -147,6 +149,19 @@ pub fn header_map(headers: &serde_json::Value) -> Result<HeaderMap, String> {
                  !#$%&'*+-.^_`|~ only, not empty)"
             )
         })?;
+        if let Some((owned, why)) = super::auth::owned_header(name) {
+            return Err(format!("header {owned} cannot be set: {why}"));
+        }
+        if out.contains_key(&header) {
+            let first = map
+                .keys()
+                .find(|k| *k != name && k.eq_ignore_ascii_case(name))
+                .unwrap_or(name);
+            return Err(format!(
+                "headers {first:?} and {name:?} are the same header (names ignore case): \
+                 give it once"
+            ));
+        }
         let value = value
             .as_str()
             .ok_or_else(|| format!("header {name:?}: its value must be a string"))?;

@@ -215,15 +215,24 @@ fn placeholders(s: &str) -> Vec<(usize, usize, &str)> {
     out
 }
 
-/// Checks a template's placeholders; returns how many `{{records}}` it holds.
-fn check(t: &Value, what: &str, records_allowed: bool) -> Result<usize, String> {
+/// Checks a template's placeholders; returns how many `{{records}}` it holds. A body
+/// (`in_body`) holds `{{records}}` and constants only: what is a record's (its payload,
+/// delivery id, key, a `"..."` spread) belongs in the item. No object key may hold a
+/// placeholder (keys are sent as written).
+fn check(t: &Value, what: &str, in_body: bool) -> Result<usize, String> {
     match t {
         Value::String(s) => {
             let mut n = 0;
             for (start, end, name) in placeholders(s) {
                 let s_ = slot(name).map_err(|e| format!("request: {what}: {e}"))?;
+                if in_body && s_ != Slot::Records {
+                    return Err(format!(
+                        "request: body: {{{{{name}}}}} is a record's, and the body holds \
+                         {{{{records}}}} and constants only (name the record's fields in item)"
+                    ));
+                }
                 if s_ == Slot::Records {
-                    if !records_allowed {
+                    if !in_body {
                         return Err(format!(
                             "request: {what}: {{{{records}}}} belongs in the body"
                         ));
@@ -238,8 +247,23 @@ fn check(t: &Value, what: &str, records_allowed: bool) -> Result<usize, String> 
             }
             Ok(n)
         }
-        Value::Array(a) => a.iter().map(|v| check(v, what, records_allowed)).sum(),
-        Value::Object(o) => o.values().map(|v| check(v, what, records_allowed)).sum(),
+        Value::Array(a) => a.iter().map(|v| check(v, what, in_body)).sum(),
+        Value::Object(o) => {
+            if o.keys().any(|k| !placeholders(k).is_empty()) {
+                return Err(format!(
+                    "request: {what}: an object key holds a placeholder, and keys are sent as \
+                     written (put the placeholder in a value)"
+                ));
+            }
+            if in_body && o.contains_key(SPREAD) {
+                return Err(
+                    "request: body: the spread key \"...\" spreads a record's fields, which \
+                     belong in item (the body holds {{records}} and constants only)"
+                        .into(),
+                );
+            }
+            o.values().map(|v| check(v, what, in_body)).sum()
+        }
         _ => Ok(0),
     }
 }
