@@ -19,7 +19,8 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
         let parts: Vec<String> = cells
             .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
+            // Padded by hand: a format width past u16::MAX panics, and a cell may be long.
+            .map(|(c, w)| format!("{c}{}", " ".repeat(w.saturating_sub(c.chars().count()))))
             .collect();
         let _ = writeln!(out, "{}", parts.join("  ").trim_end());
     };
@@ -234,4 +235,23 @@ fn runs(runs: &[RunLine]) -> String {
         ],
         &rows,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_table_lays_out_cells_of_any_length() {
+        let long = "x".repeat(1 << 20);
+        let out = super::table(
+            &["key", "error"],
+            &[
+                vec!["a".into(), long.clone()],
+                vec!["bb".into(), "short".into()],
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "key  error");
+        assert_eq!(lines[1], format!("a    {long}"));
+        assert_eq!(lines[2], "bb   short");
+    }
 }

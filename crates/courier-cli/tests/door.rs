@@ -403,7 +403,7 @@ async fn connection_list_shows_budget_timeout_and_header_names_never_values() {
 }
 
 #[tokio::test]
-async fn apply_refuses_unknown_keys_keeps_what_a_file_leaves_out_and_says_what_changed() {
+async fn apply_refuses_unknown_keys_keeps_what_a_file_leaves_out_and_says_what_it_did() {
     let db = TestDb::new().await;
     let full = temp_file(
         r#"{"connections": [{"name": "crm", "writer": "http_json", "base_url": "http://127.0.0.1:1/",
@@ -466,7 +466,21 @@ async fn apply_refuses_unknown_keys_keeps_what_a_file_leaves_out_and_says_what_c
         .await
         .unwrap();
     assert_eq!((batch, enabled), (100, true));
-    for f in [full, typo, partial] {
+
+    // A file naming nothing says so; one naming a connection twice is refused, naming it.
+    let empty = temp_file("[]");
+    let (ok, out) = both(&db.url, &["apply", empty.to_str().unwrap()]);
+    assert!(ok && out.contains("nothing to apply"), "{out}");
+    let twice = temp_file(
+        r#"{"connections": [{"name": "crm", "writer": "http_json", "base_url": "http://127.0.0.1:1/"},
+                            {"name": "crm", "writer": "http_json", "base_url": "http://127.0.0.1:2/"}]}"#,
+    );
+    let (ok, out) = both(&db.url, &["apply", twice.to_str().unwrap()]);
+    assert!(
+        !ok && out.contains(r#"connection "crm" is named twice"#),
+        "{out}"
+    );
+    for f in [full, typo, partial, empty, twice] {
         let _ = std::fs::remove_file(f);
     }
 }

@@ -425,6 +425,9 @@ pub async fn apply(ctx: &Ctx, args: ApplyArgs) -> anyhow::Result<()> {
     let changes = catalog::apply_file(&ctx.pool().await?, &text, opts)
         .await
         .with_context(|| format!("{what}: nothing was applied"))?;
+    if changes.is_empty() {
+        println!("{what}: nothing to apply (it names no connection and no rule)");
+    }
     for change in &changes {
         println!("{change}");
     }
