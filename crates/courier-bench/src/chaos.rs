@@ -22,7 +22,7 @@
 //! log come the lost records, the duplicate sends (the same record accepted twice, each
 //! charged to the fault before it), the time from each fault to the moment every rule
 //! that had a backlog was called again, and the longest pause of a rule with a backlog.
-//! The test suite runs a short form (`crates/courier-cli/tests/chaos.rs`).
+//! The test suite runs a short form (`crates/courier-bench/tests/it/chaos.rs`).
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -1,0 +1,594 @@
+//! Validation at the door and bounded waits on the database: what the library refuses when
+//! a connection, a rule or a delivery is saved (and what the schema refuses for plain SQL),
+//! and that connecting and every statement have a time limit. Against the real PostgreSQL.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use courier::{
+    catalog::{self, CatalogError, CatalogFile, NewConnection, NewRule},
+    db::{self, DbError, PoolSettings},
+    enqueue::{self, EnqueueError, NewDelivery},
+};
+use serde_json::json;
+use sqlx::PgPool;
+
+/// A `usercom` connection named `name` (its key variable is never read here).
+fn usercom(name: &str) -> NewConnection {
+    NewConnection {
+        name: name.into(),
+        writer: "usercom".into(),
+        base_url: "https://shop.user.com/api/public/".into(),
+        api_key_env: Some("COURIER_TEST_USERCOM_KEY".into()),
+        ..Default::default()
+    }
+}
+
+fn rule(name: &str, connection: &str, path: &str) -> NewRule {
+    NewRule {
+        name: name.into(),
+        connection: connection.into(),
+        path: path.into(),
+        ..Default::default()
+    }
+}
+
+async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// The message of a refusal; panics on anything but [`CatalogError::Invalid`].
+fn invalid(r: Result<i64, CatalogError>) -> String {
+    match r {
+        Err(CatalogError::Invalid(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// The constraint a plain SQL statement violated.
+async fn violated(pool: &PgPool, sql: &str) -> String {
+    let e = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .expect_err("the schema refuses it");
+    e.as_database_error()
+        .and_then(|d| d.constraint())
+        .unwrap_or_else(|| panic!("not a constraint violation: {e}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_usercom_rule_path_is_checked_against_the_operations_when_saved() {
+    let db = TestDb::new().await;
+    catalog::upsert_connection(&db.pool, &usercom("uc"))
+        .await
+        .unwrap();
+    let m = invalid(catalog::upsert_rule(&db.pool, &rule("customers", "uc", "user_upsertt")).await);
+    assert!(
+        m.contains("\"customers\"")
+            && m.contains("\"user_upsertt\"")
+            && m.contains("user_upsert, user_attributes"),
+        "{m}"
+    );
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 0);
+
+    // A file is refused whole, naming the rule.
+    let file = CatalogFile {
+        connections: vec![usercom("uc2")],
+        rules: vec![
+            rule("ok", "uc2", "user_upsert"),
+            rule("bad", "uc2", "events"),
+        ],
+    };
+    let m = match catalog::apply(&db.pool, &file).await {
+        Err(CatalogError::Invalid(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(m.contains("\"bad\"") && m.contains("\"events\""), "{m}");
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 0);
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM connections").await, 1);
+
+    // Valid operations (slashes and blanks around them are ignored, as the writer does)
+    // are saved; an `http_json` rule takes any path.
+    catalog::upsert_rule(&db.pool, &rule("customers", "uc", "user_upsert"))
+        .await
+        .unwrap();
+    catalog::upsert_rule(&db.pool, &rule("events", "uc", "/event/"))
+        .await
+        .unwrap();
+    let target = courier_target::Target::start(0).await.unwrap();
+    setup(&db.pool, &target, &[], 10, 1).await;
+    catalog::upsert_rule(&db.pool, &rule("raw", "shop", "anything/at/all"))
+        .await
+        .unwrap();
+    // Moving a rule to a usercom connection checks its path against that writer.
+    let m = invalid(catalog::upsert_rule(&db.pool, &rule("raw", "uc", "anything/at/all")).await);
+    assert!(m.contains("\"raw\"") && m.contains("\"uc\""), "{m}");
+}
+
+#[tokio::test]
+async fn a_connection_becomes_usercom_only_when_its_rules_paths_fit() {
+    let (db, _target) = shop(&["customers", "prices"], 10, 1).await;
+    let mut conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
+    let to_usercom = NewConnection {
+        name: conn.name.clone(),
+        writer: "usercom".into(),
+        base_url: conn.base_url.clone(),
+        api_key_env: Some("COURIER_TEST_USERCOM_KEY".into()),
+        ..Default::default()
+    };
+    let m = invalid(catalog::upsert_connection(&db.pool, &to_usercom).await);
+    assert!(
+        m.contains("\"shop\"")
+            && m.contains("rule \"customers\" (path \"customers/\")")
+            && m.contains("rule \"prices\""),
+        "{m}"
+    );
+    conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
+    assert_eq!(conn.writer, "http_json", "nothing was changed");
+
+    // One file may change the writer and fix the paths together; a file that fixes only
+    // one of the rules is refused whole, naming the other.
+    let half = CatalogFile {
+        connections: vec![to_usercom.clone()],
+        rules: vec![rule("customers", "shop", "user_upsert")],
+    };
+    let m = match catalog::apply(&db.pool, &half).await {
+        Err(CatalogError::Invalid(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(
+        m.contains("rule \"prices\"") && !m.contains("rule \"customers\""),
+        "{m}"
+    );
+    let paths: Vec<String> = sqlx::query_scalar("SELECT path FROM rules ORDER BY name")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        paths,
+        ["customers/", "prices/"],
+        "nothing of the file was applied"
+    );
+    let whole = CatalogFile {
+        connections: vec![to_usercom],
+        rules: vec![
+            rule("customers", "shop", "user_upsert"),
+            rule("prices", "shop", "product_event"),
+        ],
+    };
+    catalog::apply(&db.pool, &whole).await.unwrap();
+    conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
+    assert_eq!(conn.writer, "usercom");
+}
+
+#[tokio::test]
+async fn base_urls_and_headers_are_checked_when_saved_without_echoing_secrets() {
+    let db = TestDb::new().await;
+    let base = NewConnection {
+        name: "crm".into(),
+        writer: "http_json".into(),
+        base_url: "https://crm.example.com/api/".into(),
+        ..Default::default()
+    };
+    let with_url = |url: &str| NewConnection {
+        base_url: url.into(),
+        ..base.clone()
+    };
+    let with_header = |name: &str, value: serde_json::Value| {
+        let mut c = base.clone();
+        c.headers.insert(name.into(), value);
+        c
+    };
+    let cases: Vec<(NewConnection, &[&str])> = vec![
+        (with_url("http://"), &["base_url", "empty host"]),
+        (with_url("http://exa mple/"), &["base_url", "blank"]),
+        (
+            with_url("https://crm.example.com/api/\n"),
+            &["base_url", "line break"],
+        ),
+        (
+            with_url("ftp://crm.example.com/"),
+            &["base_url", "http:// or https://"],
+        ),
+        (
+            with_url("crm.example.com/api/"),
+            &["base_url", "http:// or https://"],
+        ),
+        (with_url("https://u:hunter2@/api/"), &["base_url", "u:***@"]),
+        (
+            with_url("https://u:hunter2@crm.example.com/api/"),
+            &["base_url", "names a user or password", "u:***@"],
+        ),
+        (
+            with_header("Idempotency-Key", json!("SECRET123")),
+            &[
+                "header Idempotency-Key cannot be set",
+                "its own key per delivery",
+            ],
+        ),
+        (
+            with_header("host", json!("SECRET123")),
+            &["header Host cannot be set"],
+        ),
+        (
+            {
+                let mut c = with_header("X-Dup", json!("SECRET123"));
+                c.headers.insert("x-dup".into(), json!("hunter2"));
+                c
+            },
+            &["\"X-Dup\" and \"x-dup\" are the same header"],
+        ),
+        (
+            with_header("X-Api-Key", json!("SECRET123\r\nX-Injected: 1")),
+            &["header \"X-Api-Key\"", "line break"],
+        ),
+        (
+            with_header("Authorization", json!("Bearer SECRET123\u{7}")),
+            &["header \"Authorization\"", "control character"],
+        ),
+        (
+            with_header("X-City", json!("SECRET123\u{7f}")),
+            &["header \"X-City\"", "control character"],
+        ),
+        (
+            with_header("X Tenant", json!("shop")),
+            &["header name \"X Tenant\""],
+        ),
+        (with_header("", json!("shop")), &["header name \"\""]),
+        (
+            with_header("X-Count", json!(3)),
+            &["header \"X-Count\"", "string"],
+        ),
+        (
+            NewConnection {
+                api_key_env: Some("SECRET123-KEY".into()),
+                ..base.clone()
+            },
+            &["api_key_env", "never the key itself"],
+        ),
+        (
+            NewConnection {
+                writer: "usercom".into(),
+                ..base.clone()
+            },
+            &["usercom", "needs api_key_env"],
+        ),
+    ];
+    for (c, expected) in &cases {
+        let m = invalid(catalog::upsert_connection(&db.pool, c).await);
+        assert!(m.starts_with("connection \"crm\": "), "{m}");
+        for e in *expected {
+            assert!(m.contains(e), "{m:?} should say {e:?}");
+        }
+        assert!(!m.contains("SECRET123") && !m.contains("hunter2"), "{m}");
+        // `apply` refuses the same, before anything is written.
+        let file = CatalogFile {
+            connections: vec![c.clone()],
+            rules: vec![],
+        };
+        assert!(matches!(
+            catalog::apply(&db.pool, &file).await,
+            Err(CatalogError::Invalid(_))
+        ));
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM connections").await, 0);
+
+    // What is valid is saved: a tab, punctuation and UTF-8 in a value, a port in the URL,
+    // an IPv6 host.
+    let mut good = with_header("X-Tenant", json!("Zürich\tA ~!\"#"));
+    good.headers.insert("x-trace_id.v2".into(), json!(""));
+    good.base_url = "http://[::1]:8080/api?v=2".into();
+    catalog::upsert_connection(&db.pool, &good).await.unwrap();
+
+    // Plain SQL is refused too, by the schema's checks.
+    for (sql, constraint) in [
+        (
+            "INSERT INTO connections (name, writer, base_url) VALUES ('s', 'http_json', 'http://')",
+            "connections_base_url_host",
+        ),
+        (
+            "INSERT INTO connections (name, writer, base_url) VALUES ('s', 'http_json', 'http://exa mple/')",
+            "connections_base_url_host",
+        ),
+        (
+            "INSERT INTO connections (name, writer, base_url) VALUES ('s', 'http_json', 'http://:80/')",
+            "connections_base_url_host",
+        ),
+        (
+            r#"INSERT INTO connections (name, writer, base_url, headers) VALUES ('s', 'http_json', 'http://h/', '{"X-A": "a\nb"}')"#,
+            "connections_headers_valid",
+        ),
+        (
+            r#"INSERT INTO connections (name, writer, base_url, headers) VALUES ('s', 'http_json', 'http://h/', '{"X A": "b"}')"#,
+            "connections_headers_valid",
+        ),
+        (
+            r#"UPDATE connections SET headers = '{"X-A": 1}'"#,
+            "connections_headers_valid",
+        ),
+        (
+            r#"UPDATE connections SET headers = '{"X-A": "a\u007fb"}'"#,
+            "connections_headers_valid",
+        ),
+    ] {
+        assert_eq!(violated(&db.pool, sql).await, constraint, "{sql}");
+    }
+}
+
+#[tokio::test]
+async fn what_would_go_wrong_later_is_refused_when_saved_naming_the_field_never_its_value() {
+    let db = TestDb::new().await;
+    let base = NewConnection {
+        name: "crm".into(),
+        writer: "http_json".into(),
+        base_url: "https://crm.example.com/api/".into(),
+        api_key_env: Some("CRM_KEY".into()),
+        ..Default::default()
+    };
+    let with_auth = |auth: serde_json::Value| NewConnection {
+        auth: Some(auth),
+        ..base.clone()
+    };
+    let oauth = json!({"kind": "oauth", "token_url": "https://login.example.com/token",
+                       "client_id_env": "CRM_ID"});
+    let connections: Vec<(NewConnection, &[&str])> = vec![
+        (
+            with_auth(json!({"kind": "bearer", "prefix": "SECRET123"})),
+            &["unknown field `prefix`"],
+        ),
+        (
+            with_auth(json!({"kind": "header", "name": "X-Key", "sceme": "SECRET123"})),
+            &["unknown field `sceme`"],
+        ),
+        (
+            with_auth(json!({"kind": "header", "name": "Authorization",
+                             "scheme": "SECRET123\r\nX-Injected: 1"})),
+            &["scheme", "line break"],
+        ),
+        (
+            with_auth(json!({"kind": "header", "name": "Host"})),
+            &["header name Host cannot carry the key"],
+        ),
+        (
+            with_auth(json!({"kind": "basic", "user_env": "SECRET123-site"})),
+            &["user_env is not the name of an environment variable"],
+        ),
+        (
+            with_auth(
+                json!({"kind": "oauth", "token_url": "https://login.example.com/token",
+                             "client_id_env": "SECRET123 id"}),
+            ),
+            &["client_id_env is not the name of an environment variable"],
+        ),
+        (
+            NewConnection {
+                api_key_env: None,
+                ..with_auth(oauth.clone())
+            },
+            &["oauth needs api_key_env"],
+        ),
+    ];
+    for (c, expected) in &connections {
+        let m = invalid(catalog::upsert_connection(&db.pool, c).await);
+        for e in *expected {
+            assert!(m.contains(e), "{m:?} should say {e:?}");
+        }
+        assert!(!m.contains("SECRET123"), "{m}");
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM connections").await, 0);
+    catalog::upsert_connection(&db.pool, &with_auth(oauth))
+        .await
+        .unwrap();
+
+    let with_request = |request: serde_json::Value| NewRule {
+        records_per_call: Some(10),
+        request: Some(request),
+        ..rule("customers", "crm", "contacts/")
+    };
+    let rules: Vec<(NewRule, &[&str])> = vec![
+        (
+            with_request(json!({"item": {"{{payload/id}}": "{{payload}}"}})),
+            &["item", "object key holds a placeholder"],
+        ),
+        (
+            with_request(json!({"body": {"inputs": "{{records}}", "trace": "{{delivery_id}}"}})),
+            &["body", "{{delivery_id}} is a record's"],
+        ),
+        (
+            with_request(json!({"body": {"inputs": "{{records}}", "...": "{{payload}}"}})),
+            &["body", "spread key"],
+        ),
+        (
+            rule("customers", "crm", "contacts/\r\nX: 1"),
+            &["path holds a line break"],
+        ),
+        (
+            rule("customers", "crm", "contacts/\tall"),
+            &["path holds a control character"],
+        ),
+    ];
+    for (r, expected) in &rules {
+        let m = invalid(catalog::upsert_rule(&db.pool, r).await);
+        for e in *expected {
+            assert!(m.contains(e), "{m:?} should say {e:?}");
+        }
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 0);
+
+    // A file naming a connection twice is refused before anything is written; one naming
+    // nothing applies nothing and says so.
+    let twice = CatalogFile {
+        connections: vec![base.clone(), base.clone()],
+        rules: vec![],
+    };
+    let m = invalid(catalog::apply(&db.pool, &twice).await.map(|()| 0));
+    assert!(m.contains("connection \"crm\" is named twice"), "{m}");
+    for empty in ["", "[]", "{}"] {
+        let changes = catalog::apply_file(&db.pool, empty, Default::default())
+            .await
+            .unwrap();
+        assert!(changes.is_empty(), "{empty:?}: {changes:?}");
+    }
+    let m = match catalog::apply_file(&db.pool, "[1]", Default::default()).await {
+        Err(CatalogError::Invalid(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(m.contains("expected a JSON object"), "{m}");
+}
+
+#[tokio::test]
+async fn blank_keys_and_self_dependencies_are_refused_at_enqueue() {
+    let (db, _target) = shop(&["customers"], 10, 1).await;
+    let mut own = NewDelivery::new("c:2", json!({}));
+    own.depends_on = Some("c:2".into());
+    let mut blank_dep = NewDelivery::new("c:3", json!({}));
+    blank_dep.depends_on = Some(" ".into());
+    let input = vec![
+        NewDelivery::new("c:1", json!({})),
+        own.clone(),
+        NewDelivery::new(" \t", json!({})),
+        blank_dep,
+    ];
+    let Err(EnqueueError::BadInput(errors)) =
+        enqueue::enqueue_many(&db.pool, "customers", input).await
+    else {
+        panic!("expected the input refused");
+    };
+    let at: Vec<usize> = errors.iter().map(|e| e.line).collect();
+    assert_eq!(at, [2, 3, 4], "{errors:?}");
+    assert!(
+        errors[0].reason.contains("\"c:2\"") && errors[0].reason.contains("own key"),
+        "{errors:?}"
+    );
+    assert!(errors[1].reason.contains("blank"), "{errors:?}");
+    let e = enqueue::enqueue(&db.pool, "customers", own)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"c:2\"") && e.contains("own key"), "{e}");
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM deliveries").await, 0);
+
+    // Plain SQL is refused by the schema; a dependency on another key is fine.
+    for (sql, constraint) in [
+        (
+            "INSERT INTO deliveries (rule_id, record_key, payload) SELECT id, '  ', '{}' FROM rules",
+            "deliveries_record_key_not_blank",
+        ),
+        (
+            "INSERT INTO deliveries (rule_id, record_key, payload, depends_on) SELECT id, 'k', '{}', 'k' FROM rules",
+            "deliveries_depends_on_not_self",
+        ),
+        (
+            "INSERT INTO deliveries (rule_id, record_key, payload, depends_on) SELECT id, 'k', '{}', '' FROM rules",
+            "deliveries_depends_on_not_blank",
+        ),
+    ] {
+        assert_eq!(violated(&db.pool, sql).await, constraint, "{sql}");
+    }
+    let mut other = NewDelivery::new("order:1", json!({}));
+    other.depends_on = Some("c:1".into());
+    enqueue::enqueue(&db.pool, "customers", other)
+        .await
+        .unwrap();
+}
+
+/// A loopback port that accepts TCP connections and never says a word on them.
+async fn silent_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_connect_nothing_answers_fails_in_time_naming_host_and_port() {
+    let port = silent_port().await;
+    let url = format!("postgres://courier:hunter2@127.0.0.1:{port}/courier");
+    let settings = PoolSettings {
+        connect_timeout: Duration::from_secs(1),
+        ..PoolSettings::default()
+    };
+    let started = Instant::now();
+    let e = db::connect_with(&url, &settings).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(e, DbError::ConnectTimeout { .. }), "{e:?}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let m = e.to_string();
+    assert!(m.contains(&format!("127.0.0.1:{port}")), "{m}");
+    assert!(!m.contains("hunter2"), "{m}");
+
+    // `courier db create` connects elsewhere on that server: bounded the same way.
+    let started = Instant::now();
+    let e = db::create_database_within(&url, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+
+    // An HTTP server is not PostgreSQL either: refused in time, naming where.
+    let target = courier_target::Target::start(0).await.unwrap();
+    let http_port = target
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    let url = format!("postgres://courier:hunter2@127.0.0.1:{http_port}/courier");
+    let started = Instant::now();
+    let e = db::connect_with(&url, &settings).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let m = e.to_string();
+    assert!(m.contains(&format!("127.0.0.1:{http_port}")), "{m}");
+    assert!(!m.contains("hunter2"), "{m}");
+}
+
+#[tokio::test]
+async fn every_pooled_connection_has_a_statement_timeout_and_migrations_none() {
+    let db = TestDb::new().await;
+    let settings = PoolSettings {
+        max_connections: 3,
+        statement_timeout: Duration::from_millis(500),
+        ..PoolSettings::default()
+    };
+    let pool = db::connect_with(&db.url, &settings).await.unwrap();
+    // Migrating borrows a connection without the limit; none such goes back to the pool.
+    db::migrate(&pool).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = pool.acquire().await.unwrap();
+        let limit: String = sqlx::query_scalar("SHOW statement_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(limit, "500ms");
+        held.push(conn);
+    }
+    drop(held);
+    let started = Instant::now();
+    let e = sqlx::query("SELECT pg_sleep(5)")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("57014"),
+        "cancelled by statement_timeout: {e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // The default is a minute.
+    let limit: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(limit, "1min");
+}
