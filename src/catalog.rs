@@ -54,6 +54,10 @@ pub struct NewConnection {
     /// Percent of each window of a minute or longer kept for other clients (`10%`).
     #[serde(default)]
     pub reserve: Option<String>,
+    /// What the target says about its rate beyond the standard headers
+    /// ([`crate::ratelimit::signals::RateSignals`]; absent: the standard headers only).
+    #[serde(default)]
+    pub rate_signals: Option<serde_json::Value>,
 }
 
 /// A stored connection.
@@ -88,6 +92,8 @@ pub struct Connection {
     pub reserve_percent: i16,
     /// Paused by an operator: none of its rules gets a run.
     pub paused: bool,
+    /// Its rate signals as stored ([`crate::ratelimit::signals::RateSignals`]).
+    pub rate_signals: Option<serde_json::Value>,
 }
 
 /// A connection's requests per minute as stored (`requests_per_minute`), else
@@ -275,6 +281,7 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
         )));
     }
     let auth = writer::auth::Auth::parse(c.auth.as_ref()).map_err(invalid)?;
+    crate::ratelimit::signals::RateSignals::parse(c.rate_signals.as_ref()).map_err(invalid)?;
     if matches!(auth, writer::auth::Auth::Oauth { .. }) && c.api_key_env.is_none() {
         return Err(invalid(
             "auth kind oauth needs api_key_env (the variable holding the client secret)".into(),
@@ -318,9 +325,9 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
     sqlx::query_scalar!(
         r#"INSERT INTO connections
              (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
-              timeout_ms, budget_key, limits, reserve_percent, auth)
+              timeout_ms, budget_key, limits, reserve_percent, auth, rate_signals)
            VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000), $9, $10, $11,
-                   $12)
+                   $12, $13)
            ON CONFLICT (name) DO UPDATE SET
              writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
              api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
@@ -328,7 +335,7 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
              max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
              budget_key = EXCLUDED.budget_key, limits = EXCLUDED.limits,
              reserve_percent = EXCLUDED.reserve_percent, auth = EXCLUDED.auth,
-             updated_at = now()
+             rate_signals = EXCLUDED.rate_signals, updated_at = now()
            RETURNING id"#,
         c.name,
         c.writer,
@@ -347,6 +354,7 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
                 .unwrap_or(0)
         ),
         c.auth,
+        c.rate_signals,
     )
     .fetch_one(db)
     .await
@@ -612,7 +620,7 @@ pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>
         Connection,
         r#"SELECT id, name, writer, base_url, api_key_env, auth, headers, requests_per_minute,
                   max_in_flight, timeout_ms, courier_budget_key(connections) AS "budget_key!",
-                  limits, reserve_percent, paused
+                  limits, reserve_percent, paused, rate_signals
            FROM connections ORDER BY name"#
     )
     .fetch_all(db)
@@ -666,7 +674,7 @@ pub async fn rule_with_connection(
                   c.name, c.writer, c.base_url, c.api_key_env, c.auth, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms,
                   courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
-                  c.paused
+                  c.paused, c.rate_signals
            FROM rules ru JOIN connections c ON c.id = ru.connection_id
            WHERE ru.id = $1"#,
         rule_id
@@ -707,6 +715,7 @@ pub async fn rule_with_connection(
             limits: r.limits,
             reserve_percent: r.reserve_percent,
             paused: r.paused,
+            rate_signals: r.rate_signals,
         };
         (rule, connection)
     }))
@@ -1029,7 +1038,8 @@ async fn stored_connection(
 ) -> Result<Option<NewConnection>, sqlx::Error> {
     let row = sqlx::query!(
         "SELECT name, writer, base_url, api_key_env, headers, requests_per_minute,
-                max_in_flight, timeout_ms, budget_key, limits, reserve_percent, auth
+                max_in_flight, timeout_ms, budget_key, limits, reserve_percent, auth,
+                rate_signals
          FROM connections WHERE name = $1",
         name
     )
@@ -1048,6 +1058,7 @@ async fn stored_connection(
         budget_key: r.budget_key,
         limits: r.limits.iter().filter_map(|l| l.parse().ok()).collect(),
         reserve: (r.reserve_percent > 0).then(|| format!("{}%", r.reserve_percent)),
+        rate_signals: r.rate_signals,
     }))
 }
 

@@ -12,7 +12,7 @@ use crate::{
     ledger::{Entry, Outcome},
     ratelimit::{
         answer::{Answer, Answered},
-        headers::ResetKind,
+        signals::RateSignals,
     },
     retry::{Retry, RetryPolicy},
     writer::{Receipt, WriteError, Written},
@@ -42,12 +42,12 @@ pub fn reachable(result: &Result<Written, WriteError>) -> Option<bool> {
 }
 
 /// The budget's view of a call's answer, which left at `sent`.
-pub fn budget_answer(
-    result: &Result<Written, WriteError>,
-    reset_kind: ResetKind,
+pub fn budget_answer<'a>(
+    result: &'a Result<Written, WriteError>,
+    signals: &'a RateSignals,
     sent: DateTime<Utc>,
     paced: f64,
-) -> Answer<'_> {
+) -> Answer<'a> {
     static NONE: std::sync::LazyLock<reqwest::header::HeaderMap> =
         std::sync::LazyLock::new(reqwest::header::HeaderMap::new);
     let headers = match result {
@@ -58,7 +58,7 @@ pub fn budget_answer(
     Answer {
         answered: answered(result),
         headers,
-        reset_kind,
+        signals,
         sent,
         paced,
     }

@@ -520,7 +520,7 @@ impl Job<'_> {
         };
         let at = engine.clock.now();
         let key = &ctx.connection.budget_key;
-        let heard = classify::budget_answer(&result, writer.reset_kind(), sent, paced);
+        let heard = classify::budget_answer(&result, writer.rate_signals(), sent, paced);
         match engine.pacer.hear(key, heard, at).await {
             Verdict::GoOn => {}
             Verdict::Spent {

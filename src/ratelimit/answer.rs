@@ -13,9 +13,9 @@ use chrono::{DateTime, SubsecRound, Utc};
 use reqwest::header::HeaderMap;
 
 use super::{
-    blocks,
-    headers::{self, ResetKind},
+    blocks, headers,
     pacer::{Pacer, SPENT_WAIT},
+    signals::RateSignals,
 };
 
 /// How the target answered one call, as the budget hears it.
@@ -40,8 +40,9 @@ pub struct Answer<'a> {
     pub answered: Answered,
     /// Its rate-limit headers (empty when none).
     pub headers: &'a HeaderMap,
-    /// What an `X-RateLimit-Reset` of this target counts.
-    pub reset_kind: ResetKind,
+    /// What the target says about its rate beyond the standard headers (and what an
+    /// `X-RateLimit-Reset` of it counts).
+    pub signals: &'a RateSignals,
     /// When the call left.
     pub sent: DateTime<Utc>,
     /// The pace its slot was booked at (requests per second).
@@ -84,7 +85,7 @@ impl Pacer {
         let statement = if answer.headers.is_empty() {
             headers::Statement::default()
         } else {
-            headers::read(answer.headers, answer.reset_kind, at)
+            headers::read(answer.headers, answer.signals, at)
         };
         let stated = statement.limits();
         if !stated.is_empty() {

@@ -13,12 +13,9 @@
 //! 3. The common `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`; the
 //!    reset is a delta or UTC epoch seconds (GitHub) as the writer's [`ResetKind`] says.
 //!
-//! 4. Vendors' own: HubSpot's `X-HubSpot-RateLimit-Max` over
-//!    `X-HubSpot-RateLimit-Interval-Milliseconds` (the window in milliseconds) with
-//!    `-Remaining`, and its daily pair `X-HubSpot-RateLimit-Daily` / `-Daily-Remaining`;
-//!    Brevo's `x-sib-ratelimit-limit`, `-remaining`, `-reset` (seconds, a delta; it sends
-//!    no `Retry-After`); Salesforce's `Sforce-Limit-Info: api-usage=18/5000`, a day's
-//!    allowance and what is left of it.
+//! 4. A connection's own [`RateSignals`]: headers of its target's names (HubSpot's
+//!    window in milliseconds, Brevo's `x-sib-ratelimit-*`, Salesforce's
+//!    `Sforce-Limit-Info: api-usage=18/5000`), declared as data in its preset.
 //!
 //! A limit is a quota only with a window: `RateLimit-Limit` and `X-RateLimit-Limit` state
 //! one when they carry a `;w=` parameter (`100;w=60`, as the older drafts allowed), else
@@ -33,21 +30,21 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 
-use super::limits::{Limit, MAX_WINDOW as LIMIT_MAX_WINDOW, MIN_WINDOW};
+use super::limits::{Limit, MAX_WINDOW, MIN_WINDOW};
+use super::signals::RateSignals;
 use crate::writer::MAX_RATE_LIMIT_WAIT;
-
-/// The longest quota window read (a year and a day): longer ones are ignored as garbage.
-pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 /// The longest reset read: the cap a 429's wait has too. A longer one is ignored.
 pub const MAX_RESET: Duration = MAX_RATE_LIMIT_WAIT;
 
-/// How a writer's target means `X-RateLimit-Reset`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How a connection's target means `X-RateLimit-Reset` ([`RateSignals::reset`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ResetKind {
     /// Seconds from now until the window resets (the IETF fields always mean this).
     #[default]
     Delta,
     /// The UTC epoch second at which the window resets (GitHub).
+    #[serde(rename = "epoch")]
     EpochSeconds,
 }
 
@@ -106,7 +103,7 @@ impl Statement {
             let limit = Limit::new(q.limit, secs);
             if q.limit == 0
                 || q.window.subsec_nanos() != 0
-                || !(MIN_WINDOW..=LIMIT_MAX_WINDOW).contains(&limit.window)
+                || !(MIN_WINDOW..=MAX_WINDOW).contains(&limit.window)
             {
                 continue;
             }
@@ -125,11 +122,13 @@ impl Statement {
     }
 }
 
-/// Reads the rate-limit statement of a response's `headers`; `reset_kind` says how
-/// `X-RateLimit-Reset` is meant, `now` is the time an epoch reset is measured from.
-pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> Statement {
+/// Reads the rate-limit statement of a response's `headers`: the standard forms first,
+/// then the connection's own `signals` (which also say how `X-RateLimit-Reset` is meant);
+/// `now` is the time an epoch reset is measured from.
+pub fn read(headers: &HeaderMap, signals: &RateSignals, now: DateTime<Utc>) -> Statement {
+    let reset_kind = signals.reset;
     let ietf = ietf_remaining(headers);
-    let vendor = vendor(headers);
+    let vendor = signals.statement(headers, now);
     let quotas = Some(ietf_policy(headers))
         .filter(|q| !q.is_empty())
         .or_else(|| Some(limit_quota(headers, "ratelimit-limit")).filter(|q| !q.is_empty()))
@@ -161,64 +160,6 @@ pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> S
         quota,
         quotas,
         remaining,
-        reset,
-    }
-}
-
-/// What a vendor's own headers state (HubSpot, Brevo, Salesforce): quotas, the fewest
-/// requests left among them, a reset.
-fn vendor(headers: &HeaderMap) -> Statement {
-    let mut quotas = Vec::new();
-    let mut remaining: Vec<u32> = Vec::new();
-    // HubSpot: the window in milliseconds (whole seconds kept), and a daily pair.
-    let interval = scalar(headers, "x-hubspot-ratelimit-interval-milliseconds")
-        .and_then(count)
-        .map(|ms| Duration::from_secs(u64::from(ms) / 1000))
-        .filter(|w| !w.is_zero() && *w <= MAX_WINDOW);
-    if let (Some(limit), Some(window)) = (
-        scalar(headers, "x-hubspot-ratelimit-max").and_then(count),
-        interval,
-    ) {
-        quotas.push(Quota { limit, window });
-    }
-    if let Some(limit) = scalar(headers, "x-hubspot-ratelimit-daily").and_then(count) {
-        quotas.push(Quota {
-            limit,
-            window: Duration::from_secs(86_400),
-        });
-    }
-    for name in [
-        "x-hubspot-ratelimit-remaining",
-        "x-hubspot-ratelimit-daily-remaining",
-        "x-sib-ratelimit-remaining",
-    ] {
-        remaining.extend(scalar(headers, name).and_then(count));
-    }
-    // Salesforce: `api-usage=used/limit` over a rolling day.
-    if let Some((used, limit)) = headers
-        .get("sforce-limit-info")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.split(',')
-                .find_map(|p| p.trim().strip_prefix("api-usage="))
-        })
-        .and_then(|u| u.split_once('/'))
-        .and_then(|(used, limit)| Some((count(used)?, count(limit)?)))
-    {
-        quotas.push(Quota {
-            limit,
-            window: Duration::from_secs(86_400),
-        });
-        remaining.push(limit.saturating_sub(used));
-    }
-    let reset = scalar(headers, "x-sib-ratelimit-reset").and_then(delta);
-    Statement {
-        quota: quotas
-            .iter()
-            .copied()
-            .min_by(|a, b| a.per_minute().total_cmp(&b.per_minute())),
-        quotas,
-        remaining: remaining.into_iter().min(),
         reset,
     }
 }
@@ -475,6 +416,26 @@ mod tests {
         Utc.timestamp_opt(1_700_000_000, 0).unwrap()
     }
 
+    /// Reads the standard forms, `X-RateLimit-Reset` meant as `reset`.
+    fn read(headers: &HeaderMap, reset: ResetKind, now: DateTime<Utc>) -> Statement {
+        super::read(
+            headers,
+            &RateSignals {
+                reset,
+                ..RateSignals::default()
+            },
+            now,
+        )
+    }
+
+    /// What a preset's connection declares as its rate signals: vendor knowledge is data.
+    fn preset(name: &str) -> RateSignals {
+        let c = crate::presets::find(name)
+            .unwrap()
+            .connection(&serde_json::json!({}));
+        RateSignals::parse(c.get("rate_signals")).unwrap()
+    }
+
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)
     }
@@ -608,7 +569,8 @@ mod tests {
             ("X-HubSpot-RateLimit-Daily", "250000"),
             ("X-HubSpot-RateLimit-Daily-Remaining", "249000"),
         ]);
-        let s = read(&h, ResetKind::Delta, now());
+        assert!(read(&h, ResetKind::Delta, now()).is_empty());
+        let s = super::read(&h, &preset("hubspot"), now());
         assert_eq!(
             s.limits(),
             [Limit::new(100, 10), Limit::new(250_000, 86_400)]
@@ -623,7 +585,7 @@ mod tests {
             ("x-sib-ratelimit-remaining", "0"),
             ("x-sib-ratelimit-reset", "1"),
         ]);
-        let s = read(&h, ResetKind::Delta, now());
+        let s = super::read(&h, &preset("brevo"), now());
         assert_eq!(s.quota, None, "a limit without a window says no rate");
         assert_eq!(
             s.spent_until(now()),
@@ -634,7 +596,7 @@ mod tests {
     #[test]
     fn salesforce_states_a_days_allowance_and_its_use() {
         let h = headers(&[("Sforce-Limit-Info", "api-usage=4990/5000")]);
-        let s = read(&h, ResetKind::Delta, now());
+        let s = super::read(&h, &preset("salesforce"), now());
         assert_eq!(s.limits(), [Limit::new(5_000, 86_400)]);
         assert_eq!(s.remaining, Some(10));
     }
@@ -771,7 +733,7 @@ mod tests {
 
         #[test]
         fn ietf_values_round_trip(
-            policies in proptest::collection::vec((0u32..=u32::MAX, 1u64..=366 * 86_400), 1..4),
+            policies in proptest::collection::vec((0u32..=u32::MAX, 1u64..=31 * 86_400), 1..4),
             remaining in any::<u32>(),
             reset in 0u64..=86_400,
         ) {
@@ -798,7 +760,7 @@ mod tests {
         #[test]
         fn x_ratelimit_values_round_trip(
             limit in any::<u32>(),
-            window in 1u64..=366 * 86_400,
+            window in 1u64..=31 * 86_400,
             remaining in any::<u32>(),
             reset in 0u64..=86_400,
             epoch in any::<bool>(),

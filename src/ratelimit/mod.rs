@@ -1,5 +1,6 @@
 //! A target's rate limits, in one place: the limits a connection declares ([`limits`]),
-//! what the target's headers state ([`headers`]), a budget's shared state and how slots
+//! what the target's headers state ([`headers`], with a connection's own
+//! [`signals`]), a budget's shared state and how slots
 //! are leased from it ([`budget`]), the learned rate ([`controller`]), 429 blocks
 //! ([`blocks`]) and the in-process pacer that hands slots to calls ([`pacer`]).
 //!
@@ -14,6 +15,7 @@ pub mod controller;
 pub mod headers;
 pub mod limits;
 pub mod pacer;
+pub mod signals;
 #[cfg(test)]
 mod sim;
 

@@ -21,7 +21,7 @@ use super::{
     request::{self, RequestShape},
     secrets::{Secrets, is_secret_header},
 };
-use crate::{catalog::Connection, ratelimit::headers::ResetKind};
+use crate::{catalog::Connection, ratelimit::signals::RateSignals};
 
 /// Longest response body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 300;
@@ -33,12 +33,9 @@ const ERROR_READ_LIMIT: usize = 64 * 1024;
 /// makes a longer one is rejected.
 pub const MAX_URL_LEN: usize = 8 * 1024;
 
-/// Vendor headers the generic writer reads a 429's wait from when `Retry-After` is absent:
-/// the IETF draft's `RateLimit-Reset` (delta seconds).
+/// The standard header a 429's wait is read from when `Retry-After` is absent: the IETF
+/// draft's `RateLimit-Reset` (delta seconds); a connection's signals may name more.
 pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
-
-/// The error code of an answer other than 429 that means "rate limited" (Salesforce's 403).
-pub const REQUEST_LIMIT_EXCEEDED: &str = "REQUEST_LIMIT_EXCEEDED";
 
 /// The most records one `http_json` call carries.
 pub const MAX_RECORDS_PER_CALL: usize = 1000;
@@ -59,6 +56,8 @@ pub struct Endpoint {
     pub max_in_flight: usize,
     /// The key and secret header values, hidden in every error text a target sends back.
     pub secrets: Secrets,
+    /// What the target says about its rate beyond the standard headers.
+    pub signals: RateSignals,
 }
 
 impl Endpoint {
@@ -73,6 +72,7 @@ impl Endpoint {
     ) -> Result<Self, WriterConfigError> {
         let invalid = |reason: String| invalid(conn, reason);
         let mut headers = header_map(&conn.headers).map_err(invalid)?;
+        let signals = RateSignals::parse(conn.rate_signals.as_ref()).map_err(invalid)?;
         let secrets = Secrets::default();
         if let Some(key) = key {
             secrets.add(key);
@@ -96,17 +96,13 @@ impl Endpoint {
             timeout: Duration::from_millis(conn.timeout_ms.max(1) as u64),
             max_in_flight: conn.max_in_flight.max(1) as usize,
             secrets,
+            signals,
         })
     }
 
-    /// Sends `request` with the endpoint's headers and timeout and maps the answer;
-    /// `reset_headers` are the writer's vendor headers for a 429's wait.
-    pub async fn send(
-        &self,
-        request: reqwest::RequestBuilder,
-        reset_headers: &[&str],
-    ) -> Result<Receipt, WriteError> {
-        self.send_reading(request, reset_headers, false).await
+    /// Sends `request` with the endpoint's headers and timeout and maps the answer.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<Receipt, WriteError> {
+        self.send_reading(request, false).await
     }
 
     /// As [`Endpoint::send`]; with `read_body`, a successful answer's JSON body is kept in
@@ -114,7 +110,6 @@ impl Endpoint {
     pub async fn send_reading(
         &self,
         request: reqwest::RequestBuilder,
-        reset_headers: &[&str],
         read_body: bool,
     ) -> Result<Receipt, WriteError> {
         let response = request
@@ -124,7 +119,7 @@ impl Endpoint {
             .await;
         // What the target says is sealed by the call stage ([`Secrets::seal`]).
         match response {
-            Ok(r) => classify_response(r, reset_headers, &self.connection, read_body).await,
+            Ok(r) => classify_response(r, &self.signals, &self.connection, read_body).await,
             Err(e) => Err(classify_transport(e)),
         }
     }
@@ -246,7 +241,7 @@ impl HttpJsonWriter {
         let Some(source) = &self.oauth else {
             return self
                 .endpoint
-                .send_reading(make(&self.base_url, None), RESET_HEADERS, read_body)
+                .send_reading(make(&self.base_url, None), read_body)
                 .await;
         };
         let client = &self.endpoint.client;
@@ -261,7 +256,7 @@ impl HttpJsonWriter {
             };
             let answer = self
                 .endpoint
-                .send_reading(make(&base, Some(&token.access)), RESET_HEADERS, read_body)
+                .send_reading(make(&base, Some(&token.access)), read_body)
                 .await;
             match answer {
                 Err(WriteError::Permanent {
@@ -282,10 +277,8 @@ impl Writer for HttpJsonWriter {
         self.endpoint.max_in_flight
     }
 
-    /// A generic target's reset is read as a delta (seconds), as the IETF drafts and most
-    /// vendors send it; a connection setting could name epoch targets if one ever needs it.
-    fn reset_kind(&self) -> ResetKind {
-        ResetKind::Delta
+    fn rate_signals(&self) -> &RateSignals {
+        &self.endpoint.signals
     }
 
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
@@ -506,13 +499,14 @@ fn refused_credentials(connection: &str, refused: bool) -> bool {
     }
 }
 
-/// Maps a response to an outcome. `reset_headers` names vendor headers (e.g.
-/// `x-sib-ratelimit-reset`) that give a 429's wait in seconds when `Retry-After` is absent;
-/// each writer names its own in a constant. `connection` is the connection's name, for the
+/// Maps a response to an outcome. `signals` name the target's own headers (a reset in
+/// seconds gives a 429's wait when `Retry-After` is absent; every one is kept for the
+/// pacer) and the answers other than 429 that mean "rate limited". `connection` is the
+/// connection's name, for the
 /// warning a refused credential (401, 403) logs; the key itself is never logged.
 pub async fn classify_response(
     response: reqwest::Response,
-    reset_headers: &[&str],
+    signals: &RateSignals,
     connection: &str,
     read_body: bool,
 ) -> Result<Receipt, WriteError> {
@@ -524,7 +518,7 @@ pub async fn classify_response(
                 "target accepts the credentials of this connection again"
             );
         }
-        let rate_headers = super::rate_limit_headers(response.headers());
+        let rate_headers = super::rate_limit_headers(response.headers(), signals);
         let body = match read_body {
             true => read_answer(response).await,
             false => Body::Empty,
@@ -539,11 +533,11 @@ pub async fn classify_response(
         // An HTTP-date is on the target's clock: read against its answer's `Date`.
         let answered = crate::ratelimit::headers::answered_at(response.headers())
             .map_or_else(SystemTime::now, SystemTime::from);
-        let (wait, raw) = rate_limit_wait(response.headers(), reset_headers, answered);
+        let (wait, raw) = rate_limit_wait(response.headers(), signals, answered);
         return Err(WriteError::RateLimited {
             wait,
             raw,
-            rate_headers: Box::new(super::rate_limit_headers(response.headers())),
+            rate_headers: Box::new(super::rate_limit_headers(response.headers(), signals)),
         });
     }
     if response.status().is_redirection() {
@@ -564,17 +558,18 @@ pub async fn classify_response(
             ),
         });
     }
-    let rate_headers = super::rate_limit_headers(response.headers());
+    let rate_headers = super::rate_limit_headers(response.headers(), signals);
     let body = match read_capped(response, ERROR_READ_LIMIT).await {
         Ok(b) | Err((b, _)) => String::from_utf8_lossy(&b).into_owned(),
     };
     let message = snippet(&body);
-    // Salesforce answers a spent allowance with 403 `REQUEST_LIMIT_EXCEEDED`: a statement
-    // about the target's rate, not about the record or the credentials.
-    if status == 403 && body.contains(REQUEST_LIMIT_EXCEEDED) {
+    // An answer the connection's signals name as "rate limited" (Salesforce's 403
+    // `REQUEST_LIMIT_EXCEEDED`): a statement about the target's rate, not about the record
+    // or the credentials.
+    if let Some(signal) = signals.limited(status, &body) {
         return Err(WriteError::RateLimited {
             wait: None,
-            raw: Some(format!("403 {REQUEST_LIMIT_EXCEEDED}")),
+            raw: Some(signal),
             rate_headers: Box::new(rate_headers),
         });
     }
@@ -663,12 +658,13 @@ fn snippet(body: &str) -> String {
 }
 
 /// The wait a 429 asks for, in this order: `Retry-After` as seconds, `Retry-After` as an
-/// HTTP-date, then each vendor reset header (seconds); an unparsable header falls through
+/// HTTP-date, then `RateLimit-Reset` and each reset header of the connection's `signals`
+/// (seconds); an unparsable header falls through
 /// to the next. Returns the wait (capped at one day) and the raw value it came from;
 /// when only garbage was sent, `(None, Some(raw))`.
 pub fn rate_limit_wait(
     headers: &HeaderMap,
-    reset_headers: &[&str],
+    signals: &RateSignals,
     now: SystemTime,
 ) -> (Option<Duration>, Option<String>) {
     let raw_of = |name: &str| {
@@ -685,7 +681,11 @@ pub fn rate_limit_wait(
             None => garbage = Some(raw),
         }
     }
-    for name in reset_headers {
+    for name in RESET_HEADERS
+        .iter()
+        .copied()
+        .chain(signals.reset_seconds_headers())
+    {
         if let Some(raw) = raw_of(name) {
             match parse_seconds(&raw) {
                 Some(wait) => return (Some(wait), Some(raw)),
@@ -750,21 +750,41 @@ mod tests {
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
     }
 
+    /// Signals naming `x-sib-ratelimit-reset` (seconds), as Brevo's preset does.
+    fn sib() -> RateSignals {
+        RateSignals::parse(Some(&serde_json::json!({
+            "quotas": [{"remaining": "x-sib-ratelimit-remaining", "reset": "x-sib-ratelimit-reset"}]
+        })))
+        .unwrap()
+    }
+
     #[test]
-    fn vendor_reset_header_is_a_fallback() {
+    fn a_reset_header_the_signals_name_is_a_fallback() {
         let mut h = HeaderMap::new();
         h.insert("x-sib-ratelimit-reset", HeaderValue::from_static("12"));
         let now = SystemTime::now();
         assert_eq!(
-            rate_limit_wait(&h, &["x-sib-ratelimit-reset"], now),
+            rate_limit_wait(&h, &sib(), now),
             (Some(Duration::from_secs(12)), Some("12".into()))
         );
         h.insert("retry-after", HeaderValue::from_static("3"));
         assert_eq!(
-            rate_limit_wait(&h, &["x-sib-ratelimit-reset"], now).0,
+            rate_limit_wait(&h, &sib(), now).0,
             Some(Duration::from_secs(3))
         );
-        assert_eq!(rate_limit_wait(&HeaderMap::new(), &[], now), (None, None));
+        assert_eq!(
+            rate_limit_wait(&h, &RateSignals::default(), now).0,
+            Some(Duration::from_secs(3))
+        );
+        h.remove("retry-after");
+        assert_eq!(
+            rate_limit_wait(&h, &RateSignals::default(), now),
+            (None, None)
+        );
+        assert_eq!(
+            rate_limit_wait(&HeaderMap::new(), &sib(), now),
+            (None, None)
+        );
     }
 
     proptest::proptest! {
@@ -809,7 +829,7 @@ mod tests {
             if let Some(v) = reset.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
                 h.insert("x-sib-ratelimit-reset", v);
             }
-            let (wait, raw) = rate_limit_wait(&h, &["x-sib-ratelimit-reset"], SystemTime::now());
+            let (wait, raw) = rate_limit_wait(&h, &sib(), SystemTime::now());
             if let Some(d) = wait {
                 proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
                 proptest::prop_assert!(raw.is_some());

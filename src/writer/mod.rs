@@ -25,7 +25,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::{FutureExt, future::BoxFuture};
 
-use crate::{catalog::Connection, ratelimit::headers::ResetKind};
+use crate::{catalog::Connection, ratelimit::signals::RateSignals};
 
 /// Requests per minute a writer declares when it knows nothing better.
 pub const DEFAULT_REQUESTS_PER_MINUTE: u32 = 600;
@@ -187,9 +187,13 @@ pub fn check_bulk(
     }
 }
 
-/// The rate-limit headers of a response (`RateLimit*`, `X-RateLimit-*`), the only ones a
-/// receipt keeps: what the target states about its budget.
-pub fn rate_limit_headers(headers: &reqwest::header::HeaderMap) -> reqwest::header::HeaderMap {
+/// The rate-limit headers of a response (`RateLimit*`, `X-RateLimit-*` and those the
+/// connection's `signals` name), the only ones a receipt keeps: what the target states
+/// about its budget.
+pub fn rate_limit_headers(
+    headers: &reqwest::header::HeaderMap,
+    signals: &RateSignals,
+) -> reqwest::header::HeaderMap {
     headers
         .iter()
         .filter(|(name, _)| {
@@ -197,10 +201,8 @@ pub fn rate_limit_headers(headers: &reqwest::header::HeaderMap) -> reqwest::head
             // `date`: the target's clock, which an absolute reset is read against.
             n.starts_with("ratelimit")
                 || n.starts_with("x-ratelimit")
-                || n.starts_with("x-hubspot-ratelimit")
-                || n.starts_with("x-sib-ratelimit")
-                || n == "sforce-limit-info"
                 || n == "date"
+                || signals.names(n)
         })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect()
@@ -271,11 +273,9 @@ pub trait Writer: Send + Sync {
     fn secrets(&self) -> &secrets::Secrets;
     /// How many calls may be in flight at once.
     fn max_in_flight(&self) -> usize;
-    /// How the target means `X-RateLimit-Reset` (see [`crate::ratelimit::headers`]): a delta
-    /// unless the writer knows its target sends epoch seconds.
-    fn reset_kind(&self) -> ResetKind {
-        ResetKind::Delta
-    }
+    /// What the target says about its rate beyond the standard headers (the connection's
+    /// `rate_signals`), read by the pacer from every answer.
+    fn rate_signals(&self) -> &RateSignals;
     /// Delivers one record. Each call is exactly one request to the target.
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>>;
 
@@ -411,7 +411,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_receipt_keeps_every_dialect_of_rate_limit_header_and_nothing_else() {
+    fn the_receipt_keeps_the_standard_rate_limit_headers_and_those_the_signals_name() {
         let mut h = reqwest::header::HeaderMap::new();
         for name in [
             "ratelimit-policy",
@@ -428,7 +428,14 @@ mod tests {
                 reqwest::header::HeaderValue::from_static("1"),
             );
         }
-        let kept = rate_limit_headers(&h);
+        let signals = crate::ratelimit::signals::RateSignals::parse(Some(&serde_json::json!({
+            "quotas": [{"limit": "X-HubSpot-RateLimit-Max", "reset": "x-sib-ratelimit-reset"}],
+            "usage": [{"header": "Sforce-Limit-Info", "pattern": "api-usage={used}/{limit}",
+                       "window_seconds": 86400}]
+        })))
+        .unwrap();
+        assert_eq!(rate_limit_headers(&h, &Default::default()).len(), 3);
+        let kept = rate_limit_headers(&h, &signals);
         let mut names: Vec<&str> = kept.keys().map(|k| k.as_str()).collect();
         names.sort_unstable();
         assert_eq!(

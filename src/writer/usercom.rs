@@ -30,13 +30,10 @@ use super::{
     Call, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written,
     http::{Endpoint, invalid},
 };
-use crate::{catalog::Connection, ratelimit::headers::ResetKind};
+use crate::{catalog::Connection, ratelimit::signals::RateSignals};
 
 /// The `Accept` header User.com's clients send to select API version 2.
 pub const ACCEPT_VERSION_2: &str = "*/*; version=2";
-/// Vendor headers naming a 429's wait: User.com documents none (its 429 carries
-/// `retry-after` only).
-pub const RESET_HEADERS: &[&str] = &[];
 /// The most custom ids one mass update carries (User.com documents no maximum).
 pub const MAX_IDS_PER_CALL: usize = 100;
 /// Where appending operations put the delivery id inside `data`.
@@ -402,8 +399,8 @@ impl Writer for UserComWriter {
     /// User.com documents no `X-RateLimit-*` headers (its 429 carries `retry-after` only):
     /// should it send a reset, it is read as a delta, and an epoch would be far beyond the
     /// longest reset read, so ignored rather than misread.
-    fn reset_kind(&self) -> ResetKind {
-        ResetKind::Delta
+    fn rate_signals(&self) -> &RateSignals {
+        &self.endpoint.signals
     }
 
     fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
@@ -420,7 +417,7 @@ impl Writer for UserComWriter {
                 .client
                 .request(request.method, url)
                 .json(&request.body);
-            self.endpoint.send(builder, RESET_HEADERS).await
+            self.endpoint.send(builder).await
         }
         .boxed()
     }
@@ -471,7 +468,7 @@ impl Writer for UserComWriter {
                 .json(&request.body);
             match self
                 .endpoint
-                .send_reading(builder, RESET_HEADERS, true)
+                .send_reading(builder, true)
                 .await
             {
                 Ok(receipt) => {

@@ -919,6 +919,8 @@ async fn a_mailchimp_shaped_member_put_fills_its_path_from_the_record() {
 async fn a_salesforce_403_request_limit_exceeded_is_a_rate_limit_not_a_refusal() {
     let (db, target) = shop(&[], 100, 2).await;
     bulk_rule(&db.pool, "events", "batch/limit-exceeded/", 5, None).await;
+    // The preset's signals say a 403 naming REQUEST_LIMIT_EXCEEDED means rate limited.
+    use_preset_signals(&db.pool, "salesforce").await;
     enqueue::enqueue_many(&db.pool, "events", records("e", 5, &[]))
         .await
         .unwrap();

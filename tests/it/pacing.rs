@@ -8,8 +8,8 @@ use chrono::{DateTime, Duration as Span, SubsecRound, Utc};
 use courier::chain::JobOutcome;
 use courier::ratelimit::{
     answer::{Answer, Answered, Verdict},
-    headers::ResetKind,
     limits::Limit,
+    signals::RateSignals,
 };
 use courier::{
     catalog::{self, NewConnection, NewRule},
@@ -685,7 +685,7 @@ async fn hear_429(
             raw: Some(wait.to_string()),
         },
         headers: &headers,
-        reset_kind: ResetKind::Delta,
+        signals: &RateSignals::default(),
         sent,
         paced,
     };
@@ -865,6 +865,12 @@ async fn vendors_rate_limit_headers_are_heard_through_a_chain_job() {
         .await
         .unwrap();
         usercom_shop_with(&db, &target, KEY_VAR, 6).await;
+        // The vendor's headers are named by its preset's signals.
+        let preset = match mode {
+            courier_target::RateHeaders::HubSpot => "hubspot",
+            _ => "brevo",
+        };
+        use_preset_signals(&db.pool, preset).await;
         let engine = engine(&db.pool, settings(&db.url));
         drive(&engine).await;
         let counters = target.counters();

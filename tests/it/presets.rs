@@ -114,5 +114,160 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
         }
     }
     println!("{}", cells.join("\n"));
-    assert_eq!(cells.len(), 10, "every rule of every preset ran");
+    let rules: usize = PRESETS.iter().map(|p| p.rules().len()).sum();
+    assert_eq!(cells.len(), rules, "every rule of every preset ran");
+}
+
+/// The rate signals preset `preset` declares for its connection, if any.
+fn declared_signals(preset: &courier::presets::Preset) -> Option<serde_json::Value> {
+    preset.connection(&json!({})).get("rate_signals").cloned()
+}
+
+/// A connection on `url` with `signals` and one rule sending a record per call.
+async fn signalled_shop(pool: &sqlx::PgPool, url: &str, signals: serde_json::Value) {
+    catalog::upsert_connection(
+        pool,
+        &catalog::NewConnection {
+            name: "crm".into(),
+            writer: "http_json".into(),
+            base_url: url.into(),
+            max_in_flight: Some(1),
+            rate_signals: Some(signals),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    catalog::upsert_rule(
+        pool,
+        &catalog::NewRule {
+            name: "contacts".into(),
+            connection: "crm".into(),
+            path: "contacts".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    courier::enqueue::enqueue_many(pool, "contacts", records("contacts", false))
+        .await
+        .unwrap();
+}
+
+/// Every answer a preset declares as "rate limited" (Salesforce's 403
+/// REQUEST_LIMIT_EXCEEDED, Keap's 403 Developer Over Qps, ...) is heard as one, from the
+/// preset's data alone: nothing recorded, no attempt spent, the budget blocked. A new
+/// preset's signals are tested by adding its file.
+#[tokio::test]
+async fn every_limit_answer_a_preset_declares_blocks_the_budget_and_spends_no_attempt() {
+    let mut heard = Vec::new();
+    for preset in PRESETS {
+        let Some(signals) = declared_signals(preset) else {
+            continue;
+        };
+        for limited in signals["limited"].as_array().into_iter().flatten() {
+            let status = limited["status"].as_u64().unwrap();
+            let marker = limited["body_contains"].as_str().unwrap_or("").to_owned();
+            let db = TestDb::new().await;
+            let body = format!(r#"[{{"message": "slow down", "errorCode": "{marker}"}}]"#);
+            let server = Server::start("127.0.0.1", move |_| {
+                answer(&format!("{status} Limited"), "", &body)
+            })
+            .await;
+            signalled_shop(&db.pool, &server.url, signals.clone()).await;
+            let engine = engine(&db.pool, settings(&db.url));
+            drive(&engine).await;
+            let cell = format!("{}: {status} {marker}", preset.name);
+            let (attempts, pending): (i64, i64) = sqlx::query_as(
+                "SELECT COALESCE(sum(attempts), 0)::int8, count(*) FILTER (WHERE status = 'pending')
+                 FROM deliveries",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            assert_eq!((attempts, pending), (0, 6), "{cell}");
+            let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert_eq!(ledger, 0, "{cell}: nothing recorded");
+            let blocks: i64 = sqlx::query_scalar("SELECT count(*) FROM connection_blocks")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert_eq!(blocks, 1, "{cell}: the budget is blocked");
+            assert!(!server.seen().is_empty(), "{cell}");
+            heard.push(cell);
+        }
+    }
+    println!("{}", heard.join("\n"));
+    assert!(
+        heard.len() >= 3,
+        "salesforce's and keap's signals: {heard:?}"
+    );
+}
+
+/// Every quota a preset declares in its vendor's own headers (or a usage header) is read
+/// from an answer that states it: the budget hears the rate (the most restrictive per
+/// minute) before any 429.
+#[tokio::test]
+async fn every_quota_a_preset_declares_in_its_own_headers_is_heard() {
+    let mut heard = Vec::new();
+    for preset in PRESETS {
+        let Some(signals) = declared_signals(preset) else {
+            continue;
+        };
+        let quotas = signals["quotas"].as_array().cloned().unwrap_or_default();
+        // Each quota stated as 120 requests per its window (60 s where the window is sent).
+        let mut lines = String::new();
+        let mut want: Option<f64> = None;
+        for q in &quotas {
+            let Some(limit) = q["limit"].as_str() else {
+                continue;
+            };
+            let window = match (q["window"].as_str(), q["window_seconds"].as_u64()) {
+                (Some(h), _) => {
+                    let n = if q["window_unit"] == "ms" { 60_000 } else { 60 };
+                    lines.push_str(&format!("{h}: {n}\r\n"));
+                    60
+                }
+                (None, Some(s)) => s,
+                (None, None) => continue,
+            };
+            lines.push_str(&format!("{limit}: 120\r\n"));
+            let rpm = 120.0 * 60.0 / window as f64;
+            want = Some(want.map_or(rpm, |w: f64| w.min(rpm)));
+        }
+        // Each usage header as 10 used of 120 in its window.
+        for u in signals["usage"].as_array().into_iter().flatten() {
+            let pattern = u["pattern"].as_str().unwrap();
+            let value = pattern.replace("{used}", "10").replace("{limit}", "120");
+            lines.push_str(&format!("{}: {value}\r\n", u["header"].as_str().unwrap()));
+            let rpm = 120.0 * 60.0 / u["window_seconds"].as_u64().unwrap() as f64;
+            want = Some(want.map_or(rpm, |w: f64| w.min(rpm)));
+        }
+        let Some(want) = want else {
+            continue;
+        };
+        let db = TestDb::new().await;
+        let server = Server::start("127.0.0.1", move |_| answer("200 OK", &lines, "{}")).await;
+        signalled_shop(&db.pool, &server.url, signals.clone()).await;
+        let engine = engine(&db.pool, settings(&db.url));
+        drive(&engine).await;
+        let report = courier::status::report(&db.pool, engine.clock.now())
+            .await
+            .unwrap();
+        let got = report.connections[0].advertised_rpm;
+        assert!(
+            got.is_some_and(|g| (g - want).abs() < 1e-6),
+            "{}: heard {got:?}, stated {want}",
+            preset.name
+        );
+        heard.push(format!("{}: {want:.3}/min", preset.name));
+    }
+    println!("{}", heard.join("\n"));
+    assert!(
+        heard.len() >= 3,
+        "hubspot's, keap's, salesforce's: {heard:?}"
+    );
 }

@@ -493,26 +493,44 @@ async fn serve(
 /// The key every preset's variables hold in these tests ([`preset_keys`]).
 pub const PRESET_KEY: &str = "test-key";
 
-/// Sets the variables the presets name (their keys, client ids, site ids) to
-/// [`PRESET_KEY`], once for the whole test binary: tests of different modules apply the
-/// same presets, and one value for each variable keeps them from racing.
+/// Sets the variables the presets name (their keys, client ids, site ids: `api_key_env`,
+/// `auth.user_env`, `auth.client_id_env` of each connection) to [`PRESET_KEY`], once for
+/// the whole test binary: tests of different modules apply the same presets, and one value
+/// for each variable keeps them from racing.
 pub fn preset_keys() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        for var in [
-            "HUBSPOT_TOKEN",
-            "KLAVIYO_API_KEY",
-            "BREVO_API_KEY",
-            "BRAZE_API_KEY",
-            "CUSTOMERIO_API_KEY",
-            "CUSTOMERIO_SITE_ID",
-            "SALESFORCE_CLIENT_ID",
-            "SALESFORCE_CLIENT_SECRET",
-            "MAILCHIMP_API_KEY",
-        ] {
-            // SAFETY: std serialises its own reads and writes of the environment; these
-            // variables are written here alone, before any worker reads them.
-            unsafe { std::env::set_var(var, PRESET_KEY) };
+        for preset in courier::presets::PRESETS {
+            let c = serde_json::Value::Object(preset.connection(&serde_json::json!({})));
+            for var in [
+                &c["api_key_env"],
+                &c["auth"]["user_env"],
+                &c["auth"]["client_id_env"],
+            ]
+            .into_iter()
+            .filter_map(serde_json::Value::as_str)
+            {
+                // SAFETY: std serialises its own reads and writes of the environment;
+                // these variables are written here alone, before any worker reads them.
+                unsafe { std::env::set_var(var, PRESET_KEY) };
+            }
         }
     });
+}
+
+/// Gives every connection the rate signals preset `name` declares: its vendor's headers
+/// and limit answers are data, read from the preset.
+pub async fn use_preset_signals(pool: &PgPool, name: &str) {
+    let c = courier::presets::find(name)
+        .unwrap()
+        .connection(&serde_json::json!({}));
+    let signals = c
+        .get("rate_signals")
+        .cloned()
+        .expect("the preset declares signals");
+    sqlx::query("UPDATE connections SET rate_signals = $1")
+        .bind(signals)
+        .execute(pool)
+        .await
+        .unwrap();
 }

@@ -35,6 +35,11 @@ pub struct ConnectionAdd {
     /// `{"kind": "header", "name": "api-key"}`, `{"kind": "basic", "user": "anystring"}`.
     #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
     pub auth: Option<serde_json::Value>,
+    /// What the target says about its rate beyond the standard headers, as JSON
+    /// (docs/catalog.md): `{"quotas": [{"limit": "X-Max", "window_seconds": 60,
+    /// "remaining": "X-Left"}], "limited": [{"status": 403, "body_contains": "LIMIT"}]}`.
+    #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+    pub rate_signals: Option<serde_json::Value>,
     /// Extra header, `Name: value` (repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
@@ -189,6 +194,7 @@ pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
                 base_url,
                 api_key_env,
                 auth,
+                rate_signals,
                 headers,
                 requests_per_minute,
                 max_in_flight,
@@ -203,6 +209,7 @@ pub async fn connection(ctx: &Ctx, cmd: ConnectionCmd) -> anyhow::Result<()> {
                 "auth": auth, "headers": headers, "requests_per_minute": requests_per_minute,
                 "max_in_flight": max_in_flight, "timeout_ms": timeout_ms,
                 "budget_key": budget_key, "limits": limits, "reserve": reserve,
+                "rate_signals": rate_signals,
             });
             let c: NewConnection = match preset {
                 Some(p) => {
