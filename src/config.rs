@@ -6,6 +6,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use crate::db::{
+    DEFAULT_DB_CONNECT_TIMEOUT_SECS, DEFAULT_DB_MAX_CONNECTIONS, DEFAULT_DB_STATEMENT_TIMEOUT_SECS,
+    redact_url,
+};
+
 /// Where courier keeps its state when `DATABASE_URL` is not set.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/courier";
 /// Chain jobs one worker process executes at once.
@@ -39,14 +44,6 @@ pub const DEFAULT_BREAKER_MAX_COOLDOWN_SECS: u64 = 600;
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 /// The longest rate-limit wait a chain sits out instead of ending its run as throttled.
 pub const DEFAULT_THROTTLE_MAX_WAIT_SECS: u64 = 300;
-/// Connections in the worker's database pool.
-pub const DEFAULT_DB_MAX_CONNECTIONS: u32 = 10;
-/// Default `COURIER_DB_CONNECT_TIMEOUT_SECONDS`: a connect to the database that has not
-/// completed by then fails, naming host and port.
-pub const DEFAULT_DB_CONNECT_TIMEOUT_SECS: u64 = 10;
-/// Default `COURIER_DB_STATEMENT_TIMEOUT_SECONDS`: PostgreSQL cancels any statement of
-/// courier's that runs longer (migrations excepted).
-pub const DEFAULT_DB_STATEMENT_TIMEOUT_SECS: u64 = 60;
 /// Default `COURIER_RETENTION_DAYS`: delivered and suppressed deliveries, their ledger
 /// rows, finished runs and finished queue jobs are removed this many days after they ended.
 pub const DEFAULT_RETENTION_DAYS: u64 = 7;
@@ -569,25 +566,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
-}
-
-/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &userinfo[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

@@ -10,10 +10,14 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 
-use crate::config::{
-    DEFAULT_DB_CONNECT_TIMEOUT_SECS, DEFAULT_DB_MAX_CONNECTIONS, DEFAULT_DB_STATEMENT_TIMEOUT_SECS,
-    redact_url,
-};
+/// Connections in the worker's database pool.
+pub const DEFAULT_DB_MAX_CONNECTIONS: u32 = 10;
+/// Default `COURIER_DB_CONNECT_TIMEOUT_SECONDS`: a connect to the database that has not
+/// completed by then fails, naming host and port.
+pub const DEFAULT_DB_CONNECT_TIMEOUT_SECS: u64 = 10;
+/// Default `COURIER_DB_STATEMENT_TIMEOUT_SECONDS`: PostgreSQL cancels any statement of
+/// courier's that runs longer (migrations excepted).
+pub const DEFAULT_DB_STATEMENT_TIMEOUT_SECS: u64 = 60;
 
 /// The longest a statement waits for a free connection of the pool (or for a new one to
 /// open) once the pool is up.
@@ -294,4 +298,23 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     let migrated = sqlx::migrate!("./migrations").run(&mut conn).await;
     let _ = conn.close().await;
     migrated.map_err(|e| DbError::Migrate(format!("courier: {e}")))
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
 }

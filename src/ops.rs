@@ -23,7 +23,6 @@ pub use crate::ledger::HistoryEntry;
 use crate::{
     catalog::{self, Paused},
     ledger::{self, DeliveryStatus, Outcome},
-    queue,
     ratelimit::blocks,
     runs,
 };
@@ -206,7 +205,7 @@ pub async fn unblock_connection(pool: &PgPool, connection: &str) -> Result<u64, 
     // Committed first, so the processes' copies hear of it before the woken jobs arrive.
     tx.commit().await?;
     if lifted > 0 {
-        queue::wake_waiting(pool, &key).await?;
+        runs::wake_waiting(pool, &key).await?;
     }
     Ok(lifted)
 }

@@ -508,3 +508,19 @@ pub async fn waiting_on(db: impl PgExecutor<'_>, key: &str) -> Result<Vec<String
     .fetch_all(db)
     .await
 }
+
+/// Makes the jobs of runs waiting out a block on budget `key` due now (the block was
+/// lifted), and wakes the fetchers.
+pub async fn wake_waiting(pool: &sqlx::PgPool, key: &str) -> Result<u64, sqlx::Error> {
+    let jobs = waiting_on(pool, key).await?;
+    let n = sqlx::query!(
+        "UPDATE apalis.jobs SET run_at = now()
+         WHERE id = ANY($1) AND status = 'Pending' AND run_at > now()",
+        &jobs
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    queue::wake_fetchers(pool).await?;
+    Ok(n)
+}

@@ -13,7 +13,6 @@ use crate::{
     breaker::{self, CircuitLine},
     catalog::{self, Connection, Rule},
     ledger::{self, Backlog},
-    maintenance::heartbeat,
     ratelimit::{
         blocks::{self, BlockLine},
         budget::BudgetState,
@@ -118,7 +117,7 @@ pub struct RuleStatus {
     pub last_run_status: Option<String>,
 }
 
-pub use crate::{maintenance::heartbeat::WorkerLine, runs::RunLine};
+pub use crate::{runs::RunLine, workers::WorkerLine};
 
 /// Everything `courier status` shows.
 #[derive(Debug, Serialize)]
@@ -176,7 +175,7 @@ pub async fn report_with(
     Ok(Report {
         connections: connections(pool, &read, now).await?,
         rules: rules(pool, &read, now).await?,
-        workers: heartbeat::live(pool, now, window).await?,
+        workers: crate::workers::live(pool, now, window).await?,
         recent_runs: runs::recent(pool, RECENT_RUNS).await?,
         problems: problems(pool, &read, now).await?,
     })

@@ -1,49 +1,10 @@
-//! The process heartbeat (table `workers`, owned here): every worker process writes its
-//! beat a few times per `worker_dead_after` window. The [rescuer](super::rescuer) takes a
-//! process whose beat has lapsed for dead. The row also says where the process serves its
-//! metrics and dashboard (`http_addr`), for `courier status`. A process that stops cleanly
-//! (or fails once it has beaten) removes its row.
+//! The process heartbeat: every worker process beats a few times per `worker_dead_after`
+//! window into its row of [`workers`](crate::workers), the database's clock measured each
+//! time; the row goes when the process stops.
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Engine;
-
-/// One live worker process.
-#[derive(Debug, Serialize)]
-pub struct WorkerLine {
-    /// Its unique name (`courier-<host>-<pid>-<random>`).
-    pub name: String,
-    /// When it started.
-    pub started_at: DateTime<Utc>,
-    /// Its last beat.
-    pub heartbeat_at: DateTime<Utc>,
-    /// Where it serves `/metrics` and the dashboard (`None`: nowhere).
-    pub http_addr: Option<String>,
-    /// How far its host's wall clock is ahead of the database's, in milliseconds
-    /// (negative: behind), at its last beat. It keeps time by the database's clock.
-    pub clock_offset_ms: Option<f64>,
-}
-
-/// The live workers, oldest first: alive by `window` (`COURIER_WORKER_DEAD_AFTER_SECONDS`),
-/// or, their session gone, by two beats of it, as the rescuer judges them.
-pub async fn live(
-    db: impl sqlx::PgExecutor<'_>,
-    now: DateTime<Utc>,
-    window: chrono::Duration,
-) -> Result<Vec<WorkerLine>, sqlx::Error> {
-    let grace = window * 2 / 5;
-    sqlx::query_as!(
-        WorkerLine,
-        r#"SELECT w.name, w.started_at, w.heartbeat_at, w.http_addr, w.clock_offset_ms FROM workers w
-           WHERE courier_worker_alive(w, $1, $2) ORDER BY w.started_at, w.name"#,
-        now - window,
-        now - grace
-    )
-    .fetch_all(db)
-    .await
-}
+use crate::{engine::Engine, workers};
 
 /// Beats for this process.
 pub struct Heartbeat<'a> {
@@ -70,45 +31,14 @@ impl<'a> Heartbeat<'a> {
 
     async fn beat(&self) -> Result<(), sqlx::Error> {
         let offset = self.engine.clock.sync(&self.engine.pool).await?;
-        let offset_ms = offset.map(|o| o.wall.as_seconds_f64() * 1000.0);
-        sqlx::query!(
-            "INSERT INTO workers (name, started_at, heartbeat_at, http_addr, clock_offset_ms)
-             VALUES ($1, $2, $2, $3, $4)
-             ON CONFLICT (name) DO UPDATE
-                 SET heartbeat_at = EXCLUDED.heartbeat_at, clock_offset_ms = EXCLUDED.clock_offset_ms",
-            self.engine.worker_name,
+        workers::beat(
+            &self.engine.pool,
+            &self.engine.worker_name,
             self.engine.clock.now(),
             self.engine.http_addr.get().map(|a| a.to_string()),
-            offset_ms
+            offset.map(|o| o.wall.as_seconds_f64() * 1000.0),
         )
-        .execute(&self.engine.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// Removes the rows of processes whose last beat is older than `before` (the pruner's
-    /// pass: by then the rescuer has long taken their work over). Returns how many.
-    pub async fn forget_dead(
-        pool: &sqlx::PgPool,
-        before: chrono::DateTime<chrono::Utc>,
-    ) -> Result<u64, sqlx::Error> {
-        let gone = sqlx::query!("DELETE FROM workers WHERE heartbeat_at < $1", before)
-            .execute(pool)
-            .await?;
-        Ok(gone.rows_affected())
-    }
-
-    /// Notes the database role of process `worker`'s sessions (its queue listener's, as
-    /// `application_name` names it), by which the rescuer finds whether a session of it is
-    /// still connected.
-    pub async fn note_session_role(pool: &sqlx::PgPool, worker: &str) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            "UPDATE workers SET session_role = current_user WHERE name = $1",
-            worker
-        )
-        .execute(pool)
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Beats every `heartbeat_every` until `shutdown`, then removes this process's row.
@@ -118,12 +48,7 @@ impl<'a> Heartbeat<'a> {
             self.run_once()
         })
         .await;
-        let gone = sqlx::query!(
-            "DELETE FROM workers WHERE name = $1",
-            self.engine.worker_name
-        )
-        .execute(&self.engine.pool)
-        .await;
+        let gone = workers::remove(&self.engine.pool, &self.engine.worker_name).await;
         if let Err(e) = gone {
             tracing::warn!(error = %e, "could not remove this worker's heartbeat");
         }

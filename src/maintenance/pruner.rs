@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::heartbeat::Heartbeat;
 use crate::{engine::Engine, ratelimit::pacer};
 
 /// How long call counts, and the rows of dead processes, are kept.
@@ -31,7 +30,7 @@ impl<'a> Pruner<'a> {
         let before =
             self.engine.clock.now() - chrono::Duration::from_std(KEEP_CALLS).expect("fits");
         let calls = pacer::prune_calls(&self.engine.pool, before).await?;
-        let workers = Heartbeat::forget_dead(&self.engine.pool, before).await?;
+        let workers = crate::workers::forget_dead(&self.engine.pool, before).await?;
         Ok(calls + workers)
     }
 

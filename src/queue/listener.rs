@@ -11,7 +11,6 @@ use sqlx::{PgPool, postgres::PgListener};
 use tokio_util::sync::CancellationToken;
 
 use super::{CHAIN_QUEUE, Fetcher, INSERT_CHANNEL};
-use crate::maintenance::heartbeat::Heartbeat;
 
 /// The first pause before subscribing again after a failure; doubles up to
 /// [`RESUBSCRIBE_MAX`].
@@ -116,7 +115,7 @@ async fn subscribe(pool: &PgPool, worker: &str) -> Result<PgListener, sqlx::Erro
             .bind(worker)
             .execute(&mut listener)
             .await?;
-        Heartbeat::note_session_role(pool, worker).await?;
+        crate::workers::note_session_role(pool, worker).await?;
     }
     listener.listen(INSERT_CHANNEL).await?;
     Ok(listener)

@@ -148,22 +148,6 @@ impl PollStrategy for Tick {
     }
 }
 
-/// Makes the jobs of runs waiting out a block on budget `key` due now (the block was
-/// lifted), and wakes the fetchers.
-pub async fn wake_waiting(pool: &sqlx::PgPool, key: &str) -> Result<u64, sqlx::Error> {
-    let jobs = crate::runs::waiting_on(pool, key).await?;
-    let n = sqlx::query!(
-        "UPDATE apalis.jobs SET run_at = now()
-         WHERE id = ANY($1) AND status = 'Pending' AND run_at > now()",
-        &jobs
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    wake_fetchers(pool).await?;
-    Ok(n)
-}
-
 /// Wakes every worker's queue fetcher now (after jobs were put back by an UPDATE, which
 /// apalis' insert trigger does not announce).
 pub async fn wake_fetchers(db: impl PgExecutor<'_>) -> Result<(), sqlx::Error> {

@@ -85,7 +85,7 @@ impl Pacer {
         let statement = if answer.headers.is_empty() {
             headers::Statement::default()
         } else {
-            headers::read(answer.headers, answer.signals, at)
+            answer.signals.read(answer.headers, at)
         };
         let stated = statement.limits();
         if !stated.is_empty() {

@@ -18,7 +18,7 @@ use sqlx::{PgExecutor, PgPool, postgres::PgListener};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use crate::writer::{DEFAULT_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT, MIN_RATE_LIMIT_WAIT};
+use super::limits::{DEFAULT_RATE_LIMIT_WAIT, MAX_RATE_LIMIT_WAIT, MIN_RATE_LIMIT_WAIT};
 
 /// The channel a written block is announced on (payload: the budget key).
 pub const BLOCKS_CHANNEL: &str = "courier_blocks";

@@ -16,19 +16,13 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use super::tuning::{HEADROOM, SLICE};
 use super::{
     controller::{Learned, Params, Sample},
     limits::{Limit, usable_quota},
+    tuning::SPENT_WAIT,
 };
 
-/// Share of the rate left unused, so that arrival jitter (timers, scheduling, the network)
-/// never pushes a limiter that counts on a sliding window over its limit: slots are spaced
-/// 2% wider than the rate needs, and long windows count 2% longer.
-pub const HEADROOM: f64 = 0.02;
-/// A process leases this much of the pace's slots at once: a changed rate (a cut, a
-/// probe) shows in every process's calls within it, and processes share the budget in
-/// turns of it.
-pub const SLICE: std::time::Duration = std::time::Duration::from_millis(250);
 /// Buckets a long window is counted in: a spent window waits at most a bucket (1/60 of
 /// it) longer than an exact count would.
 pub const BUCKETS: i64 = 60;
@@ -216,7 +210,7 @@ impl BudgetState {
     pub fn lease(&mut self, params: &Params, now: DateTime<Utc>, ask: &SliceRequest) -> Slice {
         self.sync_windows(&self.limits(ask.limits));
         self.hold = self.hold.filter(|&h| h > now);
-        let idle = chrono::Duration::from_std(super::pacer::SPENT_WAIT).expect("fits");
+        let idle = chrono::Duration::from_std(SPENT_WAIT).expect("fits");
         let was_idle = self.tat.is_none_or(|t| t < now - idle);
         self.sample.follow(&self.learned, was_idle, now);
         let rate = self.rate(ask.limits, params, now);
@@ -338,7 +332,7 @@ mod tests {
     use super::*;
     use crate::ratelimit::{
         controller::{PARAMS, RECENT_MOST},
-        pacer::SPENT_WAIT,
+        tuning::SPENT_WAIT,
     };
 
     fn t0() -> DateTime<Utc> {

@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::budget::HEADROOM;
+use super::tuning::HEADROOM;
 
 /// The controller's parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]

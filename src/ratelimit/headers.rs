@@ -30,13 +30,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 
-use super::limits::{Limit, MAX_WINDOW, MIN_WINDOW};
-use super::signals::RateSignals;
-use crate::writer::MAX_RATE_LIMIT_WAIT;
+use super::limits::{Limit, MAX_RATE_LIMIT_WAIT, MAX_WINDOW, MIN_WINDOW};
 /// The longest reset read: the cap a 429's wait has too. A longer one is ignored.
 pub const MAX_RESET: Duration = MAX_RATE_LIMIT_WAIT;
 
-/// How a connection's target means `X-RateLimit-Reset` ([`RateSignals::reset`]).
+/// How a connection's target means `X-RateLimit-Reset`
+/// ([`RateSignals::reset`](super::signals::RateSignals::reset)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResetKind {
@@ -116,24 +115,38 @@ impl Statement {
         limits
     }
 
+    /// This statement, field by field, where it says something, else `other`'s (whose
+    /// quotas count only when this one states none).
+    pub fn or(self, other: Statement) -> Statement {
+        let (quota, quotas) = match self.quotas.is_empty() {
+            true => (other.quota, other.quotas),
+            false => (self.quota, self.quotas),
+        };
+        Statement {
+            quota,
+            quotas,
+            remaining: self.remaining.or(other.remaining),
+            reset: self.reset.or(other.reset),
+        }
+    }
+
     /// Requests per minute the quota allows, if one was stated.
     pub fn quota_per_minute(&self) -> Option<f64> {
         self.quota.map(|q| q.per_minute())
     }
 }
 
-/// Reads the rate-limit statement of a response's `headers`: the standard forms first,
-/// then the connection's own `signals` (which also say how `X-RateLimit-Reset` is meant);
-/// `now` is the time an epoch reset is measured from.
-pub fn read(headers: &HeaderMap, signals: &RateSignals, now: DateTime<Utc>) -> Statement {
-    let reset_kind = signals.reset;
+/// Reads the rate-limit statement of a response's `headers` in the standard forms;
+/// `reset_kind` says how `X-RateLimit-Reset` is meant, `now` is the time an epoch reset is
+/// measured from. A connection's own headers are read by
+/// [`RateSignals::read`](super::signals::RateSignals::read), which falls back on these.
+pub fn read(headers: &HeaderMap, reset_kind: ResetKind, now: DateTime<Utc>) -> Statement {
     let ietf = ietf_remaining(headers);
-    let vendor = signals.statement(headers, now);
     let quotas = Some(ietf_policy(headers))
         .filter(|q| !q.is_empty())
         .or_else(|| Some(limit_quota(headers, "ratelimit-limit")).filter(|q| !q.is_empty()))
         .or_else(|| Some(limit_quota(headers, "x-ratelimit-limit")).filter(|q| !q.is_empty()))
-        .unwrap_or(vendor.quotas);
+        .unwrap_or_default();
     let quota = quotas
         .iter()
         .copied()
@@ -141,8 +154,7 @@ pub fn read(headers: &HeaderMap, signals: &RateSignals, now: DateTime<Utc>) -> S
     let remaining = ietf
         .and_then(|(r, _)| r)
         .or_else(|| scalar(headers, "ratelimit-remaining").and_then(count))
-        .or_else(|| scalar(headers, "x-ratelimit-remaining").and_then(count))
-        .or(vendor.remaining);
+        .or_else(|| scalar(headers, "x-ratelimit-remaining").and_then(count));
     let reset = ietf
         .and_then(|(_, t)| t)
         .or_else(|| scalar(headers, "ratelimit-reset").and_then(delta))
@@ -154,8 +166,7 @@ pub fn read(headers: &HeaderMap, signals: &RateSignals, now: DateTime<Utc>) -> S
                 // (its clock too), so a host whose clock is off reads the same wait.
                 ResetKind::EpochSeconds => epoch(raw, answered_at(headers).unwrap_or(now)),
             }
-        })
-        .or(vendor.reset);
+        });
     Statement {
         quota,
         quotas,
@@ -416,24 +427,12 @@ mod tests {
         Utc.timestamp_opt(1_700_000_000, 0).unwrap()
     }
 
-    /// Reads the standard forms, `X-RateLimit-Reset` meant as `reset`.
-    fn read(headers: &HeaderMap, reset: ResetKind, now: DateTime<Utc>) -> Statement {
-        super::read(
-            headers,
-            &RateSignals {
-                reset,
-                ..RateSignals::default()
-            },
-            now,
-        )
-    }
-
     /// What a preset's connection declares as its rate signals: vendor knowledge is data.
-    fn preset(name: &str) -> RateSignals {
+    fn preset(name: &str) -> crate::ratelimit::signals::RateSignals {
         let c = crate::presets::find(name)
             .unwrap()
             .connection(&serde_json::json!({}));
-        RateSignals::parse(c.get("rate_signals")).unwrap()
+        crate::ratelimit::signals::RateSignals::parse(c.get("rate_signals")).unwrap()
     }
 
     fn secs(n: u64) -> Duration {
@@ -570,7 +569,7 @@ mod tests {
             ("X-HubSpot-RateLimit-Daily-Remaining", "249000"),
         ]);
         assert!(read(&h, ResetKind::Delta, now()).is_empty());
-        let s = super::read(&h, &preset("hubspot"), now());
+        let s = preset("hubspot").read(&h, now());
         assert_eq!(
             s.limits(),
             [Limit::new(100, 10), Limit::new(250_000, 86_400)]
@@ -585,7 +584,7 @@ mod tests {
             ("x-sib-ratelimit-remaining", "0"),
             ("x-sib-ratelimit-reset", "1"),
         ]);
-        let s = super::read(&h, &preset("brevo"), now());
+        let s = preset("brevo").read(&h, now());
         assert_eq!(s.quota, None, "a limit without a window says no rate");
         assert_eq!(
             s.spent_until(now()),
@@ -596,7 +595,7 @@ mod tests {
     #[test]
     fn salesforce_states_a_days_allowance_and_its_use() {
         let h = headers(&[("Sforce-Limit-Info", "api-usage=4990/5000")]);
-        let s = super::read(&h, &preset("salesforce"), now());
+        let s = preset("salesforce").read(&h, now());
         assert_eq!(s.limits(), [Limit::new(5_000, 86_400)]);
         assert_eq!(s.remaining, Some(10));
     }

@@ -14,6 +14,15 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 86_400);
 pub const MAX_QUOTA: u32 = 1_000_000_000;
 /// The largest reserve, in percent: a budget keeps at least a tenth of each long window.
 pub const MAX_RESERVE: u8 = 90;
+/// Requests per minute a connection allows when it declares no limit.
+pub const DEFAULT_REQUESTS_PER_MINUTE: u32 = 600;
+/// The longest a rate-limit answer may block a budget.
+pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(86_400);
+/// The shortest block a rate-limit answer sets, whatever wait it names (`0`, a date
+/// already past).
+pub const MIN_RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
+/// The block a rate-limit answer sets when it names no wait.
+pub const DEFAULT_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
 /// Windows at least this long keep the budget's reserve for other clients (an hourly or a
 /// daily quota is shared with whatever else uses the account; a burst window is not).
 pub const RESERVE_FROM: Duration = Duration::from_secs(60);

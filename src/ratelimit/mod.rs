@@ -18,6 +18,7 @@ pub mod pacer;
 pub mod signals;
 #[cfg(test)]
 mod sim;
+pub mod tuning;
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-pub use super::budget::{HEADROOM, SLICE};
+pub use super::tuning::{HEADROOM, SLICE, SPENT_WAIT};
 use super::{
     blocks::Blocks,
     budget::{BudgetState, SliceRequest, interval},
@@ -42,12 +42,6 @@ pub const MIN_GAP_SHARE: f64 = 1.0 - HEADROOM / 2.0;
 /// [`Pacer::returned`]), so a path whose every trip varies widely is not slowed on most
 /// calls.
 pub const RECENT_TRIPS: usize = 32;
-
-/// The longest pause that is still part of one run of calls: a long window spent, or a
-/// target's budget spent, for longer stops the waiting calls (their deliveries stay
-/// pending; the chain's next job waits in the queue until there is room), and a budget
-/// whose next free slot went unused longer was idle (its sample starts afresh).
-pub const SPENT_WAIT: Duration = Duration::from_secs(1);
 
 fn std_interval(rate: f64) -> Duration {
     interval(rate).to_std().unwrap_or_default()

@@ -236,6 +236,13 @@ impl RateSignals {
             .filter_map(|q| q.reset.as_deref())
     }
 
+    /// What a response's `headers` state: the standard forms ([`super::headers::read`],
+    /// `X-RateLimit-Reset` meant as [`RateSignals::reset`] says), then, field by field,
+    /// these signals' own headers.
+    pub fn read(&self, headers: &HeaderMap, now: DateTime<Utc>) -> Statement {
+        super::headers::read(headers, self.reset, now).or(self.statement(headers, now))
+    }
+
     /// What these signals' headers state: their quotas, the fewest requests left among
     /// them, the longest reset of an exhausted one (else the first stated). `now` is the
     /// instant an epoch reset is measured from.

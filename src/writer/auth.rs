@@ -98,13 +98,11 @@ impl Auth {
             Auth::Basic {
                 user_env: Some(var),
                 ..
-            } if !crate::catalog::is_variable_name(var) => Err(not_a_variable("user_env")),
+            } if !crate::model::is_variable_name(var) => Err(not_a_variable("user_env")),
             Auth::Oauth { token_url, .. } if super::check_base_url(token_url).is_err() => Err(
                 format!("auth: token_url {token_url:?} is not an absolute http(s) URL"),
             ),
-            Auth::Oauth { client_id_env, .. }
-                if !crate::catalog::is_variable_name(client_id_env) =>
-            {
+            Auth::Oauth { client_id_env, .. } if !crate::model::is_variable_name(client_id_env) => {
                 Err(not_a_variable("client_id_env"))
             }
             _ => Ok(auth),

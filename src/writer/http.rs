@@ -16,12 +16,14 @@ use futures::{FutureExt, future::BoxFuture};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{
-    Body, Call, MAX_RATE_LIMIT_WAIT, Outgoing, Receipt, WriteError, Writer, WriterConfigError,
-    Written, answer,
+    Body, Call, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written, answer,
     request::{self, RequestShape},
     secrets::{Secrets, is_secret_header},
 };
-use crate::{catalog::Connection, ratelimit::signals::RateSignals};
+use crate::{
+    model::Connection,
+    ratelimit::{limits::MAX_RATE_LIMIT_WAIT, signals::RateSignals},
+};
 
 /// Longest response body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 300;

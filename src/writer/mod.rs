@@ -25,17 +25,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::{FutureExt, future::BoxFuture};
 
-use crate::{catalog::Connection, ratelimit::signals::RateSignals};
-
-/// Requests per minute a writer declares when it knows nothing better.
-pub const DEFAULT_REQUESTS_PER_MINUTE: u32 = 600;
-/// The longest a rate-limit response may block a connection.
-pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(86_400);
-/// The shortest block a rate-limit response sets, whatever wait it names (`0`, a date
-/// already past).
-pub const MIN_RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
-/// The block a rate-limit response sets when it names no wait.
-pub const DEFAULT_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
+use crate::{model::Connection, ratelimit::signals::RateSignals};
 
 /// What a writer is asked to deliver.
 #[derive(Clone, Copy, Debug)]
@@ -214,7 +204,8 @@ pub enum WriteError {
     /// The target asked us to slow down (HTTP 429): not a failure of the record.
     #[error("rate limited (wait {wait:?})")]
     RateLimited {
-        /// The wait the response asked for, capped at [`MAX_RATE_LIMIT_WAIT`]; `None` when
+        /// The wait the response asked for, capped at
+        /// [`MAX_RATE_LIMIT_WAIT`](crate::ratelimit::limits::MAX_RATE_LIMIT_WAIT); `None` when
         /// it named none.
         wait: Option<Duration>,
         /// The raw header value that named the wait, for the operator.

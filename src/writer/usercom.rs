@@ -30,7 +30,7 @@ use super::{
     Call, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written,
     http::{Endpoint, invalid},
 };
-use crate::{catalog::Connection, ratelimit::signals::RateSignals};
+use crate::{model::Connection, ratelimit::signals::RateSignals};
 
 /// The `Accept` header User.com's clients send to select API version 2.
 pub const ACCEPT_VERSION_2: &str = "*/*; version=2";

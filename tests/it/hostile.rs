@@ -515,7 +515,7 @@ async fn secrets_echoed_in_any_answer_reach_no_table_status_or_metrics() {
     let now = engine.clock.now();
     let report = courier::status::report(&db.pool, now).await.unwrap();
     let shown = format!("{report:?}{}", serde_json::to_string(&report).unwrap());
-    let metrics = courier::metrics::render(&engine.metrics, &db.pool, now)
+    let metrics = courier::metrics::scrape::render(&engine.metrics, &db.pool, now)
         .await
         .unwrap();
     for secret in SECRETS {

@@ -6,10 +6,7 @@
 
 use std::time::Duration;
 
-use courier::ratelimit::{
-    headers::{self as rate_headers, ResetKind, Statement},
-    signals::RateSignals,
-};
+use courier::ratelimit::headers::{self as rate_headers, ResetKind, Statement};
 use courier_target::{RateHeaders, Target, TargetConfig, Window, WorkspaceConfig};
 use serde_json::json;
 
@@ -37,14 +34,7 @@ async fn call(client: &reqwest::Client, t: &Target, i: usize, kind: ResetKind) -
         .unwrap();
     Answer {
         status: r.status().as_u16(),
-        stated: rate_headers::read(
-            r.headers(),
-            &RateSignals {
-                reset: kind,
-                ..RateSignals::default()
-            },
-            chrono::Utc::now(),
-        ),
+        stated: rate_headers::read(r.headers(), kind, chrono::Utc::now()),
         retry_after: r
             .headers()
             .get("retry-after")

@@ -405,7 +405,8 @@ impl Show<'_> {
     /// Each rule's records per call, from the worker's own metrics exposition.
     async fn records_per_call(&self) -> anyhow::Result<String> {
         let now = chrono::Utc::now();
-        let exposition = courier::metrics::render(&self.engine.metrics, self.pool, now).await?;
+        let exposition =
+            courier::metrics::scrape::render(&self.engine.metrics, self.pool, now).await?;
         Ok(RULES
             .map(|(rule, _, _)| {
                 let (records, calls) = records_per_call(&exposition, rule);

@@ -130,8 +130,12 @@ pub fn router(engine: Arc<Engine>) -> Router {
 
 async fn metrics_text(State(engine): State<Arc<Engine>>) -> Response {
     let now = engine.clock.now();
-    match metrics::render(&engine.metrics, &engine.pool, now).await {
-        Ok(text) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
+    match metrics::scrape::render(&engine.metrics, &engine.pool, now).await {
+        Ok(text) => (
+            [(header::CONTENT_TYPE, metrics::scrape::CONTENT_TYPE)],
+            text,
+        )
+            .into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "metrics scrape failed");
             (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
