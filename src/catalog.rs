@@ -236,6 +236,7 @@ pub async fn upsert_rule<'c>(
                 r.request.as_ref(),
             )
         })
+        .and_then(|()| check_rule_limits(r))
         .map_err(|e| {
             CatalogError::Invalid(format!(
                 "rule {:?} on connection {:?} (writer {writer}): {e}",
@@ -245,10 +246,11 @@ pub async fn upsert_rule<'c>(
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight, records_per_call, batch_envelope, budget_key, answer, request)
+              enabled, weight, records_per_call, batch_envelope, budget_key, answer, request,
+              limits)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
                   COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11,
-                  $12, $13, $14
+                  $12, $13, $14, $15
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -257,7 +259,8 @@ pub async fn upsert_rule<'c>(
              enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
              records_per_call = EXCLUDED.records_per_call,
              batch_envelope = EXCLUDED.batch_envelope, budget_key = EXCLUDED.budget_key,
-             answer = EXCLUDED.answer, request = EXCLUDED.request, updated_at = now()
+             answer = EXCLUDED.answer, request = EXCLUDED.request, limits = EXCLUDED.limits,
+             updated_at = now()
            RETURNING id"#,
         r.name,
         r.connection,
@@ -273,12 +276,31 @@ pub async fn upsert_rule<'c>(
         r.budget_key,
         r.answer,
         r.request,
+        &r.limits.iter().map(ToString::to_string).collect::<Vec<_>>(),
     )
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| explain(e, &format!("rule {:?}", r.name)))?;
     tx.commit().await?;
     Ok(id)
+}
+
+/// Checks a rule's own limits: valid limits ([`limits::check`]), and only on a budget of
+/// its own (its connection's budget keeps its connection's limits).
+fn check_rule_limits(r: &NewRule) -> Result<(), String> {
+    if r.limits.is_empty() {
+        return Ok(());
+    }
+    if r.budget_key.is_none() {
+        return Err(
+            "limits need a budget_key of the rule's own (the connection's budget keeps the \
+             connection's limits)"
+                .into(),
+        );
+    }
+    limits::check(r.limits.clone())
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Refuses a rule path holding a line break, a tab or another control character: the URL
@@ -431,7 +453,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
                 backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope,
-                budget_key, answer, request, paused
+                budget_key, limits, answer, request, paused
          FROM rules ORDER BY name"
     )
     .fetch_all(db)
@@ -468,10 +490,13 @@ pub async fn rule_with_connection(
         r#"SELECT ru.id, ru.name AS rule_name, ru.connection_id, ru.path, ru.enabled, ru.batch_size,
                   ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms, ru.weight,
                   ru.records_per_call, ru.batch_envelope, ru.budget_key AS rule_budget_key,
+                  ru.limits AS rule_limits,
                   ru.answer, ru.request, ru.paused AS rule_paused,
                   c.name, c.writer, c.base_url, c.api_key_env, c.auth, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms,
-                  courier_rule_budget_key(ru, c) AS "budget_key!", c.limits, c.reserve_percent,
+                  courier_rule_budget_key(ru, c) AS "budget_key!",
+                  CASE WHEN cardinality(ru.limits) > 0 THEN ru.limits ELSE c.limits END
+                      AS "limits!", c.reserve_percent,
                   c.paused, c.rate_signals
            FROM rules ru JOIN connections c ON c.id = ru.connection_id
            WHERE ru.id = $1"#,
@@ -494,6 +519,7 @@ pub async fn rule_with_connection(
             records_per_call: r.records_per_call,
             batch_envelope: r.batch_envelope,
             budget_key: r.rule_budget_key,
+            limits: r.rule_limits,
             answer: r.answer,
             request: r.request,
             paused: r.rule_paused,
@@ -864,7 +890,7 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
                 r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
-                r.batch_envelope, r.budget_key, r.answer, r.request
+                r.batch_envelope, r.budget_key, r.answer, r.request, r.limits
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -883,6 +909,7 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
         records_per_call: Some(r.records_per_call),
         batch_envelope: r.batch_envelope,
         budget_key: r.budget_key,
+        limits: r.limits.iter().filter_map(|l| l.parse().ok()).collect(),
         answer: r.answer,
         request: r.request,
     }))

@@ -150,6 +150,10 @@ pub struct NewRule {
     /// connection's; its 429s block this budget only.
     #[serde(default)]
     pub budget_key: Option<String>,
+    /// The limits of its own budget, as the vendor states them for its endpoint (`75/s`,
+    /// `700/min`); empty: its connection's. Only with a `budget_key` of its own.
+    #[serde(default)]
+    pub limits: Vec<Limit>,
     /// For `http_json`: how the target's answers name each record's fate (see
     /// [`writer::answer::AnswerMap`]); absent, the generic per-item array.
     #[serde(default)]
@@ -189,6 +193,8 @@ pub struct Rule {
     pub batch_envelope: Option<String>,
     /// Its own budget key, if it has one.
     pub budget_key: Option<String>,
+    /// Its own budget's limits as stored (`N/window`); empty: its connection's.
+    pub limits: Vec<String>,
     /// How its answers name each record's fate, if stated.
     pub answer: Option<serde_json::Value>,
     /// How its requests are shaped, if stated.

@@ -592,3 +592,49 @@ async fn every_pooled_connection_has_a_statement_timeout_and_migrations_none() {
         .unwrap();
     assert_eq!(limit, "1min");
 }
+
+#[tokio::test]
+async fn a_rule_keeps_its_endpoints_limits_on_a_budget_of_its_own() {
+    let db = TestDb::new().await;
+    let mut c = usercom("shop");
+    c.writer = "http_json".into();
+    c.limits = vec!["10/s".parse().unwrap(), "150/min".parse().unwrap()];
+    catalog::upsert_connection(&db.pool, &c).await.unwrap();
+    // Limits without a budget of the rule's own are refused, naming why.
+    let mut events = rule("events", "shop", "events");
+    events.limits = vec!["350/s".parse().unwrap(), "3500/min".parse().unwrap()];
+    let m = invalid(catalog::upsert_rule(&db.pool, &events).await);
+    assert!(m.contains("limits need a budget_key"), "{m}");
+    events.budget_key = Some("shop:events".into());
+    let events_id = catalog::upsert_rule(&db.pool, &events).await.unwrap();
+    let profiles_id = catalog::upsert_rule(&db.pool, &rule("profiles", "shop", "profiles"))
+        .await
+        .unwrap();
+    // What a chain job of each rule paces against: the rule's budget and limits, else the
+    // connection's.
+    let (_, conn) = catalog::rule_with_connection(&db.pool, events_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(conn.budget_key, "shop:events");
+    assert_eq!(conn.declared_limits(), events.limits);
+    let (_, conn) = catalog::rule_with_connection(&db.pool, profiles_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        conn.budget_key.starts_with("connection:"),
+        "{}",
+        conn.budget_key
+    );
+    assert_eq!(conn.declared_limits(), c.limits);
+    // Plain SQL is held to the same: limits on the connection's budget are refused.
+    assert_eq!(
+        violated(
+            &db.pool,
+            "UPDATE rules SET limits = '{10/s}' WHERE name = 'profiles'"
+        )
+        .await,
+        "rules_limits_own_budget"
+    );
+}

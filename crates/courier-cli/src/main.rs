@@ -46,7 +46,7 @@ enum Command {
     /// Manage rules.
     #[command(subcommand)]
     Rule(RuleCmd),
-    /// Ready targets (HubSpot, Klaviyo, Brevo, Braze, Customer.io, Salesforce, Mailchimp):
+    /// Ready targets (HubSpot, Klaviyo, Brevo, Braze, Customer.io, Salesforce, Mailchimp, Keap):
     /// catalog files to apply, or to start a connection or rule from.
     #[command(subcommand)]
     Preset(PresetCmd),

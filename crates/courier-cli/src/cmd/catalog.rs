@@ -117,6 +117,10 @@ pub struct RuleAdd {
     /// its connection's; its 429s block that budget only.
     #[arg(long, value_name = "K")]
     pub budget_key: Option<String>,
+    /// Its own budget's limits, as the vendor states them for its endpoint (with
+    /// `--budget-key`; repeatable): `--limit 75/s --limit 700/min`.
+    #[arg(long = "limit", value_parser = parse_limit)]
+    pub limits: Vec<Limit>,
     /// http_json: how the target's answers name each record's fate, as JSON
     /// (`{"kind": "keyed", "errors": "/errors", ...}`; docs/enqueue-and-ledger.md).
     #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
@@ -327,6 +331,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 records_per_call,
                 batch_envelope,
                 budget_key,
+                limits,
                 answer,
                 request,
             } = *add;
@@ -336,7 +341,8 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 "max_attempts": max_attempts, "backoff_base_ms": backoff_base_ms,
                 "backoff_max_ms": backoff_max_ms, "enabled": !disabled, "weight": weight,
                 "records_per_call": records_per_call, "batch_envelope": batch_envelope,
-                "budget_key": budget_key, "answer": answer, "request": request,
+                "budget_key": budget_key, "limits": limits, "answer": answer,
+                "request": request,
             });
             let r: NewRule = match preset {
                 Some(p) => {
