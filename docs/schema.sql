@@ -362,14 +362,12 @@ CREATE TABLE public.rules (
     unusable_until timestamp with time zone,
     paused boolean DEFAULT false NOT NULL,
     records_per_call integer DEFAULT 1 NOT NULL,
-    batch_envelope text,
     budget_key text,
     answer jsonb,
     request jsonb,
     limits text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT rules_answer_object CHECK (((answer IS NULL) OR (jsonb_typeof(answer) = 'object'::text))),
     CONSTRAINT rules_backoff_base_ms_check CHECK ((backoff_base_ms > 0)),
-    CONSTRAINT rules_batch_envelope CHECK (((batch_envelope <> ''::text) AND (length(batch_envelope) <= 100))),
     CONSTRAINT rules_batch_size_check CHECK (((batch_size >= 1) AND (batch_size <= 10000))),
     CONSTRAINT rules_budget_key_check CHECK ((budget_key <> ''::text)),
     CONSTRAINT rules_check CHECK ((backoff_max_ms >= backoff_base_ms)),
@@ -836,7 +834,7 @@ CREATE TRIGGER deliveries_supersede_again BEFORE UPDATE OF status ON public.deli
 
 CREATE TRIGGER ledger_append_only BEFORE UPDATE ON public.ledger FOR EACH ROW EXECUTE FUNCTION public.courier_ledger_append_only();
 
-CREATE TRIGGER rules_changed BEFORE UPDATE OF path, connection_id, enabled, batch_size, records_per_call, batch_envelope ON public.rules FOR EACH ROW EXECUTE FUNCTION public.courier_rule_changed();
+CREATE TRIGGER rules_changed BEFORE UPDATE OF path, connection_id, enabled, batch_size, records_per_call, request, answer ON public.rules FOR EACH ROW EXECUTE FUNCTION public.courier_rule_changed();
 
 CREATE TRIGGER rules_resumed AFTER UPDATE OF paused, enabled ON public.rules FOR EACH ROW WHEN (((old.paused AND (NOT new.paused)) OR ((NOT old.enabled) AND new.enabled))) EXECUTE FUNCTION public.courier_notify_deliveries();
 

@@ -12,9 +12,14 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Acquire, PgConnection, PgExecutor, Postgres};
 
 pub use crate::model::{
-    Connection, NewConnection, NewRule, Rule, WRITERS, is_variable_name, rpm_or_default,
+    Connection, NewConnection, NewRule, Rule, is_variable_name, rpm_or_default,
 };
-use crate::{config::redact_url, ratelimit::limits, writer};
+use crate::{
+    config::redact_url,
+    profile::{self, RuleProfile},
+    ratelimit::limits,
+    writer::{self, WriterKind},
+};
 
 /// Why a connection or rule could not be stored.
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +54,7 @@ fn explain(e: sqlx::Error, what: &str) -> CatalogError {
 /// in the URL.
 pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
     let invalid = |what: String| CatalogError::Invalid(format!("connection {:?}: {what}", c.name));
-    if !WRITERS.contains(&c.writer.as_str()) {
-        return Err(invalid(format!(
-            "writer {:?} is not one of {}",
-            c.writer,
-            WRITERS.join(", ")
-        )));
-    }
+    let kind = WriterKind::parse(&c.writer).map_err(invalid)?;
     match c.api_key_env.as_deref() {
         // Not echoed: a key given in place of its variable's name would be.
         Some(var) if !is_variable_name(var) => {
@@ -66,10 +65,10 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
                     .into(),
             ));
         }
-        None if c.writer == "usercom" => {
-            return Err(invalid(
-                "a usercom connection needs api_key_env (the variable holding its key)".into(),
-            ));
+        None if kind.needs_key() => {
+            return Err(invalid(format!(
+                "a {kind} connection needs api_key_env (the variable holding its key)"
+            )));
         }
         _ => {}
     }
@@ -81,10 +80,9 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
         ))
     })?;
     writer::http::header_map(&serde_json::Value::Object(c.headers.clone())).map_err(invalid)?;
-    if c.auth.is_some() && c.writer != "http_json" {
+    if c.auth.is_some() && !kind.shaped_by_profile() {
         return Err(invalid(format!(
-            "auth is for the http_json writer only, not {}",
-            c.writer
+            "auth is for the http_json writer only, not {kind}"
         )));
     }
     let auth = writer::auth::Auth::parse(c.auth.as_ref()).map_err(invalid)?;
@@ -167,7 +165,7 @@ async fn check_rules_of(
     c: &NewConnection,
 ) -> Result<(), CatalogError> {
     let rules = sqlx::query!(
-        "SELECT name, path, records_per_call, batch_envelope, answer, request FROM rules
+        "SELECT name, path, records_per_call, answer, request FROM rules
          WHERE connection_id = $1 ORDER BY name",
         id
     )
@@ -176,19 +174,15 @@ async fn check_rules_of(
     let bad: Vec<String> = rules
         .iter()
         .filter_map(|r| {
-            writer::check_path(&c.writer, &r.path)
-                .and_then(|()| {
-                    writer::check_bulk(
-                        &c.writer,
-                        &r.path,
-                        r.records_per_call,
-                        r.batch_envelope.as_deref(),
-                        r.answer.as_ref(),
-                        r.request.as_ref(),
-                    )
-                })
-                .err()
-                .map(|e| format!("rule {:?} (path {:?}): {e}", r.name, r.path))
+            RuleProfile::parse(profile::Stored {
+                writer: &c.writer,
+                path: &r.path,
+                records_per_call: r.records_per_call,
+                request: r.request.as_ref(),
+                answer: r.answer.as_ref(),
+            })
+            .err()
+            .map(|e| format!("rule {:?} (path {:?}): {e}", r.name, r.path))
         })
         .collect();
     if bad.is_empty() {
@@ -204,9 +198,10 @@ async fn check_rules_of(
     )))
 }
 
-/// Creates a rule, or updates the one with the same name; returns its id. Its path is
-/// checked against its connection's writer first ([`writer::check_path`]): a `usercom`
-/// rule's path must name one of the User.com operations.
+/// Creates a rule, or updates the one with the same name; returns its id. Its profile is
+/// parsed against its connection's writer first ([`RuleProfile::parse`]): a `usercom`
+/// rule's path must name one of the User.com operations, an `http_json` rule's request and
+/// answer must read.
 pub async fn upsert_rule<'c>(
     db: impl Acquire<'c, Database = Postgres>,
     r: &NewRule,
@@ -224,33 +219,28 @@ pub async fn upsert_rule<'c>(
         kind: "connection",
         name: r.connection.clone(),
     })?;
-    check_rule_path(&r.path)
-        .and_then(|()| writer::check_path(&writer, &r.path))
-        .and_then(|()| {
-            writer::check_bulk(
-                &writer,
-                &r.path,
-                r.records_per_call.unwrap_or(1),
-                r.batch_envelope.as_deref(),
-                r.answer.as_ref(),
-                r.request.as_ref(),
-            )
-        })
-        .and_then(|()| check_rule_limits(r))
-        .map_err(|e| {
-            CatalogError::Invalid(format!(
-                "rule {:?} on connection {:?} (writer {writer}): {e}",
-                r.name, r.connection
-            ))
-        })?;
+    RuleProfile::parse(profile::Stored {
+        writer: &writer,
+        path: &r.path,
+        records_per_call: r.records_per_call.unwrap_or(1),
+        request: r.request.as_ref(),
+        answer: r.answer.as_ref(),
+    })
+    .map_err(|e| e.to_string())
+    .and_then(|_| check_rule_limits(r))
+    .map_err(|e| {
+        CatalogError::Invalid(format!(
+            "rule {:?} on connection {:?} (writer {writer}): {e}",
+            r.name, r.connection
+        ))
+    })?;
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight, records_per_call, batch_envelope, budget_key, answer, request,
-              limits)
+              enabled, weight, records_per_call, budget_key, answer, request, limits)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
                   COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11,
-                  $12, $13, $14, $15
+                  $12, $13, $14
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -258,7 +248,7 @@ pub async fn upsert_rule<'c>(
              backoff_base_ms = EXCLUDED.backoff_base_ms, backoff_max_ms = EXCLUDED.backoff_max_ms,
              enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
              records_per_call = EXCLUDED.records_per_call,
-             batch_envelope = EXCLUDED.batch_envelope, budget_key = EXCLUDED.budget_key,
+             budget_key = EXCLUDED.budget_key,
              answer = EXCLUDED.answer, request = EXCLUDED.request, limits = EXCLUDED.limits,
              updated_at = now()
            RETURNING id"#,
@@ -272,7 +262,6 @@ pub async fn upsert_rule<'c>(
         r.enabled,
         r.weight,
         r.records_per_call,
-        r.batch_envelope,
         r.budget_key,
         r.answer,
         r.request,
@@ -301,25 +290,6 @@ fn check_rule_limits(r: &NewRule) -> Result<(), String> {
     limits::check(r.limits.clone())
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// Refuses a rule path holding a line break, a tab or another control character: the URL
-/// parser would drop some of them quietly (and a User.com operation's name is trimmed), so
-/// what was saved would not be what is called. The error never repeats the path.
-fn check_rule_path(path: &str) -> Result<(), String> {
-    if path.contains(['\r', '\n']) {
-        return Err(
-            "path holds a line break (control characters are refused, never dropped)".into(),
-        );
-    }
-    if path.chars().any(char::is_control) {
-        return Err(
-            "path holds a control character such as a tab (control characters are refused, \
-             never dropped; percent-encode what the path needs)"
-                .into(),
-        );
-    }
-    Ok(())
 }
 
 /// Turns a rule on or off.
@@ -452,7 +422,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
     sqlx::query_as!(
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
-                backoff_base_ms, backoff_max_ms, weight, records_per_call, batch_envelope,
+                backoff_base_ms, backoff_max_ms, weight, records_per_call,
                 budget_key, limits, answer, request, paused
          FROM rules ORDER BY name"
     )
@@ -489,7 +459,7 @@ pub async fn rule_with_connection(
     let row = sqlx::query!(
         r#"SELECT ru.id, ru.name AS rule_name, ru.connection_id, ru.path, ru.enabled, ru.batch_size,
                   ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms, ru.weight,
-                  ru.records_per_call, ru.batch_envelope, ru.budget_key AS rule_budget_key,
+                  ru.records_per_call, ru.budget_key AS rule_budget_key,
                   ru.limits AS rule_limits,
                   ru.answer, ru.request, ru.paused AS rule_paused,
                   c.name, c.writer, c.base_url, c.api_key_env, c.auth, c.headers,
@@ -517,7 +487,6 @@ pub async fn rule_with_connection(
             backoff_max_ms: r.backoff_max_ms,
             weight: r.weight,
             records_per_call: r.records_per_call,
-            batch_envelope: r.batch_envelope,
             budget_key: r.rule_budget_key,
             limits: r.rule_limits,
             answer: r.answer,
@@ -890,7 +859,7 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
                 r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
-                r.batch_envelope, r.budget_key, r.answer, r.request, r.limits
+                r.budget_key, r.answer, r.request, r.limits
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -907,7 +876,6 @@ async fn stored_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewRule
         enabled: Some(r.enabled),
         weight: Some(r.weight),
         records_per_call: Some(r.records_per_call),
-        batch_envelope: r.batch_envelope,
         budget_key: r.budget_key,
         limits: r.limits.iter().filter_map(|l| l.parse().ok()).collect(),
         answer: r.answer,

@@ -286,6 +286,12 @@ pub async fn ensure_migrated(pool: &PgPool) -> Result<(), DbError> {
 /// connection taken out of the pool without the statement timeout (an index built on a
 /// large table may take longer), which is closed afterwards.
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    migrate_before(pool, i64::MAX).await
+}
+
+/// As [`migrate`], with courier's migrations before `version` only: the schema an older
+/// courier left, for a test of what the later migrations make of its rows.
+pub async fn migrate_before(pool: &PgPool, version: i64) -> Result<(), DbError> {
     PostgresStorage::<()>::setup(pool)
         .await
         .map_err(|e| DbError::Migrate(format!("apalis: {e}")))?;
@@ -295,7 +301,17 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
         .execute(&mut conn)
         .await
         .map_err(courier)?;
-    let migrated = sqlx::migrate!("./migrations").run(&mut conn).await;
+    let mut migrator = sqlx::migrate!("./migrations");
+    if version < i64::MAX {
+        let older: Vec<_> = migrator
+            .migrations
+            .iter()
+            .filter(|m| m.version < version)
+            .cloned()
+            .collect();
+        migrator.migrations = older.into();
+    }
+    let migrated = migrator.run(&mut conn).await;
     let _ = conn.close().await;
     migrated.map_err(|e| DbError::Migrate(format!("courier: {e}")))
 }

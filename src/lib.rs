@@ -62,6 +62,7 @@ pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod presets;
+pub mod profile;
 pub mod queue;
 pub mod ratelimit;
 pub mod retry;

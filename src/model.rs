@@ -7,9 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::ratelimit::limits::{self, Limit};
 
-/// Which writer a connection uses.
-pub const WRITERS: &[&str] = &["http_json", "usercom"];
-
 /// A new target connection.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -140,12 +137,9 @@ pub struct NewRule {
     /// Its share of the connection's budget against other rules with a backlog.
     pub weight: Option<i32>,
     /// The most deliveries one call carries (default 1), up to what the writer allows: a
-    /// target's bulk endpoint (see [`writer::max_records_per_call`]).
+    /// target's bulk endpoint (see
+    /// [`WriterKind::max_records_per_call`](crate::writer::WriterKind::max_records_per_call)).
     pub records_per_call: Option<i32>,
-    /// For `http_json` bulk calls: the field of an object wrapping the records
-    /// (`{"<field>": [...]}`); absent, the records go as a bare JSON array.
-    #[serde(default)]
-    pub batch_envelope: Option<String>,
     /// A budget of its own (an endpoint the target limits apart), overriding its
     /// connection's; its 429s block this budget only.
     #[serde(default)]
@@ -189,8 +183,6 @@ pub struct Rule {
     pub weight: i32,
     /// The most deliveries one call carries.
     pub records_per_call: i32,
-    /// The field wrapping an `http_json` bulk call's records, if any.
-    pub batch_envelope: Option<String>,
     /// Its own budget key, if it has one.
     pub budget_key: Option<String>,
     /// Its own budget's limits as stored (`N/window`); empty: its connection's.

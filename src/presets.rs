@@ -122,15 +122,13 @@ mod tests {
             }
             for r in &file.rules {
                 let c = &file.connections[0];
-                crate::writer::check_path(&c.writer, &r.path).unwrap();
-                crate::writer::check_bulk(
-                    &c.writer,
-                    &r.path,
-                    r.records_per_call.unwrap_or(1),
-                    r.batch_envelope.as_deref(),
-                    r.answer.as_ref(),
-                    r.request.as_ref(),
-                )
+                crate::profile::RuleProfile::parse(crate::profile::Stored {
+                    writer: &c.writer,
+                    path: &r.path,
+                    records_per_call: r.records_per_call.unwrap_or(1),
+                    request: r.request.as_ref(),
+                    answer: r.answer.as_ref(),
+                })
                 .unwrap_or_else(|e| panic!("preset {} rule {}: {e}", p.name, r.name));
             }
         }

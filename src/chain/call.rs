@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::{claim::Claimed, context::JobContext};
 use crate::{
     engine::Engine,
+    profile::RuleProfile,
     ratelimit::pacer::PacerError,
     writer::{Outgoing, WriteError, Writer, Written},
 };
@@ -74,12 +75,13 @@ pub type Group = Vec<(usize, Arc<Claimed>)>;
 pub fn calls<'a>(
     engine: &'a Engine,
     ctx: &'a JobContext,
+    profile: &'a RuleProfile,
     writer: &'a dyn Writer,
     source: impl Stream<Item = Group> + 'a,
     stop: &'a Stop,
 ) -> impl Stream<Item = Answered> + 'a {
     source
-        .map(move |group| Box::pin(call_group(engine, ctx, writer, group, stop)))
+        .map(move |group| Box::pin(call_group(engine, ctx, profile, writer, group, stop)))
         .flatten_unordered(writer.max_in_flight().max(1))
 }
 
@@ -88,6 +90,7 @@ pub fn calls<'a>(
 fn call_group<'a>(
     engine: &'a Engine,
     ctx: &'a JobContext,
+    profile: &'a RuleProfile,
     writer: &'a dyn Writer,
     group: Group,
     stop: &'a Stop,
@@ -99,7 +102,7 @@ fn call_group<'a>(
             let indices = group.iter().map(|(i, _)| *i).collect::<Vec<_>>();
             let answer = match limited {
                 true => None,
-                false => call_once(engine, ctx, writer, &group, stop).await,
+                false => call_once(engine, ctx, profile, writer, &group, stop).await,
             };
             if let Some(Made { result: Err(e), .. }) = &answer
                 && group.len() > 1
@@ -148,6 +151,7 @@ fn refuses_content(e: &WriteError) -> bool {
 async fn call_once(
     engine: &Engine,
     ctx: &JobContext,
+    profile: &RuleProfile,
     writer: &dyn Writer,
     group: &[(usize, Arc<Claimed>)],
     stop: &Stop,
@@ -193,7 +197,7 @@ async fn call_once(
     // What the target said is sealed here, once, before anything keeps or shows it.
     let result = writer
         .secrets()
-        .seal(writer.write_many(ctx.call(&records)).await);
+        .seal(writer.write_many(profile.call(&records)).await);
     // From the time the call was due: a thread that woke late delays it too.
     let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
     engine.pacer.returned(key, go, trip);

@@ -8,10 +8,10 @@ use sqlx::PgPool;
 use crate::{
     breaker::{self, Circuit},
     catalog::{self, Connection},
+    profile::{self, ProfileError, RuleProfile},
     ratelimit::limits::Limit,
     retry::RetryPolicy,
     runs::{self, RunStatus},
-    writer::{Call, Outgoing, answer::AnswerMap, request::RequestShape},
 };
 
 /// A run and everything its next job needs.
@@ -39,15 +39,9 @@ pub struct JobContext {
     /// Deliveries claimed per batch (at least a call's worth per call in flight: see
     /// [`JobContext::claim_limit`]).
     pub batch_size: i32,
-    /// The most deliveries one call carries.
-    pub records_per_call: i32,
-    /// The field wrapping the records of an `http_json` bulk call, if any.
-    pub batch_envelope: Option<String>,
-    /// How the rule's answers name each record's fate, or why its stored map cannot be
-    /// read (the run then ends with the rule unusable).
-    pub answer: Result<Option<AnswerMap>, String>,
-    /// How the rule's requests are shaped, or why its stored shape cannot be used.
-    pub request: Result<RequestShape, String>,
+    /// What the rule's calls are, parsed once here; or why its stored profile cannot be
+    /// used (the run then ends with the rule unusable, its backlog untouched).
+    pub profile: Result<RuleProfile, ProfileError>,
     /// Attempts and backoff.
     pub retry: RetryPolicy,
     /// The connection the rule delivers into.
@@ -90,7 +84,13 @@ pub async fn load(
         return Ok(None);
     };
     let (circuit, circuit_admits) = breaker::for_run(pool, connection.id, run_id, now).await?;
-    let request = RequestShape::parse(rule.request.as_ref(), &rule.path, rule.records_per_call > 1);
+    let profile = RuleProfile::parse(profile::Stored {
+        writer: &connection.writer,
+        path: &rule.path,
+        records_per_call: rule.records_per_call,
+        request: rule.request.as_ref(),
+        answer: rule.answer.as_ref(),
+    });
     Ok(Some(JobContext {
         run_id,
         run_status: run.status,
@@ -102,10 +102,7 @@ pub async fn load(
         weight: rule.weight,
         path: rule.path,
         batch_size: rule.batch_size,
-        records_per_call: rule.records_per_call,
-        batch_envelope: rule.batch_envelope,
-        answer: rule.answer.as_ref().map(AnswerMap::parse).transpose(),
-        request,
+        profile,
         retry: RetryPolicy {
             max_attempts: rule.max_attempts,
             backoff_base_ms: rule.backoff_base_ms,
@@ -123,24 +120,12 @@ pub async fn load(
 pub const MAX_CLAIM: i32 = 10_000;
 
 impl JobContext {
-    /// A call of `records` as the rule shapes it: its envelope, bulk form, answer map and
-    /// request shape.
-    pub fn call<'a>(&'a self, records: &'a [Outgoing<'a>]) -> Call<'a> {
-        Call {
-            records,
-            envelope: self.batch_envelope.as_deref(),
-            bulk: self.records_per_call > 1,
-            answer: self.answer.as_ref().ok().and_then(Option::as_ref),
-            request: self.request.as_ref().ok(),
-        }
-    }
-
-    /// How many deliveries a batch claims: the rule's batch size, and at least enough for
-    /// every call the connection may have in flight to carry a full call of records.
-    pub fn claim_limit(&self) -> i32 {
-        let full_calls = self
-            .records_per_call
-            .saturating_mul(self.connection.max_in_flight);
+    /// How many deliveries a batch claims for a rule of `profile`: the rule's batch size,
+    /// and at least enough for every call the connection may have in flight to carry a
+    /// full call of records.
+    pub fn claim_limit(&self, profile: &RuleProfile) -> i32 {
+        let per_call = i32::try_from(profile.records_per_call).unwrap_or(i32::MAX);
+        let full_calls = per_call.saturating_mul(self.connection.max_in_flight);
         self.batch_size.max(full_calls).min(MAX_CLAIM)
     }
 }

@@ -38,6 +38,7 @@ use self::{
 use crate::{
     breaker::{self, Circuit},
     engine::Engine,
+    profile::RuleProfile,
     queue,
     ratelimit::answer::Verdict,
     runs::RunStatus,
@@ -117,9 +118,12 @@ fn lease_length(engine: &Engine) -> Duration {
     Duration::from_std(engine.settings.chain_stale_after).unwrap_or(Duration::MAX)
 }
 
-/// Whether this run may call the target now: the writer to call with, or how the run
-/// ends instead.
-fn admit(engine: &Engine, ctx: &JobContext) -> Result<Arc<dyn Writer>, Next> {
+/// Whether this run may call the target now: the writer to call with and the rule's
+/// profile, or how the run ends instead.
+fn admit<'c>(
+    engine: &Engine,
+    ctx: &'c JobContext,
+) -> Result<(Arc<dyn Writer>, &'c RuleProfile), Next> {
     if !ctx.rule_enabled {
         return Err(Next::Finish {
             status: RunStatus::Completed,
@@ -143,32 +147,17 @@ fn admit(engine: &Engine, ctx: &JobContext) -> Result<Arc<dyn Writer>, Next> {
         tracing::error!(error = %e, "cannot build the connection's writer; leaving it alone until it changes");
         Next::Unusable(Unusable::Connection, e.to_string())
     })?;
-    // A bad path leaves the backlog pending, untouched: the rule is wrong, not its records.
-    writer::check_path(&ctx.connection.writer, &ctx.path).map_err(|e| {
-        tracing::error!(error = %e, "the rule's path is unusable; leaving it alone until it changes");
-        Next::Unusable(Unusable::Rule, format!("rule path {:?}: {e}", ctx.path))
+    // A profile that does not parse (a rule written by plain SQL past the catalog) leaves
+    // the backlog pending, untouched: the rule is wrong, not its records.
+    let profile = ctx.profile.as_ref().map_err(|e| {
+        tracing::error!(error = %e, field = e.field, "the rule is unusable; leaving it alone until it changes");
+        let reason = match e.field {
+            "path" => format!("rule path {:?}: {e}", ctx.path),
+            _ => e.to_string(),
+        };
+        Next::Unusable(Unusable::Rule, reason)
     })?;
-    // Records per call beyond what the writer can carry (a rule written by plain SQL).
-    let stored = match (&ctx.answer, &ctx.request) {
-        (Err(e), _) | (_, Err(e)) => Err(e.clone()),
-        _ => Ok(()),
-    };
-    stored
-        .and_then(|()| {
-            writer::check_bulk(
-                &ctx.connection.writer,
-                &ctx.path,
-                ctx.records_per_call,
-                ctx.batch_envelope.as_deref(),
-                None,
-                None,
-            )
-        })
-    .map_err(|e| {
-        tracing::error!(error = %e, "the rule's bulk settings are unusable; leaving it alone until it changes");
-        Next::Unusable(Unusable::Rule, e)
-    })?;
-    Ok(writer)
+    Ok((writer, profile))
 }
 
 async fn run_batch(
@@ -179,15 +168,15 @@ async fn run_batch(
 ) -> Result<JobOutcome, ChainError> {
     let settle = |tally, cursor, next| settle::settle(engine, ctx, task_id, tally, cursor, next);
     let now = engine.clock.now();
-    let writer = match admit(engine, ctx) {
-        Ok(writer) => writer,
+    let (writer, profile) = match admit(engine, ctx) {
+        Ok(admitted) => admitted,
         Err(end) => return Ok(settle(Tally::default(), 0, end).await?),
     };
     let scope = ClaimScope {
         rule_id: ctx.rule_id,
         connection_id: ctx.connection.id,
         after_id: ctx.cursor_id,
-        limit: ctx.claim_limit(),
+        limit: ctx.claim_limit(profile),
     };
     let claimed = engine
         .retry_outage(|| claim::claim(&engine.pool, scope, now))
@@ -199,6 +188,7 @@ async fn run_batch(
     let job = Job {
         engine,
         ctx,
+        profile,
         task_id,
         owner,
     };
@@ -227,6 +217,7 @@ fn committed(active: bool, called: &mut Called, stop: &Stop) {
 struct Job<'a> {
     engine: &'a Arc<Engine>,
     ctx: &'a JobContext,
+    profile: &'a RuleProfile,
     task_id: &'a str,
     owner: &'a str,
 }
@@ -324,7 +315,14 @@ impl Job<'_> {
         let source = source.inspect(|_| {
             pulled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         });
-        let mut calls = std::pin::pin!(call::calls(engine, ctx, writer, source, &stop));
+        let mut calls = std::pin::pin!(call::calls(
+            engine,
+            ctx,
+            self.profile,
+            writer,
+            source,
+            &stop
+        ));
         let mut called = Called::new(ctx.circuit.clone());
         let mut feeding = Feeding::new(first, tx);
         let (mut claiming, mut flushing) = (None, None);
@@ -477,7 +475,7 @@ impl Job<'_> {
             .iter()
             .map(|&i| &claimed[offset + i].payload)
             .collect();
-        let per_call = ctx.records_per_call.max(1) as usize;
+        let per_call = self.profile.records_per_call;
         let tx = feeding.tx.as_ref().expect("fed while open");
         for group in writer.group(&ctx.path, &payloads, per_call) {
             let group = group

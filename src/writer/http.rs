@@ -2,8 +2,8 @@
 //! 2xx delivered; 429 rate-limited with the wait the response names; 400, 401, 403, 404
 //! and 422 (and other 4xx) permanent; 5xx, timeouts and connection errors transient.
 //!
-//! A rule with `records_per_call` above 1 POSTs a JSON array of its payloads (or an
-//! object `{"<batch_envelope>": [...]}`) with one `Idempotency-Key` per call naming its
+//! A rule with `records_per_call` above 1 POSTs a JSON array of its payloads (or the body
+//! its request shape names, such as `{"contacts": "{{records}}"}`) with one `Idempotency-Key` per call naming its
 //! deliveries (`courier-12,13,17`). A rule's `answer` map says how its target's 2xx answer
 //! names each record's fate ([`super::answer`]); without one, a 2xx whose body is an array
 //! as long as the call is read per item ([`item_outcome`]), a 207 without one accounts for
@@ -288,7 +288,6 @@ impl Writer for HttpJsonWriter {
             let records = [out];
             let call = Call {
                 records: &records,
-                envelope: None,
                 bulk: false,
                 answer: None,
                 request: None,
@@ -338,7 +337,7 @@ impl Writer for HttpJsonWriter {
                 .collect();
             let outgoing: Vec<Outgoing<'_>> = sent.iter().map(|(i, _)| call.records[*i]).collect();
             let body = match call.bulk {
-                true => shape.body(sent.into_iter().map(|(_, v)| v).collect(), call.envelope),
+                true => shape.body(sent.into_iter().map(|(_, v)| v).collect()),
                 false => sent.pop().map(|(_, v)| v).unwrap_or_default(),
             };
             let body = serde_json::to_vec(&body).expect("JSON serializes");
@@ -504,8 +503,8 @@ fn refused_credentials(connection: &str, refused: bool) -> bool {
 /// Maps a response to an outcome. `signals` name the target's own headers (a reset in
 /// seconds gives a 429's wait when `Retry-After` is absent; every one is kept for the
 /// pacer) and the answers other than 429 that mean "rate limited". `connection` is the
-/// connection's name, for the
-/// warning a refused credential (401, 403) logs; the key itself is never logged.
+/// connection's name, for the warning a refused credential (401, 403) logs; the key itself
+/// is never logged.
 pub async fn classify_response(
     response: reqwest::Response,
     signals: &RateSignals,
@@ -543,56 +542,70 @@ pub async fn classify_response(
         });
     }
     if response.status().is_redirection() {
-        // No redirect is followed: credentials go only to the origin configured, and a
-        // POST turned into a GET elsewhere would deliver nothing.
-        let location = response
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
-        return Err(WriteError::Transient {
-            status: Some(status),
-            message: format!(
-                "the target answered {status}, redirecting to {}; courier follows no \
-                 redirect (check the base URL)",
-                location
-                    .as_deref()
-                    .map_or("nowhere".into(), |l| format!("{l:?}"))
-            ),
-        });
+        return Err(redirected(status, response.headers()));
     }
+    Err(error_answer(status, response, signals, connection).await)
+}
+
+/// A 3xx: no redirect is followed. Credentials go only to the origin configured, and a POST
+/// turned into a GET elsewhere would deliver nothing.
+fn redirected(status: u16, headers: &reqwest::header::HeaderMap) -> WriteError {
+    let location = headers
+        .get(reqwest::header::LOCATION)
+        .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
+    WriteError::Transient {
+        status: Some(status),
+        message: format!(
+            "the target answered {status}, redirecting to {}; courier follows no \
+             redirect (check the base URL)",
+            location
+                .as_deref()
+                .map_or("nowhere".into(), |l| format!("{l:?}"))
+        ),
+    }
+}
+
+/// Any other answer that is neither a 2xx nor a 429 nor a redirect: a limit answer the
+/// connection's signals name, a 4xx (permanent) or a 5xx (transient), with a snippet of
+/// its body.
+async fn error_answer(
+    status: u16,
+    response: reqwest::Response,
+    signals: &RateSignals,
+    connection: &str,
+) -> WriteError {
     let rate_headers = super::rate_limit_headers(response.headers(), signals);
     let body = match read_capped(response, ERROR_READ_LIMIT).await {
         Ok(b) | Err((b, _)) => String::from_utf8_lossy(&b).into_owned(),
     };
-    let message = snippet(&body);
     // An answer the connection's signals name as "rate limited" (Salesforce's 403
     // `REQUEST_LIMIT_EXCEEDED`): a statement about the target's rate, not about the record
     // or the credentials.
     if let Some(signal) = signals.limited(status, &body) {
-        return Err(WriteError::RateLimited {
+        return WriteError::RateLimited {
             wait: None,
             raw: Some(signal),
             rate_headers: Box::new(rate_headers),
-        });
+        };
     }
-    if (400..500).contains(&status) {
-        // Said once per process when it starts (and once when it ends), not per call.
-        if matches!(status, 401 | 403) && refused_credentials(connection, true) {
-            tracing::warn!(
-                connection,
-                status,
-                "target refused the credentials of this connection: check its API key variable"
-            );
-        }
-        Err(WriteError::Permanent {
+    let message = snippet(&body);
+    if !(400..500).contains(&status) {
+        return WriteError::Transient {
             status: Some(status),
             message,
-        })
-    } else {
-        Err(WriteError::Transient {
-            status: Some(status),
-            message,
-        })
+        };
+    }
+    // Said once per process when it starts (and once when it ends), not per call.
+    if matches!(status, 401 | 403) && refused_credentials(connection, true) {
+        tracing::warn!(
+            connection,
+            status,
+            "target refused the credentials of this connection: check its API key variable"
+        );
+    }
+    WriteError::Permanent {
+        status: Some(status),
+        message,
     }
 }
 

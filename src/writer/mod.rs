@@ -3,7 +3,7 @@
 //! [`WriteError`] that says whether to retry and whether the target proved reachable.
 //!
 //! A call may carry several records of one rule (the rule's `records_per_call`, up to
-//! what [`max_records_per_call`] allows): the writer puts a batch's records into calls
+//! what [`WriterKind::max_records_per_call`] allows): the writer puts a batch's records into calls
 //! ([`Writer::group`]) and answers each call with one [`Written`], which holds the outcome
 //! of every record it carried. A whole call refused with [`WriteError::Permanent`] says
 //! that some record of it is bad without saying which: the call stage splits it in halves
@@ -45,9 +45,6 @@ pub struct Outgoing<'a> {
 pub struct Call<'a> {
     /// The records, at least one.
     pub records: &'a [Outgoing<'a>],
-    /// The rule's `batch_envelope`: the field of an object wrapping the records of an
-    /// `http_json` call; `None` sends them as a bare array.
-    pub envelope: Option<&'a str>,
     /// Whether the rule sends several records per call (its `records_per_call` is above
     /// 1): its calls take the bulk form even when one carries a single record.
     pub bulk: bool,
@@ -112,68 +109,88 @@ impl Written {
     }
 }
 
-/// The most records one call may carry for `writer` kind on a rule of `path`, and why no
-/// more: `http_json` takes up to [`http::MAX_RECORDS_PER_CALL`]; `usercom` groups
-/// `user_attributes` into mass updates of up to [`usercom::MAX_IDS_PER_CALL`] and sends
-/// every other operation one record per call.
-pub fn max_records_per_call(writer: &str, path: &str) -> (usize, &'static str) {
-    match writer {
-        "usercom" => match path.parse::<usercom::Operation>() {
-            Ok(usercom::Operation::UserAttributes) => (
-                usercom::MAX_IDS_PER_CALL,
-                "a User.com mass update takes at most that many ids",
+/// A connection's writer: the generic HTTP JSON writer, whose targets are profiles (auth,
+/// request shape, answer map, rate signals: data), or User.com's, whose operations are its
+/// own. The one place a writer's name is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriterKind {
+    /// `http_json`: any HTTP JSON API, shaped by the rule's profile.
+    HttpJson,
+    /// `usercom`: a User.com workspace, one operation per rule.
+    UserCom,
+}
+
+impl WriterKind {
+    /// Every writer kind.
+    pub const ALL: [WriterKind; 2] = [WriterKind::HttpJson, WriterKind::UserCom];
+
+    /// Its name as stored.
+    pub fn name(self) -> &'static str {
+        match self {
+            WriterKind::HttpJson => "http_json",
+            WriterKind::UserCom => "usercom",
+        }
+    }
+
+    /// The writer kind named `name`; the error names it and the kinds there are.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let all: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+                format!("writer {name:?} is not one of {}", all.join(", "))
+            })
+    }
+
+    /// Whether its connections and rules are shaped by data (auth kinds, request shapes,
+    /// answer maps): the HTTP JSON writer's are; User.com's are its own.
+    pub fn shaped_by_profile(self) -> bool {
+        self == WriterKind::HttpJson
+    }
+
+    /// Whether its connections must name the variable holding a key.
+    pub fn needs_key(self) -> bool {
+        self == WriterKind::UserCom
+    }
+
+    /// Checks a rule's `path` against what the writer can do with it: for `usercom` it
+    /// must name one of the operations; `http_json` takes any path. The error names the
+    /// path and what would be accepted.
+    pub fn check_path(self, path: &str) -> Result<(), String> {
+        match self {
+            WriterKind::UserCom => path.parse::<usercom::Operation>().map(|_| ()),
+            WriterKind::HttpJson => Ok(()),
+        }
+    }
+
+    /// The most records one call may carry on a rule of `path`, and why no more:
+    /// `http_json` takes up to [`http::MAX_RECORDS_PER_CALL`]; `usercom` groups
+    /// `user_attributes` into mass updates of up to [`usercom::MAX_IDS_PER_CALL`] and
+    /// sends every other operation one record per call.
+    pub fn max_records_per_call(self, path: &str) -> (usize, &'static str) {
+        match self {
+            WriterKind::UserCom => match path.parse::<usercom::Operation>() {
+                Ok(usercom::Operation::UserAttributes) => (
+                    usercom::MAX_IDS_PER_CALL,
+                    "a User.com mass update takes at most that many ids",
+                ),
+                _ => (
+                    1,
+                    "only the user_attributes operation of User.com has a bulk endpoint",
+                ),
+            },
+            WriterKind::HttpJson => (
+                http::MAX_RECORDS_PER_CALL,
+                "the generic HTTP writer sends at most that many records per call",
             ),
-            _ => (
-                1,
-                "only the user_attributes operation of User.com has a bulk endpoint",
-            ),
-        },
-        _ => (
-            http::MAX_RECORDS_PER_CALL,
-            "the generic HTTP writer sends at most that many records per call",
-        ),
+        }
     }
 }
 
-/// Checks a rule's `records_per_call`, `batch_envelope` and `answer` against its writer;
-/// the error names the value and what is allowed.
-pub fn check_bulk(
-    writer: &str,
-    path: &str,
-    records_per_call: i32,
-    batch_envelope: Option<&str>,
-    answer: Option<&serde_json::Value>,
-    request: Option<&serde_json::Value>,
-) -> Result<(), String> {
-    if writer == "http_json" {
-        request::RequestShape::parse(request, path, records_per_call > 1)?;
-    } else if request.is_some() {
-        return Err(format!(
-            "request is for the http_json writer only, not {writer}"
-        ));
-    }
-    if let Some(answer) = answer {
-        if writer != "http_json" {
-            return Err(format!(
-                "answer is for the http_json writer only, not {writer}"
-            ));
-        }
-        answer::AnswerMap::parse(answer)?;
-    }
-    let (max, why) = max_records_per_call(writer, path);
-    if records_per_call < 1 || records_per_call as usize > max {
-        return Err(format!(
-            "records_per_call {records_per_call} is outside 1..={max} ({why})"
-        ));
-    }
-    match batch_envelope {
-        Some(_) if writer != "http_json" => Err(format!(
-            "batch_envelope is for the http_json writer only, not {writer}"
-        )),
-        Some(e) if e.is_empty() || e.len() > 100 => {
-            Err("batch_envelope must be a field name of 1 to 100 characters".into())
-        }
-        _ => Ok(()),
+impl std::fmt::Display for WriterKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -330,16 +347,6 @@ pub enum WriterConfigError {
     },
 }
 
-/// Checks a rule's `path` against what writer kind `writer` can do with it: for `usercom`
-/// it must name one of the operations; `http_json` takes any path. The error names the
-/// path and what would be accepted.
-pub fn check_path(writer: &str, path: &str) -> Result<(), String> {
-    match writer {
-        "usercom" => path.parse::<usercom::Operation>().map(|_| ()),
-        _ => Ok(()),
-    }
-}
-
 /// Checks a connection's base URL: an absolute `http://` or `https://` URL with a host,
 /// and no blank, line break or control character anywhere (the URL parser would quietly
 /// drop some of them). The error says what is wrong; it never repeats the URL, which may
@@ -387,13 +394,13 @@ pub fn build(
             })?,
         ),
     };
-    match conn.writer.as_str() {
-        "http_json" => Ok(Arc::new(http::HttpJsonWriter::new(conn, client, key)?)),
-        "usercom" => Ok(Arc::new(usercom::UserComWriter::new(conn, client, key)?)),
-        other => Err(WriterConfigError::Invalid {
-            connection: conn.name.clone(),
-            reason: format!("unknown writer {other:?}"),
-        }),
+    let kind = WriterKind::parse(&conn.writer).map_err(|reason| WriterConfigError::Invalid {
+        connection: conn.name.clone(),
+        reason,
+    })?;
+    match kind {
+        WriterKind::HttpJson => Ok(Arc::new(http::HttpJsonWriter::new(conn, client, key)?)),
+        WriterKind::UserCom => Ok(Arc::new(usercom::UserComWriter::new(conn, client, key)?)),
     }
 }
 

@@ -30,8 +30,7 @@ pub struct RequestShape {
     /// Each record as sent (default: its payload).
     #[serde(default)]
     pub item: Option<Value>,
-    /// A bulk call's body, holding `"{{records}}"` once (default: the bare array, or the
-    /// rule's `batch_envelope`).
+    /// A bulk call's body, holding `"{{records}}"` once (default: the bare array).
     #[serde(default)]
     pub body: Option<Value>,
 }
@@ -123,13 +122,11 @@ impl RequestShape {
         }
     }
 
-    /// A bulk call's body around its `items`: the body template, else an object with the
-    /// rule's envelope field, else the bare array.
-    pub fn body(&self, items: Vec<Value>, envelope: Option<&str>) -> Value {
-        match (&self.body, envelope) {
-            (Some(t), _) => fill_records(t, &Value::Array(items)),
-            (None, Some(field)) => serde_json::json!({ field: items }),
-            (None, None) => Value::Array(items),
+    /// A bulk call's body around its `items`: the body template, else the bare array.
+    pub fn body(&self, items: Vec<Value>) -> Value {
+        match &self.body {
+            Some(t) => fill_records(t, &Value::Array(items)),
+            None => Value::Array(items),
         }
     }
 }
@@ -414,15 +411,12 @@ mod tests {
                    "properties": {"email": "ann@example.com", "firstname": "Ann"},
                    "objectWriteTraceId": "42"})
         );
-        assert_eq!(
-            shape.body(vec![item.clone()], None),
-            json!({"inputs": [item]})
-        );
+        assert_eq!(shape.body(vec![item.clone()]), json!({"inputs": [item]}));
         // Spaces inside the braces name the same placeholder.
         let spaced =
             RequestShape::parse(Some(&json!({"body": {"in": "{{ records }}"}})), "p", true)
                 .unwrap();
-        assert_eq!(spaced.body(vec![json!(1)], None), json!({"in": [1]}));
+        assert_eq!(spaced.body(vec![json!(1)]), json!({"in": [1]}));
     }
 
     #[test]
@@ -439,7 +433,7 @@ mod tests {
         )
         .unwrap();
         let p = json!({"email": "b@x.io"});
-        let body = shape.body(vec![shape.item(record(&p)).unwrap()], None);
+        let body = shape.body(vec![shape.item(record(&p)).unwrap()]);
         assert_eq!(
             body.pointer("/data/attributes/profiles/data/0/attributes/email"),
             Some(&json!("b@x.io"))

@@ -29,7 +29,7 @@ async fn bulk_rule(pool: &PgPool, name: &str, path: &str, per_call: i32, envelop
             max_attempts: Some(3),
             backoff_base_ms: Some(1_000),
             records_per_call: Some(per_call),
-            batch_envelope: envelope.map(str::to_owned),
+            request: envelope.map(|field| json!({"body": {field: "{{records}}"}})),
             ..Default::default()
         },
     )
@@ -457,19 +457,23 @@ async fn a_crash_mid_batch_resends_at_most_the_records_not_committed() {
 #[tokio::test]
 async fn records_per_call_outside_what_the_writer_carries_is_refused() {
     let (db, _target) = shop(&[], 100, 1).await;
-    let rule = |per_call, path: &str, envelope: Option<&str>| NewRule {
+    let rule = |per_call, path: &str, request: Option<serde_json::Value>| NewRule {
         name: "r".into(),
         connection: "shop".into(),
         path: path.into(),
         records_per_call: Some(per_call),
-        batch_envelope: envelope.map(str::to_owned),
+        request,
         ..Default::default()
     };
     for (per_call, envelope, names) in [
         (0, None, "records_per_call 0 is outside 1..=1000"),
         (-3, None, "records_per_call -3 is outside 1..=1000"),
         (1001, None, "records_per_call 1001 is outside 1..=1000"),
-        (10, Some(""), "batch_envelope must be a field name"),
+        (
+            10,
+            Some(json!({"body": {"items": []}})),
+            "body must hold \"{{records}}\" exactly once, not 0 times",
+        ),
     ] {
         let e = catalog::upsert_rule(&db.pool, &rule(per_call, "x/", envelope))
             .await
@@ -477,7 +481,8 @@ async fn records_per_call_outside_what_the_writer_carries_is_refused() {
         assert!(matches!(e, CatalogError::Invalid(_)), "{e}");
         assert!(e.to_string().contains(names), "{e}");
     }
-    catalog::upsert_rule(&db.pool, &rule(1000, "x/", Some("items")))
+    let enveloped = json!({"body": {"items": "{{records}}"}});
+    catalog::upsert_rule(&db.pool, &rule(1000, "x/", Some(enveloped)))
         .await
         .unwrap();
 
@@ -500,8 +505,8 @@ async fn records_per_call_outside_what_the_writer_carries_is_refused() {
         (
             10,
             "user_attributes",
-            Some("x"),
-            "batch_envelope is for the http_json writer",
+            Some(json!({"body": {"x": "{{records}}"}})),
+            "request is for the http_json writer only, not usercom",
         ),
     ] {
         let r = NewRule {
@@ -1020,4 +1025,63 @@ async fn oauth_client_credentials_fetch_a_token_once_and_renew_it_on_a_401() {
         ledger_401, 0,
         "a renewed token's 401 is no record's outcome"
     );
+}
+
+#[tokio::test]
+async fn a_stored_batch_envelope_becomes_the_request_body_it_always_meant() {
+    let db = TestDb::migrated_before(20261227000001).await;
+    sqlx::raw_sql(
+        "INSERT INTO connections (name, writer, base_url) VALUES ('shop', 'http_json', 'http://127.0.0.1:9/');
+         INSERT INTO rules (name, connection_id, path, records_per_call, batch_envelope, request)
+         SELECT v.name, c.id, 'x/', 10, v.envelope, v.request::jsonb
+         FROM connections c, (VALUES
+             ('enveloped', 'records', NULL),
+             ('shaped', 'inputs', '{\"method\": \"PUT\"}'),
+             ('both', 'ignored', '{\"body\": {\"kept\": \"{{records}}\"}}'),
+             ('bare', NULL, NULL)) AS v(name, envelope, request)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    courier::db::migrate(&db.pool).await.unwrap();
+    let rules = catalog::list_rules(&db.pool).await.unwrap();
+    let request = |name: &str| {
+        rules
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap()
+            .request
+            .clone()
+    };
+    assert_eq!(
+        request("enveloped"),
+        Some(json!({"body": {"records": "{{records}}"}}))
+    );
+    assert_eq!(
+        request("shaped"),
+        Some(json!({"method": "PUT", "body": {"inputs": "{{records}}"}}))
+    );
+    assert_eq!(
+        request("both"),
+        Some(json!({"body": {"kept": "{{records}}"}}))
+    );
+    assert_eq!(request("bare"), None);
+    for r in &rules {
+        let profile = courier::profile::RuleProfile::parse(courier::profile::Stored {
+            writer: "http_json",
+            path: &r.path,
+            records_per_call: r.records_per_call,
+            request: r.request.as_ref(),
+            answer: r.answer.as_ref(),
+        })
+        .unwrap_or_else(|e| panic!("{}: {e}", r.name));
+        let body = profile.request.body(vec![json!(1)]);
+        let expected = match r.name.as_str() {
+            "enveloped" => json!({"records": [1]}),
+            "shaped" => json!({"inputs": [1]}),
+            "both" => json!({"kept": [1]}),
+            _ => json!([1]),
+        };
+        assert_eq!(body, expected, "{}", r.name);
+    }
 }

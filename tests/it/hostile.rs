@@ -763,7 +763,6 @@ async fn a_hanging_token_endpoint_delays_no_other_connection() {
     }];
     let call = Call {
         records: &one,
-        envelope: None,
         bulk: false,
         answer: None,
         request: None,
@@ -780,7 +779,6 @@ async fn a_hanging_token_endpoint_delays_no_other_connection() {
             }];
             let call = Call {
                 records: &one,
-                envelope: None,
                 bulk: false,
                 answer: None,
                 request: None,

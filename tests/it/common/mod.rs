@@ -63,6 +63,16 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> Self {
+        Self::migrated(None).await
+    }
+
+    /// A database with courier's migrations before `version` applied only: what a
+    /// database of an older courier holds, for a test of the migrations after it.
+    pub async fn migrated_before(version: i64) -> Self {
+        Self::migrated(Some(version)).await
+    }
+
+    async fn migrated(before: Option<i64>) -> Self {
         // `RUST_LOG=courier=debug cargo test NAME -- --nocapture` shows the engine's log.
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
@@ -74,7 +84,9 @@ impl TestDb {
         let drop = DropDatabase::new(&name);
         db::create_database(&url).await.expect("test database");
         let pool = db::connect(&url, 10).await.expect("test database");
-        db::migrate(&pool).await.expect("migrations apply");
+        db::migrate_before(&pool, before.unwrap_or(i64::MAX))
+            .await
+            .expect("migrations apply");
         Self {
             pool,
             url,

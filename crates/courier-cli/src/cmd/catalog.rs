@@ -110,9 +110,6 @@ pub struct RuleAdd {
     /// (http_json: 1000; usercom user_attributes: 100, as mass updates).
     #[arg(long, allow_negative_numbers = true)]
     pub records_per_call: Option<i32>,
-    /// http_json bulk calls: send `{"FIELD": [...]}` instead of a bare JSON array.
-    #[arg(long, value_name = "FIELD")]
-    pub batch_envelope: Option<String>,
     /// Spend from a budget of its own (an endpoint the target limits apart) instead of
     /// its connection's; its 429s block that budget only.
     #[arg(long, value_name = "K")]
@@ -329,7 +326,6 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 disabled,
                 weight,
                 records_per_call,
-                batch_envelope,
                 budget_key,
                 limits,
                 answer,
@@ -340,7 +336,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 "path": (!path.is_empty()).then_some(path), "batch_size": batch_size,
                 "max_attempts": max_attempts, "backoff_base_ms": backoff_base_ms,
                 "backoff_max_ms": backoff_max_ms, "enabled": !disabled, "weight": weight,
-                "records_per_call": records_per_call, "batch_envelope": batch_envelope,
+                "records_per_call": records_per_call,
                 "budget_key": budget_key, "limits": limits, "answer": answer,
                 "request": request,
             });

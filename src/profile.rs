@@ -1,0 +1,230 @@
+//! A rule's typed profile: what its calls are (its writer, how many records one carries, how
+//! each request is shaped, how each answer is read), parsed once from what is stored. The
+//! catalog parses it before a rule is saved; a chain job parses it when it loads its run
+//! and carries the typed values, never the JSON. A rule written by plain SQL past the
+//! catalog fails to parse here, and its run ends with the rule unusable and the reason.
+
+use serde_json::Value;
+
+use crate::writer::{Call, Outgoing, WriterKind, answer::AnswerMap, request::RequestShape};
+
+/// What a rule's calls are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleProfile {
+    /// Its connection's writer.
+    pub writer: WriterKind,
+    /// The most records one call carries (at least 1, at most what the writer allows).
+    pub records_per_call: usize,
+    /// How its requests are shaped (the plain shape for a writer of its own).
+    pub request: RequestShape,
+    /// How its answers name each record's fate; `None`: the generic per-item array.
+    pub answer: Option<AnswerMap>,
+}
+
+/// Why a rule's profile cannot be used: the field, and what is wrong with it in words that
+/// name the field and never a secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct ProfileError {
+    /// The field at fault: `writer`, `path`, `records_per_call`, `request` or `answer`.
+    pub field: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl ProfileError {
+    fn at(field: &'static str) -> impl FnOnce(String) -> Self {
+        move |reason| Self { field, reason }
+    }
+}
+
+/// A rule's profile as stored: its connection's writer and the rule's own columns.
+#[derive(Clone, Copy, Debug)]
+pub struct Stored<'a> {
+    /// The connection's writer, by name.
+    pub writer: &'a str,
+    /// The rule's path or operation.
+    pub path: &'a str,
+    /// The most records per call.
+    pub records_per_call: i32,
+    /// Its request shape, if stated.
+    pub request: Option<&'a Value>,
+    /// Its answer map, if stated.
+    pub answer: Option<&'a Value>,
+}
+
+impl RuleProfile {
+    /// Parses a stored profile, checking each field against the writer; the error names
+    /// the first field at fault.
+    pub fn parse(s: Stored<'_>) -> Result<Self, ProfileError> {
+        let writer = WriterKind::parse(s.writer).map_err(ProfileError::at("writer"))?;
+        check_path(s.path)
+            .and_then(|()| writer.check_path(s.path))
+            .map_err(ProfileError::at("path"))?;
+        let (max, why) = writer.max_records_per_call(s.path);
+        let records_per_call = usize::try_from(s.records_per_call)
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| ProfileError {
+                field: "records_per_call",
+                reason: format!(
+                    "records_per_call {} is outside 1..={max} ({why})",
+                    s.records_per_call
+                ),
+            })?;
+        let bulk = records_per_call > 1;
+        let only_profiled = |field: &'static str| ProfileError {
+            field,
+            reason: format!("{field} is for the http_json writer only, not {writer}"),
+        };
+        let request = match (writer.shaped_by_profile(), s.request) {
+            (true, request) => {
+                RequestShape::parse(request, s.path, bulk).map_err(ProfileError::at("request"))?
+            }
+            (false, None) => RequestShape::default(),
+            (false, Some(_)) => return Err(only_profiled("request")),
+        };
+        let answer = match (writer.shaped_by_profile(), s.answer) {
+            (_, None) => None,
+            (true, Some(a)) => Some(AnswerMap::parse(a).map_err(ProfileError::at("answer"))?),
+            (false, Some(_)) => return Err(only_profiled("answer")),
+        };
+        Ok(Self {
+            writer,
+            records_per_call,
+            request,
+            answer,
+        })
+    }
+
+    /// Whether its calls take the bulk form (several records per call), even when one
+    /// carries a single record.
+    pub fn bulk(&self) -> bool {
+        self.records_per_call > 1
+    }
+
+    /// A call of `records` as the profile shapes it.
+    pub fn call<'a>(&'a self, records: &'a [Outgoing<'a>]) -> Call<'a> {
+        Call {
+            records,
+            bulk: self.bulk(),
+            answer: self.answer.as_ref(),
+            request: Some(&self.request),
+        }
+    }
+}
+
+/// Refuses a path holding a line break, a tab or another control character: the URL parser
+/// would drop some of them quietly (and a User.com operation's name is trimmed), so what
+/// was saved would not be what is called. The error never repeats the path.
+fn check_path(path: &str) -> Result<(), String> {
+    if path.contains(['\r', '\n']) {
+        return Err(
+            "path holds a line break (control characters are refused, never dropped)".into(),
+        );
+    }
+    if path.chars().any(char::is_control) {
+        return Err(
+            "path holds a control character such as a tab (control characters are refused, \
+             never dropped; percent-encode what the path needs)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn stored<'a>(writer: &'a str, path: &'a str, per_call: i32) -> Stored<'a> {
+        Stored {
+            writer,
+            path,
+            records_per_call: per_call,
+            request: None,
+            answer: None,
+        }
+    }
+
+    #[test]
+    fn each_refusal_names_its_field() {
+        let request = json!({"method": "GET"});
+        let answer = json!({"kind": "telepathic"});
+        for (s, field, words) in [
+            (
+                stored("ftp", "x", 1),
+                "writer",
+                "not one of http_json, usercom",
+            ),
+            (stored("http_json", "a\tb", 1), "path", "control character"),
+            (stored("usercom", "nonsense", 1), "path", "nonsense"),
+            (
+                stored("http_json", "x", 0),
+                "records_per_call",
+                "outside 1..=",
+            ),
+            (stored("usercom", "event", 2), "records_per_call", "1..=1"),
+            (
+                Stored {
+                    request: Some(&request),
+                    ..stored("http_json", "x", 1)
+                },
+                "request",
+                "GET",
+            ),
+            (
+                Stored {
+                    request: Some(&request),
+                    ..stored("usercom", "event", 1)
+                },
+                "request",
+                "http_json writer only",
+            ),
+            (
+                Stored {
+                    answer: Some(&answer),
+                    ..stored("http_json", "x", 10)
+                },
+                "answer",
+                "telepathic",
+            ),
+        ] {
+            let e = RuleProfile::parse(s).unwrap_err();
+            assert_eq!(e.field, field, "{s:?}: {e}");
+            assert!(e.to_string().contains(words), "{s:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_profile_is_typed_once_and_shapes_its_calls() {
+        let request = json!({"method": "PUT", "body": {"contacts": "{{records}}"}});
+        let answer = json!({"kind": "indexed", "errors": "/errors", "index": "/i"});
+        let p = RuleProfile::parse(Stored {
+            request: Some(&request),
+            answer: Some(&answer),
+            ..stored("http_json", "contacts/batch", 100)
+        })
+        .unwrap();
+        assert_eq!(
+            (p.writer, p.records_per_call, p.bulk()),
+            (WriterKind::HttpJson, 100, true)
+        );
+        assert_eq!(p.request.method(), reqwest::Method::PUT);
+        assert_eq!(p.request.body(vec![json!(1)]), json!({"contacts": [1]}));
+        let payload = json!({});
+        let records = [Outgoing {
+            delivery_id: 1,
+            record_key: "k",
+            path: "contacts/batch",
+            payload: &payload,
+        }];
+        let call = p.call(&records);
+        assert!(call.bulk && call.answer.is_some() && call.request.is_some());
+        let plain = RuleProfile::parse(stored("usercom", "user_attributes", 1)).unwrap();
+        assert_eq!(plain.request, RequestShape::default());
+        assert!(!plain.bulk());
+    }
+}
