@@ -4,9 +4,9 @@
 //!
 //! Records are enqueued as **deliveries** (plain SQL, [`enqueue`], or `courier enqueue`).
 //! A **rule** delivers one stream of records into one **connection** (one target account).
-//! The [dispatcher](maintenance::dispatcher) starts a **run** for every enabled rule with
+//! The [dispatcher](dispatcher) starts a **run** for every enabled rule with
 //! due deliveries; a run is a **chain** of apalis jobs ([`chain`]). Each job passes the
-//! [`throttle`] layer (a rate-limit block makes it wait or ends the run), then claims one
+//! [throttle](chain::throttle) layer (a rate-limit block makes it wait or ends the run), then claims one
 //! batch, asks the rule's [`writer`] to deliver it, and records every outcome in the
 //! append-only **ledger** ([`ledger`]) as calls answer, before it enqueues the next job.
 //! A [`breaker`] per connection, kept in PostgreSQL, stops calling a target that does not
@@ -18,7 +18,10 @@
 //! - [`health`]: whether the database answers; outages logged once.
 //! - [`clock`]: the engine's notion of "now", injectable so tests control time.
 //! - [`db`]: connecting, creating the database, applying courier's and apalis' migrations.
+//! - [`model`]: a connection and a rule as given and as stored.
+//! - [`profile`]: a rule's typed profile, parsed once (writer kind, request, answer).
 //! - [`catalog`]: connections and rules (tables `connections`, `rules`).
+//! - [`apply`]: `courier apply`, a catalog file saved in one transaction.
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
 //! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON and User.com writers,
 //!   one record or several per call (`Writer::group`, `Writer::write_many`).
@@ -27,13 +30,14 @@
 //!   budget's shared state (table `budgets`) and the pacer handing out request slots, fair
 //!   between rules and shared across processes; the learned rate; what response headers
 //!   state; 429 blocks (table `connection_blocks`, kept in memory too).
-//! - [`throttle`]: the tower layer on the chain-job service: wait out a block or throttle.
 //! - [`retry`]: a rule's retry policy (attempts, backoff).
 //! - [`runs`]: runs and their lifecycle (table `runs`).
 //! - [`ledger`]: outcome rows (table `ledger`) and the delivery state they imply.
 //! - [`queue`]: apalis wiring: the chain queue, pushing and snoozing jobs.
-//! - [`chain`]: one chain job in stages: admit, claim, triage, call, classify, settle.
-//! - [`maintenance`]: the background loops: the dispatcher (starts runs), the heartbeat
+//! - [`chain`]: one chain job in stages: the throttle layer (wait out a block or
+//!   throttle), admit, claim, triage, call, classify, settle.
+//! - [`dispatcher`]: starts runs for rules with due deliveries.
+//! - [`maintenance`]: the background loops: the heartbeat
 //!   (this process's beat), the rescuer (resumes dead processes' work), the reaper
 //!   (last-resort staleness), the pruner (old call counts and beats), retention (old
 //!   finished rows), the quarantine (apalis rows courier cannot read).
@@ -41,18 +45,21 @@
 //! - [`ops`]: operator actions: pause and resume, retry, unblock, a record's history.
 //! - [`presets`]: ready targets (HubSpot, Klaviyo, Brevo, …) as catalog files.
 //! - [`status`]: the `courier status` report, as data.
+//! - [`workers`]: the worker processes and their beats (table `workers`).
 //! - [`metrics`]: Prometheus counters of the process and gauges read from the database.
 //!
 //! The tooling is not part of this library: the `courier` binary with its demo and
 //! benchmarks is `crates/courier-cli`, the local User.com-like target
 //! `crates/courier-target` (a dev-dependency of the tests here).
 
+pub mod apply;
 pub mod breaker;
 pub mod catalog;
 pub mod chain;
 pub mod clock;
 pub mod config;
 pub mod db;
+pub mod dispatcher;
 pub mod engine;
 pub mod enqueue;
 pub mod health;
@@ -68,7 +75,6 @@ pub mod ratelimit;
 pub mod retry;
 pub mod runs;
 pub mod status;
-pub mod throttle;
 pub mod worker;
 pub mod workers;
 pub mod writer;

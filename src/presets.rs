@@ -107,7 +107,7 @@ fn merge(base: &mut Map<String, Value>, over: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{CatalogFile, check_connection};
+    use crate::{apply::CatalogFile, catalog::check_connection};
 
     #[test]
     fn every_preset_is_a_catalog_file_whose_entries_pass_the_door() {

@@ -24,13 +24,16 @@ use tower::{Service, ServiceBuilder};
 
 pub use crate::engine::{Engine, unique_worker_name};
 use crate::{
-    chain::{self, JobOutcome},
+    chain::{
+        self, JobOutcome,
+        throttle::{Admitted, ThrottleLayer},
+    },
+    dispatcher::Dispatcher,
     maintenance::{
-        dispatcher::Dispatcher, heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine,
-        reaper::Reaper, rescuer::Rescuer, retention::Retention,
+        heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine, reaper::Reaper,
+        rescuer::Rescuer, retention::Retention,
     },
     queue::{self, ChainBackend, Fetcher},
-    throttle::{Admitted, ThrottleLayer},
 };
 
 /// The chain job itself, behind the throttle: runs the admitted job.

@@ -2,7 +2,7 @@
 //!
 //! 1. **admit** ([`admit`]): the rule's lease, then whether this run may call at all
 //!    (rule enabled, circuit, a writer that can be built). Rate-limit blocks are checked
-//!    before the job gets here, by the [`throttle`](crate::throttle) layer.
+//!    before the job gets here, by the [`throttle`] layer, the chain's first gate.
 //! 2. **claim** ([`claim`]): the next batch of due deliveries.
 //! 3. **triage** ([`triage`], pure): suppressed, held, or to send.
 //! 4. **call** ([`call`]): a pacer slot, then the writer, up to max in flight.
@@ -19,6 +19,7 @@ pub mod classify;
 pub mod context;
 pub mod lease;
 pub mod settle;
+pub mod throttle;
 pub mod triage;
 
 use chrono::{DateTime, Duration, Utc};

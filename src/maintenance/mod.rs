@@ -1,8 +1,8 @@
-//! The background loops of a worker process. Each has the same shape: a struct over the
+//! The background loops that keep a worker process's house (the dispatcher, which starts
+//! the work, is [`crate::dispatcher`]). Each has the same shape: a struct over the
 //! [`Engine`](crate::engine::Engine), a `run_once` that tests call directly, and a `run(shutdown)` that repeats
 //! it until the process stops.
 //!
-//! - [`dispatcher`]: starts runs for rules with due deliveries (woken by NOTIFY).
 //! - [`heartbeat`]: this process's beat in table `workers`.
 //! - [`rescuer`]: resumes the runs of dead processes, and runs whose job was lost.
 //! - [`reaper`]: ends runs whose heartbeat went quiet for the whole staleness window.
@@ -11,7 +11,6 @@
 //! - [`retention`]: removes deliveries, ledger rows, runs and queue jobs that ended longer
 //!   ago than `COURIER_RETENTION_DAYS`, in bounded batches.
 
-pub mod dispatcher;
 pub mod heartbeat;
 pub mod pruner;
 pub mod quarantine;

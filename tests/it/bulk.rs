@@ -11,7 +11,7 @@ use chrono::Duration as Span;
 use courier::{
     catalog::{self, CatalogError, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
-    maintenance::{dispatcher::Dispatcher, reaper::Reaper},
+    {dispatcher::Dispatcher, maintenance::reaper::Reaper},
 };
 use courier_target::{Target, TargetConfig, WorkspaceConfig};
 use serde_json::json;

@@ -10,9 +10,9 @@ use courier::{
     chain::JobOutcome,
     config::BreakerSettings,
     enqueue::{self, EnqueueError, NewDelivery},
-    maintenance::{dispatcher::Dispatcher, reaper::Reaper},
     runs::RunStatus,
     worker,
+    {dispatcher::Dispatcher, maintenance::reaper::Reaper},
 };
 use courier_target::Target;
 use serde_json::json;

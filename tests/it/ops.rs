@@ -8,9 +8,9 @@ use chrono::Duration as Span;
 use courier::{
     chain::JobOutcome,
     clock::Clock,
+    dispatcher::Dispatcher,
     enqueue::{self, NewDelivery},
     ledger::{DeliveryStatus, Outcome},
-    maintenance::dispatcher::Dispatcher,
     ops::{self, OpsError},
     runs::RunStatus,
     worker::Engine,

@@ -521,7 +521,7 @@ async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_
         .at;
     assert!(slot >= booked - Span::milliseconds(1), "{slot} vs {booked}");
 
-    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+    courier::dispatcher::Dispatcher::new(&engine)
         .run_once()
         .await
         .unwrap();
@@ -550,7 +550,7 @@ async fn one_job_claims_the_next_batch_while_the_tail_is_in_flight() {
     enqueue::enqueue_many(&db.pool, "customers", burst("c", 10 * batches + 5))
         .await
         .unwrap();
-    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+    courier::dispatcher::Dispatcher::new(&engine)
         .run_once()
         .await
         .unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::common::*;
 use courier::{
-    catalog,
+    apply, catalog,
     enqueue::NewDelivery,
     presets::PRESETS,
     worker::{self, Engine},
@@ -52,7 +52,7 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
                 .as_array_mut()
                 .unwrap()
                 .retain(|r| r["name"] == rule.as_str());
-            catalog::apply_file(&db.pool, &file.to_string(), Default::default())
+            apply::apply_file(&db.pool, &file.to_string(), Default::default())
                 .await
                 .unwrap_or_else(|e| panic!("{}/{rule}: {e}", preset.name));
             // Targets that answer records one by one, or accept a job for later, name no

@@ -15,9 +15,9 @@ use std::{
 use crate::common::*;
 use courier::{
     db, enqueue,
-    maintenance::{dispatcher::Dispatcher, quarantine::Quarantine},
     queue::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, ChainJob, Fetcher, INSERT_CHANNEL, UNREADABLE},
     worker::{self, Engine},
+    {dispatcher::Dispatcher, maintenance::quarantine::Quarantine},
 };
 use courier_target::Target;
 use sqlx::PgPool;

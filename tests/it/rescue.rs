@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use crate::common::*;
 use chrono::Duration as Span;
-use courier::{enqueue, maintenance::dispatcher::Dispatcher, maintenance::rescuer::Rescuer};
+use courier::{dispatcher::Dispatcher, enqueue, maintenance::rescuer::Rescuer};
 use courier_target::Target;
 use sqlx::{Connection, PgPool};
 

@@ -345,7 +345,7 @@ async fn a_chain_job_is_bound_to_its_run_not_to_its_payload() {
     enqueue::enqueue(&db.pool, "orders", NewDelivery::new("o:1", json!({})))
         .await
         .unwrap();
-    courier::maintenance::dispatcher::Dispatcher::new(&engine)
+    courier::dispatcher::Dispatcher::new(&engine)
         .run_once()
         .await
         .unwrap();

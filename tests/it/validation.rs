@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use courier::{
-    catalog::{self, CatalogError, CatalogFile, NewConnection, NewRule},
+    apply::{self, CatalogFile},
+    catalog::{self, CatalogError, NewConnection, NewRule},
     db::{self, DbError, PoolSettings},
     enqueue::{self, EnqueueError, NewDelivery},
 };
@@ -80,7 +81,7 @@ async fn a_usercom_rule_path_is_checked_against_the_operations_when_saved() {
             rule("bad", "uc2", "events"),
         ],
     };
-    let m = match catalog::apply(&db.pool, &file).await {
+    let m = match apply::apply(&db.pool, &file).await {
         Err(CatalogError::Invalid(m)) => m,
         other => panic!("expected a refusal, got {other:?}"),
     };
@@ -133,7 +134,7 @@ async fn a_connection_becomes_usercom_only_when_its_rules_paths_fit() {
         connections: vec![to_usercom.clone()],
         rules: vec![rule("customers", "shop", "user_upsert")],
     };
-    let m = match catalog::apply(&db.pool, &half).await {
+    let m = match apply::apply(&db.pool, &half).await {
         Err(CatalogError::Invalid(m)) => m,
         other => panic!("expected a refusal, got {other:?}"),
     };
@@ -157,7 +158,7 @@ async fn a_connection_becomes_usercom_only_when_its_rules_paths_fit() {
             rule("prices", "shop", "product_event"),
         ],
     };
-    catalog::apply(&db.pool, &whole).await.unwrap();
+    apply::apply(&db.pool, &whole).await.unwrap();
     conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
     assert_eq!(conn.writer, "usercom");
 }
@@ -268,7 +269,7 @@ async fn base_urls_and_headers_are_checked_when_saved_without_echoing_secrets() 
             rules: vec![],
         };
         assert!(matches!(
-            catalog::apply(&db.pool, &file).await,
+            apply::apply(&db.pool, &file).await,
             Err(CatalogError::Invalid(_))
         ));
     }
@@ -422,15 +423,15 @@ async fn what_would_go_wrong_later_is_refused_when_saved_naming_the_field_never_
         connections: vec![base.clone(), base.clone()],
         rules: vec![],
     };
-    let m = invalid(catalog::apply(&db.pool, &twice).await.map(|()| 0));
+    let m = invalid(apply::apply(&db.pool, &twice).await.map(|()| 0));
     assert!(m.contains("connection \"crm\" is named twice"), "{m}");
     for empty in ["", "[]", "{}"] {
-        let changes = catalog::apply_file(&db.pool, empty, Default::default())
+        let changes = apply::apply_file(&db.pool, empty, Default::default())
             .await
             .unwrap();
         assert!(changes.is_empty(), "{empty:?}: {changes:?}");
     }
-    let m = match catalog::apply_file(&db.pool, "[1]", Default::default()).await {
+    let m = match apply::apply_file(&db.pool, "[1]", Default::default()).await {
         Err(CatalogError::Invalid(m)) => m,
         other => panic!("expected a refusal, got {other:?}"),
     };

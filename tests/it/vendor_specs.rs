@@ -11,7 +11,7 @@ use std::{
 };
 
 use crate::common::*;
-use courier::{catalog, enqueue::NewDelivery, presets};
+use courier::{apply, enqueue::NewDelivery, presets};
 use serde_json::{Value, json};
 
 /// The repository's root.
@@ -153,7 +153,7 @@ async fn the_klaviyo_presets_requests_pass_klaviyos_own_spec() {
             .as_array_mut()
             .unwrap()
             .retain(|r| r["name"] == rule);
-        catalog::apply_file(&db.pool, &mine.to_string(), Default::default())
+        apply::apply_file(&db.pool, &mine.to_string(), Default::default())
             .await
             .unwrap();
         courier::enqueue::enqueue_many(&db.pool, rule, records(rule))

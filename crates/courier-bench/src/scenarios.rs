@@ -21,8 +21,8 @@ use super::{
 };
 use courier::{
     catalog::{self, NewConnection, NewRule},
+    dispatcher::Dispatcher,
     enqueue::{self, NewDelivery},
-    maintenance::dispatcher::Dispatcher,
     queue::Tick,
 };
 

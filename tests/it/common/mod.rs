@@ -18,8 +18,8 @@ use courier::{
     clock::Clock,
     config::Settings,
     db,
+    dispatcher::Dispatcher,
     enqueue::NewDelivery,
-    maintenance::dispatcher::Dispatcher,
     queue::{CHAIN_QUEUE, ChainJob},
     worker::{self, Engine},
 };

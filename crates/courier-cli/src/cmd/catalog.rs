@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Subcommand;
 use courier::{
+    apply,
     catalog::{self, Connection, NewConnection, NewRule, Rule},
     ops,
     ratelimit::limits::Limit,
@@ -430,8 +431,8 @@ pub async fn apply(ctx: &Ctx, args: ApplyArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("name a file or --preset"),
     };
-    let opts = catalog::ApplyOptions { replace, dry_run };
-    let changes = catalog::apply_file(&ctx.pool().await?, &text, opts)
+    let opts = apply::ApplyOptions { replace, dry_run };
+    let changes = apply::apply_file(&ctx.pool().await?, &text, opts)
         .await
         .with_context(|| format!("{what}: nothing was applied"))?;
     if changes.is_empty() {

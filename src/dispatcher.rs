@@ -126,7 +126,7 @@ impl<'a> Dispatcher<'a> {
                     if let Err(e) = n {
                         // recv reconnects on its next call; while the database is away,
                         // try once a second rather than in a hot loop.
-                        super::failed(&self.engine.health, "dispatcher LISTEN", &e);
+                        crate::maintenance::failed(&self.engine.health, "dispatcher LISTEN", &e);
                         tokio::select! {
                             _ = shutdown.cancelled() => return Ok(()),
                             _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
@@ -144,13 +144,13 @@ impl<'a> Dispatcher<'a> {
     async fn pass(&self) -> Option<DateTime<Utc>> {
         let health = &self.engine.health;
         if let Err(e) = self.run_once().await {
-            super::failed(health, "dispatch", &e);
+            crate::maintenance::failed(health, "dispatch", &e);
             return None;
         }
         match self.next_due().await {
             Ok(at) => at,
             Err(e) => {
-                super::failed(health, "dispatcher's next-due", &e);
+                crate::maintenance::failed(health, "dispatcher's next-due", &e);
                 None
             }
         }
