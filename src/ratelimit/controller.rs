@@ -25,6 +25,11 @@
 //!    through at once says little of the rate that follows. Back at the declared rate,
 //!    nothing is learned.
 //!
+//! As a state machine: **declared** (nothing learned) → a 429 **cuts** ([`Learned::refused`])
+//! → **climb** (rule 2) or **held pace** (rule 3) → **probe** (rule 4) → back at the
+//! declared rate, **declared**; a 429 in any state cuts again. [`Learned::phase`] says which
+//! state a budget is in at a moment, and [`Phase::rate`] is the pace there.
+//!
 //! The effective rate is the least of the declared pace, this learned rate and what the
 //! target's headers advertise. [`Learned::by`] labels what the last 429 did, for
 //! diagnostics only: nothing reads it back.
@@ -123,25 +128,44 @@ impl Learned {
     /// The learned pace at `now` (requests per second), or `None` when nothing is learned
     /// or it has climbed back to `declared`.
     pub fn rate(&self, p: &Params, declared: f64, now: DateTime<Utc>) -> Option<f64> {
+        let rate = self.phase(p, now)?.rate(p);
+        (rate < declared).then_some(rate)
+    }
+
+    /// The controller's state at `now`: `None` before any cut; else where the climb from
+    /// the last cut stands (rules 2–4 of the module's rule).
+    pub fn phase(&self, p: &Params, now: DateTime<Utc>) -> Option<Phase> {
         let since = self.since?;
         let s = secs(since, now).max(0.0);
+        // Rule 3: a lasting pace the last cut came soon after, leaving the ceiling below a
+        // plain cut of it.
         let held = self
             .held
             .filter(|&(h, at)| secs(at, since) < p.hold && self.ceiling < p.decrease * h);
-        let (top, from, t) = match held {
-            Some((h, _)) if s > p.approach => (h, self.ceiling.min(h), s - p.approach),
-            _ => (self.ceiling * (1.0 + p.decrease) / 2.0, self.base, s),
+        let (toward, target, from, climbing) = match held {
+            Some((h, _)) if s > p.approach => {
+                (Toward::Held, h, self.ceiling.min(h), s - p.approach)
+            }
+            _ => (
+                Toward::Halfway,
+                self.ceiling * (1.0 + p.decrease) / 2.0,
+                self.base,
+                s,
+            ),
         };
-        // The cut's block (its 429 came when it began) sets how long the quiet lasts. A
-        // ceiling estimated from a window's quota (no call was refused at it) and not
-        // climbing back to a held pace probes at once.
+        // Rule 4: the cut's block (its 429 came when it began) sets how long the quiet
+        // lasts. A ceiling estimated from a window's quota (no call was refused at it) and
+        // not climbing back to a held pace probes at once.
         let block = self.last_429.map_or(0.0, |at| secs(at, since));
         let estimated = held.is_none() && self.ceiling < self.refused;
         let quiet = if estimated { 0.0 } else { block / HEADROOM };
-        let probing = (s - quiet).max(0.0);
-        let grown = top * (p.probe * probing).min(MAX_GROWTH).exp();
-        let rate = grown - (grown - from) * (-t / p.approach).exp();
-        (rate < declared).then_some(rate)
+        Some(Phase {
+            toward,
+            from,
+            target,
+            climbing,
+            probing: (s - quiet).max(0.0),
+        })
     }
 
     /// A call booked at pace `paced` (requests per second) and sent at `sent` met a 429 at
@@ -189,6 +213,53 @@ impl Learned {
         self.last_429 = Some(now);
         self.by = by.to_owned();
         true
+    }
+}
+
+/// What the pace climbs towards after a cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Toward {
+    /// Halfway between a plain cut and the ceiling: the limit lies between the two (rule 2).
+    Halfway,
+    /// The lasting pace, from `approach` seconds after a cut that came soon after it and
+    /// left the ceiling below a plain cut of it (rule 3).
+    Held,
+}
+
+/// The controller's state at a moment after a cut. The states are named by [`Phase::name`]:
+/// **climb** (from the cut pace towards halfway below the ceiling), **held pace** (climbing
+/// back to the lasting pace instead) and **probe** (past the quiet, the target itself
+/// grows); the **cut** is the one transition a 429 makes ([`Learned::refused`]), and back at
+/// the declared pace the budget is **declared** again ([`Learned::rate`] is `None`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Phase {
+    /// What the climb heads for.
+    pub toward: Toward,
+    /// The pace the climb starts from (requests per second).
+    pub from: f64,
+    /// The pace it heads for before any probing.
+    pub target: f64,
+    /// Seconds into the climb.
+    pub climbing: f64,
+    /// Seconds past the quiet (0 while quiet): the target grows by `probe` for each.
+    pub probing: f64,
+}
+
+impl Phase {
+    /// The state's name: `climb`, `held pace` or `probe`.
+    pub fn name(&self) -> &'static str {
+        match (self.probing > 0.0, self.toward) {
+            (true, _) => "probe",
+            (false, Toward::Held) => "held pace",
+            (false, Toward::Halfway) => "climb",
+        }
+    }
+
+    /// The pace in this state (requests per second): the target, grown by the probe, closed
+    /// on from `from` with time constant `approach`.
+    pub fn rate(&self, p: &Params) -> f64 {
+        let grown = self.target * (p.probe * self.probing).min(MAX_GROWTH).exp();
+        grown - (grown - self.from) * (-self.climbing / p.approach).exp()
     }
 }
 
@@ -364,6 +435,26 @@ mod tests {
         // Sent once it ended: a new refusal, heard however soon.
         assert!(l.refused(&p, 9.2, (1, 0.0), t(1.0), t(1.0), t(2.0)));
         assert!((l.ceiling - 9.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_states_follow_one_another_as_the_rule_says() {
+        let p = PARAMS;
+        let mut l = Learned::default();
+        assert_eq!(l.phase(&p, t(0.0)), None, "declared: nothing learned");
+        // A cut ending a 1 s block: climb, then probe once the quiet is over.
+        l.refused(&p, 10.0, (50, 5.0), t(5.0), t(5.0), t(6.0));
+        let name = |l: &Learned, s| l.phase(&p, t(s)).unwrap().name();
+        assert_eq!(name(&l, 6.5), "climb");
+        assert_eq!(name(&l, 6.0 + QUIET + 1.0), "probe");
+        // A drop soon after a lasting pace: the climb heads back to it.
+        let mut l = Learned::default();
+        l.refused(&p, 10.0, (300, 60.0), t(60.0), t(60.0), t(61.0));
+        l.refused(&p, 6.0, (10, 2.0), t(63.0), t(63.0), t(64.0));
+        assert_eq!(name(&l, 64.0 + p.approach / 2.0), "climb");
+        let phase = l.phase(&p, t(64.0 + p.approach + 0.1)).unwrap();
+        assert_eq!((phase.name(), phase.toward), ("held pace", Toward::Held));
+        assert!((phase.target - 10.0).abs() < 1e-9);
     }
 
     #[test]
