@@ -1,6 +1,7 @@
 // `sqlx::migrate!` embeds migrations/ at compile time: a new or changed migration must
 // rebuild the crate, or a binary would miss it. Every `presets/<name>.json` is a preset
-// (`courier::presets::PRESETS`): a new one is a file, nothing else.
+// (`courier::presets::PRESETS`): a new one is a file, nothing else; `<name>.target.json`
+// beside it says how its target answers, for `courier target`.
 use std::{env, fs, path::Path};
 
 fn main() {
@@ -11,7 +12,10 @@ fn main() {
         .expect("presets/")
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
-            Some(name.strip_suffix(".json")?.to_owned())
+            // `<name>.target.json` beside a preset is how its target answers, for
+            // `courier target` (crates/courier-target), not a preset.
+            let name = name.strip_suffix(".json")?;
+            (!name.ends_with(".target")).then(|| name.to_owned())
         })
         .collect();
     names.sort();

@@ -15,11 +15,13 @@
 //!   `{"limit": N}`; `GET` reads the limits in force).
 //! - Any other path keeps the generic behaviour the `http_json` writer's tests rely on: a
 //!   JSON POST is accepted and counted per `Idempotency-Key`.
-//! - A **batch sink** ([`batch_sink`]) under `batch/per-item/` or `batch/all-or-nothing/`,
-//!   at the root or in a workspace (then behind its token and limiter): a JSON array of
-//!   records (or an object with one array field) in one call; an item with
-//!   `"invalid": true` is refused, in the answer's item (per item) or with a 400 for the
-//!   whole call (all or nothing). Accepted items count per delivery, from the call's
+//! - A **batch sink** ([`batch_sink`]): a call of many records (a JSON array, or an
+//!   object with one array field) on a path a batch endpoint serves, at the root or in a
+//!   workspace (then behind its token and limiter), answered as that endpoint answers:
+//!   the sink's own styles under `batch/<style>/` (`per-item`, `all-or-nothing`, `keyed`,
+//!   `positional`, `indexed`, `unmapped`, `limit-exceeded`) or a vendor's, as each
+//!   preset's `presets/<name>.target.json` says ([`vendors`]). An item with
+//!   `"invalid": true` is refused. Accepted items count per delivery, from the call's
 //!   `Idempotency-Key` (`courier-12,13,17`).
 //! - **Faults** on demand, for every path: a share of 500/502/504, a uniform latency
 //!   range, hangs past the client's timeout, connection resets (the connection is closed
@@ -34,8 +36,7 @@
 //! - [`limiter`]: the rate limiter kinds, the rate-limit headers and the peak meter, with
 //!   time as a parameter.
 //! - [`usercom`]: one workspace: its endpoints and their state.
-//! - [`vendors`]: the batch sink: how each vendor's batch endpoint answers a call of many
-//!   records (the presets' targets), and the generic styles under `batch/<style>/`.
+//! - [`vendors`]: the batch sink, answering as the emulation files (data) say.
 
 pub mod faults;
 pub mod limiter;
@@ -65,7 +66,7 @@ use tokio::net::TcpListener;
 pub use faults::{Faults, parse_latency_ms};
 pub use limiter::{Budget, Limiter, PeakMeter, RateHeaders, Window, parse_limit_schedule};
 pub use usercom::{DELIVERY_ID_FIELD, Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
-pub use vendors::{BatchAnswers, BatchReply, batch_sink};
+pub use vendors::{BatchReply, batch_sink};
 
 /// Requests per period a workspace allows unless configured: User.com's 10 per second.
 pub const DEFAULT_RATE: u32 = 10;

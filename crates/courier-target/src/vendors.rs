@@ -1,70 +1,127 @@
-//! The batch sink: what a vendor's batch endpoint answers a call of many records, by the
-//! style its path names (`batch/<style>/`) or the vendor endpoint a preset calls
-//! ([`BatchAnswers`]). Pure: a call's path, body and headers in, a [`BatchReply`] out; the
-//! server counts what it accepted.
+//! The batch sink: what a target's batch endpoint answers a call of many records. How each
+//! answers is data, not code: the sink's own styles under `batch/<style>/`
+//! (`crates/courier-target/styles.json`) and, beside each preset of the engine,
+//! `presets/<name>.target.json`, built in ([`EMULATIONS`]). Pure: a call's path, body and
+//! headers in, a [`BatchReply`] out; the server counts what it accepted.
+//!
+//! An emulation file lists endpoints, each with the paths it serves (segments; `*` one,
+//! `**` any number) and its answers: `ok` when no record of the call is invalid, `partial`
+//! (default: `ok`) when some is (a record marked `"invalid": true`, on the item or one level
+//! down). An answer is a status, a body template and what it accepts (`valid`, the
+//! default; `none`; `all`). In a template, `{"$each": "accepted" | "refused", "$as": T}` is
+//! an array of `T` for each accepted or refused record, `{"$each": "item", "$accepted": T,
+//! "$refused": T}` one for every record in order; a string names what fills it:
+//! `{{index}}` (the record's position), `{{trace}}` (its `objectWriteTraceId`, else its
+//! delivery id), `{{item/<pointer>}}` (a field of the record; null when absent),
+//! `{{count}}`, `{{accepted_count}}`, `{{refused_count}}`, `{{first_refused}}`. A whole
+//! string is replaced by the value; one inside a longer string by its text.
+
+use std::sync::LazyLock;
 
 use axum::http::HeaderMap;
+use serde::Deserialize;
+use serde_json::Value;
 
-/// How the batch sink answers a call holding an invalid item.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BatchAnswers {
-    /// 200 with an array of one `{"status": ...}` per item (`"error"` for a refused one).
-    PerItem,
-    /// 400 for the whole call when any item is invalid; nothing of it is accepted.
-    AllOrNothing,
-    /// HubSpot's batch upsert: 200, or 207 when any item is invalid, with
-    /// `{"results": [...], "errors": [...]}` whose items carry `objectWriteTraceId` (the
-    /// item's own, else its delivery id from the call's `Idempotency-Key`).
-    Keyed,
-    /// Salesforce's sObject collections: 200 with one `{"id", "success", "errors"}` per
-    /// item, in order.
-    Positional,
-    /// Braze's `/users/track`: 201 with `{"message": "success", "errors": [{"type",
-    /// "input_array", "index"}]}` naming the invalid items' positions.
-    Indexed,
-    /// A 207 that names no record (`{"status": "partial"}`) when any item is invalid:
-    /// an answer courier cannot map.
-    Unmapped,
-    /// Salesforce's spent daily allowance: 403 `REQUEST_LIMIT_EXCEEDED` to every call.
-    LimitExceeded,
-    /// An answer without a body: HubSpot's event batch (204), Klaviyo's bulk jobs (202).
-    NoBody(u16),
-    /// Brevo's contacts batch: 204, or 207 `{"successIds": [...], "failureIds": [...]}`
-    /// naming the items by their `email`.
-    Brevo,
-    /// Customer.io's v2 batch: 200, or 207 `{"errors": [{"batch_index", "reason"}]}`.
-    CustomerIo,
-    /// Mailchimp's batch subscribe: 200 `{"new_members", "errors": [{"email_address",
-    /// "error"}]}`.
-    Mailchimp,
+/// Every emulation built in, by name (`styles`, then each preset's), as JSON text.
+pub const EMULATIONS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/emulations.rs"));
+
+/// How one target answers: its batch endpoints.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Emulation {
+    /// What the file emulates, and from which of the vendor's documents.
+    pub about: String,
+    /// Its endpoints, tried in order.
+    pub endpoints: Vec<Endpoint>,
 }
 
-/// The answer style of a vendor's batch endpoint, by its path (the preset's).
-fn vendor_style(path: &str) -> Option<BatchAnswers> {
-    let p = path.trim_end_matches('/');
-    let segments: Vec<&str> = p.split('/').filter(|s| !s.is_empty()).collect();
-    Some(match segments.as_slice() {
-        [.., "objects", _, "batch", "upsert" | "create" | "update"] => BatchAnswers::Keyed,
-        [.., "events", "v3", "send", "batch"] => BatchAnswers::NoBody(204),
-        [
-            ..,
-            "profile-subscription-bulk-create-jobs" | "event-bulk-create-jobs",
-        ] => BatchAnswers::NoBody(202),
-        [.., "contacts", "batch"] => BatchAnswers::Brevo,
-        [.., "users", "track"] => BatchAnswers::Indexed,
-        [.., "api", "v2", "batch"] => BatchAnswers::CustomerIo,
-        [.., "lists", _] => BatchAnswers::Mailchimp,
-        _ if p.contains("/composite/sobjects") => BatchAnswers::Positional,
-        _ => return None,
-    })
+/// One batch endpoint.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// The paths it serves: segments, `*` for one, `**` for any number.
+    pub paths: Vec<String>,
+    /// Its answer when every record of the call is valid.
+    pub ok: Answer,
+    /// Its answer when some record is invalid (default: `ok`).
+    #[serde(default)]
+    pub partial: Option<Answer>,
+}
+
+/// One answer of an endpoint.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body template; absent: no body.
+    #[serde(default)]
+    pub body: Option<Value>,
+    /// Which records it accepts.
+    #[serde(default)]
+    pub accepts: Accepts,
+}
+
+/// Which records of a call an answer accepts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accepts {
+    /// The valid ones.
+    #[default]
+    Valid,
+    /// None: the whole call refused.
+    None,
+    /// All of them.
+    All,
+}
+
+/// The emulations built in, parsed once; a file that does not parse fails the first call
+/// with its name (and the test that reads them all).
+static PARSED: LazyLock<Vec<(&'static str, Emulation)>> = LazyLock::new(|| {
+    EMULATIONS
+        .iter()
+        .map(|(name, text)| {
+            let e = serde_json::from_str(text).unwrap_or_else(|e| panic!("emulation {name}: {e}"));
+            (*name, e)
+        })
+        .collect()
+});
+
+/// The emulations built in, parsed.
+pub fn emulations() -> &'static [(&'static str, Emulation)] {
+    &PARSED
+}
+
+/// Whether `path`'s segments match `pattern`'s (`*` one segment, `**` any number).
+pub fn path_matches(pattern: &str, path: &str) -> bool {
+    fn go(p: &[&str], s: &[&str]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(&"**"), _) => go(&p[1..], s) || (!s.is_empty() && go(p, &s[1..])),
+            (Some(&"*"), Some(_)) => go(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    let p: Vec<&str> = pattern.split('/').filter(|s| !s.is_empty()).collect();
+    let s: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    go(&p, &s)
+}
+
+/// The endpoint serving `path`, if any emulation has one.
+fn endpoint(path: &str) -> Option<&'static Endpoint> {
+    emulations()
+        .iter()
+        .flat_map(|(_, e)| &e.endpoints)
+        .find(|ep| ep.paths.iter().any(|p| path_matches(p, path)))
 }
 
 /// The records of a batch body: the body if it is an array, else its first array found
 /// depth first (an envelope at any depth, beside constant fields).
-fn batch_items(body: &serde_json::Value) -> Option<&Vec<serde_json::Value>> {
+fn batch_items(body: &Value) -> Option<&Vec<Value>> {
     match body {
-        serde_json::Value::Array(items) => Some(items),
-        serde_json::Value::Object(m) => m.values().find_map(batch_items),
+        Value::Array(items) => Some(items),
+        Value::Object(m) => m.values().find_map(batch_items),
         _ => None,
     }
 }
@@ -74,29 +131,16 @@ fn batch_items(body: &serde_json::Value) -> Option<&Vec<serde_json::Value>> {
 pub struct BatchReply {
     /// HTTP status.
     pub status: u16,
-    /// JSON body.
-    pub body: serde_json::Value,
+    /// JSON body (null: none).
+    pub body: Value,
     /// Keys of the accepted items: `courier-<delivery id>` from the call's
     /// `Idempotency-Key`, else `<key or "batch">#<position>`.
     pub accepted: Vec<String>,
 }
 
-/// The batch sink's answer to a call on `path` (`.../batch/<style>/...`, a style of
-/// [`BatchAnswers`]: `per-item`, `all-or-nothing`, `keyed`, `positional`, `indexed`,
-/// `unmapped`, `limit-exceeded`), or `None` when `path` is not the sink's.
-pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> Option<BatchReply> {
-    let segments: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    let style = segments.windows(2).find_map(|w| match w {
-        ["batch", "per-item"] => Some(BatchAnswers::PerItem),
-        ["batch", "all-or-nothing"] => Some(BatchAnswers::AllOrNothing),
-        ["batch", "keyed"] => Some(BatchAnswers::Keyed),
-        ["batch", "positional"] => Some(BatchAnswers::Positional),
-        ["batch", "indexed"] => Some(BatchAnswers::Indexed),
-        ["batch", "unmapped"] => Some(BatchAnswers::Unmapped),
-        ["batch", "limit-exceeded"] => Some(BatchAnswers::LimitExceeded),
-        _ => None,
-    });
-    let style = style.or_else(|| vendor_style(path))?;
+/// The batch sink's answer to a call on `path`, or `None` when no emulation serves it.
+pub fn batch_sink(path: &str, body: &Value, headers: &HeaderMap) -> Option<BatchReply> {
+    let endpoint = endpoint(path)?;
     let Some(items) = batch_items(body) else {
         return Some(BatchReply {
             status: 400,
@@ -110,7 +154,7 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
         .map(|ids| ids.split(',').collect())
         .unwrap_or_default();
     // Marked invalid on the item, or one level down (a template's `properties`).
-    let marked = |v: &serde_json::Value| v.get("invalid") == Some(&serde_json::Value::Bool(true));
+    let marked = |v: &Value| v.get("invalid") == Some(&Value::Bool(true));
     let b = Batch {
         items,
         keys: (0..items.len())
@@ -128,187 +172,189 @@ pub fn batch_sink(path: &str, body: &serde_json::Value, headers: &HeaderMap) -> 
                 items[j]
                     .get("objectWriteTraceId")
                     .cloned()
-                    .or_else(|| ids.get(j).map(|id| serde_json::Value::from(*id)))
-                    .unwrap_or_else(|| serde_json::Value::from(j.to_string()))
+                    .or_else(|| ids.get(j).map(|id| Value::from(*id)))
+                    .unwrap_or_else(|| Value::from(j.to_string()))
             })
             .collect(),
     };
-    Some(match style {
-        BatchAnswers::Keyed | BatchAnswers::Brevo | BatchAnswers::Mailchimp => {
-            keyed_reply(style, &b)
-        }
-        BatchAnswers::Positional | BatchAnswers::Indexed | BatchAnswers::CustomerIo => {
-            vendor_reply(style, &b)
-        }
-        _ => plain_reply(style, &b),
+    let answer = match b.invalid.contains(&true) {
+        true => endpoint.partial.as_ref().unwrap_or(&endpoint.ok),
+        false => &endpoint.ok,
+    };
+    Some(BatchReply {
+        status: answer.status,
+        body: answer
+            .body
+            .as_ref()
+            .map_or(Value::Null, |t| b.fill(t, None)),
+        accepted: (0..items.len())
+            .filter(|&j| match answer.accepts {
+                Accepts::Valid => !b.invalid[j],
+                Accepts::None => false,
+                Accepts::All => true,
+            })
+            .map(|j| b.keys[j].clone())
+            .collect(),
     })
 }
 
 /// One batch call as the sink sees it.
 struct Batch<'a> {
     /// The records.
-    items: &'a [serde_json::Value],
+    items: &'a [Value],
     /// Each record's key for the accepted-write log.
     keys: Vec<String>,
     /// Whether each record is marked invalid.
     invalid: Vec<bool>,
     /// Each record's trace id: its own `objectWriteTraceId`, else its delivery id.
-    trace: Vec<serde_json::Value>,
+    trace: Vec<Value>,
 }
 
 impl Batch<'_> {
-    fn valid_keys(&self) -> Vec<String> {
-        (0..self.items.len())
-            .filter(|&j| !self.invalid[j])
-            .map(|j| self.keys[j].clone())
-            .collect()
+    /// Template `t` filled for the call, or for its record `j`.
+    fn fill(&self, t: &Value, j: Option<usize>) -> Value {
+        match t {
+            Value::Object(m) if m.contains_key("$each") => self.each(m, j),
+            Value::Object(m) => m
+                .iter()
+                .map(|(k, v)| (k.clone(), self.fill(v, j)))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+            Value::Array(a) => a.iter().map(|v| self.fill(v, j)).collect(),
+            Value::String(s) => self.text(s, j),
+            other => other.clone(),
+        }
     }
 
-    fn any_invalid(&self) -> bool {
-        self.invalid.iter().any(|&i| i)
-    }
-}
-
-/// What a vendor's batch endpoint answers by position or index (the presets' targets).
-fn vendor_reply(style: BatchAnswers, b: &Batch<'_>) -> BatchReply {
-    match style {
-        BatchAnswers::Positional => BatchReply {
-            status: 200,
-            body: (0..b.items.len())
-                .map(|j| match b.invalid[j] {
-                    true => serde_json::json!({"success": false, "errors": [
-                        {"statusCode": "INVALID_EMAIL_ADDRESS", "message": "invalid record", "fields": []}
-                    ]}),
-                    false => serde_json::json!({"id": format!("003{j:012}"), "success": true, "errors": []}),
+    /// An `$each` template: one value per record of the subset it names.
+    fn each(&self, m: &serde_json::Map<String, Value>, j: Option<usize>) -> Value {
+        let all = 0..self.items.len();
+        let template = |name: &str| m.get(name).unwrap_or(&Value::Null);
+        let out: Vec<Value> = match m.get("$each").and_then(Value::as_str) {
+            Some("accepted") => all
+                .filter(|&i| !self.invalid[i])
+                .map(|i| self.fill(template("$as"), Some(i)))
+                .collect(),
+            Some("refused") => all
+                .filter(|&i| self.invalid[i])
+                .map(|i| self.fill(template("$as"), Some(i)))
+                .collect(),
+            Some("item") => all
+                .map(|i| match self.invalid[i] {
+                    true => self.fill(template("$refused"), Some(i)),
+                    false => self.fill(template("$accepted"), Some(i)),
                 })
                 .collect(),
-            accepted: b.valid_keys(),
-        },
-        BatchAnswers::Indexed => BatchReply {
-            status: 201,
-            body: serde_json::json!({
-                "message": "success",
-                "errors": (0..b.items.len()).filter(|&j| b.invalid[j]).map(|j| serde_json::json!({
-                    "type": "invalid record", "input_array": "attributes", "index": j
-                })).collect::<Vec<_>>(),
-            }),
-            accepted: b.valid_keys(),
-        },
-        BatchAnswers::CustomerIo => BatchReply {
-            status: if b.any_invalid() { 207 } else { 200 },
-            body: serde_json::json!({
-                "errors": (0..b.items.len()).filter(|&j| b.invalid[j]).map(|j| serde_json::json!({
-                    "batch_index": j, "reason": "invalid record", "field": "identifiers"
-                })).collect::<Vec<_>>(),
-            }),
-            accepted: b.valid_keys(),
-        },
-        _ => unreachable!("not this function's style: {style:?}"),
+            other => return Value::String(format!("unknown $each {other:?} (at {j:?})")),
+        };
+        Value::Array(out)
+    }
+
+    /// A string template: a whole placeholder is its value, others are filled as text.
+    fn text(&self, s: &str, j: Option<usize>) -> Value {
+        if let Some(name) = s.strip_prefix("{{").and_then(|r| r.strip_suffix("}}"))
+            && !name.contains("{{")
+        {
+            return self.value(name, j);
+        }
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(start) = rest.find("{{") {
+            let Some(len) = rest[start..].find("}}") else {
+                break;
+            };
+            out.push_str(&rest[..start]);
+            match self.value(&rest[start + 2..start + len], j) {
+                Value::String(v) => out.push_str(&v),
+                v => out.push_str(&v.to_string()),
+            }
+            rest = &rest[start + len + 2..];
+        }
+        out.push_str(rest);
+        Value::String(out)
+    }
+
+    /// What placeholder `name` stands for.
+    fn value(&self, name: &str, j: Option<usize>) -> Value {
+        let refused = self.invalid.iter().filter(|&&i| i).count();
+        match (name, j) {
+            ("count", _) => self.items.len().into(),
+            ("accepted_count", _) => (self.items.len() - refused).into(),
+            ("refused_count", _) => refused.into(),
+            ("first_refused", _) => self.invalid.iter().position(|&i| i).into(),
+            ("index", Some(j)) => j.into(),
+            ("trace", Some(j)) => self.trace[j].clone(),
+            (field, Some(j)) if field.starts_with("item/") => self.items[j]
+                .pointer(&field["item".len()..])
+                .cloned()
+                .unwrap_or(Value::Null),
+            _ => Value::String(format!("{{{{{name}}}}}")),
+        }
     }
 }
 
-/// What a vendor's batch endpoint answers naming records by a key (HubSpot, Brevo, Mailchimp).
-fn keyed_reply(style: BatchAnswers, b: &Batch<'_>) -> BatchReply {
-    match style {
-        BatchAnswers::Keyed => {
-            let (bad, good): (Vec<usize>, Vec<usize>) =
-                (0..b.items.len()).partition(|&j| b.invalid[j]);
-            BatchReply {
-                status: if bad.is_empty() { 200 } else { 207 },
-                body: serde_json::json!({
-                    "status": "COMPLETE",
-                    "results": good.iter().map(|&j| serde_json::json!({
-                        "id": format!("{}", 1000 + j), "objectWriteTraceId": b.trace[j].clone()
-                    })).collect::<Vec<_>>(),
-                    "numErrors": bad.len(),
-                    "errors": bad.iter().map(|&j| serde_json::json!({
-                        "status": "error", "category": "VALIDATION_ERROR",
-                        "message": "Property values were not valid", "objectWriteTraceId": b.trace[j].clone()
-                    })).collect::<Vec<_>>(),
-                }),
-                accepted: b.valid_keys(),
-            }
-        }
-        BatchAnswers::Brevo => {
-            let email = |j: usize| b.items[j].get("email").cloned().unwrap_or_default();
-            let (bad, good): (Vec<usize>, Vec<usize>) =
-                (0..b.items.len()).partition(|&j| b.invalid[j]);
-            BatchReply {
-                status: if bad.is_empty() { 204 } else { 207 },
-                body: match bad.is_empty() {
-                    true => serde_json::Value::Null,
-                    false => serde_json::json!({
-                        "successIds": good.iter().map(|&j| email(j)).collect::<Vec<_>>(),
-                        "failureIds": bad.iter().map(|&j| email(j)).collect::<Vec<_>>(),
-                    }),
-                },
-                accepted: b.valid_keys(),
-            }
-        }
-        BatchAnswers::Mailchimp => {
-            let address = |j: usize| b.items[j].get("email_address").cloned().unwrap_or_default();
-            let (bad, good): (Vec<usize>, Vec<usize>) =
-                (0..b.items.len()).partition(|&j| b.invalid[j]);
-            BatchReply {
-                status: 200,
-                body: serde_json::json!({
-                    "new_members": good.iter().map(|&j| serde_json::json!({"email_address": address(j), "status": "subscribed"})).collect::<Vec<_>>(),
-                    "updated_members": [],
-                    "errors": bad.iter().map(|&j| serde_json::json!({
-                        "email_address": address(j), "error": "invalid record", "error_code": "ERROR_GENERIC"
-                    })).collect::<Vec<_>>(),
-                    "total_created": good.len(), "total_updated": 0, "error_count": bad.len(),
-                }),
-                accepted: b.valid_keys(),
-            }
-        }
-        _ => unreachable!("not this function's style: {style:?}"),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
 
-/// The sink's own answer styles.
-fn plain_reply(style: BatchAnswers, b: &Batch<'_>) -> BatchReply {
-    match style {
-        BatchAnswers::NoBody(status) => BatchReply {
-            status,
-            body: serde_json::Value::Null,
-            accepted: b.valid_keys(),
-        },
-        BatchAnswers::LimitExceeded => BatchReply {
-            status: 403,
-            body: serde_json::json!([{"message": "TotalRequests Limit exceeded.", "errorCode": "REQUEST_LIMIT_EXCEEDED"}]),
-            accepted: Vec::new(),
-        },
-        BatchAnswers::Unmapped => BatchReply {
-            status: if b.any_invalid() { 207 } else { 200 },
-            body: serde_json::json!({"status": if b.any_invalid() { "partial" } else { "complete" }}),
-            accepted: b.valid_keys(),
-        },
-        BatchAnswers::PerItem => BatchReply {
-            status: 200,
-            body: (0..b.items.len())
-                .map(|j| match b.invalid[j] {
-                    true => serde_json::json!({"status": 400, "error": "invalid record"}),
-                    false => serde_json::json!({"status": 200}),
-                })
-                .collect(),
-            accepted: (0..b.items.len())
-                .filter(|&j| !b.invalid[j])
-                .map(|j| b.keys[j].clone())
-                .collect(),
-        },
-        BatchAnswers::AllOrNothing => match b.invalid.iter().position(|&i| i) {
-            Some(j) => BatchReply {
-                status: 400,
-                body: serde_json::json!({"detail": format!("item {j} is invalid; nothing was accepted")}),
-                accepted: Vec::new(),
-            },
-            None => BatchReply {
-                status: 200,
-                body: serde_json::json!({"accepted": b.items.len()}),
-                accepted: (0..b.items.len()).map(|j| b.keys[j].clone()).collect(),
-            },
-        },
-        _ => unreachable!("not this function's style: {style:?}"),
+    use super::*;
+
+    #[test]
+    fn paths_match_by_segment() {
+        for (pattern, path, hit) in [
+            ("**/lists/*", "lists/abc", true),
+            ("**/lists/*", "3.0/lists/abc/", true),
+            ("**/lists/*", "lists/abc/members", false),
+            ("**/batch/keyed/**", "ws/shop/batch/keyed/", true),
+            ("**/batch/keyed/**", "batch/keyed/x/y", true),
+            ("**/batch/keyed/**", "batchx/keyed", false),
+            (
+                "**/objects/*/batch/upsert",
+                "crm/v3/objects/contacts/batch/upsert",
+                true,
+            ),
+            (
+                "**/objects/*/batch/upsert",
+                "crm/v3/objects/batch/upsert",
+                false,
+            ),
+        ] {
+            assert_eq!(path_matches(pattern, path), hit, "{pattern} {path}");
+        }
+    }
+
+    #[test]
+    fn every_emulation_reads_and_names_its_source() {
+        assert!(emulations().len() > 1);
+        for (name, e) in emulations() {
+            assert!(!e.about.is_empty() && !e.endpoints.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn templates_fill_per_record_and_per_call() {
+        let items = [
+            json!({"email": "a@x"}),
+            json!({"email": "b@x", "invalid": true}),
+        ];
+        let b = Batch {
+            items: &items,
+            keys: vec!["courier-1".into(), "courier-2".into()],
+            invalid: vec![false, true],
+            trace: vec![json!("1"), json!("2")],
+        };
+        let t = json!({
+            "ok": {"$each": "accepted", "$as": "{{item/email}}"},
+            "bad": {"$each": "refused", "$as": {"at": "{{index}}", "id": "x-{{trace}}"}},
+            "all": {"$each": "item", "$accepted": 1, "$refused": 0},
+            "n": "{{refused_count}} of {{count}}",
+            "first": "{{first_refused}}",
+            "missing": "{{item/nope}}"
+        });
+        assert_eq!(
+            b.fill(&t, None),
+            json!({"ok": ["a@x"], "bad": [{"at": 1, "id": "x-2"}], "all": [1, 0],
+                   "n": "1 of 2", "first": 1, "missing": "{{item/nope}}"})
+        );
     }
 }

@@ -537,3 +537,42 @@ async fn the_batch_sink_answers_per_item_or_all_or_nothing() {
     assert_eq!(t.accepted("courier-1"), 2);
     assert_eq!(t.counters().duplicates, 2);
 }
+
+#[test]
+fn every_preset_bulk_endpoint_is_emulated_by_the_file_beside_it() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../presets");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let Some(preset) = name
+            .strip_suffix(".json")
+            .filter(|n| !n.ends_with(".target"))
+        else {
+            continue;
+        };
+        let file: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let emulation = courier_target::vendors::emulations()
+            .iter()
+            .find(|(n, _)| *n == preset)
+            .map(|(_, e)| e);
+        for rule in file["rules"].as_array().unwrap() {
+            if rule["records_per_call"].as_u64().unwrap_or(1) <= 1 {
+                continue;
+            }
+            let rule_path = rule["path"].as_str().unwrap();
+            let e = emulation.unwrap_or_else(|| {
+                panic!("preset {preset}: rule {} calls a batch endpoint; presets/{preset}.target.json says how it answers", rule["name"])
+            });
+            assert!(
+                e.endpoints.iter().any(|ep| ep
+                    .paths
+                    .iter()
+                    .any(|p| courier_target::vendors::path_matches(p, rule_path))),
+                "preset {preset}: no endpoint of {preset}.target.json serves {rule_path}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "{checked} bulk rules checked");
+}
