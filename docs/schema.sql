@@ -343,6 +343,14 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.courier_notify_jobs() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('courier_jobs', '');
+    RETURN NULL;
+END $$;
+
 CREATE TABLE public.rules (
     id bigint NOT NULL,
     name text NOT NULL,
@@ -366,16 +374,18 @@ CREATE TABLE public.rules (
     answer jsonb,
     request jsonb,
     limits text[] DEFAULT '{}'::text[] NOT NULL,
+    job jsonb,
     CONSTRAINT rules_answer_object CHECK (((answer IS NULL) OR (jsonb_typeof(answer) = 'object'::text))),
     CONSTRAINT rules_backoff_base_ms_check CHECK ((backoff_base_ms > 0)),
     CONSTRAINT rules_batch_size_check CHECK (((batch_size >= 1) AND (batch_size <= 10000))),
     CONSTRAINT rules_budget_key_check CHECK ((budget_key <> ''::text)),
     CONSTRAINT rules_check CHECK ((backoff_max_ms >= backoff_base_ms)),
+    CONSTRAINT rules_job_check CHECK (((job IS NULL) OR (jsonb_typeof(job) = 'object'::text))),
     CONSTRAINT rules_limits_own_budget CHECK (((cardinality(limits) = 0) OR (budget_key IS NOT NULL))),
     CONSTRAINT rules_limits_valid CHECK (public.courier_limits_valid(limits)),
     CONSTRAINT rules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT rules_name_check CHECK ((name <> ''::text)),
-    CONSTRAINT rules_records_per_call CHECK (((records_per_call >= 1) AND (records_per_call <= 1000))),
+    CONSTRAINT rules_records_per_call CHECK (((records_per_call >= 1) AND (records_per_call <= 10000))),
     CONSTRAINT rules_request_object CHECK (((request IS NULL) OR (jsonb_typeof(request) = 'object'::text))),
     CONSTRAINT rules_weight_check CHECK (((weight >= 1) AND (weight <= 1000)))
 );
@@ -573,7 +583,7 @@ CREATE TABLE public.deliveries (
     superseded boolean DEFAULT false NOT NULL,
     CONSTRAINT deliveries_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT deliveries_record_key_check CHECK ((record_key <> ''::text)),
-    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'rejected'::text, 'exhausted'::text, 'suppressed'::text])))
+    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'accepted'::text, 'delivered'::text, 'rejected'::text, 'exhausted'::text, 'suppressed'::text])))
 );
 
 ALTER TABLE public.deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -597,8 +607,9 @@ CREATE TABLE public.ledger (
     duration_ms integer,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     actor text,
+    target_job bigint,
     CONSTRAINT ledger_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT ledger_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'failed'::text, 'exhausted'::text, 'rejected'::text, 'suppressed'::text, 'held'::text, 'retried'::text]))),
+    CONSTRAINT ledger_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'accepted'::text, 'failed'::text, 'exhausted'::text, 'rejected'::text, 'suppressed'::text, 'held'::text, 'retried'::text]))),
     CONSTRAINT ledger_run_unless_retried CHECK (((run_id IS NULL) = (outcome = 'retried'::text)))
 );
 
@@ -632,6 +643,7 @@ CREATE TABLE public.runs (
     throttled_until timestamp with time zone,
     active boolean GENERATED ALWAYS AS ((status = ANY (ARRAY['running'::text, 'waiting'::text]))) STORED NOT NULL,
     job_id text,
+    accepted integer DEFAULT 0 NOT NULL,
     CONSTRAINT runs_finished_when_inactive CHECK ((active = (finished_at IS NULL))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'waiting'::text, 'completed'::text, 'circuit_open'::text, 'throttled'::text, 'stale'::text, 'failed'::text, 'paused'::text])))
 );
@@ -699,6 +711,39 @@ ALTER TABLE public.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+CREATE TABLE public.target_jobs (
+    id bigint NOT NULL,
+    rule_id bigint NOT NULL,
+    run_id bigint NOT NULL,
+    target_id text NOT NULL,
+    status text DEFAULT 'submitted'::text NOT NULL,
+    delivery_ids bigint[] NOT NULL,
+    submitted_at timestamp with time zone NOT NULL,
+    next_poll_at timestamp with time zone NOT NULL,
+    poll_every_ms integer NOT NULL,
+    polls integer DEFAULT 0 NOT NULL,
+    last_poll_at timestamp with time zone,
+    last_said text,
+    lease_owner text,
+    lease_until timestamp with time zone,
+    finished_at timestamp with time zone,
+    error text,
+    CONSTRAINT target_jobs_check CHECK (((status = 'submitted'::text) = (finished_at IS NULL))),
+    CONSTRAINT target_jobs_delivery_ids_check CHECK ((cardinality(delivery_ids) > 0)),
+    CONSTRAINT target_jobs_poll_every_ms_check CHECK ((poll_every_ms > 0)),
+    CONSTRAINT target_jobs_status_check CHECK ((status = ANY (ARRAY['submitted'::text, 'complete'::text, 'failed'::text, 'overdue'::text]))),
+    CONSTRAINT target_jobs_target_id_check CHECK (((target_id <> ''::text) AND (length(target_id) <= 200)))
+);
+
+ALTER TABLE public.target_jobs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.target_jobs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 ALTER TABLE ONLY apalis._sqlx_migrations
     ADD CONSTRAINT _sqlx_migrations_pkey PRIMARY KEY (version);
 
@@ -759,6 +804,9 @@ ALTER TABLE ONLY public.rules
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY public.target_jobs
+    ADD CONSTRAINT target_jobs_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (name);
 
@@ -812,6 +860,10 @@ CREATE UNIQUE INDEX runs_one_active_per_rule ON public.runs USING btree (rule_id
 
 CREATE INDEX runs_rule_latest ON public.runs USING btree (rule_id, id DESC);
 
+CREATE INDEX target_jobs_due ON public.target_jobs USING btree (next_poll_at) WHERE (status = 'submitted'::text);
+
+CREATE INDEX target_jobs_rule ON public.target_jobs USING btree (rule_id) WHERE (status = 'submitted'::text);
+
 CREATE TRIGGER notify_workers AFTER INSERT ON apalis.jobs REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION apalis.notify_new_jobs();
 
 CREATE TRIGGER connection_blocks_notify AFTER INSERT OR DELETE OR UPDATE ON public.connection_blocks FOR EACH ROW EXECUTE FUNCTION public.courier_notify_blocks();
@@ -834,9 +886,11 @@ CREATE TRIGGER deliveries_supersede_again BEFORE UPDATE OF status ON public.deli
 
 CREATE TRIGGER ledger_append_only BEFORE UPDATE ON public.ledger FOR EACH ROW EXECUTE FUNCTION public.courier_ledger_append_only();
 
-CREATE TRIGGER rules_changed BEFORE UPDATE OF path, connection_id, enabled, batch_size, records_per_call, request, answer ON public.rules FOR EACH ROW EXECUTE FUNCTION public.courier_rule_changed();
+CREATE TRIGGER rules_changed BEFORE UPDATE OF path, connection_id, enabled, batch_size, records_per_call, request, answer, job ON public.rules FOR EACH ROW EXECUTE FUNCTION public.courier_rule_changed();
 
 CREATE TRIGGER rules_resumed AFTER UPDATE OF paused, enabled ON public.rules FOR EACH ROW WHEN (((old.paused AND (NOT new.paused)) OR ((NOT old.enabled) AND new.enabled))) EXECUTE FUNCTION public.courier_notify_deliveries();
+
+CREATE TRIGGER target_jobs_notify AFTER INSERT ON public.target_jobs FOR EACH STATEMENT EXECUTE FUNCTION public.courier_notify_jobs();
 
 ALTER TABLE ONLY apalis.jobs
     ADD CONSTRAINT fk_worker_lock_by FOREIGN KEY (lock_by) REFERENCES apalis.workers(id);
@@ -879,3 +933,6 @@ ALTER TABLE ONLY public.rules
 
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_rule_id_fkey FOREIGN KEY (rule_id) REFERENCES public.rules(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.target_jobs
+    ADD CONSTRAINT target_jobs_rule_id_fkey FOREIGN KEY (rule_id) REFERENCES public.rules(id) ON DELETE CASCADE;

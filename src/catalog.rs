@@ -164,7 +164,7 @@ async fn check_rules_of(
     c: &NewConnection,
 ) -> Result<(), CatalogError> {
     let rules = sqlx::query!(
-        "SELECT name, path, records_per_call, answer, request FROM rules
+        "SELECT name, path, records_per_call, answer, request, job FROM rules
          WHERE connection_id = $1 ORDER BY name",
         id
     )
@@ -179,6 +179,7 @@ async fn check_rules_of(
                 records_per_call: r.records_per_call,
                 request: r.request.as_ref(),
                 answer: r.answer.as_ref(),
+                job: r.job.as_ref(),
             })
             .err()
             .map(|e| format!("rule {:?} (path {:?}): {e}", r.name, r.path))
@@ -224,6 +225,7 @@ pub async fn upsert_rule<'c>(
         records_per_call: r.records_per_call.unwrap_or(1),
         request: r.request.as_ref(),
         answer: r.answer.as_ref(),
+        job: r.job.as_ref(),
     })
     .map_err(|e| e.to_string())
     .and_then(|_| check_rule_limits(r))
@@ -236,10 +238,10 @@ pub async fn upsert_rule<'c>(
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight, records_per_call, budget_key, answer, request, limits)
+              enabled, weight, records_per_call, budget_key, answer, request, limits, job)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
                   COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11,
-                  $12, $13, $14
+                  $12, $13, $14, $15
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -249,6 +251,7 @@ pub async fn upsert_rule<'c>(
              records_per_call = EXCLUDED.records_per_call,
              budget_key = EXCLUDED.budget_key,
              answer = EXCLUDED.answer, request = EXCLUDED.request, limits = EXCLUDED.limits,
+             job = EXCLUDED.job,
              updated_at = now()
            RETURNING id"#,
         r.name,
@@ -265,6 +268,7 @@ pub async fn upsert_rule<'c>(
         r.answer,
         r.request,
         &r.limits.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        r.job,
     )
     .fetch_one(&mut *tx)
     .await
@@ -422,7 +426,7 @@ pub async fn list_rules(db: impl PgExecutor<'_>) -> Result<Vec<Rule>, sqlx::Erro
         Rule,
         "SELECT id, name, connection_id, path, enabled, batch_size, max_attempts,
                 backoff_base_ms, backoff_max_ms, weight, records_per_call,
-                budget_key, limits, answer, request, paused
+                budget_key, limits, answer, request, job, paused
          FROM rules ORDER BY name"
     )
     .fetch_all(db)
@@ -460,7 +464,7 @@ pub async fn rule_with_connection(
                   ru.max_attempts, ru.backoff_base_ms, ru.backoff_max_ms, ru.weight,
                   ru.records_per_call, ru.budget_key AS rule_budget_key,
                   ru.limits AS rule_limits,
-                  ru.answer, ru.request, ru.paused AS rule_paused,
+                  ru.answer, ru.request, ru.job, ru.paused AS rule_paused,
                   c.name, c.writer, c.base_url, c.api_key_env, c.auth, c.headers,
                   c.requests_per_minute, c.max_in_flight, c.timeout_ms,
                   courier_rule_budget_key(ru, c) AS "budget_key!",
@@ -490,6 +494,7 @@ pub async fn rule_with_connection(
             limits: r.rule_limits,
             answer: r.answer,
             request: r.request,
+            job: r.job,
             paused: r.rule_paused,
         };
         let connection = Connection {
@@ -644,7 +649,7 @@ pub async fn given_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewR
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
                 r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
-                r.budget_key, r.answer, r.request, r.limits
+                r.budget_key, r.answer, r.request, r.limits, r.job
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -665,5 +670,6 @@ pub async fn given_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewR
         limits: r.limits.iter().filter_map(|l| l.parse().ok()).collect(),
         answer: r.answer,
         request: r.request,
+        job: r.job,
     }))
 }

@@ -13,6 +13,8 @@ use sqlx::PgConnection;
 pub enum DeliveryStatus {
     /// Waiting to be sent (again) at `next_attempt_at`.
     Pending,
+    /// Submitted in a target's asynchronous job whose outcome is pending.
+    Accepted,
     /// The target accepted it.
     Delivered,
     /// The target refused it for good.
@@ -28,6 +30,7 @@ impl DeliveryStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Accepted => "accepted",
             DeliveryStatus::Delivered => "delivered",
             DeliveryStatus::Rejected => "rejected",
             DeliveryStatus::Exhausted => "exhausted",
@@ -43,6 +46,9 @@ impl DeliveryStatus {
 pub enum Outcome {
     /// The target accepted it.
     Delivered,
+    /// Submitted in one of the target's asynchronous jobs (`ledger.target_job`): the
+    /// target has it, its fate is pending until the job reports.
+    Accepted,
     /// A transient failure; it will be retried at `next_attempt_at`.
     Failed,
     /// A transient failure on the last attempt; no more retries.
@@ -63,6 +69,7 @@ impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Delivered => "delivered",
+            Outcome::Accepted => "accepted",
             Outcome::Failed => "failed",
             Outcome::Exhausted => "exhausted",
             Outcome::Rejected => "rejected",
@@ -76,6 +83,7 @@ impl Outcome {
     pub fn delivery_status(self) -> DeliveryStatus {
         match self {
             Outcome::Delivered => DeliveryStatus::Delivered,
+            Outcome::Accepted => DeliveryStatus::Accepted,
             Outcome::Failed | Outcome::Held | Outcome::Retried => DeliveryStatus::Pending,
             Outcome::Exhausted => DeliveryStatus::Exhausted,
             Outcome::Rejected => DeliveryStatus::Rejected,
@@ -106,19 +114,25 @@ pub struct Entry {
 }
 
 /// Writes a batch's outcomes: delivery rows, ledger rows, and the last delivered payload
-/// per record key (for suppression and `depends_on`).
+/// per record key (for suppression and `depends_on`). `jobs` names the target's job each
+/// `accepted` delivery went in (`(job, its deliveries)`; written before, in `tx`).
 pub async fn record(
     tx: &mut PgConnection,
     run_id: i64,
     rule_id: i64,
     connection_id: i64,
     entries: &[Entry],
+    jobs: &[(i64, &[i64])],
     now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     if entries.is_empty() {
         return Ok(());
     }
-    let columns = Columns::of(entries);
+    let job_of: std::collections::HashMap<i64, i64> = jobs
+        .iter()
+        .flat_map(|&(job, ids)| ids.iter().map(move |&id| (id, job)))
+        .collect();
+    let columns = Columns::of(entries, |id| job_of.get(&id).copied());
     update_deliveries(&mut *tx, &columns, connection_id, now).await?;
     append_ledger(&mut *tx, &columns, run_id, rule_id).await?;
     let delivered: Vec<i64> = entries
@@ -143,11 +157,14 @@ struct Columns<'a> {
     http: Vec<Option<i16>>,
     durations: Vec<Option<i32>>,
     ats: Vec<DateTime<Utc>>,
+    jobs: Vec<Option<i64>>,
 }
 
 impl<'a> Columns<'a> {
-    fn of(entries: &'a [Entry]) -> Self {
+    /// The entries' columns; `job_of` names each delivery's job, if it has one.
+    fn of(entries: &'a [Entry], job_of: impl Fn(i64) -> Option<i64>) -> Self {
         Self {
+            jobs: entries.iter().map(|e| job_of(e.delivery_id)).collect(),
             ids: entries.iter().map(|e| e.delivery_id).collect(),
             outcomes: entries.iter().map(|e| e.outcome.as_str()).collect(),
             statuses: entries
@@ -190,7 +207,7 @@ async fn update_deliveries(
                 THEN $6::timestamptz
                 ELSE COALESCE(u.next_at, d.next_attempt_at) END,
             last_error = COALESCE(u.error, d.last_error), updated_at = $6::timestamptz,
-            finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE u.at END
+            finished_at = CASE WHEN u.status IN ('pending', 'accepted') THEN NULL ELSE u.at END
          FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::text[],
                      $7::timestamptz[], $9::text[])
               AS u(id, status, attempt, next_at, error, at, outcome)
@@ -219,10 +236,10 @@ async fn append_ledger(
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "INSERT INTO ledger (run_id, rule_id, delivery_id, outcome, attempt, http_status, error,
-                             duration_ms, created_at)
+                             duration_ms, created_at, target_job)
          SELECT $1, $2, u.*
          FROM unnest($3::bigint[], $4::text[], $5::int[], $6::smallint[], $7::text[], $8::int[],
-                     $9::timestamptz[]) AS u",
+                     $9::timestamptz[], $10::bigint[]) AS u",
         run_id,
         rule_id,
         &c.ids,
@@ -231,7 +248,8 @@ async fn append_ledger(
         &c.http as &[Option<i16>],
         &c.errors as &[Option<&str>],
         &c.durations as &[Option<i32>],
-        &c.ats
+        &c.ats,
+        &c.jobs as &[Option<i64>]
     )
     .execute(tx)
     .await?;
@@ -281,6 +299,67 @@ async fn record_delivered(
     )
     .execute(tx)
     .await?;
+    Ok(())
+}
+
+/// Of `delivery_ids`, those still `accepted`, with their attempts, locked until the
+/// transaction ends (the job that carries them is settled once).
+pub async fn accepted(
+    tx: &mut PgConnection,
+    delivery_ids: &[i64],
+) -> Result<Vec<(i64, i32)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "SELECT id, attempts FROM deliveries
+         WHERE id = ANY($1) AND status = 'accepted' ORDER BY id FOR UPDATE",
+        delivery_ids
+    )
+    .fetch_all(tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.attempts)).collect())
+}
+
+/// Writes the final outcomes of job `job_id`'s records (accepted until now): delivery
+/// rows, ledger rows naming the job (of run `run_id`, which submitted it), and the
+/// delivered payloads, as [`record`] does for a call's.
+pub async fn record_job(
+    tx: &mut PgConnection,
+    run_id: i64,
+    rule_id: i64,
+    connection_id: i64,
+    job_id: i64,
+    entries: &[Entry],
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let c = Columns::of(entries, |_| Some(job_id));
+    sqlx::query!(
+        "UPDATE deliveries d SET
+            status = u.status, next_attempt_at = COALESCE(u.next_at, d.next_attempt_at),
+            last_error = COALESCE(u.error, d.last_error), updated_at = $5,
+            finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE u.at END
+         FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], $6::timestamptz[])
+              AS u(id, status, next_at, error, at)
+         WHERE d.id = u.id AND d.status = 'accepted'",
+        &c.ids,
+        &c.statuses as &[&str],
+        &c.next_at as &[Option<DateTime<Utc>>],
+        &c.errors as &[Option<&str>],
+        now,
+        &c.ats,
+    )
+    .execute(&mut *tx)
+    .await?;
+    append_ledger(&mut *tx, &c, run_id, rule_id).await?;
+    let delivered: Vec<i64> = entries
+        .iter()
+        .filter(|e| e.outcome == Outcome::Delivered)
+        .map(|e| e.delivery_id)
+        .collect();
+    if !delivered.is_empty() {
+        record_delivered(&mut *tx, &delivered, connection_id, now).await?;
+    }
     Ok(())
 }
 
@@ -402,7 +481,8 @@ pub struct HistoryEntry {
     pub attempt: Option<i32>,
     /// The target's HTTP status, when it answered.
     pub http_status: Option<i16>,
-    /// What went wrong, or who retried it.
+    /// What went wrong, who retried it, or the target's job it went in (`in job #12`, a
+    /// row of `target_jobs`).
     pub detail: Option<String>,
     /// The delivery's status now.
     pub status: DeliveryStatus,
@@ -430,7 +510,8 @@ pub async fn history(
                WHERE d.record_key = $1
                UNION ALL
                SELECT courier_ts(l.created_at), r.name, d.id, l.outcome, l.run_id, l.attempt,
-                      l.http_status, COALESCE(l.error, l.actor), d.status, 1, l.id
+                      l.http_status,
+                      COALESCE(l.error, l.actor, 'in job #' || l.target_job), d.status, 1, l.id
                FROM deliveries d JOIN rules r ON r.id = d.rule_id
                JOIN ledger l ON l.delivery_id = d.id
                WHERE d.record_key = $1

@@ -156,6 +156,10 @@ pub struct NewRule {
     /// [`writer::request::RequestShape`]); absent, each payload by POST.
     #[serde(default)]
     pub request: Option<serde_json::Value>,
+    /// For `http_json`: how it delivers through the target's asynchronous jobs (see
+    /// [`writer::job::JobShape`]); absent, its calls are synchronous.
+    #[serde(default)]
+    pub job: Option<serde_json::Value>,
 }
 
 /// A stored rule.
@@ -191,6 +195,8 @@ pub struct Rule {
     pub answer: Option<serde_json::Value>,
     /// How its requests are shaped, if stated.
     pub request: Option<serde_json::Value>,
+    /// How it delivers through the target's jobs, if it does.
+    pub job: Option<serde_json::Value>,
     /// Paused by an operator: it gets no run.
     pub paused: bool,
 }

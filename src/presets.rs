@@ -128,6 +128,7 @@ mod tests {
                     records_per_call: r.records_per_call.unwrap_or(1),
                     request: r.request.as_ref(),
                     answer: r.answer.as_ref(),
+                    job: r.job.as_ref(),
                 })
                 .unwrap_or_else(|e| panic!("preset {} rule {}: {e}", p.name, r.name));
             }

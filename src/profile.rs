@@ -6,7 +6,10 @@
 
 use serde_json::Value;
 
-use crate::writer::{Call, Outgoing, WriterKind, answer::AnswerMap, request::RequestShape};
+use crate::writer::{
+    Call, Outgoing, WriterKind, answer::AnswerMap, http::MAX_RECORDS_PER_JOB, job::JobShape,
+    request::RequestShape,
+};
 
 /// What a rule's calls are.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +22,9 @@ pub struct RuleProfile {
     pub request: RequestShape,
     /// How its answers name each record's fate; `None`: the generic per-item array.
     pub answer: Option<AnswerMap>,
+    /// How it delivers through the target's asynchronous jobs; `None`: its calls are
+    /// synchronous.
+    pub job: Option<JobShape>,
 }
 
 /// Why a rule's profile cannot be used: the field, and what is wrong with it in words that
@@ -26,7 +32,8 @@ pub struct RuleProfile {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct ProfileError {
-    /// The field at fault: `writer`, `path`, `records_per_call`, `request` or `answer`.
+    /// The field at fault: `writer`, `path`, `records_per_call`, `request`, `answer` or
+    /// `job`.
     pub field: &'static str,
     /// What is wrong.
     pub reason: String,
@@ -51,6 +58,8 @@ pub struct Stored<'a> {
     pub request: Option<&'a Value>,
     /// Its answer map, if stated.
     pub answer: Option<&'a Value>,
+    /// Its job shape, if stated.
+    pub job: Option<&'a Value>,
 }
 
 impl RuleProfile {
@@ -61,7 +70,20 @@ impl RuleProfile {
         check_path(s.path)
             .and_then(|()| writer.check_path(s.path))
             .map_err(ProfileError::at("path"))?;
-        let (max, why) = writer.max_records_per_call(s.path);
+        let job = match (writer.shaped_by_profile(), s.job) {
+            (_, None) => None,
+            (true, Some(j)) => Some(JobShape::parse(j).map_err(ProfileError::at("job"))?),
+            (false, Some(_)) => {
+                return Err(ProfileError {
+                    field: "job",
+                    reason: format!("job is for the http_json writer only, not {writer}"),
+                });
+            }
+        };
+        let (max, why) = match job {
+            Some(_) => (MAX_RECORDS_PER_JOB, "a job takes at most that many records"),
+            None => writer.max_records_per_call(s.path),
+        };
         let records_per_call = usize::try_from(s.records_per_call)
             .ok()
             .filter(|n| (1..=max).contains(n))
@@ -73,6 +95,13 @@ impl RuleProfile {
                 ),
             })?;
         let bulk = records_per_call > 1;
+        if job.is_some() && !bulk {
+            return Err(ProfileError {
+                field: "records_per_call",
+                reason: "a job rule submits its records in bulk: records_per_call must be above 1"
+                    .into(),
+            });
+        }
         let only_profiled = |field: &'static str| ProfileError {
             field,
             reason: format!("{field} is for the http_json writer only, not {writer}"),
@@ -94,6 +123,7 @@ impl RuleProfile {
             records_per_call,
             request,
             answer,
+            job,
         })
     }
 
@@ -146,6 +176,7 @@ mod tests {
             records_per_call: per_call,
             request: None,
             answer: None,
+            job: None,
         }
     }
 

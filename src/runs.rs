@@ -77,6 +77,8 @@ impl RunStatus {
 pub struct Counters {
     /// Deliveries delivered.
     pub delivered: i32,
+    /// Deliveries submitted in a target's job whose outcome is pending.
+    pub accepted: i32,
     /// Transient failures that will be retried.
     pub failed: i32,
     /// Transient failures that used the last attempt.
@@ -94,6 +96,7 @@ impl Counters {
     pub fn count(&mut self, outcome: Outcome) {
         let n = match outcome {
             Outcome::Delivered => &mut self.delivered,
+            Outcome::Accepted => &mut self.accepted,
             Outcome::Failed => &mut self.failed,
             Outcome::Exhausted => &mut self.exhausted,
             Outcome::Rejected => &mut self.rejected,
@@ -328,6 +331,7 @@ pub async fn record_job(
             jobs = jobs + 1,
             delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
             rejected = rejected + $5, suppressed = suppressed + $6, held = held + $7,
+            accepted = accepted + $16,
             cursor_id = GREATEST(cursor_id, $8), heartbeat_at = $9::timestamptz, status = $10::text,
             finished_at = CASE WHEN $13 THEN NULL ELSE $9::timestamptz END,
             error = COALESCE($11, error),
@@ -335,7 +339,7 @@ pub async fn record_job(
             throttled_until = CASE WHEN $10 = 'throttled' THEN $12::timestamptz ELSE throttled_until END,
             job_id = COALESCE($15, job_id)
          WHERE id = $1 AND active AND job_id IS NOT DISTINCT FROM $14
-         RETURNING delivered, failed, exhausted, rejected, suppressed, held",
+         RETURNING delivered, accepted, failed, exhausted, rejected, suppressed, held",
         run_id,
         c.delivered,
         c.failed,
@@ -350,7 +354,8 @@ pub async fn record_job(
         p.until,
         p.status.is_active(),
         job_id,
-        p.next_job
+        p.next_job,
+        c.accepted
     )
     .fetch_optional(db)
     .await?;
@@ -372,7 +377,7 @@ pub async fn add_progress(
         "UPDATE runs SET
             delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
             rejected = rejected + $5, suppressed = suppressed + $6, held = held + $7,
-            heartbeat_at = $8
+            accepted = accepted + $10, heartbeat_at = $8
          WHERE id = $1 AND active AND job_id IS NOT DISTINCT FROM $9
          RETURNING id",
         run_id,
@@ -383,7 +388,8 @@ pub async fn add_progress(
         c.suppressed,
         c.held,
         now,
-        job_id
+        job_id,
+        c.accepted
     )
     .fetch_optional(db)
     .await?;

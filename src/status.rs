@@ -1,5 +1,6 @@
 //! `courier status`: connections with their circuit, rules with their backlog and last run,
-//! the live worker processes with where each serves its metrics, and the most recent runs,
+//! the target's jobs in flight, the live worker processes with where each serves its
+//! metrics, and the most recent runs,
 //! as data (the command line renders it as tables for people,
 //! or as JSON for machines; the dashboard as HTML).
 
@@ -117,7 +118,7 @@ pub struct RuleStatus {
     pub last_run_status: Option<String>,
 }
 
-pub use crate::{runs::RunLine, workers::WorkerLine};
+pub use crate::{jobs::InFlight as JobsLine, runs::RunLine, workers::WorkerLine};
 
 /// Everything `courier status` shows.
 #[derive(Debug, Serialize)]
@@ -130,6 +131,8 @@ pub struct Report {
     pub workers: Vec<WorkerLine>,
     /// The 15 most recent runs.
     pub recent_runs: Vec<RunLine>,
+    /// The target's asynchronous jobs in flight (and overdue) per rule.
+    pub jobs: Vec<JobsLine>,
     /// Connections and rules left alone because they cannot be used, and why.
     pub problems: Vec<Problem>,
 }
@@ -177,6 +180,7 @@ pub async fn report_with(
         rules: rules(pool, &read, now).await?,
         workers: crate::workers::live(pool, now, window).await?,
         recent_runs: runs::recent(pool, RECENT_RUNS).await?,
+        jobs: crate::jobs::in_flight(pool).await?,
         problems: problems(pool, &read, now).await?,
     })
 }

@@ -33,6 +33,7 @@ use crate::{
         heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine, reaper::Reaper,
         rescuer::Rescuer, retention::Retention,
     },
+    poller::Poller,
     queue::{self, ChainBackend, Fetcher},
 };
 
@@ -158,7 +159,7 @@ pub async fn run_with(engine: Arc<Engine>, fetcher: Arc<Fetcher>) -> anyhow::Res
 }
 
 /// The maintenance loops and the queue listener, running until the engine's shutdown.
-fn spawn_loops(engine: &Arc<Engine>, fetcher: &Arc<Fetcher>) -> [tokio::task::JoinHandle<()>; 6] {
+fn spawn_loops(engine: &Arc<Engine>, fetcher: &Arc<Fetcher>) -> [tokio::task::JoinHandle<()>; 7] {
     let shutdown = engine.shutdown.clone();
     [
         spawn_loop(engine, |e, token| async move {
@@ -175,6 +176,11 @@ fn spawn_loops(engine: &Arc<Engine>, fetcher: &Arc<Fetcher>) -> [tokio::task::Jo
         }),
         spawn_loop(engine, |e, token| async move {
             Quarantine::new(&e).run(token).await
+        }),
+        spawn_loop(engine, |e, token| async move {
+            if let Err(err) = Poller::new(&e).run(token).await {
+                tracing::error!(error = %err, "the job poller cannot listen; jobs are polled by other processes");
+            }
         }),
         tokio::spawn(queue::listen(
             engine.pool.clone(),
@@ -241,7 +247,7 @@ fn chain_worker(
 /// back, the beat stopped last; the first `failure` (or a panic met here) is its reason.
 async fn wind_down(
     engine: &Arc<Engine>,
-    loops: [tokio::task::JoinHandle<()>; 6],
+    loops: [tokio::task::JoinHandle<()>; 7],
     beat_stop: tokio_util::sync::CancellationToken,
     beat: tokio::task::JoinHandle<()>,
     mut failure: Option<anyhow::Error>,

@@ -212,7 +212,10 @@ async fn call_once(
 
 /// A request slot of the call's budget, in fair turn with other rules, once its time has
 /// come and the pacer lets the call go: when it goes, and the pace the slot was booked at.
-async fn slot(engine: &Engine, ctx: &JobContext) -> Result<(DateTime<Utc>, f64), PacerError> {
+pub(crate) async fn slot(
+    engine: &Engine,
+    ctx: &JobContext,
+) -> Result<(DateTime<Utc>, f64), PacerError> {
     let key = &ctx.connection.budget_key;
     let (reserve, weight) = (ctx.connection.reserve(), ctx.weight.max(1) as u32);
     let asked = Instant::now();

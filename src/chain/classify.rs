@@ -9,13 +9,14 @@ use chrono::{DateTime, Utc};
 
 use super::claim::Claimed;
 use crate::{
+    jobs::Submitted,
     ledger::{Entry, Outcome},
     ratelimit::{
         answer::{Answer, Answered},
         signals::RateSignals,
     },
     retry::{Retry, RetryPolicy},
-    writer::{Receipt, WriteError, Written},
+    writer::{Receipt, WriteError, Written, job::JobShape},
 };
 
 /// What one answer means for the records it carried and for the breaker.
@@ -28,6 +29,52 @@ pub struct Judgement {
     /// What the breaker hears of the call: whether the target answered (`None`: the call
     /// was never sent, which says nothing about the target).
     pub reachable: Option<bool>,
+}
+
+/// A job rule's submit answered `result`: a 2xx that names its job gives the job's id; one
+/// that names none is, for every record it carried, a transient failure that says so (the
+/// target may hold them: they are sent again, and may then be held twice).
+pub fn submitted(
+    shape: &JobShape,
+    result: Result<Written, WriteError>,
+) -> (Result<Written, WriteError>, Option<String>) {
+    match result {
+        Ok(w) => match shape.target_id(w.receipt.body.json()) {
+            Ok(id) => (Ok(w), Some(id)),
+            Err(why) => (
+                Err(WriteError::Transient {
+                    status: w.receipt.http_status,
+                    message: format!("{why}: the target may hold these records; sent again"),
+                }),
+                None,
+            ),
+        },
+        Err(e) => (Err(e), None),
+    }
+}
+
+/// The records of a submit whose answer named job `target_id`: each the answer delivered
+/// is `accepted` instead (its fate is the job's to tell), and the job carries them in the
+/// order they were sent; `None` when it carries none.
+pub fn accepted(
+    judged: &mut Judgement,
+    target_id: String,
+    at: DateTime<Utc>,
+    shape: &JobShape,
+) -> Option<Submitted> {
+    let mut delivery_ids = Vec::new();
+    for e in &mut judged.entries {
+        if e.outcome == Outcome::Delivered {
+            e.outcome = Outcome::Accepted;
+            delivery_ids.push(e.delivery_id);
+        }
+    }
+    (!delivery_ids.is_empty()).then_some(Submitted {
+        target_id,
+        delivery_ids,
+        at,
+        first_poll_seconds: shape.first_poll_seconds,
+    })
 }
 
 /// Whether a call's answer shows the target answering: any answer does, even a 4xx; a

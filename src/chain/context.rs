@@ -90,6 +90,7 @@ pub async fn load(
         records_per_call: rule.records_per_call,
         request: rule.request.as_ref(),
         answer: rule.answer.as_ref(),
+        job: rule.job.as_ref(),
     });
     Ok(Some(JobContext {
         run_id,

@@ -541,8 +541,18 @@ impl Job<'_> {
                 return;
             }
         }
+        // A submit's answer must name its job, or no record of it reads as accepted.
+        let (result, job) = match &self.profile.job {
+            Some(shape) => classify::submitted(shape, result),
+            None => (result, None),
+        };
         let records = indices.iter().map(|&i| &*claimed[i]);
-        let judged = classify::judge(records, &result, elapsed, &ctx.retry, at, rand::random);
+        let mut judged = classify::judge(records, &result, elapsed, &ctx.retry, at, rand::random);
+        if let (Some(target_id), Some(shape)) = (job, &self.profile.job)
+            && let Some(job) = classify::accepted(&mut judged, target_id, at, shape)
+        {
+            tally.submitted(job);
+        }
         let metrics = &engine.metrics;
         for entry in &judged.entries {
             metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);

@@ -13,6 +13,7 @@ use super::{JobOutcome, context::JobContext};
 use crate::{
     breaker, catalog,
     engine::Engine,
+    jobs,
     ledger::{self, Entry},
     queue::{self, ChainJob},
     ratelimit::{blocks, pacer},
@@ -30,6 +31,9 @@ pub const FLUSH_AFTER: usize = 50;
 pub struct Tally {
     /// Ledger entries (and the delivery state they imply).
     entries: Vec<Entry>,
+    /// Jobs the target named in answers to submits, whose records' entries are
+    /// `accepted`: written with them.
+    jobs: Vec<jobs::Submitted>,
     /// What the breaker hears, in answer order.
     reachability: Vec<bool>,
     /// The last error a call met, for the circuit's record.
@@ -49,6 +53,7 @@ impl Default for Tally {
     fn default() -> Self {
         Self {
             entries: Vec::new(),
+            jobs: Vec::new(),
             reachability: Vec::new(),
             last_error: None,
             calls: 0,
@@ -76,6 +81,12 @@ impl Tally {
             self.last_error = Some(e.clone());
         }
         self.entries.extend(entries);
+    }
+
+    /// Adds a job the target named in its answer to a submit (its records' `accepted`
+    /// entries came with the call's outcomes).
+    pub fn submitted(&mut self, job: jobs::Submitted) {
+        self.jobs.push(job);
     }
 
     /// Adds a 429 whose block ends at `until`: a call made, the target reachable, no
@@ -120,7 +131,13 @@ impl Tally {
         now: DateTime<Utc>,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
         let conn = &ctx.connection;
-        ledger::record(tx, ctx.run_id, ctx.rule_id, conn.id, &self.entries, now).await?;
+        let mut submitted = Vec::with_capacity(self.jobs.len());
+        for job in &self.jobs {
+            let id = jobs::submitted(tx, ctx.rule_id, ctx.run_id, job).await?;
+            submitted.push((id, job.delivery_ids.as_slice()));
+        }
+        let (run, rule, entries) = (ctx.run_id, ctx.rule_id, &self.entries);
+        ledger::record(tx, run, rule, conn.id, entries, &submitted, now).await?;
         breaker::record(
             tx,
             conn.id,

@@ -58,6 +58,8 @@ pub struct Shared {
     pub budgets: Vec<(String, i64, f64, Option<DateTime<Utc>>)>,
     /// `(connection, circuit state)`.
     pub circuits: Vec<(String, String)>,
+    /// The target's jobs in flight per rule.
+    pub jobs: Vec<crate::jobs::InFlight>,
 }
 
 /// Reads [`Shared`] in one read-only transaction whose statements may run at most
@@ -78,6 +80,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
         })
         .collect();
     let runs = runs::count_by_status(&mut *tx).await?;
+    let jobs = crate::jobs::in_flight(&mut *tx).await?;
     let connections = catalog::list_connections(&mut *tx).await?;
     let budgets = budgets(&mut tx, &connections, now).await?;
     let mut circuits: HashMap<i64, String> = (breaker::lines(&mut *tx).await?)
@@ -94,6 +97,7 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
         runs,
         budgets,
         circuits,
+        jobs,
     })
 }
 
@@ -158,6 +162,36 @@ pub async fn render(
     }
     gauges.register("backlog_pending", "Pending deliveries, by rule", pending);
     gauges.register("backlog_due", "Pending deliveries due now, by rule", due);
+    let (jobs, accepted, oldest) = (
+        Family::<RuleLabel, Gauge>::default(),
+        Family::<RuleLabel, Gauge>::default(),
+        Family::<RuleLabel, Gauge>::default(),
+    );
+    for j in &shared.jobs {
+        let label = RuleLabel {
+            rule: j.rule.clone(),
+        };
+        jobs.get_or_create(&label).set(j.jobs);
+        accepted.get_or_create(&label).set(j.records);
+        let age = j.oldest.map_or(0, |at| (now - at).num_seconds().max(0));
+        oldest.get_or_create(&label).set(age);
+    }
+    gauges.register(
+        "jobs_in_flight",
+        "The target's jobs submitted and not ended, by rule",
+        jobs,
+    );
+    gauges.register(
+        "jobs_records_accepted",
+        "Records in the target's jobs in flight, their outcomes pending, by rule",
+        accepted,
+    );
+    gauges.register_with_unit(
+        "jobs_oldest_age",
+        "Age of the oldest job in flight, by rule",
+        Unit::Seconds,
+        oldest,
+    );
     let runs = Family::<StatusLabel, Gauge>::default();
     // Every status, so a status with no run reads 0 rather than vanishing.
     for status in RunStatus::ALL {

@@ -42,6 +42,10 @@ pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
 /// The most records one `http_json` call carries.
 pub const MAX_RECORDS_PER_CALL: usize = 1000;
 
+/// The most records one call submitting an asynchronous job carries (Klaviyo's profile
+/// bulk import takes 10,000).
+pub const MAX_RECORDS_PER_JOB: usize = 10_000;
+
 /// What every HTTP writer takes from its connection: the shared client, the headers
 /// (the connection's own plus authorization), the timeout, the declared rate and the
 /// in-flight bound; and how it sends a request and maps the answer.
@@ -301,6 +305,43 @@ impl Writer for HttpJsonWriter {
         .boxed()
     }
 
+    fn read<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+        async move {
+            // A link the target gave (a next page) may be absolute: it is followed only at
+            // the connection's own origin, where its credentials may go.
+            let absolute = path.contains("://");
+            if absolute && origin(path) != origin(&self.base_url) {
+                return Err(WriteError::Permanent {
+                    status: None,
+                    message: format!(
+                        "the target links to another origin ({}); courier sends the \
+                         connection's credentials to its base URL's origin only",
+                        origin(path)
+                    ),
+                });
+            }
+            // From the origin on: the base (an OAuth instance URL may replace its origin).
+            let rest = match absolute {
+                true => path[origin(path).len()..].to_owned(),
+                false => format!(
+                    "{}{}",
+                    &self.base_url[origin(&self.base_url).len()..],
+                    path.trim_start_matches('/')
+                ),
+            };
+            url(origin(&self.base_url), &rest).map_err(refused)?;
+            let make = |base: &str, token: Option<&str>| {
+                let request = self.endpoint.client.get(format!("{}{rest}", origin(base)));
+                match token {
+                    Some(t) => request.bearer_auth(t),
+                    None => request,
+                }
+            };
+            self.send(make, true).await
+        }
+        .boxed()
+    }
+
     fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
         async move {
             let n = call.records.len();
@@ -409,6 +450,17 @@ fn url(base: &str, path: &str) -> Result<reqwest::Url, String> {
         return Err("the URL built from the rule's path is no http(s) URL with a host".into());
     }
     Ok(url)
+}
+
+/// The scheme and authority of `url` (`https://a.example.com:8443`), without a path.
+fn origin(url: &str) -> &str {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            &url[..scheme.len() + 3 + end]
+        }
+        None => "",
+    }
 }
 
 /// `base` with its scheme and host replaced by `origin`'s (an OAuth instance URL).

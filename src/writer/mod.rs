@@ -16,6 +16,7 @@
 pub mod answer;
 pub mod auth;
 pub mod http;
+pub mod job;
 pub mod oauth;
 pub mod request;
 pub mod secrets;
@@ -302,6 +303,18 @@ pub trait Writer: Send + Sync {
             .chunks(per_call.max(1))
             .map(<[usize]>::to_vec)
             .collect()
+    }
+
+    /// Reads what the target says at `path` (under the connection's base URL, or an
+    /// absolute URL at the same origin: a job's status, a page of its errors) by GET,
+    /// with the connection's credentials; the receipt holds the answer's JSON body.
+    fn read<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+        let _ = path;
+        futures::future::ready(Err(WriteError::Permanent {
+            status: None,
+            message: "this writer reads no job".into(),
+        }))
+        .boxed()
     }
 
     /// Delivers the records of one call made by [`Writer::group`]: exactly one request to

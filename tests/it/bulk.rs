@@ -1073,6 +1073,7 @@ async fn a_stored_batch_envelope_becomes_the_request_body_it_always_meant() {
             records_per_call: r.records_per_call,
             request: r.request.as_ref(),
             answer: r.answer.as_ref(),
+            job: r.job.as_ref(),
         })
         .unwrap_or_else(|e| panic!("{}: {e}", r.name));
         let body = profile.request.body(vec![json!(1)]);

@@ -278,7 +278,7 @@ async fn a_dependant_triaged_before_its_dependency_was_delivered_is_due_at_once(
         at: now,
     };
     let mut tx = db.pool.begin().await.unwrap();
-    ledger::record(&mut tx, run, rule, connection, &[held], now)
+    ledger::record(&mut tx, run, rule, connection, &[held], &[], now)
         .await
         .unwrap();
     tx.commit().await.unwrap();

@@ -181,7 +181,7 @@ async fn recording_a_batch_reads_a_few_rows_per_outcome_on_a_fresh_table() {
         })
         .collect();
     let before = rows_read(&mut tx).await;
-    ledger::record(&mut tx, run_id, rule_id, connection_id, &entries, now)
+    ledger::record(&mut tx, run_id, rule_id, connection_id, &entries, &[], now)
         .await
         .unwrap();
     let read = rows_read(&mut tx).await - before;

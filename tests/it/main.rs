@@ -8,6 +8,7 @@ mod bulk;
 mod engine;
 mod fresh_table;
 mod hostile;
+mod jobs;
 mod limits;
 mod ops;
 mod pacing;

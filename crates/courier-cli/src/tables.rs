@@ -5,7 +5,9 @@
 use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
-use courier::status::{ConnectionStatus, Problem, Report, RuleStatus, RunLine, WorkerLine};
+use courier::status::{
+    ConnectionStatus, JobsLine, Problem, Report, RuleStatus, RunLine, WorkerLine,
+};
 
 /// Renders rows as aligned columns under `headers`.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -130,6 +132,10 @@ pub fn status(report: &Report) -> String {
         out += "\nPROBLEMS (left alone until changed or the time given)\n";
         out += &problems(&report.problems);
     }
+    if !report.jobs.is_empty() {
+        out += "\nJOBS (the target's, in flight: their records accepted, outcomes pending)\n";
+        out += &jobs(&report.jobs);
+    }
     out += "\nWORKERS (live)\n";
     out += &workers(&report.workers);
     out += "\nRECENT RUNS\n";
@@ -208,6 +214,35 @@ fn connections(connections: &[ConnectionStatus]) -> String {
         ],
         &rows,
     )
+}
+
+/// The jobs in flight per rule, as cells (the order of `courier status` and the dashboard).
+pub fn job_cells(j: &JobsLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
+    vec![
+        j.rule.clone(),
+        j.jobs.to_string(),
+        j.records.to_string(),
+        time(j.oldest),
+        time(j.last_poll),
+        j.last_said.clone().unwrap_or_else(|| "-".into()),
+        j.overdue.to_string(),
+    ]
+}
+
+/// The headers of [`job_cells`].
+pub const JOB_HEADERS: [&str; 7] = [
+    "rule",
+    "jobs",
+    "records",
+    "oldest submitted",
+    "last poll",
+    "target said",
+    "overdue",
+];
+
+fn jobs(jobs: &[JobsLine]) -> String {
+    let rows: Vec<Vec<String>> = jobs.iter().map(|j| job_cells(j, time)).collect();
+    table(&JOB_HEADERS, &rows)
 }
 
 fn problems(problems: &[Problem]) -> String {

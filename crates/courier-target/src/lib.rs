@@ -39,6 +39,7 @@
 //! - [`vendors`]: the batch sink, answering as the emulation files (data) say.
 
 pub mod faults;
+pub mod jobs;
 pub mod limiter;
 pub mod usercom;
 pub mod vendors;
@@ -209,6 +210,10 @@ pub struct TargetState {
     /// OAuth 2 tokens granted by `/oauth/token` so far, and the first still valid (those
     /// granted before a revocation are not).
     tokens: Mutex<(u64, u64)>,
+    /// Asynchronous bulk jobs submitted ([`jobs`]).
+    jobs: Mutex<jobs::Jobs>,
+    /// Polls of a job's status answered.
+    job_polls: AtomicU64,
 }
 
 /// The parts of the state changed together.
@@ -315,6 +320,8 @@ impl Target {
             }),
             retry_after_mode: Mutex::new(config.retry_after),
             tokens: Mutex::new((0, 1)),
+            jobs: Mutex::new(jobs::Jobs::default()),
+            job_polls: AtomicU64::new(0),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
         tokio::spawn(serve(listener, app));
@@ -355,6 +362,16 @@ impl Target {
         self.state
             .latency_ms
             .store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Changes how the asynchronous jobs submitted from now on run.
+    pub fn set_jobs(&self, config: jobs::JobsConfig) {
+        lock(&self.state.jobs).config = config;
+    }
+
+    /// Polls of a job's status answered so far.
+    pub fn job_polls(&self) -> u64 {
+        self.state.job_polls.load(Ordering::SeqCst)
     }
 
     /// Replaces the faults in force.
@@ -715,9 +732,20 @@ async fn handle(
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
-        Route::Generic => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
-            Some(batch) => batch.answer(&s, arrived),
-            None => generic(&s, &headers, parsed.is_some(), arrived),
+        Route::Generic => match jobs::answer(
+            &s,
+            &method,
+            &path,
+            uri.query(),
+            &headers,
+            parsed.as_ref(),
+            arrived,
+        ) {
+            Some(answer) => answer,
+            None => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
+                Some(batch) => batch.answer(&s, arrived),
+                None => generic(&s, &headers, parsed.is_some(), arrived),
+            },
         },
         Route::Workspace(name, api) => {
             let call = WorkspaceCall {

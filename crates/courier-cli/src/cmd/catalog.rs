@@ -127,6 +127,10 @@ pub struct RuleAdd {
     /// {...}, "body": {"inputs": "{{records}}"}}`; docs/catalog.md).
     #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
     pub request: Option<serde_json::Value>,
+    /// http_json: deliver through the target's asynchronous jobs, as JSON (`{"id":
+    /// "/data/id", "poll": {...}, "errors": {...}}`; docs/catalog.md, "Asynchronous jobs").
+    #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+    pub job: Option<serde_json::Value>,
 }
 
 #[derive(Subcommand)]
@@ -331,6 +335,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 limits,
                 answer,
                 request,
+                job,
             } = *add;
             let given = serde_json::json!({
                 "name": name, "connection": connection,
@@ -339,7 +344,7 @@ pub async fn rule(ctx: &Ctx, cmd: RuleCmd) -> anyhow::Result<()> {
                 "backoff_max_ms": backoff_max_ms, "enabled": !disabled, "weight": weight,
                 "records_per_call": records_per_call,
                 "budget_key": budget_key, "limits": limits, "answer": answer,
-                "request": request,
+                "request": request, "job": job,
             });
             let r: NewRule = match preset {
                 Some(p) => {

@@ -176,6 +176,8 @@ pub struct DashboardState {
     pub runs: Vec<RunLine>,
     /// Connections and rules left alone, and why.
     pub problems: Vec<Problem>,
+    /// The target's jobs in flight per rule.
+    pub jobs: Vec<courier::status::JobsLine>,
     /// Whether actions are enabled (a token is set).
     pub actions: bool,
 }
@@ -219,6 +221,7 @@ pub async fn read_state(engine: &Engine) -> Result<DashboardState, sqlx::Error> 
         rules: report.rules,
         runs: report.recent_runs,
         problems: report.problems,
+        jobs: report.jobs,
         actions: engine.settings.http_token.is_some(),
     })
 }

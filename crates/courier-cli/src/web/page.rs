@@ -208,6 +208,20 @@ fn runs(s: &DashboardState) -> String {
     out
 }
 
+fn jobs(s: &DashboardState) -> String {
+    if s.jobs.is_empty() {
+        return "<p class=\"none\">No job in flight.</p>".into();
+    }
+    let rows: Vec<Vec<String>> = s
+        .jobs
+        .iter()
+        .map(|j| crate::tables::job_cells(j, time))
+        .collect();
+    let mut out = String::new();
+    table(&mut out, &crate::tables::JOB_HEADERS, &rows);
+    out
+}
+
 fn problems(s: &DashboardState) -> String {
     if s.problems.is_empty() {
         return String::new();
@@ -291,6 +305,7 @@ pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntr
 <section id="circuits"><h2>Circuits</h2><div class="body">{circuits}</div></section>
 <section id="rules"><h2>Rules</h2><div class="body">{rules}</div></section>
 <section id="problems"><div class="body">{problems}</div></section>
+<section id="jobs"><h2>Jobs in flight</h2><div class="body">{jobs}</div></section>
 <section id="runs"><h2>Recent runs</h2><div class="body">{runs}</div></section>
 <section id="history"><h2>History of a record</h2>
 <form id="history-form" method="get" action="/"><input id="history-key" name="key" size="32" placeholder="record key, e.g. customer:123" value="{key}"> <button type="submit">Show</button></form>
@@ -305,6 +320,7 @@ pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntr
         circuits = circuits(s),
         rules = rules(s),
         problems = problems(s),
+        jobs = jobs(s),
         runs = runs(s),
         key = esc(key.unwrap_or("")),
     )

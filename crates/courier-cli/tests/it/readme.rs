@@ -237,6 +237,17 @@ async fn every_documented_example_runs_as_written() {
                 run_courier(&db.url, &format!("courier apply {}", file.display()), None);
                 let _ = std::fs::remove_file(file);
             }
+            "json" if first.starts_with("{\"about\"") => {
+                // How a preset's target answers, for `courier target`: as it reads them.
+                let e: courier_target::vendors::Emulation =
+                    serde_json::from_str(&block.text).unwrap_or_else(|e| panic!("{at}: {e}"));
+                assert!(!e.endpoints.is_empty(), "{at}");
+            }
+            "json" if first.starts_with("{\"id\"") => {
+                // A rule's `job`, as the catalog reads it.
+                let v: serde_json::Value = serde_json::from_str(&block.text).unwrap();
+                courier::writer::job::JobShape::parse(&v).unwrap_or_else(|e| panic!("{at}: {e}"));
+            }
             "json" if first.starts_with("{\"custom_id\"") => {
                 // Payload → request body pairs of the User.com writer, not a program: the
                 // writer's unit tests and tests/it/usercom.rs check each mapping.

@@ -1,0 +1,224 @@
+//! A target's asynchronous jobs (table `target_jobs`): a rule's call that submitted a job
+//! ([`crate::writer::job`]) leaves its records `accepted` and the job here, in the same
+//! transaction; the [poller](crate::poller) polls each job when it is due, one process at a
+//! time (a lease on the row), and settles its records when it reports. Every statement on
+//! the table is here.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+
+/// A job the target named in its answer to a submit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submitted {
+    /// The job's id at the target.
+    pub target_id: String,
+    /// The deliveries it carries, in the order submitted.
+    pub delivery_ids: Vec<i64>,
+    /// When its answer came.
+    pub at: DateTime<Utc>,
+    /// Seconds until its first poll.
+    pub first_poll_seconds: u32,
+}
+
+/// Writes `job`, submitted by run `run_id` of rule `rule_id`, in the transaction that
+/// writes its records' `accepted` rows (which name it). Returns its id.
+pub async fn submitted(
+    tx: &mut PgConnection,
+    rule_id: i64,
+    run_id: i64,
+    job: &Submitted,
+) -> Result<i64, sqlx::Error> {
+    let every_ms = i32::try_from(u64::from(job.first_poll_seconds) * 1000).unwrap_or(i32::MAX);
+    let id = sqlx::query_scalar!(
+        "INSERT INTO target_jobs (rule_id, run_id, target_id, delivery_ids, submitted_at,
+                                  next_poll_at, poll_every_ms)
+         VALUES ($1, $2, $3, $4, $5::timestamptz,
+                 $5::timestamptz + make_interval(secs => $6::int / 1000.0), $6)
+         RETURNING id",
+        rule_id,
+        run_id,
+        job.target_id,
+        &job.delivery_ids,
+        job.at,
+        every_ms
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(id)
+}
+
+/// A job to poll, leased to this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Due {
+    /// Its id.
+    pub id: i64,
+    /// Its rule.
+    pub rule_id: i64,
+    /// The run that submitted it.
+    pub run_id: i64,
+    /// Its id at the target.
+    pub target_id: String,
+    /// Its deliveries, in the order submitted.
+    pub delivery_ids: Vec<i64>,
+    /// When it was submitted.
+    pub submitted_at: DateTime<Utc>,
+    /// The wait before this poll, in milliseconds.
+    pub poll_every_ms: i32,
+    /// Polls so far.
+    pub polls: i32,
+}
+
+/// Leases up to `limit` jobs due at `now` to `owner` until `until`: a job another process
+/// holds an unexpired lease on is left to it; one whose lease lapsed (its process died)
+/// is taken over.
+pub async fn lease_due(
+    db: impl PgExecutor<'_>,
+    owner: &str,
+    now: DateTime<Utc>,
+    until: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Due>, sqlx::Error> {
+    sqlx::query_as!(
+        Due,
+        "UPDATE target_jobs j SET lease_owner = $1, lease_until = $3
+         WHERE j.id IN (SELECT id FROM target_jobs
+                        WHERE status = 'submitted' AND next_poll_at <= $2
+                          AND (lease_until IS NULL OR lease_until < $2)
+                        ORDER BY next_poll_at LIMIT $4 FOR UPDATE SKIP LOCKED)
+         RETURNING j.id, j.rule_id, j.run_id, j.target_id, j.delivery_ids, j.submitted_at,
+                   j.poll_every_ms, j.polls",
+        owner,
+        now,
+        until,
+        limit
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// When the next job falls due (its next poll, or its lease's end), if any is submitted.
+pub async fn next_due(db: impl PgExecutor<'_>) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT min(GREATEST(next_poll_at, COALESCE(lease_until, next_poll_at)))
+         FROM target_jobs WHERE status = 'submitted'"
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Job `id` was polled at `now` and is still running (the target said `said`): polled
+/// again after `every_ms`, its lease given back.
+pub async fn polled(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    owner: &str,
+    said: &str,
+    every_ms: i32,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE target_jobs SET polls = polls + 1, last_poll_at = $4::timestamptz,
+                last_said = left($3, 300), poll_every_ms = $5,
+                next_poll_at = $4::timestamptz + make_interval(secs => $5::int / 1000.0),
+                lease_owner = NULL, lease_until = NULL
+         WHERE id = $1 AND lease_owner = $2 AND status = 'submitted'",
+        id,
+        owner,
+        said,
+        now,
+        every_ms
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// How a job ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It reported its records' outcomes.
+    Complete,
+    /// It failed or was cancelled: its records are sent again.
+    Failed,
+    /// It did not finish within its rule's bound.
+    Overdue,
+}
+
+impl Ended {
+    fn as_str(self) -> &'static str {
+        match self {
+            Ended::Complete => "complete",
+            Ended::Failed => "failed",
+            Ended::Overdue => "overdue",
+        }
+    }
+}
+
+/// Ends job `id` (`said`: what the target said last; `error`: why, for a failed or
+/// overdue job) in `tx`, the transaction that settles its records; false when this process
+/// no longer holds it (another took it over, or it ended).
+pub async fn end(
+    tx: &mut PgConnection,
+    id: i64,
+    owner: &str,
+    ended: Ended,
+    said: &str,
+    error: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let n = sqlx::query!(
+        "UPDATE target_jobs SET status = $3, polls = polls + 1, last_poll_at = $6,
+                last_said = left($4, 300), error = left($5, 1000), finished_at = $6,
+                lease_owner = NULL, lease_until = NULL
+         WHERE id = $1 AND lease_owner = $2 AND status = 'submitted'",
+        id,
+        owner,
+        ended.as_str(),
+        said,
+        error,
+        now
+    )
+    .execute(tx)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
+}
+
+/// The jobs in flight of one rule, for status and metrics.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct InFlight {
+    /// The rule's name.
+    pub rule: String,
+    /// Jobs submitted and not ended.
+    pub jobs: i64,
+    /// Records they carry.
+    pub records: i64,
+    /// When the oldest was submitted.
+    pub oldest: Option<DateTime<Utc>>,
+    /// When one was last polled, and what the target said.
+    pub last_poll: Option<DateTime<Utc>>,
+    /// What the target said at the last poll.
+    pub last_said: Option<String>,
+    /// Jobs that ended overdue (never reported within the rule's bound), their records
+    /// still accepted.
+    pub overdue: i64,
+}
+
+/// Jobs in flight (and overdue ones) per rule, by rule name.
+pub async fn in_flight(db: impl PgExecutor<'_>) -> Result<Vec<InFlight>, sqlx::Error> {
+    sqlx::query_as!(
+        InFlight,
+        r#"SELECT r.name AS "rule!",
+                  count(*) FILTER (WHERE j.status = 'submitted') AS "jobs!",
+                  COALESCE(sum(cardinality(j.delivery_ids)) FILTER (WHERE j.status = 'submitted'), 0)::bigint AS "records!",
+                  min(j.submitted_at) FILTER (WHERE j.status = 'submitted') AS oldest,
+                  max(j.last_poll_at) AS last_poll,
+                  (array_agg(j.last_said ORDER BY j.last_poll_at DESC NULLS LAST))[1] AS last_said,
+                  count(*) FILTER (WHERE j.status = 'overdue') AS "overdue!"
+           FROM target_jobs j JOIN rules r ON r.id = j.rule_id
+           WHERE j.status IN ('submitted', 'overdue')
+           GROUP BY r.name ORDER BY r.name"#
+    )
+    .fetch_all(db)
+    .await
+}

@@ -1,0 +1,440 @@
+//! The poller: a loop in every worker process that polls the target's asynchronous jobs
+//! ([`crate::jobs`]) when each falls due, and settles a job's records when it reports. A
+//! poll and each page of errors is a call like any other: a slot from the rule's budget,
+//! in fair turn with the other rules, and what it answers is heard by the pacer (a 429
+//! blocks the budget). The wait between polls doubles from the rule's first poll up to its
+//! most (a job taking an hour is not polled every second). No transaction is open while the
+//! target is called: a job is leased to one process (another takes it over when the lease
+//! lapses), and its records' outcomes are committed in one transaction with its end.
+
+use std::{sync::Arc, time::Duration};
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    chain::{
+        call, classify,
+        context::{self, JobContext},
+    },
+    engine::Engine,
+    jobs::{self, Due, Ended},
+    ledger::{self, Entry, Outcome},
+    profile::RuleProfile,
+    ratelimit::{answer::Verdict, blocks, pacer},
+    retry::Retry,
+    writer::{
+        self, Receipt, WriteError, Writer, Written,
+        job::{JobShape, JobState, RecordError},
+    },
+};
+
+/// The channel a submitted job is announced on (trigger `target_jobs_notify`).
+pub const WAKE_CHANNEL: &str = "courier_jobs";
+/// Jobs one pass leases at most.
+const PER_PASS: i64 = 100;
+/// How long a lease on a job lasts: longer than a poll and its errors take.
+const LEASE: chrono::Duration = chrono::Duration::minutes(2);
+/// The longest sleep between passes when nothing is due (a missed notification costs
+/// at most this).
+const MAX_SLEEP: Duration = Duration::from_secs(60);
+/// Error pages read at most for one job (a hostile target's endless `next` ends here).
+const MAX_ERROR_PAGES: usize = 1000;
+
+/// The poller of one process.
+pub struct Poller {
+    engine: Arc<Engine>,
+}
+
+/// What a poll found out.
+enum Found {
+    /// Still running, or the target could not be heard: poll again after `every_ms`.
+    Again { said: String, every_ms: i32 },
+    /// The job ended: settle its records.
+    Ended {
+        ended: Ended,
+        said: String,
+        errors: Vec<RecordError>,
+        error: Option<String>,
+    },
+}
+
+impl Poller {
+    /// A poller over `engine`.
+    pub fn new(engine: &Arc<Engine>) -> Self {
+        Self {
+            engine: engine.clone(),
+        }
+    }
+
+    /// Polls every job due now, one after the other; returns how many were polled.
+    pub async fn run_once(&self) -> Result<usize, sqlx::Error> {
+        let e = &self.engine;
+        let now = e.clock.now();
+        let due = jobs::lease_due(&e.pool, &e.worker_name, now, now + LEASE, PER_PASS).await?;
+        let n = due.len();
+        for job in due {
+            self.poll(job).await?;
+        }
+        Ok(n)
+    }
+
+    /// Runs passes until `shutdown`: when a job is submitted (NOTIFY) and when the next
+    /// one falls due. Fails only when it cannot start (its LISTEN connection).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.engine.pool).await?;
+        listener.listen(WAKE_CHANNEL).await?;
+        loop {
+            let health = &self.engine.health;
+            if let Err(e) = self.run_once().await {
+                crate::maintenance::failed(health, "job poll", &e);
+            }
+            let next = jobs::next_due(&self.engine.pool).await.unwrap_or_else(|e| {
+                crate::maintenance::failed(health, "job poller's next-due", &e);
+                None
+            });
+            let sleep = next.map_or(MAX_SLEEP, |at| {
+                (at - self.engine.clock.now())
+                    .to_std()
+                    .unwrap_or_default()
+                    .min(MAX_SLEEP)
+            });
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                n = listener.recv() => {
+                    if n.is_err() {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    while listener.next_buffered().is_some() {}
+                }
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    /// Polls one leased job and records what it found.
+    async fn poll(&self, job: Due) -> Result<(), sqlx::Error> {
+        let e = &self.engine;
+        let now = e.clock.now();
+        let Some(ctx) = context::load(&e.pool, job.run_id, now).await? else {
+            // The rule is gone (its jobs go with it) or the run was removed by retention.
+            let found = ended(Ended::Overdue, "its run is gone", None);
+            return self.settle(&job, None, None, found).await;
+        };
+        let (profile, shape) = match &ctx.profile {
+            Ok(p) => match &p.job {
+                Some(shape) => (p, shape),
+                None => {
+                    let found = ended(Ended::Overdue, "its rule no longer names a job", None);
+                    return self.settle(&job, Some(&ctx), None, found).await;
+                }
+            },
+            Err(err) => {
+                let found = Found::Again {
+                    said: format!("the rule is unusable: {err}"),
+                    every_ms: next_every(&job, shape_max(None)),
+                };
+                return self.settle(&job, Some(&ctx), None, found).await;
+            }
+        };
+        let found = match writer::build(&ctx.connection, &e.http) {
+            Ok(w) => self.ask(&ctx, w.as_ref(), shape, &job).await?,
+            Err(err) => Found::Again {
+                said: err.to_string(),
+                every_ms: next_every(&job, shape_max(Some(shape))),
+            },
+        };
+        // Still running (or unheard) past its bound: overdue. A job that reports late is
+        // still settled by the poll that hears it.
+        let bound = chrono::Duration::seconds(i64::from(shape.overdue_after_seconds));
+        let found = match found {
+            Found::Again { said, .. } if e.clock.now() - job.submitted_at > bound => {
+                let why = format!(
+                    "not finished {} s after its submit (the target said {said}): its records \
+                     stay accepted{}",
+                    shape.overdue_after_seconds,
+                    if shape.resend_overdue {
+                        ", and are sent again"
+                    } else {
+                        ""
+                    }
+                );
+                ended(Ended::Overdue, &said, Some(why))
+            }
+            found => found,
+        };
+        self.settle(&job, Some(&ctx), Some(profile), found).await
+    }
+
+    /// Polls the job at the target and, once it is complete, reads its errors.
+    async fn ask(
+        &self,
+        ctx: &JobContext,
+        writer: &dyn Writer,
+        shape: &JobShape,
+        job: &Due,
+    ) -> Result<Found, sqlx::Error> {
+        // What the target says is stored and shown: sealed first, as a call's answer is.
+        let seal = |text: &str| writer.secrets().redact(text);
+        let again = |said: String| Found::Again {
+            said: seal(&said),
+            every_ms: next_every(job, shape_max(Some(shape))),
+        };
+        let polled = match self
+            .read(ctx, writer, &shape.poll_path(&job.target_id))
+            .await?
+        {
+            Ok(receipt) => receipt,
+            Err(said) => return Ok(again(said)),
+        };
+        let state = shape.state(polled.body.json());
+        match state {
+            JobState::Running(said) => Ok(again(said)),
+            JobState::Failed(said) => {
+                let said = seal(&said);
+                let why = format!("the target's job {} ended {said}", seal(&job.target_id));
+                Ok(ended(Ended::Failed, &said, Some(why)))
+            }
+            JobState::Complete => {
+                let mut errors = Vec::new();
+                let mut next = shape.errors_path(&job.target_id);
+                let mut pages = 0;
+                while let Some(path) = next.take() {
+                    pages += 1;
+                    if pages > MAX_ERROR_PAGES {
+                        return Ok(again(format!(
+                            "complete, but its errors run past {MAX_ERROR_PAGES} pages"
+                        )));
+                    }
+                    let page = match self.read(ctx, writer, &path).await? {
+                        Ok(receipt) => receipt,
+                        Err(said) => return Ok(again(format!("complete; errors: {said}"))),
+                    };
+                    let Some(body) = page.body.json() else {
+                        return Ok(again("complete; an errors page is not JSON".into()));
+                    };
+                    match shape.errors_page(body, job.delivery_ids.len()) {
+                        Ok((found, unmatched, link)) => {
+                            if unmatched > 0 {
+                                tracing::warn!(
+                                    job = job.id,
+                                    unmatched,
+                                    "errors of a job name no record of it"
+                                );
+                            }
+                            errors.extend(found.into_iter().map(|mut e| {
+                                e.message = crate::writer::secrets::cut(seal(&e.message));
+                                e
+                            }));
+                            next = link;
+                        }
+                        Err(why) => return Ok(again(format!("complete; {why}"))),
+                    }
+                }
+                Ok(Found::Ended {
+                    ended: Ended::Complete,
+                    said: "complete".into(),
+                    errors,
+                    error: None,
+                })
+            }
+        }
+    }
+
+    /// One paced GET: a slot of the rule's budget, the call, its answer sealed and heard
+    /// by the pacer (a 429 blocks the budget for every process). `Err` with what the
+    /// target said when it did not answer with a 2xx.
+    async fn read(
+        &self,
+        ctx: &JobContext,
+        writer: &dyn Writer,
+        path: &str,
+    ) -> Result<Result<Receipt, String>, sqlx::Error> {
+        let e = &self.engine;
+        let key = &ctx.connection.budget_key;
+        let (go, paced) = match call::slot(e, ctx).await {
+            Ok(granted) => granted,
+            Err(err) => return Ok(Err(format!("no request slot: {err}"))),
+        };
+        let sent = e.clock.now();
+        e.pacer.left(key, go, sent);
+        let answer = writer.read(path).await;
+        let trip = (e.clock.now() - go).to_std().unwrap_or_default();
+        e.pacer.returned(key, go, trip);
+        let result = writer
+            .secrets()
+            .seal(answer.map(|receipt| Written::all(receipt, 0)));
+        let at = e.clock.now();
+        let heard = classify::budget_answer(&result, writer.rate_signals(), sent, paced);
+        let verdict = e.pacer.hear(key, heard, at).await;
+        let mut tx = e.pool.begin().await?;
+        pacer::record_calls(&mut *tx, key, 1, at).await?;
+        if let Verdict::Block { until, raw } = &verdict {
+            let cause = blocks::Cause {
+                budget_key: key,
+                connection_id: ctx.connection.id,
+                rule_id: ctx.rule_id,
+                run_id: ctx.run_id,
+            };
+            let until = blocks::block(&mut *tx, &cause, *until, raw.as_deref(), at).await?;
+            e.blocks.written(key, until);
+        }
+        tx.commit().await?;
+        Ok(match result {
+            Ok(written) => Ok(written.receipt),
+            Err(WriteError::RateLimited { .. }) => Err("rate limited (429)".into()),
+            Err(err) => Err(err.to_string()),
+        })
+    }
+
+    /// Records what a poll found: the next poll, or the job's end with its records'
+    /// outcomes, in one transaction (nothing when another process took the job over).
+    async fn settle(
+        &self,
+        job: &Due,
+        ctx: Option<&JobContext>,
+        profile: Option<&RuleProfile>,
+        found: Found,
+    ) -> Result<(), sqlx::Error> {
+        let e = &self.engine;
+        let now = e.clock.now();
+        let (ended, said, errors, error) = match found {
+            Found::Again { said, every_ms } => {
+                return jobs::polled(&e.pool, job.id, &e.worker_name, &said, every_ms, now).await;
+            }
+            Found::Ended {
+                ended,
+                said,
+                errors,
+                error,
+            } => (ended, said, errors, error),
+        };
+        let mut tx = e.pool.begin().await?;
+        if !jobs::end(
+            &mut tx,
+            job.id,
+            &e.worker_name,
+            ended,
+            &said,
+            error.as_deref(),
+            now,
+        )
+        .await?
+        {
+            return Ok(()); // another process holds it now
+        }
+        let resend = profile
+            .and_then(|p| p.job.as_ref())
+            .is_some_and(|s| s.resend_overdue);
+        let accepted = ledger::accepted(&mut tx, &job.delivery_ids).await?;
+        let entries = match (ended, ctx) {
+            (Ended::Complete, _) => outcomes(job, &accepted, &errors, now),
+            (Ended::Failed, Some(ctx)) => failed(ctx, &accepted, error.as_deref(), now),
+            (Ended::Overdue, Some(ctx)) if resend => failed(ctx, &accepted, error.as_deref(), now),
+            _ => Vec::new(),
+        };
+        if let Some(ctx) = ctx {
+            ledger::record_job(
+                &mut tx,
+                job.run_id,
+                job.rule_id,
+                ctx.connection.id,
+                job.id,
+                &entries,
+                now,
+            )
+            .await?;
+            for entry in &entries {
+                e.metrics
+                    .outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+            }
+        }
+        tx.commit().await?;
+        tracing::info!(job = job.id, target_id = %job.target_id, ended = ?ended, records = entries.len(), "a target's job ended");
+        Ok(())
+    }
+}
+
+fn ended(ended: Ended, said: &str, error: Option<String>) -> Found {
+    Found::Ended {
+        ended,
+        said: said.to_owned(),
+        errors: Vec::new(),
+        error,
+    }
+}
+
+/// The longest wait between polls, in milliseconds.
+fn shape_max(shape: Option<&JobShape>) -> i64 {
+    i64::from(shape.map_or(60, |s| s.max_poll_seconds)) * 1000
+}
+
+/// The wait before the next poll: twice the last, up to `max_ms`.
+fn next_every(job: &Due, max_ms: i64) -> i32 {
+    (i64::from(job.poll_every_ms) * 2).min(max_ms).max(1) as i32
+}
+
+/// A complete job's outcomes: each record an error names `rejected` with its message
+/// (the first, when several name it), every other `delivered`.
+fn outcomes(
+    job: &Due,
+    accepted: &[(i64, i32)],
+    errors: &[RecordError],
+    now: DateTime<Utc>,
+) -> Vec<Entry> {
+    let mut refused: std::collections::HashMap<i64, &str> = std::collections::HashMap::new();
+    for err in errors {
+        if let Some(&id) = job.delivery_ids.get(err.index) {
+            refused.entry(id).or_insert(&err.message);
+        }
+    }
+    accepted
+        .iter()
+        .map(|&(id, attempt)| {
+            let error = refused.get(&id).map(|m| (*m).to_owned());
+            Entry {
+                delivery_id: id,
+                outcome: match error {
+                    Some(_) => Outcome::Rejected,
+                    None => Outcome::Delivered,
+                },
+                attempt,
+                http_status: None,
+                error,
+                duration_ms: None,
+                next_attempt_at: None,
+                at: now,
+            }
+        })
+        .collect()
+}
+
+/// The outcomes of a job that failed (or was cancelled, or is overdue and its rule resends):
+/// each record `failed`, due again after its backoff, or `exhausted` on its last attempt.
+fn failed(
+    ctx: &JobContext,
+    accepted: &[(i64, i32)],
+    error: Option<&str>,
+    now: DateTime<Utc>,
+) -> Vec<Entry> {
+    accepted
+        .iter()
+        .map(|&(id, attempt)| {
+            let (outcome, next) = match ctx.retry.after_failure(attempt, rand::random()) {
+                Retry::After(wait) => (Outcome::Failed, Some(now + wait)),
+                Retry::Exhausted => (Outcome::Exhausted, None),
+            };
+            Entry {
+                delivery_id: id,
+                outcome,
+                attempt,
+                http_status: None,
+                error: error.map(str::to_owned),
+                duration_ms: None,
+                next_attempt_at: next,
+                at: now,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,387 @@
+//! How a rule delivers through a target's asynchronous job (its `job`): the submit is the
+//! rule's call as its request shapes it; its answer names the job (`id`, a JSON pointer
+//! into the answer); the job is then polled (`poll`: a path with `{id}`, the status at a
+//! pointer, the values that mean complete and failed) at a growing interval; once it is
+//! complete, its errors are read (`errors`: a path with `{id}`, the list at a pointer, the
+//! next page's link at another, each error's record by position or by a JSON pointer into
+//! the submitted body). Records no error names were delivered; those named were rejected
+//! with the error's message. A job that fails (or is cancelled) leaves every record of it
+//! failed, to be sent again by the retry policy.
+//!
+//! ```json
+//! {"id": "/data/id",
+//!  "poll": {"path": "profile-bulk-import-jobs/{id}", "status": "/data/attributes/status",
+//!           "complete": ["complete"], "failed": ["cancelled", "failed"]},
+//!  "errors": {"path": "profile-bulk-import-jobs/{id}/import-errors", "items": "/data",
+//!             "next": "/links/next",
+//!             "record": {"pointer": "/source/pointer", "prefix": "/data/attributes/profiles/data/"},
+//!             "message": "/detail"},
+//!  "first_poll_seconds": 2, "max_poll_seconds": 60, "overdue_after_seconds": 3600}
+//! ```
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How a rule's jobs are submitted, polled and read.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobShape {
+    /// Where the submit's answer names the job's id (a JSON pointer).
+    pub id: String,
+    /// How the job is polled.
+    pub poll: Poll,
+    /// How a complete job's errors are read; absent: a complete job delivered every record.
+    #[serde(default)]
+    pub errors: Option<Errors>,
+    /// Seconds from the submit to the first poll (default 2); each poll waits twice as
+    /// long as the last, up to `max_poll_seconds`.
+    #[serde(default = "first_poll")]
+    pub first_poll_seconds: u32,
+    /// The longest wait between polls, in seconds (default 60).
+    #[serde(default = "max_poll")]
+    pub max_poll_seconds: u32,
+    /// Seconds after its submit a job that has not finished is `overdue` (default 3600):
+    /// named in status, polled no more, its records left `accepted` (the target has them;
+    /// sending them again would duplicate them) unless `resend_overdue`.
+    #[serde(default = "overdue_after")]
+    pub overdue_after_seconds: u32,
+    /// Whether an overdue job's records become `failed`, sent again by the retry policy
+    /// (the target may then hold them twice).
+    #[serde(default)]
+    pub resend_overdue: bool,
+}
+
+fn first_poll() -> u32 {
+    2
+}
+fn max_poll() -> u32 {
+    60
+}
+fn overdue_after() -> u32 {
+    3600
+}
+
+/// How a job is polled.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Poll {
+    /// The path, under the connection's base URL, with `{id}` for the job's id.
+    pub path: String,
+    /// Where the answer names the job's status (a JSON pointer).
+    pub status: String,
+    /// The statuses that mean the job is complete.
+    pub complete: Vec<String>,
+    /// The statuses that mean the job failed or was cancelled.
+    pub failed: Vec<String>,
+}
+
+/// How a complete job's errors are read.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Errors {
+    /// The path, with `{id}`.
+    pub path: String,
+    /// Where the answer's list of errors is (a JSON pointer; empty: the body).
+    pub items: String,
+    /// Where the answer names the next page (a URL or a path), absent or null on the last.
+    #[serde(default)]
+    pub next: Option<String>,
+    /// How an error names its record.
+    pub record: ErrorRecord,
+    /// Where an error's text is (absent: the whole error is quoted).
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// How an error names its record.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ErrorRecord {
+    /// Its position in the submitted records, from 0, at this pointer.
+    Index(String),
+    /// A JSON pointer into the submitted body at `pointer`, whose records are under
+    /// `prefix` (`/data/attributes/profiles/data/3/attributes/email` names record 3).
+    Pointer {
+        /// Where the error holds the pointer.
+        pointer: String,
+        /// The pointer to the submitted records' array, ending in `/`.
+        prefix: String,
+    },
+}
+
+/// What a poll's answer says of the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// Still running (the status it names).
+    Running(String),
+    /// Complete: its errors say which records were refused.
+    Complete,
+    /// Failed or cancelled (the status it names).
+    Failed(String),
+}
+
+/// One error of a complete job: the record's position, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordError {
+    /// The record's position in the submitted records, from 0.
+    pub index: usize,
+    /// What the target said.
+    pub message: String,
+}
+
+fn pointer_ok(name: &str, p: &str) -> Result<(), String> {
+    match p.is_empty() || p.starts_with('/') {
+        true => Ok(()),
+        false => Err(format!(
+            "job: {name} {p:?} is not a JSON pointer (empty, or starting with /)"
+        )),
+    }
+}
+
+impl JobShape {
+    /// Reads a rule's `job`, checking every pointer and path; the error names the field.
+    pub fn parse(value: &Value) -> Result<Self, String> {
+        let shape: JobShape = serde_json::from_value(value.clone())
+            .map_err(|e| format!("job: {e} (see docs/catalog.md, \"Asynchronous jobs\")"))?;
+        pointer_ok("id", &shape.id)?;
+        pointer_ok("poll.status", &shape.poll.status)?;
+        if !shape.poll.path.contains("{id}") {
+            return Err("job: poll.path must name the job's {id}".into());
+        }
+        if shape.poll.complete.is_empty() {
+            return Err("job: poll.complete must name at least one status".into());
+        }
+        if let Some(e) = &shape.errors {
+            if !e.path.contains("{id}") {
+                return Err("job: errors.path must name the job's {id}".into());
+            }
+            pointer_ok("errors.items", &e.items)?;
+            for (name, p) in [
+                ("errors.next", e.next.as_deref()),
+                ("errors.message", e.message.as_deref()),
+            ] {
+                if let Some(p) = p {
+                    pointer_ok(name, p)?;
+                }
+            }
+            match &e.record {
+                ErrorRecord::Index(p) => pointer_ok("errors.record.index", p)?,
+                ErrorRecord::Pointer { pointer, prefix } => {
+                    pointer_ok("errors.record.pointer", pointer)?;
+                    if !prefix.starts_with('/') || !prefix.ends_with('/') {
+                        return Err(
+                            "job: errors.record.prefix must be a JSON pointer ending in /".into(),
+                        );
+                    }
+                }
+            }
+        }
+        if shape.first_poll_seconds == 0 || shape.max_poll_seconds < shape.first_poll_seconds {
+            return Err(
+                "job: first_poll_seconds must be at least 1 and at most max_poll_seconds".into(),
+            );
+        }
+        if shape.overdue_after_seconds < shape.first_poll_seconds {
+            return Err("job: overdue_after_seconds must be at least first_poll_seconds".into());
+        }
+        Ok(shape)
+    }
+
+    /// The job's id in the submit's answer, or why it names none.
+    pub fn target_id(&self, answer: Option<&Value>) -> Result<String, String> {
+        let found = answer.and_then(|a| a.pointer(&self.id));
+        match found {
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 200 => Ok(s.clone()),
+            Some(Value::Number(n)) => Ok(n.to_string()),
+            Some(other) => Err(format!(
+                "the answer's job id at {:?} is not a usable id ({})",
+                self.id,
+                kind(other)
+            )),
+            None => Err(format!("the answer names no job id at {:?}", self.id)),
+        }
+    }
+
+    /// The poll's path for job `id`.
+    pub fn poll_path(&self, id: &str) -> String {
+        self.poll.path.replace("{id}", &encode(id))
+    }
+
+    /// What a poll's answer says of the job; an answer without a status at the pointer
+    /// is running (the target said nothing new), with why.
+    pub fn state(&self, answer: Option<&Value>) -> JobState {
+        match answer.and_then(|a| a.pointer(&self.poll.status)) {
+            Some(Value::String(s)) if self.poll.complete.contains(s) => JobState::Complete,
+            Some(Value::String(s)) if self.poll.failed.contains(s) => JobState::Failed(s.clone()),
+            Some(Value::String(s)) => JobState::Running(s.clone()),
+            _ => JobState::Running(format!("no status at {:?}", self.poll.status)),
+        }
+    }
+
+    /// The first errors page's path for job `id`.
+    pub fn errors_path(&self, id: &str) -> Option<String> {
+        self.errors
+            .as_ref()
+            .map(|e| e.path.replace("{id}", &encode(id)))
+    }
+
+    /// One errors page: the records it names (those it names outside `0..records` are
+    /// dropped, with how many), and the next page's link, if any.
+    pub fn errors_page(
+        &self,
+        page: &Value,
+        records: usize,
+    ) -> Result<(Vec<RecordError>, usize, Option<String>), String> {
+        let Some(e) = &self.errors else {
+            return Ok((Vec::new(), 0, None));
+        };
+        let items = page
+            .pointer(&e.items)
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("an errors page holds no list at {:?}", e.items))?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut unmatched = 0;
+        for item in items {
+            let index = match &e.record {
+                ErrorRecord::Index(p) => {
+                    item.pointer(p).and_then(Value::as_u64).map(|i| i as usize)
+                }
+                ErrorRecord::Pointer { pointer, prefix } => item
+                    .pointer(pointer)
+                    .and_then(Value::as_str)
+                    .and_then(|p| p.strip_prefix(prefix.as_str()))
+                    .and_then(|rest| rest.split('/').next())
+                    .and_then(|n| n.parse().ok()),
+            };
+            let message = match &e.message {
+                Some(p) => item.pointer(p).map_or_else(
+                    || item.to_string(),
+                    |m| m.as_str().map_or_else(|| m.to_string(), str::to_owned),
+                ),
+                None => item.to_string(),
+            };
+            match index {
+                Some(index) if index < records => out.push(RecordError { index, message }),
+                _ => unmatched += 1,
+            }
+        }
+        let next = e
+            .next
+            .as_deref()
+            .and_then(|p| page.pointer(p))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
+        Ok((out, unmatched, next))
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "an empty or overlong string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A job id as a path segment: anything but unreserved characters percent-encoded, so a
+/// hostile id cannot climb out of the path.
+fn encode(id: &str) -> String {
+    id.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn klaviyo() -> JobShape {
+        JobShape::parse(&json!({
+            "id": "/data/id",
+            "poll": {"path": "profile-bulk-import-jobs/{id}", "status": "/data/attributes/status",
+                     "complete": ["complete"], "failed": ["cancelled"]},
+            "errors": {"path": "profile-bulk-import-jobs/{id}/import-errors", "items": "/data",
+                       "next": "/links/next",
+                       "record": {"pointer": {"pointer": "/source/pointer",
+                                              "prefix": "/data/attributes/profiles/data/"}},
+                       "message": "/detail"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_job_is_named_polled_and_its_errors_read_by_pointer() {
+        let shape = klaviyo();
+        assert_eq!(
+            shape.target_id(Some(&json!({"data": {"id": "01J"}}))),
+            Ok("01J".into())
+        );
+        let e = shape.target_id(Some(&json!({"data": {}}))).unwrap_err();
+        assert!(e.contains("no job id at \"/data/id\""), "{e}");
+        assert!(shape.target_id(None).is_err());
+        assert_eq!(
+            shape.poll_path("a/../b"),
+            "profile-bulk-import-jobs/a%2F..%2Fb"
+        );
+        let polled = |s: &str| shape.state(Some(&json!({"data": {"attributes": {"status": s}}})));
+        assert_eq!(polled("queued"), JobState::Running("queued".into()));
+        assert_eq!(polled("complete"), JobState::Complete);
+        assert_eq!(polled("cancelled"), JobState::Failed("cancelled".into()));
+        let page = json!({"data": [
+            {"detail": "bad email", "source": {"pointer": "/data/attributes/profiles/data/3/attributes/email"}},
+            {"detail": "elsewhere", "source": {"pointer": "/data/attributes/lists"}},
+            {"detail": "past the end", "source": {"pointer": "/data/attributes/profiles/data/9"}}
+        ], "links": {"next": "https://a.klaviyo.com/api/x?page[cursor]=2"}});
+        let (errors, unmatched, next) = shape.errors_page(&page, 5).unwrap();
+        assert_eq!(
+            errors,
+            [RecordError {
+                index: 3,
+                message: "bad email".into()
+            }]
+        );
+        assert_eq!(unmatched, 2);
+        assert_eq!(
+            next.as_deref(),
+            Some("https://a.klaviyo.com/api/x?page[cursor]=2")
+        );
+        assert!(shape.errors_page(&json!({"nope": 1}), 5).is_err());
+    }
+
+    #[test]
+    fn each_mistake_is_named() {
+        for (job, words) in [
+            (
+                json!({"id": "data/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}),
+                "not a JSON pointer",
+            ),
+            (
+                json!({"id": "/id", "poll": {"path": "j", "status": "/s", "complete": ["ok"], "failed": []}}),
+                "poll.path must name",
+            ),
+            (
+                json!({"id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": [], "failed": []}}),
+                "poll.complete",
+            ),
+            (
+                json!({"id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}, "first_poll_seconds": 0}),
+                "first_poll_seconds",
+            ),
+            (json!({"id": "/id", "pol": {}}), "unknown field"),
+        ] {
+            let e = JobShape::parse(&job).unwrap_err();
+            assert!(e.contains(words), "{job}: {e}");
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Delivery through a target's asynchronous jobs: a submit leaves its records `accepted`,
+//! the poller polls the job at a growing interval (a manual clock moves it; no test sleeps
+//! for it) and settles each record as the job reports, against `courier target`'s
+//! emulation of Klaviyo's profile bulk import.
+
+use crate::common::*;
+use chrono::Duration as Span;
+use courier::{
+    catalog::{self, NewRule},
+    enqueue::{self, NewDelivery},
+    poller::Poller,
+};
+use courier_target::jobs::{JobEnd, JobsConfig};
+use serde_json::json;
+use sqlx::PgPool;
+
+/// Rule `profiles` on connection `shop`: Klaviyo's profile bulk import, 100 per job, a job
+/// overdue `overdue_after` seconds after its submit.
+async fn job_rule(pool: &PgPool, overdue_after: u32) {
+    catalog::upsert_rule(
+        pool,
+        &NewRule {
+            name: "profiles".into(),
+            connection: "shop".into(),
+            path: "api/profile-bulk-import-jobs".into(),
+            batch_size: Some(100),
+            max_attempts: Some(3),
+            backoff_base_ms: Some(1_000),
+            records_per_call: Some(100),
+            request: Some(json!({
+                "item": {"type": "profile", "attributes": "{{payload}}"},
+                "body": {"data": {"type": "profile-bulk-import-job",
+                                  "attributes": {"profiles": {"data": "{{records}}"}}}}
+            })),
+            job: Some(json!({
+                "id": "/data/id",
+                "poll": {"path": "api/profile-bulk-import-jobs/{id}",
+                         "status": "/data/attributes/status",
+                         "complete": ["complete"], "failed": ["cancelled"]},
+                "errors": {"path": "api/profile-bulk-import-jobs/{id}/import-errors?page[size]=2",
+                           "items": "/data", "next": "/links/next",
+                           "record": {"pointer": {"pointer": "/attributes/source/pointer",
+                                                  "prefix": "/data/attributes/profiles/data/"}},
+                           "message": "/attributes/detail"},
+                "first_poll_seconds": 1, "max_poll_seconds": 4,
+                "overdue_after_seconds": overdue_after
+            })),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// `n` profiles `p:{i}`; those whose index is in `invalid` carry `"invalid": true`.
+fn profiles(n: usize, invalid: &[usize]) -> Vec<NewDelivery> {
+    (0..n)
+        .map(|i| {
+            let mut p = json!({"email": format!("p{i}@example.com")});
+            if invalid.contains(&i) {
+                p["invalid"] = json!(true);
+            }
+            NewDelivery::new(format!("p:{i}"), p)
+        })
+        .collect()
+}
+
+async fn statuses(pool: &PgPool) -> Vec<(String, i64)> {
+    sqlx::query_as("SELECT status, count(*) FROM deliveries GROUP BY status ORDER BY status")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn job_row(pool: &PgPool) -> (String, i32, i32, Option<String>) {
+    sqlx::query_as("SELECT status, polls, poll_every_ms, last_said FROM target_jobs")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_job_leaves_its_records_accepted_until_it_reports_each_ones_fate() {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Complete,
+    });
+    job_rule(&db.pool, 30).await;
+    enqueue::enqueue_many(&db.pool, "profiles", profiles(10, &[2, 5, 7]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    // The submit: one call, ten records the target has and has not yet judged.
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 10)]);
+    assert_eq!(target.counters().requests, 1);
+    let tagged: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ledger l JOIN target_jobs j ON j.id = l.target_job
+         WHERE l.outcome = 'accepted'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(tagged, 10, "each accepted row names its job");
+    assert_eq!(
+        delivered(&db.pool).await,
+        0,
+        "nothing reads delivered before the target said so"
+    );
+    // Not due before its first poll.
+    let poller = Poller::new(&engine);
+    assert_eq!(poller.run_once().await.unwrap(), 0);
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(poller.run_once().await.unwrap(), 1);
+    // Complete: three errors over two pages, each naming its record by a pointer.
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 7), ("rejected".into(), 3)]
+    );
+    assert_eq!(job_row(&db.pool).await.0, "complete");
+    let rejected: Vec<(String, String)> = sqlx::query_as(
+        "SELECT d.record_key, l.error FROM ledger l JOIN deliveries d ON d.id = l.delivery_id
+         WHERE l.outcome = 'rejected' AND l.target_job IS NOT NULL ORDER BY d.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rejected,
+        [
+            ("p:2".into(), "profile 2 is invalid".into()),
+            ("p:5".into(), "profile 5 is invalid".into()),
+            ("p:7".into(), "profile 7 is invalid".into())
+        ]
+    );
+    // The submit, one poll, two pages of errors.
+    assert_eq!(target.counters().requests, 4);
+    assert_eq!(target.job_polls(), 1);
+    // The target counted each valid profile once, when its job completed.
+    let ids: Vec<(i64, String)> = sqlx::query_as("SELECT id, status FROM deliveries ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    for (id, status) in ids {
+        let want = u32::from(status == "delivered");
+        assert_eq!(
+            target.accepted(&format!("courier-{id}")),
+            want,
+            "{id} {status}"
+        );
+    }
+    // Settled once: a second pass finds nothing due.
+    engine.clock.advance(Span::seconds(60));
+    assert_eq!(poller.run_once().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_running_job_is_polled_ever_less_often_and_an_overdue_one_is_named() {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Never,
+    });
+    job_rule(&db.pool, 30).await;
+    enqueue::enqueue_many(&db.pool, "profiles", profiles(4, &[]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let poller = Poller::new(&engine);
+    // Waits of 1 s, then 2, 4, 4 (the most): the job is due only when each has passed.
+    let mut waited = Vec::new();
+    for _ in 0..4 {
+        let every = job_row(&db.pool).await.2;
+        engine
+            .clock
+            .advance(Span::milliseconds(i64::from(every) - 1));
+        assert_eq!(poller.run_once().await.unwrap(), 0, "not due yet");
+        engine.clock.advance(Span::milliseconds(1));
+        assert_eq!(poller.run_once().await.unwrap(), 1);
+        waited.push(every);
+    }
+    assert_eq!(waited, [1000, 2000, 4000, 4000]);
+    let (status, polls, _, said) = job_row(&db.pool).await;
+    assert_eq!(
+        (status.as_str(), polls, said.as_deref()),
+        ("submitted", 4, Some("processing"))
+    );
+    let shown = courier::jobs::in_flight(&db.pool).await.unwrap();
+    assert_eq!((shown[0].jobs, shown[0].records), (1, 4));
+    // Past its bound: overdue, named, its records left accepted (sending them again could
+    // duplicate them), and polled no more.
+    engine.clock.advance(Span::seconds(30));
+    assert_eq!(poller.run_once().await.unwrap(), 1);
+    assert_eq!(job_row(&db.pool).await.0, "overdue");
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 4)]);
+    let shown = courier::jobs::in_flight(&db.pool).await.unwrap();
+    assert_eq!((shown[0].jobs, shown[0].overdue), (0, 1));
+    engine.clock.advance(Span::seconds(60));
+    assert_eq!(poller.run_once().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_job_sends_its_records_again() {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Cancelled,
+    });
+    job_rule(&db.pool, 30).await;
+    enqueue::enqueue_many(&db.pool, "profiles", profiles(3, &[]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
+    assert_eq!(job_row(&db.pool).await.0, "failed");
+    // Failed, due again after their backoff, and submitted again then, as a new job.
+    assert_eq!(statuses(&db.pool).await, [("pending".into(), 3)]);
+    let outcomes: Vec<String> =
+        sqlx::query_scalar("SELECT outcome FROM ledger WHERE target_job IS NOT NULL ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            "accepted", "accepted", "accepted", "failed", "failed", "failed"
+        ]
+    );
+    target.set_jobs(JobsConfig::default());
+    engine.clock.advance(Span::seconds(5));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 3)]);
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM target_jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 2);
+}
+
+#[tokio::test]
+async fn a_submit_whose_answer_names_no_job_accepts_nothing() {
+    let (db, _target) = shop(&[], 100, 1).await;
+    // The generic endpoint answers 200 without a job: nothing can be polled.
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "profiles".into(),
+            connection: "shop".into(),
+            path: "not-a-job/".into(),
+            records_per_call: Some(10),
+            max_attempts: Some(3),
+            job: Some(json!({"id": "/data/id",
+                             "poll": {"path": "x/{id}", "status": "/s", "complete": ["done"],
+                                      "failed": []}})),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    enqueue::enqueue_many(&db.pool, "profiles", profiles(2, &[]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("pending".into(), 2)]);
+    let error: String =
+        sqlx::query_scalar("SELECT error FROM ledger WHERE outcome = 'failed' LIMIT 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(error.contains("names no job id at \"/data/id\""), "{error}");
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM target_jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 0);
+}
+
+#[tokio::test]
+async fn a_job_whose_poller_died_is_taken_over_when_its_lease_lapses_and_settled_once() {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Complete,
+    });
+    job_rule(&db.pool, 30).await;
+    enqueue::enqueue_many(&db.pool, "profiles", profiles(5, &[1]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    engine.clock.advance(Span::seconds(1));
+    // A process leased the job and was killed before it wrote anything of it.
+    let now = engine.clock.now();
+    let leased = courier::jobs::lease_due(&db.pool, "gone/1", now, now + Span::minutes(2), 10)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    let poller = Poller::new(&engine);
+    assert_eq!(
+        poller.run_once().await.unwrap(),
+        0,
+        "leased to another process"
+    );
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 5)]);
+    // Its lease lapses: this process takes the job over and settles it.
+    engine.clock.advance(Span::minutes(2) + Span::seconds(1));
+    assert_eq!(poller.run_once().await.unwrap(), 1);
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 4), ("rejected".into(), 1)]
+    );
+    // The dead process's lease is gone with it: it could settle nothing now.
+    let mut tx = db.pool.begin().await.unwrap();
+    let ended = courier::jobs::end(
+        &mut tx,
+        leased[0].id,
+        "gone/1",
+        courier::jobs::Ended::Complete,
+        "complete",
+        None,
+        engine.clock.now(),
+    )
+    .await
+    .unwrap();
+    assert!(!ended);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE target_job IS NOT NULL")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        rows, 10,
+        "five accepted rows and five outcomes: each record settled once"
+    );
+}
