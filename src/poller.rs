@@ -26,7 +26,7 @@ use crate::{
     retry::Retry,
     writer::{
         self, Receipt, WriteError, Writer, Written,
-        job::{JobShape, JobState, RecordError},
+        job::{JobShape, JobState, PollBudget, RecordError},
     },
 };
 
@@ -252,6 +252,19 @@ impl Poller {
         path: &str,
     ) -> Result<Result<Receipt, String>, sqlx::Error> {
         let e = &self.engine;
+        let own;
+        let ctx = match ctx
+            .profile
+            .as_ref()
+            .ok()
+            .and_then(|p| p.job.as_ref()?.poll_budget.as_ref())
+        {
+            Some(b) => {
+                own = polling_context(ctx, b);
+                &own
+            }
+            None => ctx,
+        };
         let key = &ctx.connection.budget_key;
         let (go, paced) = match call::slot(e, ctx).await {
             Ok(granted) => granted,
@@ -363,6 +376,14 @@ fn ended(ended: Ended, said: &str, error: Option<String>) -> Found {
         errors: Vec::new(),
         error,
     }
+}
+
+/// `ctx` spending from the job's own poll budget `b`.
+fn polling_context(ctx: &JobContext, b: &PollBudget) -> JobContext {
+    let mut own = ctx.clone();
+    own.connection.budget_key = b.key.clone();
+    own.limits = crate::ratelimit::limits::check(b.limits.clone()).unwrap_or_default();
+    own
 }
 
 /// The longest wait between polls, in milliseconds.

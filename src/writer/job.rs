@@ -49,6 +49,21 @@ pub struct JobShape {
     /// (the target may then hold them twice).
     #[serde(default)]
     pub resend_overdue: bool,
+    /// The budget its polls and error pages spend from, when the target limits those
+    /// endpoints apart from the submit (Klaviyo: each job endpoint 10/s and 150/min);
+    /// absent: the rule's.
+    #[serde(default)]
+    pub poll_budget: Option<PollBudget>,
+}
+
+/// A budget of its own for a job's polls and error pages.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PollBudget {
+    /// Its key (shared by every rule that names it).
+    pub key: String,
+    /// Its limits (`10/s`, `150/min`).
+    pub limits: Vec<crate::ratelimit::limits::Limit>,
 }
 
 fn first_poll() -> u32 {
@@ -180,6 +195,16 @@ impl JobShape {
             return Err(
                 "job: first_poll_seconds must be at least 1 and at most max_poll_seconds".into(),
             );
+        }
+        if let Some(b) = &shape.poll_budget {
+            if b.key.is_empty() || b.key.len() > 200 || b.key.chars().any(char::is_control) {
+                return Err("job: poll_budget.key must be 1 to 200 printable characters".into());
+            }
+            if b.limits.is_empty() {
+                return Err("job: poll_budget.limits must name at least one limit".into());
+            }
+            crate::ratelimit::limits::check(b.limits.clone())
+                .map_err(|e| format!("job: poll_budget.limits: {e}"))?;
         }
         if shape.overdue_after_seconds < shape.first_poll_seconds {
             return Err("job: overdue_after_seconds must be at least first_poll_seconds".into());

@@ -43,7 +43,8 @@ async fn job_rule(pool: &PgPool, overdue_after: u32) {
                                                   "prefix": "/data/attributes/profiles/data/"}},
                            "message": "/attributes/detail"},
                 "first_poll_seconds": 1, "max_poll_seconds": 4,
-                "overdue_after_seconds": overdue_after
+                "overdue_after_seconds": overdue_after,
+                "poll_budget": {"key": "shop:job-reads", "limits": ["100/s"]}
             })),
             ..Default::default()
         },
@@ -85,6 +86,7 @@ async fn a_job_leaves_its_records_accepted_until_it_reports_each_ones_fate() {
     target.set_jobs(JobsConfig {
         complete_after: std::time::Duration::ZERO,
         end: JobEnd::Complete,
+        limits: None,
     });
     job_rule(&db.pool, 30).await;
     enqueue::enqueue_many(&db.pool, "profiles", profiles(10, &[2, 5, 7]))
@@ -134,8 +136,18 @@ async fn a_job_leaves_its_records_accepted_until_it_reports_each_ones_fate() {
             ("p:7".into(), "profile 7 is invalid".into())
         ]
     );
-    // The submit, one poll, two pages of errors.
+    // The submit, one poll, two pages of errors; the reads from the poll budget.
     assert_eq!(target.counters().requests, 4);
+    let calls: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(calls), 0)::bigint FROM budget_calls WHERE budget_key = 'shop:job-reads'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        calls, 3,
+        "one poll and two pages of errors, from the poll budget"
+    );
     assert_eq!(target.job_polls(), 1);
     // The target counted each valid profile once, when its job completed.
     let ids: Vec<(i64, String)> = sqlx::query_as("SELECT id, status FROM deliveries ORDER BY id")
@@ -161,6 +173,7 @@ async fn a_running_job_is_polled_ever_less_often_and_an_overdue_one_is_named() {
     target.set_jobs(JobsConfig {
         complete_after: std::time::Duration::ZERO,
         end: JobEnd::Never,
+        limits: None,
     });
     job_rule(&db.pool, 30).await;
     enqueue::enqueue_many(&db.pool, "profiles", profiles(4, &[]))
@@ -207,6 +220,7 @@ async fn a_cancelled_job_sends_its_records_again() {
     target.set_jobs(JobsConfig {
         complete_after: std::time::Duration::ZERO,
         end: JobEnd::Cancelled,
+        limits: None,
     });
     job_rule(&db.pool, 30).await;
     enqueue::enqueue_many(&db.pool, "profiles", profiles(3, &[]))
@@ -286,6 +300,7 @@ async fn a_job_whose_poller_died_is_taken_over_when_its_lease_lapses_and_settled
     target.set_jobs(JobsConfig {
         complete_after: std::time::Duration::ZERO,
         end: JobEnd::Complete,
+        limits: None,
     });
     job_rule(&db.pool, 30).await;
     enqueue::enqueue_many(&db.pool, "profiles", profiles(5, &[1]))

@@ -21,7 +21,9 @@ use axum::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::{TargetState, accept, json_reply, lock};
+use crate::{
+    Limiter, RetryAfterMode, TargetState, Window, accept, json_reply, lock, throttled_response,
+};
 
 /// How emulated jobs end.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +45,10 @@ pub struct JobsConfig {
     pub complete_after: Duration,
     /// How a job ends.
     pub end: JobEnd,
+    /// Each endpoint's limits (create, get a job, its errors: each its own, as Klaviyo's),
+    /// requests per second and per minute on sliding windows, answered 429 with
+    /// `Retry-After` in whole seconds; `None`: no limit.
+    pub limits: Option<(u32, u32)>,
 }
 
 impl Default for JobsConfig {
@@ -50,9 +56,14 @@ impl Default for JobsConfig {
         Self {
             complete_after: Duration::from_secs(2),
             end: JobEnd::Complete,
+            limits: None,
         }
     }
 }
+
+/// Klaviyo's published limits of each `profile-bulk-import-jobs` endpoint: 10/s burst,
+/// 150/min steady.
+pub const KLAVIYO_LIMITS: (u32, u32) = (10, 150);
 
 /// One job as submitted.
 pub(crate) struct Job {
@@ -74,6 +85,23 @@ pub(crate) struct Jobs {
     pub(crate) config: JobsConfig,
     pub(crate) by_id: HashMap<String, Job>,
     pub(crate) next: u64,
+    /// Each endpoint's per-second and per-minute limiters, made as first called.
+    limiters: HashMap<&'static str, (Limiter, Limiter)>,
+}
+
+/// Whether `endpoint` may be called now under `config`'s limits; the wait when not.
+fn admitted(jobs: &mut Jobs, endpoint: &'static str, now: Instant) -> Result<(), Duration> {
+    let Some((per_second, per_minute)) = jobs.config.limits else {
+        return Ok(());
+    };
+    let (second, minute) = jobs.limiters.entry(endpoint).or_insert_with(|| {
+        (
+            Limiter::new(per_second, Duration::from_secs(1), Window::Sliding),
+            Limiter::new(per_minute, Duration::from_secs(60), Window::Sliding),
+        )
+    });
+    minute.check(now)?;
+    second.check(now)
 }
 
 const COLLECTION: &str = "profile-bulk-import-jobs";
@@ -91,6 +119,15 @@ pub(crate) fn answer(
     let segments: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let at = segments.iter().rposition(|s| *s == COLLECTION)?;
     let rest = &segments[at + 1..];
+    let endpoint = match rest {
+        [] => "create",
+        [_] => "get",
+        _ => "errors",
+    };
+    if let Err(wait) = admitted(&mut lock(&s.jobs), endpoint, Instant::now()) {
+        lock(&s.inner).throttled += 1;
+        return Some(throttled_response(wait, RetryAfterMode::Seconds));
+    }
     Some(match (method.as_str(), rest) {
         ("POST", []) => submit(s, headers, body),
         ("GET", [id]) => status(s, id, arrived),
