@@ -33,7 +33,7 @@ use crate::{
 /// The channel a submitted job is announced on (trigger `target_jobs_notify`).
 pub const WAKE_CHANNEL: &str = "courier_jobs";
 /// Jobs one pass leases at most.
-const PER_PASS: i64 = 100;
+const PER_PASS: i64 = 20;
 /// How long a lease on a job lasts: longer than a poll and its errors take.
 const LEASE: chrono::Duration = chrono::Duration::minutes(2);
 /// The longest sleep between passes when nothing is due (a missed notification costs

@@ -10,6 +10,7 @@ pub mod chaos;
 pub mod limits;
 mod plot;
 mod scenarios;
+mod sync;
 
 use std::{
     path::PathBuf,
@@ -272,7 +273,7 @@ async fn watch(
         tick.tick().await;
         let (delivered, open, blocked): (i64, i64, bool) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
-                    (SELECT count(*) FROM deliveries WHERE status = 'pending')
+                    (SELECT count(*) FROM deliveries WHERE status IN ('pending', 'accepted'))
                   + (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')),
                     EXISTS (SELECT 1 FROM connection_blocks WHERE blocked_until > now())",
         )
@@ -293,7 +294,7 @@ async fn watch(
         }
         anyhow::ensure!(
             started.elapsed() < limit,
-            "not drained within {limit:?}: {open} pending deliveries or active runs"
+            "not drained within {limit:?}: {open} pending or accepted deliveries or active runs"
         );
     }
 }

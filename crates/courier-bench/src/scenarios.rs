@@ -64,11 +64,14 @@ pub enum Scenario {
     /// Many records per call: a User.com mass update, a batch sink split around invalid
     /// records, and throughput against one record per call.
     Bulk,
+    /// An initial sync of a million customers through Klaviyo's profile bulk import jobs,
+    /// at Klaviyo's published limits.
+    InitialSync,
 }
 
 impl Scenario {
     /// Every scenario, in BENCHMARKS.md's order.
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::Pacing,
         Scenario::Throughput,
         Scenario::Latency,
@@ -81,6 +84,7 @@ impl Scenario {
         Scenario::ColdStart,
         Scenario::Soak,
         Scenario::Bulk,
+        Scenario::InitialSync,
     ];
 
     /// Its name on the command line and in result files.
@@ -98,6 +102,7 @@ impl Scenario {
             Scenario::ColdStart => "cold-start",
             Scenario::Soak => "soak",
             Scenario::Bulk => "bulk",
+            Scenario::InitialSync => "initial-sync",
         }
     }
 
@@ -115,6 +120,7 @@ impl Scenario {
             Scenario::ColdStart => 300,
             Scenario::Soak => 24_000,
             Scenario::Bulk => super::bulk::DEFAULT_RECORDS,
+            Scenario::InitialSync => super::sync::DEFAULT_RECORDS,
         }
     }
 }
@@ -203,6 +209,9 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         Scenario::Soak => soak(&mut report, config, &pool, records).await?,
         Scenario::Limits => super::limits::run(&mut report, config, records).await?,
         Scenario::Bulk => super::bulk::run(&mut report, config, records).await?,
+        Scenario::InitialSync => {
+            super::sync::run(&mut report, config, &pool, &url, records).await?
+        }
         Scenario::Chaos => unreachable!("chaos returned above"),
     }
     pool.close().await;

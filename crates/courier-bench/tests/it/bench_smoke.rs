@@ -139,3 +139,36 @@ async fn limits_smoke_runs_every_limiter_kind_and_ratio() {
     }
     assert!(!report.timeline.is_empty() && !report.real_limit.is_empty());
 }
+
+#[tokio::test]
+async fn initial_sync_smoke_settles_every_record_by_its_jobs_report() {
+    let database = format!("courier_test_bench_{:08x}", rand::random::<u32>());
+    let _drop = DropDatabase::new(&database);
+    let records = 25_000;
+    let report = bench::run(
+        Scenario::InitialSync,
+        BenchConfig {
+            server_url: server_url(),
+            database: database.clone(),
+            records: Some(records),
+            workers: None,
+            out_dir: None,
+            settings: settings(&server_url()),
+            chaos: Default::default(),
+            limits: Default::default(),
+        },
+    )
+    .await
+    .unwrap();
+    let n = |name: &str| report.get(name).and_then(|v| v.as_f64()).unwrap_or(-1.0);
+    // Three jobs of up to 10,000; one profile in 1,000 refused by its job.
+    assert_eq!(n("jobs"), 3.0, "{}", report.render());
+    assert_eq!(n("delivered"), 24_975.0, "{}", report.render());
+    assert_eq!(
+        report.get("every invalid rejected, every other delivered once"),
+        Some(&serde_json::Value::Bool(true)),
+        "{}",
+        report.render()
+    );
+    assert!(n("polls (target)") >= 3.0, "{}", report.render());
+}
