@@ -135,15 +135,7 @@ pub async fn record(
     let columns = Columns::of(entries, |id| job_of.get(&id).copied());
     update_deliveries(&mut *tx, &columns, connection_id, now).await?;
     append_ledger(&mut *tx, &columns, run_id, rule_id).await?;
-    let delivered: Vec<i64> = entries
-        .iter()
-        .filter(|e| e.outcome == Outcome::Delivered)
-        .map(|e| e.delivery_id)
-        .collect();
-    if !delivered.is_empty() {
-        record_delivered(&mut *tx, &delivered, connection_id, now).await?;
-    }
-    Ok(())
+    record_delivered(&mut *tx, entries, connection_id, now).await
 }
 
 /// A batch's entries as the columns the bulk statements unnest.
@@ -267,10 +259,18 @@ async fn append_ledger(
 /// the connection due later, for every batch.
 async fn record_delivered(
     tx: &mut PgConnection,
-    delivered: &[i64],
+    entries: &[Entry],
     connection_id: i64,
     now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
+    let delivered: Vec<i64> = entries
+        .iter()
+        .filter(|e| e.outcome == Outcome::Delivered)
+        .map(|e| e.delivery_id)
+        .collect();
+    if delivered.is_empty() {
+        return Ok(());
+    }
     sqlx::query!(
         "WITH recorded AS (
              INSERT INTO delivered_records (rule_id, record_key, connection_id, payload,
@@ -293,7 +293,7 @@ async fn record_delivered(
                    WHERE x.rule_id = ANY(ARRAY(SELECT id FROM rules WHERE connection_id = $2))
                      AND x.next_attempt_at > $3))
            AND w.status = 'pending' AND w.next_attempt_at > $3",
-        delivered,
+        &delivered,
         connection_id,
         now
     )
@@ -352,15 +352,7 @@ pub async fn record_job(
     .execute(&mut *tx)
     .await?;
     append_ledger(&mut *tx, &c, run_id, rule_id).await?;
-    let delivered: Vec<i64> = entries
-        .iter()
-        .filter(|e| e.outcome == Outcome::Delivered)
-        .map(|e| e.delivery_id)
-        .collect();
-    if !delivered.is_empty() {
-        record_delivered(&mut *tx, &delivered, connection_id, now).await?;
-    }
-    Ok(())
+    record_delivered(&mut *tx, entries, connection_id, now).await
 }
 
 /// Makes rule `rule_id`'s deliveries in one of `statuses` (exhausted, rejected) pending

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::{
     Limiter, RetryAfterMode, TargetState, Window, accept, json_reply, lock, throttled_response,
+    vendors::{invalid, record_keys},
 };
 
 /// How emulated jobs end.
@@ -148,28 +149,14 @@ fn submit(s: &TargetState, headers: &HeaderMap, body: Option<&Value>) -> Respons
                    "source": {"pointer": "/data/attributes/profiles/data"}}]}),
         );
     };
-    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
-    let ids: Vec<&str> = key
-        .and_then(|k| k.strip_prefix("courier-"))
-        .map(|ids| ids.split(',').collect())
-        .unwrap_or_default();
-    let marked = |v: &Value| v.get("invalid") == Some(&Value::Bool(true));
     let mut jobs = lock(&s.jobs);
     jobs.next += 1;
     let id = format!("job-{}", jobs.next);
     let job = Job {
         created: Instant::now(),
         config: jobs.config,
-        keys: (0..profiles.len())
-            .map(|j| match ids.len() == profiles.len() {
-                true => format!("courier-{}", ids[j]),
-                false => format!("{}#{j}", key.unwrap_or(&id)),
-            })
-            .collect(),
-        invalid: profiles
-            .iter()
-            .map(|p| marked(p) || p.get("attributes").is_some_and(marked))
-            .collect(),
+        keys: record_keys(headers, profiles.len(), &id).0,
+        invalid: profiles.iter().map(invalid).collect(),
         profiles: profiles.clone(),
         counted: false,
     };

@@ -148,25 +148,11 @@ pub fn batch_sink(path: &str, body: &Value, headers: &HeaderMap) -> Option<Batch
             accepted: Vec::new(),
         });
     };
-    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
-    let ids: Vec<&str> = key
-        .and_then(|k| k.strip_prefix("courier-"))
-        .map(|ids| ids.split(',').collect())
-        .unwrap_or_default();
-    // Marked invalid on the item, or one level down (a template's `properties`).
-    let marked = |v: &Value| v.get("invalid") == Some(&Value::Bool(true));
+    let (keys, ids) = record_keys(headers, items.len(), "batch");
     let b = Batch {
         items,
-        keys: (0..items.len())
-            .map(|j| match ids.len() == items.len() {
-                true => format!("courier-{}", ids[j]),
-                false => format!("{}#{j}", key.unwrap_or("batch")),
-            })
-            .collect(),
-        invalid: items
-            .iter()
-            .map(|i| marked(i) || i.as_object().is_some_and(|o| o.values().any(marked)))
-            .collect(),
+        keys,
+        invalid: items.iter().map(invalid).collect(),
         trace: (0..items.len())
             .map(|j| {
                 items[j]
@@ -196,6 +182,35 @@ pub fn batch_sink(path: &str, body: &Value, headers: &HeaderMap) -> Option<Batch
             .map(|j| b.keys[j].clone())
             .collect(),
     })
+}
+
+/// Each of a call's `n` records' keys for the accepted-write log, and the delivery ids its
+/// `Idempotency-Key` names (`courier-12,13,17`): `courier-<id>` when it names one per
+/// record, else `<key or fallback>#<position>`.
+pub(crate) fn record_keys<'h>(
+    headers: &'h HeaderMap,
+    n: usize,
+    fallback: &str,
+) -> (Vec<String>, Vec<&'h str>) {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let ids: Vec<&str> = key
+        .and_then(|k| k.strip_prefix("courier-"))
+        .map(|ids| ids.split(',').collect())
+        .unwrap_or_default();
+    let keys = (0..n)
+        .map(|j| match ids.len() == n {
+            true => format!("courier-{}", ids[j]),
+            false => format!("{}#{j}", key.unwrap_or(fallback)),
+        })
+        .collect();
+    (keys, ids)
+}
+
+/// Whether a record is marked invalid (`"invalid": true`), on itself or one level down (a
+/// template's `properties` or `attributes`).
+pub(crate) fn invalid(record: &Value) -> bool {
+    let marked = |v: &Value| v.get("invalid") == Some(&Value::Bool(true));
+    marked(record) || record.as_object().is_some_and(|o| o.values().any(marked))
 }
 
 /// One batch call as the sink sees it.
