@@ -309,21 +309,14 @@ impl Job<'_> {
         scope: ClaimScope,
         tally: &mut Tally,
     ) -> Result<Called, ChainError> {
-        let (engine, ctx) = (self.engine, self.ctx);
+        let (engine, ctx, profile) = (self.engine, self.ctx, self.profile);
         let stop = Stop::default();
         let (tx, source) = futures::channel::mpsc::unbounded::<call::Group>();
         let pulled = std::sync::atomic::AtomicUsize::new(0);
         let source = source.inspect(|_| {
             pulled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         });
-        let mut calls = std::pin::pin!(call::calls(
-            engine,
-            ctx,
-            self.profile,
-            writer,
-            source,
-            &stop
-        ));
+        let mut calls = std::pin::pin!(call::calls(engine, ctx, profile, writer, source, &stop));
         let mut called = Called::new(ctx.circuit.clone());
         let mut feeding = Feeding::new(first, tx);
         let (mut claiming, mut flushing) = (None, None);

@@ -145,29 +145,27 @@ async fn budgets(
         .collect())
 }
 
-/// The whole exposition: this process's counters, then the database's figures as gauges.
-pub async fn render(
-    metrics: &Metrics,
-    pool: &PgPool,
-    now: DateTime<Utc>,
-) -> Result<String, ScrapeError> {
-    let shared = read_shared(pool, now).await?;
-    let mut gauges = Registry::with_prefix("courier");
+/// Each rule's backlog, as gauges: pending deliveries and those due now.
+fn register_backlog(gauges: &mut Registry, backlog: &[(String, i64, i64)]) {
     let pending = Family::<RuleLabel, Gauge>::default();
     let due = Family::<RuleLabel, Gauge>::default();
-    for (rule, p, d) in &shared.backlog {
+    for (rule, p, d) in backlog {
         let label = RuleLabel { rule: rule.clone() };
         pending.get_or_create(&label).set(*p);
         due.get_or_create(&label).set(*d);
     }
     gauges.register("backlog_pending", "Pending deliveries, by rule", pending);
     gauges.register("backlog_due", "Pending deliveries due now, by rule", due);
+}
+
+/// The target's jobs in flight per rule, as gauges: jobs, records accepted, the oldest's age.
+fn register_jobs(gauges: &mut Registry, in_flight: &[crate::jobs::InFlight], now: DateTime<Utc>) {
     let (jobs, accepted, oldest) = (
         Family::<RuleLabel, Gauge>::default(),
         Family::<RuleLabel, Gauge>::default(),
         Family::<RuleLabel, Gauge>::default(),
     );
-    for j in &shared.jobs {
+    for j in in_flight {
         let label = RuleLabel {
             rule: j.rule.clone(),
         };
@@ -192,6 +190,18 @@ pub async fn render(
         Unit::Seconds,
         oldest,
     );
+}
+
+/// The whole exposition: this process's counters, then the database's figures as gauges.
+pub async fn render(
+    metrics: &Metrics,
+    pool: &PgPool,
+    now: DateTime<Utc>,
+) -> Result<String, ScrapeError> {
+    let shared = read_shared(pool, now).await?;
+    let mut gauges = Registry::with_prefix("courier");
+    register_backlog(&mut gauges, &shared.backlog);
+    register_jobs(&mut gauges, &shared.jobs, now);
     let runs = Family::<StatusLabel, Gauge>::default();
     // Every status, so a status with no run reads 0 rather than vanishing.
     for status in RunStatus::ALL {

@@ -66,6 +66,31 @@ fn profiles(n: usize, invalid: &[usize]) -> Vec<NewDelivery> {
         .collect()
 }
 
+/// A shop whose target's jobs end as `end` (at once), the job rule, `records` enqueued and
+/// submitted (the chain driven until its run ends): every record accepted in a job.
+async fn submitted(
+    end: JobEnd,
+    records: Vec<NewDelivery>,
+) -> (
+    crate::common::TestDb,
+    courier_target::Target,
+    std::sync::Arc<courier::worker::Engine>,
+) {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end,
+        limits: None,
+    });
+    job_rule(&db.pool, 30).await;
+    enqueue::enqueue_many(&db.pool, "profiles", records)
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    (db, target, engine)
+}
+
 async fn statuses(pool: &PgPool) -> Vec<(String, i64)> {
     sqlx::query_as("SELECT status, count(*) FROM deliveries GROUP BY status ORDER BY status")
         .fetch_all(pool)
@@ -82,18 +107,7 @@ async fn job_row(pool: &PgPool) -> (String, i32, i32, Option<String>) {
 
 #[tokio::test]
 async fn a_job_leaves_its_records_accepted_until_it_reports_each_ones_fate() {
-    let (db, target) = shop(&[], 100, 1).await;
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Complete,
-        limits: None,
-    });
-    job_rule(&db.pool, 30).await;
-    enqueue::enqueue_many(&db.pool, "profiles", profiles(10, &[2, 5, 7]))
-        .await
-        .unwrap();
-    let engine = engine(&db.pool, settings(&db.url));
-    drive(&engine).await;
+    let (db, target, engine) = submitted(JobEnd::Complete, profiles(10, &[2, 5, 7])).await;
     // The submit: one call, ten records the target has and has not yet judged.
     assert_eq!(statuses(&db.pool).await, [("accepted".into(), 10)]);
     assert_eq!(target.counters().requests, 1);
@@ -169,18 +183,7 @@ async fn a_job_leaves_its_records_accepted_until_it_reports_each_ones_fate() {
 
 #[tokio::test]
 async fn a_running_job_is_polled_ever_less_often_and_an_overdue_one_is_named() {
-    let (db, target) = shop(&[], 100, 1).await;
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Never,
-        limits: None,
-    });
-    job_rule(&db.pool, 30).await;
-    enqueue::enqueue_many(&db.pool, "profiles", profiles(4, &[]))
-        .await
-        .unwrap();
-    let engine = engine(&db.pool, settings(&db.url));
-    drive(&engine).await;
+    let (db, _target, engine) = submitted(JobEnd::Never, profiles(4, &[])).await;
     let poller = Poller::new(&engine);
     // Waits of 1 s, then 2, 4, 4 (the most): the job is due only when each has passed.
     let mut waited = Vec::new();
@@ -216,18 +219,7 @@ async fn a_running_job_is_polled_ever_less_often_and_an_overdue_one_is_named() {
 
 #[tokio::test]
 async fn a_cancelled_job_sends_its_records_again() {
-    let (db, target) = shop(&[], 100, 1).await;
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Cancelled,
-        limits: None,
-    });
-    job_rule(&db.pool, 30).await;
-    enqueue::enqueue_many(&db.pool, "profiles", profiles(3, &[]))
-        .await
-        .unwrap();
-    let engine = engine(&db.pool, settings(&db.url));
-    drive(&engine).await;
+    let (db, target, engine) = submitted(JobEnd::Cancelled, profiles(3, &[])).await;
     engine.clock.advance(Span::seconds(1));
     assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
     assert_eq!(job_row(&db.pool).await.0, "failed");
@@ -296,18 +288,7 @@ async fn a_submit_whose_answer_names_no_job_accepts_nothing() {
 
 #[tokio::test]
 async fn a_job_whose_poller_died_is_taken_over_when_its_lease_lapses_and_settled_once() {
-    let (db, target) = shop(&[], 100, 1).await;
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Complete,
-        limits: None,
-    });
-    job_rule(&db.pool, 30).await;
-    enqueue::enqueue_many(&db.pool, "profiles", profiles(5, &[1]))
-        .await
-        .unwrap();
-    let engine = engine(&db.pool, settings(&db.url));
-    drive(&engine).await;
+    let (db, _target, engine) = submitted(JobEnd::Complete, profiles(5, &[1])).await;
     engine.clock.advance(Span::seconds(1));
     // A process leased the job and was killed before it wrote anything of it.
     let now = engine.clock.now();

@@ -46,25 +46,8 @@ pub(super) async fn run(
     });
     apply_preset(pool, &format!("{}api/", target.url())).await?;
     let started = Instant::now();
-    let inserted = sqlx::query(
-        "INSERT INTO deliveries (rule_id, record_key, payload)
-         SELECT r.id, 'customer:' || g,
-                jsonb_build_object('email', 'c' || g || '@example.com', 'first_name', 'C' || g,
-                                   'properties', jsonb_build_object('orders', g % 7))
-                || CASE WHEN g % $3 = $3 / 2 THEN '{\"invalid\": true}'::jsonb ELSE '{}' END
-         FROM rules r, generate_series(1, $2) g WHERE r.name = $1",
-    )
-    .bind(RULE)
-    .bind(records as i64)
-    .bind(INVALID_EVERY as i64)
-    .execute(pool)
-    .await?
-    .rows_affected();
+    insert_profiles(pool, records).await?;
     let insert_secs = started.elapsed().as_secs_f64();
-    anyhow::ensure!(
-        inserted as usize == records,
-        "inserted {inserted} of {records}"
-    );
     let worker = Child::spawn(url, &config.settings)?;
     let timeline = watch(pool, &target, started, LIMIT).await?;
     let drain = started.elapsed().as_secs_f64();
@@ -116,6 +99,29 @@ pub(super) async fn run(
     );
     report.timeline = timeline;
     report.declared_per_second = Some(f64::from(KLAVIYO_LIMITS.1) / 60.0);
+    Ok(())
+}
+
+/// `records` profiles for the rule by one INSERT, one in [`INVALID_EVERY`] marked invalid.
+async fn insert_profiles(pool: &PgPool, records: usize) -> anyhow::Result<()> {
+    let inserted = sqlx::query(
+        "INSERT INTO deliveries (rule_id, record_key, payload)
+         SELECT r.id, 'customer:' || g,
+                jsonb_build_object('email', 'c' || g || '@example.com', 'first_name', 'C' || g,
+                                   'properties', jsonb_build_object('orders', g % 7))
+                || CASE WHEN g % $3 = $3 / 2 THEN '{\"invalid\": true}'::jsonb ELSE '{}' END
+         FROM rules r, generate_series(1, $2) g WHERE r.name = $1",
+    )
+    .bind(RULE)
+    .bind(records as i64)
+    .bind(INVALID_EVERY as i64)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    anyhow::ensure!(
+        inserted as usize == records,
+        "inserted {inserted} of {records}"
+    );
     Ok(())
 }
 
