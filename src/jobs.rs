@@ -222,3 +222,28 @@ pub async fn in_flight(db: impl PgExecutor<'_>) -> Result<Vec<InFlight>, sqlx::E
     .fetch_all(db)
     .await
 }
+
+/// The value at JSON `pointer` in each of `delivery_ids`' payloads, as text (absent:
+/// `None`), in their order: the keys a job's errors name its records by.
+pub async fn payload_keys(
+    db: impl PgExecutor<'_>,
+    delivery_ids: &[i64],
+    pointer: &str,
+) -> Result<Vec<Option<String>>, sqlx::Error> {
+    let path: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|p| p.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let rows = sqlx::query_scalar!(
+        r#"SELECT d.payload #>> $2 AS "key"
+           FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, n)
+           LEFT JOIN deliveries d ON d.id = u.id
+           ORDER BY u.n"#,
+        delivery_ids,
+        &path
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows)
+}

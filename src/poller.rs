@@ -26,7 +26,7 @@ use crate::{
     retry::Retry,
     writer::{
         self, Receipt, WriteError, Writer, Written,
-        job::{JobShape, JobState, PollBudget, RecordError},
+        job::{JobShape, JobState, PollBudget, RecordError, Records},
     },
 };
 
@@ -198,6 +198,7 @@ impl Poller {
             }
             JobState::Complete => {
                 let mut errors = Vec::new();
+                let records = self.records(job, shape).await?;
                 let mut next = shape.errors_path(&job.target_id);
                 let mut pages = 0;
                 while let Some(path) = next.take() {
@@ -211,10 +212,11 @@ impl Poller {
                         Ok(receipt) => receipt,
                         Err(said) => return Ok(again(format!("complete; errors: {said}"))),
                     };
-                    let Some(body) = page.body.json() else {
-                        return Ok(again("complete; an errors page is not JSON".into()));
+                    let body = match shape.errors_answer(&page.body) {
+                        Ok(body) => body,
+                        Err(why) => return Ok(again(format!("complete; {why}"))),
                     };
-                    match shape.errors_page(body, job.delivery_ids.len()) {
+                    match shape.errors_page(&body, &records) {
                         Ok((found, unmatched, link)) => {
                             if unmatched > 0 {
                                 tracing::warn!(
@@ -240,6 +242,20 @@ impl Poller {
                 })
             }
         }
+    }
+
+    /// The job's records as its errors name them: by position, or by a key of each.
+    async fn records(&self, job: &Due, shape: &JobShape) -> Result<Records, sqlx::Error> {
+        let mut records = Records::counted(job.delivery_ids.len());
+        if let Some(pointer) = shape.key_pointer() {
+            let keys = jobs::payload_keys(&self.engine.pool, &job.delivery_ids, pointer).await?;
+            for (i, key) in keys.into_iter().enumerate() {
+                if let Some(key) = key {
+                    records.keys.entry(key).or_insert(i);
+                }
+            }
+        }
+        Ok(records)
     }
 
     /// One paced GET: a slot of the rule's budget, the call, its answer sealed and heard
@@ -272,7 +288,7 @@ impl Poller {
         };
         let sent = e.clock.now();
         e.pacer.left(key, go, sent);
-        let answer = writer.read(path).await;
+        let answer = writer.ask(reqwest::Method::GET, path, None).await;
         let trip = (e.clock.now() - go).to_std().unwrap_or_default();
         e.pacer.returned(key, go, trip);
         let result = writer

@@ -106,9 +106,21 @@ impl RuleProfile {
             field,
             reason: format!("{field} is for the http_json writer only, not {writer}"),
         };
+        // A job opened before its records are sent names itself in their call's path.
+        let opened = job.as_ref().is_some_and(|j| j.open.is_some());
+        if opened && !s.path.contains("{id}") {
+            return Err(ProfileError {
+                field: "path",
+                reason: "a job with an open call names its {id} in the rule's path".into(),
+            });
+        }
+        let path = match opened {
+            true => s.path.replace("{id}", "id"),
+            false => s.path.to_owned(),
+        };
         let request = match (writer.shaped_by_profile(), s.request) {
             (true, request) => {
-                RequestShape::parse(request, s.path, bulk).map_err(ProfileError::at("request"))?
+                RequestShape::parse(request, &path, bulk).map_err(ProfileError::at("request"))?
             }
             (false, None) => RequestShape::default(),
             (false, Some(_)) => return Err(only_profiled("request")),

@@ -43,6 +43,8 @@ pub struct Made {
     pub elapsed: Duration,
     /// The pace its slot was booked at (requests per second).
     pub paced: f64,
+    /// The requests it took: one, or each of a job's submit in steps.
+    pub requests: u32,
 }
 
 /// Tells calls not yet started to stay unsent, and those waiting for a slot to give up.
@@ -192,8 +194,23 @@ async fn call_once(
         })
         .collect();
     let sent = engine.clock.now();
-    engine.pacer.left(key, go, sent);
     let started = Instant::now();
+    if let Some(job) = &profile.job
+        && let Some(open) = &job.open
+    {
+        let shape = (job, open);
+        let stepped = super::submit::in_steps(engine, ctx, profile, shape, writer, &records, (go, paced));
+        let stepped = stepped.await;
+        counted(engine, ctx, &stepped.result, records.len());
+        return Some(Made {
+            result: stepped.result,
+            sent,
+            elapsed: started.elapsed(),
+            paced,
+            requests: stepped.requests,
+        });
+    }
+    engine.pacer.left(key, go, sent);
     // What the target said is sealed here, once, before anything keeps or shows it.
     let result = writer
         .secrets()
@@ -207,6 +224,7 @@ async fn call_once(
         sent,
         elapsed: started.elapsed(),
         paced,
+        requests: 1,
     })
 }
 

@@ -19,6 +19,7 @@ pub mod classify;
 pub mod context;
 pub mod lease;
 pub mod settle;
+mod submit;
 pub mod throttle;
 pub mod triage;
 
@@ -505,12 +506,14 @@ impl Job<'_> {
             sent,
             elapsed,
             paced,
+            requests,
         }) = answer
         else {
             called.not_attempted.extend(ids());
             return;
         };
         let at = engine.clock.now();
+        tally.more_calls(requests.saturating_sub(1));
         let key = &ctx.connection.budget_key;
         let heard = classify::budget_answer(&result, writer.rate_signals(), sent, paced);
         match engine.pacer.hear(key, heard, at).await {

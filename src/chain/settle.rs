@@ -83,6 +83,11 @@ impl Tally {
         self.entries.extend(entries);
     }
 
+    /// Adds the calls a job's submit in steps made besides the one its answer counts.
+    pub fn more_calls(&mut self, n: u32) {
+        self.calls += i32::try_from(n).unwrap_or(i32::MAX);
+    }
+
     /// Adds a job the target named in its answer to a submit (its records' `accepted`
     /// entries came with the call's outcomes).
     pub fn submitted(&mut self, job: jobs::Submitted) {

@@ -183,6 +183,7 @@ impl AnswerMap {
         let n = records.len();
         let body = match body {
             Body::Unreadable(why) => return unaccounted(status, n, why),
+            Body::Text(_) => return unaccounted(status, n, "a CSV answer, not JSON"),
             // No content names no failure, but a positional map needs an item per record.
             Body::Empty => match self {
                 AnswerMap::Positional { .. } => {

@@ -305,7 +305,12 @@ impl Writer for HttpJsonWriter {
         .boxed()
     }
 
-    fn read<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+    fn ask<'a>(
+        &'a self,
+        method: reqwest::Method,
+        path: &'a str,
+        body: Option<&'a serde_json::Value>,
+    ) -> BoxFuture<'a, Result<Receipt, WriteError>> {
         async move {
             // A link the target gave (a next page) may be absolute: it is followed only at
             // the connection's own origin, where its credentials may go.
@@ -330,8 +335,16 @@ impl Writer for HttpJsonWriter {
                 ),
             };
             url(origin(&self.base_url), &rest).map_err(refused)?;
+            let body = body.map(|b| serde_json::to_vec(b).expect("JSON serializes"));
             let make = |base: &str, token: Option<&str>| {
-                let request = self.endpoint.client.get(format!("{}{rest}", origin(base)));
+                let url = format!("{}{rest}", origin(base));
+                let request = self.endpoint.client.request(method.clone(), url);
+                let request = match &body {
+                    Some(b) => request
+                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .body(b.clone()),
+                    None => request,
+                };
                 match token {
                     Some(t) => request.bearer_auth(t),
                     None => request,
@@ -354,7 +367,10 @@ impl Writer for HttpJsonWriter {
             let mut items: Vec<Option<WriteError>> = vec![None; n];
             let mut sent: Vec<(usize, serde_json::Value)> = Vec::with_capacity(n);
             for (i, r) in call.records.iter().enumerate() {
-                match shape.item(record(r)) {
+                match shape
+                    .item(record(r))
+                    .and_then(|item| shape.sendable(&item).map(|()| item))
+                {
                     Ok(item) => sent.push((i, item)),
                     Err(e) => items[i] = Some(refused(e)),
                 }
@@ -378,10 +394,10 @@ impl Writer for HttpJsonWriter {
                 .collect();
             let outgoing: Vec<Outgoing<'_>> = sent.iter().map(|(i, _)| call.records[*i]).collect();
             let body = match call.bulk {
-                true => shape.body(sent.into_iter().map(|(_, v)| v).collect()),
-                false => sent.pop().map(|(_, v)| v).unwrap_or_default(),
+                true => shape.encode(sent.into_iter().map(|(_, v)| v).collect()),
+                false => serde_json::to_vec(&sent.pop().map(|(_, v)| v).unwrap_or_default())
+                    .expect("JSON serializes"),
             };
-            let body = serde_json::to_vec(&body).expect("JSON serializes");
             let key = format!("courier-{}", ids.join(","));
             let make = |base: &str, token: Option<&str>| {
                 let request = self
@@ -422,6 +438,7 @@ fn answered(
         (false, _, _) => vec![None; m],
         (true, Some(map), body) => map.read(status, body, outgoing),
         (true, None, Body::Unreadable(why)) => answer::unaccounted(status, m, why),
+        (true, None, Body::Text(_)) => answer::unaccounted(status, m, "a CSV answer, not JSON"),
         (true, None, Body::Json(serde_json::Value::Array(items))) if items.len() == m => {
             items.iter().map(|i| item_outcome(status, i)).collect()
         }
@@ -478,6 +495,7 @@ static PLAIN: RequestShape = RequestShape {
     content_type: None,
     item: None,
     body: None,
+    csv: None,
 };
 
 /// A record as the request's templates see it.
@@ -661,10 +679,20 @@ async fn error_answer(
     }
 }
 
-/// A 2xx answer's body, read whole as JSON, empty, or why it cannot be read.
+/// A 2xx answer's body, read whole as JSON (as text when its content type says CSV), empty,
+/// or why it cannot be read.
 async fn read_answer(response: reqwest::Response) -> Body {
+    let csv = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .is_some_and(|t| t.trim_start().to_ascii_lowercase().starts_with("text/csv"));
     match read_capped(response, ANSWER_LIMIT).await {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Body::Empty,
+        Ok(bytes) if csv => match String::from_utf8(bytes) {
+            Ok(text) => Body::Text(text),
+            Err(_) => Body::Unreadable("the CSV answer is not UTF-8".into()),
+        },
         Ok(bytes) => match serde_json::from_slice(&bytes) {
             Ok(v) => Body::Json(v),
             Err(e) => Body::Unreadable(format!("the answer is not JSON ({e})")),

@@ -22,11 +22,22 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::Body;
+
 /// How a rule's jobs are submitted, polled and read.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobShape {
-    /// Where the submit's answer names the job's id (a JSON pointer).
+    /// A call that opens the job before the records are sent (Salesforce Bulk API 2.0's
+    /// create): its answer names the job's id, and the rule's path names it as `{id}`.
+    /// Absent: the records' call is the submit, and its answer names the id.
+    #[serde(default)]
+    pub open: Option<Step>,
+    /// A call after the records' that closes the job, so the target runs it (its path
+    /// with `{id}`).
+    #[serde(default)]
+    pub close: Option<Step>,
+    /// Where the answer of the submit (or of `open`) names the job's id (a JSON pointer).
     pub id: String,
     /// How the job is polled.
     pub poll: Poll,
@@ -54,6 +65,53 @@ pub struct JobShape {
     /// absent: the rule's.
     #[serde(default)]
     pub poll_budget: Option<PollBudget>,
+}
+
+/// One call of a job's submit besides the records' own: a JSON body fixed by the rule.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    /// `POST` (the default), `PUT` or `PATCH`.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// The path under the connection's base URL (`{id}`: the job's id, in a close).
+    pub path: String,
+    /// The body, sent as JSON; absent: none.
+    #[serde(default)]
+    pub body: Option<Value>,
+}
+
+impl Step {
+    /// The method.
+    pub fn method(&self) -> reqwest::Method {
+        match self.method.as_deref() {
+            Some("PUT") => reqwest::Method::PUT,
+            Some("PATCH") => reqwest::Method::PATCH,
+            _ => reqwest::Method::POST,
+        }
+    }
+
+    /// The path for job `id`.
+    pub fn path(&self, id: &str) -> String {
+        self.path.replace("{id}", &encode(id))
+    }
+
+    fn check(&self, name: &str, names_id: bool) -> Result<(), String> {
+        if let Some(m) = &self.method
+            && !["POST", "PUT", "PATCH"].contains(&m.as_str())
+        {
+            return Err(format!(
+                "job: {name}.method {m:?} is not one of POST, PUT, PATCH"
+            ));
+        }
+        match (names_id, self.path.contains("{id}")) {
+            (true, false) => Err(format!("job: {name}.path must name the job's {{id}}")),
+            (false, true) => Err(format!(
+                "job: {name}.path cannot name {{id}}: its answer names the job"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A budget of its own for a job's polls and error pages.
@@ -96,7 +154,11 @@ pub struct Poll {
 pub struct Errors {
     /// The path, with `{id}`.
     pub path: String,
-    /// Where the answer's list of errors is (a JSON pointer; empty: the body).
+    /// What the answer is: `json` (the default) or `csv`, whose rows are read as objects
+    /// of the header's names (Salesforce's `failedResults`).
+    #[serde(default)]
+    pub format: Format,
+    /// Where the answer's list of errors is (a JSON pointer; empty: the body, as for CSV).
     pub items: String,
     /// Where the answer names the next page (a URL or a path), absent or null on the last.
     #[serde(default)]
@@ -106,6 +168,17 @@ pub struct Errors {
     /// Where an error's text is (absent: the whole error is quoted).
     #[serde(default)]
     pub message: Option<String>,
+}
+
+/// What a job's answer is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// JSON.
+    #[default]
+    Json,
+    /// CSV with a header line.
+    Csv,
 }
 
 /// How an error names its record.
@@ -121,6 +194,14 @@ pub enum ErrorRecord {
         pointer: String,
         /// The pointer to the submitted records' array, ending in `/`.
         prefix: String,
+    },
+    /// A value of the record, at `error` in the error and at `record` in the record's
+    /// payload (Salesforce's failed rows carry the external id column).
+    Key {
+        /// Where the error holds the value.
+        error: String,
+        /// Where the record's payload holds it.
+        record: String,
     },
 }
 
@@ -159,6 +240,15 @@ impl JobShape {
         let shape: JobShape = serde_json::from_value(value.clone())
             .map_err(|e| format!("job: {e} (see docs/catalog.md, \"Asynchronous jobs\")"))?;
         pointer_ok("id", &shape.id)?;
+        if let Some(open) = &shape.open {
+            open.check("open", false)?;
+        }
+        if let Some(close) = &shape.close {
+            if shape.open.is_none() {
+                return Err("job: close follows an open call: name open too".into());
+            }
+            close.check("close", true)?;
+        }
         pointer_ok("poll.status", &shape.poll.status)?;
         if !shape.poll.path.contains("{id}") {
             return Err("job: poll.path must name the job's {id}".into());
@@ -171,6 +261,12 @@ impl JobShape {
                 return Err("job: errors.path must name the job's {id}".into());
             }
             pointer_ok("errors.items", &e.items)?;
+            if e.format == Format::Csv && (!e.items.is_empty() || e.next.is_some()) {
+                return Err(
+                    "job: a CSV errors answer is one list: errors.items must be \"\" and no next"
+                        .into(),
+                );
+            }
             for (name, p) in [
                 ("errors.next", e.next.as_deref()),
                 ("errors.message", e.message.as_deref()),
@@ -181,6 +277,10 @@ impl JobShape {
             }
             match &e.record {
                 ErrorRecord::Index(p) => pointer_ok("errors.record.index", p)?,
+                ErrorRecord::Key { error, record } => {
+                    pointer_ok("errors.record.key.error", error)?;
+                    pointer_ok("errors.record.key.record", record)?;
+                }
                 ErrorRecord::Pointer { pointer, prefix } => {
                     pointer_ok("errors.record.pointer", pointer)?;
                     if !prefix.starts_with('/') || !prefix.ends_with('/') {
@@ -227,6 +327,11 @@ impl JobShape {
         }
     }
 
+    /// `path` (the rule's, or a step's) with `{id}` the job's id.
+    pub fn id_path(&self, path: &str, id: &str) -> String {
+        path.replace("{id}", &encode(id))
+    }
+
     /// The poll's path for job `id`.
     pub fn poll_path(&self, id: &str) -> String {
         self.poll.path.replace("{id}", &encode(id))
@@ -250,12 +355,34 @@ impl JobShape {
             .map(|e| e.path.replace("{id}", &encode(id)))
     }
 
-    /// One errors page: the records it names (those it names outside `0..records` are
+    /// An errors answer as JSON: the body's JSON, or its CSV rows as objects (each header
+    /// name to the row's text).
+    pub fn errors_answer(&self, body: &Body) -> Result<Value, String> {
+        let format = self.errors.as_ref().map_or(Format::Json, |e| e.format);
+        match (format, body) {
+            (Format::Json, Body::Json(v)) => Ok(v.clone()),
+            (Format::Csv, Body::Text(t)) => csv_rows(t),
+            (Format::Csv, Body::Empty) => Ok(Value::Array(Vec::new())),
+            (_, Body::Unreadable(why)) => Err(why.clone()),
+            (Format::Json, _) => Err("an errors page is not JSON".into()),
+            (Format::Csv, _) => Err("an errors answer is not CSV (text/csv)".into()),
+        }
+    }
+
+    /// The pointer into a record's payload its errors name it by, if they name it by a key.
+    pub fn key_pointer(&self) -> Option<&str> {
+        match &self.errors.as_ref()?.record {
+            ErrorRecord::Key { record, .. } => Some(record),
+            _ => None,
+        }
+    }
+
+    /// One errors page: the records it names (those it names outside `records` are
     /// dropped, with how many), and the next page's link, if any.
     pub fn errors_page(
         &self,
         page: &Value,
-        records: usize,
+        records: &Records,
     ) -> Result<(Vec<RecordError>, usize, Option<String>), String> {
         let Some(e) = &self.errors else {
             return Ok((Vec::new(), 0, None));
@@ -271,6 +398,10 @@ impl JobShape {
                 ErrorRecord::Index(p) => {
                     item.pointer(p).and_then(Value::as_u64).map(|i| i as usize)
                 }
+                ErrorRecord::Key { error, .. } => item
+                    .pointer(error)
+                    .map(text)
+                    .and_then(|k| records.keys.get(&k).copied()),
                 ErrorRecord::Pointer { pointer, prefix } => item
                     .pointer(pointer)
                     .and_then(Value::as_str)
@@ -286,7 +417,7 @@ impl JobShape {
                 None => item.to_string(),
             };
             match index {
-                Some(index) if index < records => out.push(RecordError { index, message }),
+                Some(index) if index < records.count => out.push(RecordError { index, message }),
                 _ => unmatched += 1,
             }
         }
@@ -299,6 +430,56 @@ impl JobShape {
             .map(str::to_owned);
         Ok((out, unmatched, next))
     }
+}
+
+/// The records of a job, as its errors name them.
+#[derive(Clone, Debug, Default)]
+pub struct Records {
+    /// How many were submitted.
+    pub count: usize,
+    /// Each record's key ([`JobShape::key_pointer`]) to its position (the first, when
+    /// several share one); empty when errors name records otherwise.
+    pub keys: std::collections::HashMap<String, usize>,
+}
+
+impl Records {
+    /// `count` records named by position or pointer.
+    pub fn counted(count: usize) -> Self {
+        Self {
+            count,
+            keys: Default::default(),
+        }
+    }
+}
+
+/// A value as a key or a CSV cell: text as it is, anything else as JSON.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// CSV text with a header line as a list of objects, each header name to the row's text.
+fn csv_rows(text: &str) -> Result<Value, String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let header = reader
+        .headers()
+        .map_err(|e| format!("the CSV answer's header cannot be read: {e}"))?
+        .clone();
+    let mut rows = Vec::new();
+    for row in reader.records() {
+        let row = row.map_err(|e| format!("the CSV answer cannot be read: {e}"))?;
+        let fields = header
+            .iter()
+            .zip(row.iter())
+            .map(|(h, v)| (h.to_owned(), Value::String(v.to_owned())))
+            .collect();
+        rows.push(Value::Object(fields));
+    }
+    Ok(Value::Array(rows))
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -368,7 +549,7 @@ mod tests {
             {"detail": "elsewhere", "source": {"pointer": "/data/attributes/lists"}},
             {"detail": "past the end", "source": {"pointer": "/data/attributes/profiles/data/9"}}
         ], "links": {"next": "https://a.klaviyo.com/api/x?page[cursor]=2"}});
-        let (errors, unmatched, next) = shape.errors_page(&page, 5).unwrap();
+        let (errors, unmatched, next) = shape.errors_page(&page, &Records::counted(5)).unwrap();
         assert_eq!(
             errors,
             [RecordError {
@@ -381,7 +562,63 @@ mod tests {
             next.as_deref(),
             Some("https://a.klaviyo.com/api/x?page[cursor]=2")
         );
-        assert!(shape.errors_page(&json!({"nope": 1}), 5).is_err());
+        assert!(
+            shape
+                .errors_page(&json!({"nope": 1}), &Records::counted(5))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_salesforce_job_is_opened_closed_and_its_failed_rows_named_by_key() {
+        let shape = JobShape::parse(&json!({
+            "open": {"path": "jobs/ingest", "body": {"object": "Contact", "contentType": "CSV"}},
+            "close": {"method": "PATCH", "path": "jobs/ingest/{id}", "body": {"state": "UploadComplete"}},
+            "id": "/id",
+            "poll": {"path": "jobs/ingest/{id}", "status": "/state",
+                     "complete": ["JobComplete"], "failed": ["Failed", "Aborted"]},
+            "errors": {"path": "jobs/ingest/{id}/failedResults/", "format": "csv", "items": "",
+                       "record": {"key": {"error": "/External_Id__c", "record": "/External_Id__c"}},
+                       "message": "/sf__Error"}
+        }))
+        .unwrap();
+        assert_eq!(shape.close.as_ref().unwrap().path("7/5"), "jobs/ingest/7%2F5");
+        assert_eq!(shape.key_pointer(), Some("/External_Id__c"));
+        let csv = "\"sf__Id\",\"sf__Error\",External_Id__c,LastName\n\
+                   \"\",\"REQUIRED_FIELD_MISSING:Required fields are missing: [LastName]\",c-2,\"\"\n\
+                   \"\",\"INVALID, \"\"quoted\"\"\nline\",c-9,X\n";
+        let body = shape.errors_answer(&Body::Text(csv.into())).unwrap();
+        let records = Records {
+            count: 3,
+            keys: [("c-1".to_owned(), 0), ("c-2".to_owned(), 1), ("c-3".to_owned(), 2)].into(),
+        };
+        let (errors, unmatched, next) = shape.errors_page(&body, &records).unwrap();
+        assert_eq!(
+            errors,
+            [RecordError {
+                index: 1,
+                message: "REQUIRED_FIELD_MISSING:Required fields are missing: [LastName]".into()
+            }]
+        );
+        assert_eq!((unmatched, next), (1, None));
+        assert_eq!(
+            shape.errors_answer(&Body::Empty).unwrap(),
+            json!([]),
+            "no failed rows: an empty answer"
+        );
+        let e = shape.errors_answer(&Body::Json(json!([]))).unwrap_err();
+        assert!(e.contains("not CSV"), "{e}");
+        for (job, words) in [
+            (json!({"open": {"path": "j/{id}"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "open.path cannot name"),
+            (json!({"close": {"path": "j/{id}"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "close follows an open"),
+            (json!({"open": {"path": "j"}, "close": {"path": "j"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "close.path must name"),
+            (json!({"open": {"path": "j", "method": "GET"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "open.method"),
+            (json!({"id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []},
+                    "errors": {"path": "e/{id}", "format": "csv", "items": "/data", "record": {"index": "/i"}}}), "CSV errors answer is one list"),
+        ] {
+            let e = JobShape::parse(&job).unwrap_err();
+            assert!(e.contains(words), "{job}: {e}");
+        }
     }
 
     #[test]

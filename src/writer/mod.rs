@@ -76,6 +76,8 @@ pub enum Body {
     Empty,
     /// JSON, read whole.
     Json(serde_json::Value),
+    /// Text, read whole: an answer whose content type is `text/csv` (a job's results).
+    Text(String),
     /// Something that cannot be read whole: cut off, too long, not JSON. Why, in words.
     Unreadable(String),
 }
@@ -305,11 +307,16 @@ pub trait Writer: Send + Sync {
             .collect()
     }
 
-    /// Reads what the target says at `path` (under the connection's base URL, or an
-    /// absolute URL at the same origin: a job's status, a page of its errors) by GET,
-    /// with the connection's credentials; the receipt holds the answer's JSON body.
-    fn read<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Receipt, WriteError>> {
-        let _ = path;
+    /// Sends one request of a job (its open and close, a poll, a page of its errors) to
+    /// `path` (under the connection's base URL, or an absolute URL at the same origin) with
+    /// the connection's credentials, `body` as JSON; the receipt holds the answer's body.
+    fn ask<'a>(
+        &'a self,
+        method: reqwest::Method,
+        path: &'a str,
+        body: Option<&'a serde_json::Value>,
+    ) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+        let _ = (method, path, body);
         futures::future::ready(Err(WriteError::Permanent {
             status: None,
             message: "this writer reads no job".into(),

@@ -33,6 +33,11 @@ pub struct RequestShape {
     /// A bulk call's body, holding `"{{records}}"` once (default: the bare array).
     #[serde(default)]
     pub body: Option<Value>,
+    /// A bulk call's body as CSV instead of JSON: a header line of these columns, then a
+    /// line per record with its item's field of each name (text as it is, a number or a
+    /// boolean as written in JSON, null or absent empty); content type `text/csv`.
+    #[serde(default)]
+    pub csv: Option<Vec<String>>,
 }
 
 /// What fills a placeholder.
@@ -90,6 +95,9 @@ impl RequestShape {
                 ));
             }
         }
+        if let Some(columns) = &shape.csv {
+            check_columns(columns, bulk, shape.body.is_some())?;
+        }
         let in_path = path_slots(path)?;
         if bulk && !in_path.is_empty() {
             return Err(format!(
@@ -111,7 +119,53 @@ impl RequestShape {
 
     /// The content type.
     pub fn content_type(&self) -> &str {
-        self.content_type.as_deref().unwrap_or("application/json")
+        match (&self.content_type, &self.csv) {
+            (Some(t), _) => t,
+            (None, Some(_)) => "text/csv",
+            (None, None) => "application/json",
+        }
+    }
+
+    /// Whether `item` can be sent as this shape sends it: for a CSV body, every column's
+    /// field a text, a number, a boolean, null or absent. The error names the column.
+    pub fn sendable(&self, item: &Value) -> Result<(), String> {
+        let Some(columns) = &self.csv else {
+            return Ok(());
+        };
+        let fields = item
+            .as_object()
+            .ok_or("a CSV row is made from an object; the item is not one")?;
+        for c in columns {
+            if matches!(fields.get(c), Some(Value::Array(_) | Value::Object(_))) {
+                return Err(format!(
+                    "column {c:?} holds a list or an object; a CSV cell holds text"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A bulk call's body, as sent, around its `items` (each [`RequestShape::sendable`]).
+    pub fn encode(&self, items: Vec<Value>) -> Vec<u8> {
+        let Some(columns) = &self.csv else {
+            return serde_json::to_vec(&self.body(items)).expect("JSON serializes");
+        };
+        let mut out = csv::Writer::from_writer(Vec::new());
+        let row = |item: &Value| {
+            columns
+                .iter()
+                .map(|c| match item.get(c) {
+                    None | Some(Value::Null) => String::new(),
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let written = out
+            .write_record(columns)
+            .and_then(|()| items.iter().try_for_each(|i| out.write_record(row(i))));
+        written.expect("CSV writes to memory");
+        out.into_inner().expect("CSV writes to memory")
     }
 
     /// One record as sent: its item, or its payload.
@@ -129,6 +183,28 @@ impl RequestShape {
             None => Value::Array(items),
         }
     }
+}
+
+/// A CSV body's columns: for bulk rules, without a JSON body, each named once.
+fn check_columns(columns: &[String], bulk: bool, body: bool) -> Result<(), String> {
+    if !bulk {
+        return Err("request: csv is for rules with records_per_call above 1".into());
+    }
+    if body {
+        return Err("request: give csv or body, not both (a CSV body has no envelope)".into());
+    }
+    if columns.is_empty() {
+        return Err("request: csv must name at least one column".into());
+    }
+    for (i, c) in columns.iter().enumerate() {
+        if c.is_empty() || c.chars().any(char::is_control) {
+            return Err(format!("request: csv column {i} is empty or holds a control character"));
+        }
+        if columns[..i].contains(c) {
+            return Err(format!("request: csv names column {c:?} twice"));
+        }
+    }
+    Ok(())
 }
 
 /// The rule's path with a record's fields filled, URL-encoded.
@@ -506,6 +582,42 @@ mod tests {
             shape.item(record(&p)).unwrap(),
             json!({"ref": "order-customer:7"})
         );
+    }
+
+    #[test]
+    fn a_csv_body_has_a_header_and_a_row_per_record_quoted_where_needed() {
+        let shape = RequestShape::parse(
+            Some(&json!({"method": "PUT", "csv": ["External_Id__c", "LastName", "Age", "Opt"]})),
+            "jobs/ingest/id/batches",
+            true,
+        )
+        .unwrap();
+        assert_eq!(shape.content_type(), "text/csv");
+        let items = vec![
+            json!({"External_Id__c": "c-1", "LastName": "O'Brien, \"Pat\"", "Age": 41, "Opt": true}),
+            json!({"External_Id__c": "c-2", "LastName": "line\nbreak", "Age": null}),
+        ];
+        for i in &items {
+            shape.sendable(i).unwrap();
+        }
+        let csv = String::from_utf8(shape.encode(items)).unwrap();
+        assert_eq!(
+            csv,
+            "External_Id__c,LastName,Age,Opt\nc-1,\"O'Brien, \"\"Pat\"\"\",41,true\nc-2,\"line\nbreak\",,\n"
+        );
+        let e = shape.sendable(&json!({"LastName": {"a": 1}})).unwrap_err();
+        assert!(e.contains("column \"LastName\" holds a list or an object"), "{e}");
+        assert!(shape.sendable(&json!(["x"])).is_err());
+        for (request, words) in [
+            (json!({"csv": []}), "at least one column"),
+            (json!({"csv": ["a", "a"]}), "twice"),
+            (json!({"csv": ["a"], "body": {"r": "{{records}}"}}), "not both"),
+        ] {
+            let e = RequestShape::parse(Some(&request), "p", true).unwrap_err();
+            assert!(e.contains(words), "{request}: {e}");
+        }
+        let e = RequestShape::parse(Some(&json!({"csv": ["a"]})), "p", false).unwrap_err();
+        assert!(e.contains("records_per_call above 1"), "{e}");
     }
 
     #[test]

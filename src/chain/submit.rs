@@ -1,0 +1,142 @@
+//! A job's submit in several calls (Salesforce Bulk API 2.0): the job's `open` call, whose
+//! answer names the job; the records' call, to the rule's path with the job's `{id}`; its
+//! `close` call, after which the target runs the job. Each call takes a slot of the rule's
+//! budget and is heard by the pacer. A call that fails ends the submit with its answer: the
+//! records' outcome is that answer's (a job never closed is never run, so records sent
+//! again are not held twice). The submit's answer is the records' call's, with the open
+//! call's body, which names the job.
+
+use chrono::{DateTime, Utc};
+
+use super::{call, classify, context::JobContext};
+use crate::{
+    engine::Engine,
+    profile::RuleProfile,
+    writer::{
+        Outgoing, WriteError, Writer, Written,
+        job::{JobShape, Step},
+    },
+};
+
+/// The submit's answer, and how many requests it took.
+pub(super) struct Stepped {
+    pub result: Result<Written, WriteError>,
+    pub requests: u32,
+}
+
+/// Opens a job, sends `records` into it and closes it; the first call goes at `go` (a slot
+/// already granted at pace `paced`).
+pub(super) async fn in_steps(
+    engine: &Engine,
+    ctx: &JobContext,
+    profile: &RuleProfile,
+    (shape, open): (&JobShape, &Step),
+    writer: &dyn Writer,
+    records: &[Outgoing<'_>],
+    (go, paced): (DateTime<Utc>, f64),
+) -> Stepped {
+    let mut requests = 1;
+    let fail = |e, requests| Stepped {
+        result: Err(e),
+        requests,
+    };
+    let opened = request(engine, ctx, writer, go, ask(writer, open, &open.path)).await;
+    hear_ok(engine, ctx, writer, &opened, go, paced).await;
+    let opened = match opened {
+        Ok(w) => w.receipt,
+        Err(e) => return fail(e, requests),
+    };
+    let id = match shape.target_id(opened.body.json()) {
+        Ok(id) => id,
+        Err(why) => {
+            let message = format!("the job's open call: {why}; no record was sent");
+            let e = WriteError::Transient {
+                status: opened.http_status,
+                message,
+            };
+            return fail(e, requests);
+        }
+    };
+    let path = shape.id_path(&ctx.path, &id);
+    let records: Vec<Outgoing<'_>> = records
+        .iter()
+        .map(|r| Outgoing { path: &path, ..*r })
+        .collect();
+    let (go, paced) = match call::slot(engine, ctx).await {
+        Ok(granted) => granted,
+        Err(e) => return fail(no_slot(&e), requests),
+    };
+    requests += 1;
+    let sent = request(engine, ctx, writer, go, writer.write_many(profile.call(&records))).await;
+    let mut written = match sent {
+        Ok(w) => w,
+        Err(e) => return fail(e, requests),
+    };
+    if let Some(close) = &shape.close {
+        hear_ok(engine, ctx, writer, &Ok(written.clone()), go, paced).await;
+        let (go, _) = match call::slot(engine, ctx).await {
+            Ok(granted) => granted,
+            Err(e) => return fail(no_slot(&e), requests),
+        };
+        requests += 1;
+        let path = close.path(&id);
+        match request(engine, ctx, writer, go, ask(writer, close, &path)).await {
+            // Its rate headers are the pacer's to hear, with the submit's answer.
+            Ok(closed) => written.receipt.rate_headers = closed.receipt.rate_headers,
+            Err(e) => return fail(e, requests),
+        }
+    }
+    written.receipt.body = opened.body;
+    Stepped {
+        result: Ok(written),
+        requests,
+    }
+}
+
+/// A call of `step` to `path`, its answer as a written call of no record.
+async fn ask(writer: &dyn Writer, step: &Step, path: &str) -> Result<Written, WriteError> {
+    let answer = writer.ask(step.method(), path, step.body.as_ref()).await;
+    answer.map(|r| Written::all(r, 0))
+}
+
+/// One request of the submit, leaving at `go`: the pacer told when it left and returned,
+/// its answer sealed.
+async fn request(
+    engine: &Engine,
+    ctx: &JobContext,
+    writer: &dyn Writer,
+    go: DateTime<Utc>,
+    send: impl Future<Output = Result<Written, WriteError>>,
+) -> Result<Written, WriteError> {
+    let key = &ctx.connection.budget_key;
+    engine.pacer.left(key, go, engine.clock.now());
+    let answer = send.await;
+    let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
+    engine.pacer.returned(key, go, trip);
+    writer.secrets().seal(answer)
+}
+
+/// A 2xx answer of a call before the submit's last, heard by the pacer as any call's (what
+/// it says of the budget counts now); an error ends the submit and is heard with its answer.
+async fn hear_ok(
+    engine: &Engine,
+    ctx: &JobContext,
+    writer: &dyn Writer,
+    result: &Result<Written, WriteError>,
+    sent: DateTime<Utc>,
+    paced: f64,
+) {
+    if result.is_ok() {
+        let answer = classify::budget_answer(result, writer.rate_signals(), sent, paced);
+        let at = engine.clock.now();
+        engine.pacer.hear(&ctx.connection.budget_key, answer, at).await;
+    }
+}
+
+/// A slot not granted mid-submit: the records go again later.
+fn no_slot(e: &crate::ratelimit::pacer::PacerError) -> WriteError {
+    WriteError::Transient {
+        status: None,
+        message: format!("no request slot for the job's next call ({e}); sent again"),
+    }
+}
