@@ -197,7 +197,7 @@ impl Poller {
                 Ok(ended(Ended::Failed, &said, Some(why)))
             }
             JobState::Complete => {
-                let mut errors = Vec::new();
+                let (mut errors, mut unmatched) = (Vec::new(), 0);
                 let records = self.records(job, shape).await?;
                 let mut next = shape.errors_path(&job.target_id);
                 let mut pages = 0;
@@ -217,14 +217,8 @@ impl Poller {
                         Err(why) => return Ok(again(format!("complete; {why}"))),
                     };
                     match shape.errors_page(&body, &records) {
-                        Ok((found, unmatched, link)) => {
-                            if unmatched > 0 {
-                                tracing::warn!(
-                                    job = job.id,
-                                    unmatched,
-                                    "errors of a job name no record of it"
-                                );
-                            }
+                        Ok((found, missed, link)) => {
+                            unmatched += missed;
                             errors.extend(found.into_iter().map(|mut e| {
                                 e.message = crate::writer::secrets::cut(seal(&e.message));
                                 e
@@ -233,6 +227,10 @@ impl Poller {
                         }
                         Err(why) => return Ok(again(format!("complete; {why}"))),
                     }
+                }
+                if unmatched > 0 {
+                    tracing::warn!(job = job.id, unmatched, "errors of a job name no record of it");
+                    errors.extend(unnamed(&records, unmatched));
                 }
                 Ok(Found::Ended {
                     ended: Ended::Complete,
@@ -246,16 +244,12 @@ impl Poller {
 
     /// The job's records as its errors name them: by position, or by a key of each.
     async fn records(&self, job: &Due, shape: &JobShape) -> Result<Records, sqlx::Error> {
-        let mut records = Records::counted(job.delivery_ids.len());
-        if let Some(pointer) = shape.key_pointer() {
-            let keys = jobs::payload_keys(&self.engine.pool, &job.delivery_ids, pointer).await?;
-            for (i, key) in keys.into_iter().enumerate() {
-                if let Some(key) = key {
-                    records.keys.entry(key).or_insert(i);
-                }
-            }
-        }
-        Ok(records)
+        Ok(match shape.key_pointer() {
+            Some(pointer) => Records::keyed(
+                jobs::payload_keys(&self.engine.pool, &job.delivery_ids, pointer).await?,
+            ),
+            None => Records::counted(job.delivery_ids.len()),
+        })
     }
 
     /// One paced GET: a slot of the rule's budget, the call, its answer sealed and heard
@@ -383,6 +377,18 @@ impl Poller {
         tracing::info!(job = job.id, target_id = %job.target_id, ended = ?ended, records = entries.len(), "a target's job ended");
         Ok(())
     }
+}
+
+/// The records a complete job's `unmatched` errors may name, as the errors name records by
+/// key: those without a key of their own, whose fate the target told but courier cannot
+/// read. Rejected, never read as delivered.
+fn unnamed(records: &Records, unmatched: usize) -> impl Iterator<Item = RecordError> + '_ {
+    records.unkeyed.iter().map(move |&index| RecordError {
+        index,
+        message: format!(
+            "the job reported {unmatched} error(s) naming a record by a key this record does              not have alone (absent, or shared with another record of the job): its fate is unknown"
+        ),
+    })
 }
 
 fn ended(ended: Ended, said: &str, error: Option<String>) -> Found {

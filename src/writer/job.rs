@@ -437,9 +437,12 @@ impl JobShape {
 pub struct Records {
     /// How many were submitted.
     pub count: usize,
-    /// Each record's key ([`JobShape::key_pointer`]) to its position (the first, when
-    /// several share one); empty when errors name records otherwise.
+    /// Each record's key ([`JobShape::key_pointer`]) to its position; empty when errors
+    /// name records otherwise.
     pub keys: std::collections::HashMap<String, usize>,
+    /// The positions of records an error cannot name by key: without one, or sharing it
+    /// with another record of the job.
+    pub unkeyed: Vec<usize>,
 }
 
 impl Records {
@@ -448,7 +451,31 @@ impl Records {
         Self {
             count,
             keys: Default::default(),
+            unkeyed: Vec::new(),
         }
+    }
+
+    /// `keys.len()` records named by `keys` (each record's key, if it has one); a key
+    /// two records share names neither.
+    pub fn keyed(keys: Vec<Option<String>>) -> Self {
+        let mut records = Self::counted(keys.len());
+        let mut seen: std::collections::HashMap<String, Vec<usize>> = Default::default();
+        for (i, key) in keys.into_iter().enumerate() {
+            match key {
+                Some(k) => seen.entry(k).or_default().push(i),
+                None => records.unkeyed.push(i),
+            }
+        }
+        for (key, at) in seen {
+            match at[..] {
+                [one] => {
+                    records.keys.insert(key, one);
+                }
+                _ => records.unkeyed.extend(at),
+            }
+        }
+        records.unkeyed.sort_unstable();
+        records
     }
 }
 
@@ -588,10 +615,14 @@ mod tests {
                    \"\",\"REQUIRED_FIELD_MISSING:Required fields are missing: [LastName]\",c-2,\"\"\n\
                    \"\",\"INVALID, \"\"quoted\"\"\nline\",c-9,X\n";
         let body = shape.errors_answer(&Body::Text(csv.into())).unwrap();
-        let records = Records {
-            count: 3,
-            keys: [("c-1".to_owned(), 0), ("c-2".to_owned(), 1), ("c-3".to_owned(), 2)].into(),
-        };
+        let records = Records::keyed(vec![
+            Some("c-1".into()),
+            Some("c-2".into()),
+            None,
+            Some("c-3".into()),
+            Some("c-3".into()),
+        ]);
+        assert_eq!(records.unkeyed, [2, 3, 4]);
         let (errors, unmatched, next) = shape.errors_page(&body, &records).unwrap();
         assert_eq!(
             errors,

@@ -333,3 +333,119 @@ async fn a_job_whose_poller_died_is_taken_over_when_its_lease_lapses_and_settled
         "five accepted rows and five outcomes: each record settled once"
     );
 }
+
+/// Rule `contacts` on connection `shop`: Salesforce Bulk API 2.0 ingest, opened, sent as
+/// CSV and closed, its failed rows read as CSV by the external id.
+async fn ingest_rule(pool: &PgPool) {
+    catalog::upsert_rule(
+        pool,
+        &NewRule {
+            name: "contacts".into(),
+            connection: "shop".into(),
+            path: "services/data/v62.0/jobs/ingest/{id}/batches".into(),
+            batch_size: Some(100),
+            records_per_call: Some(100),
+            request: Some(json!({"method": "PUT", "csv": ["External_Id__c", "Email", "LastName"]})),
+            job: Some(json!({
+                "open": {"path": "services/data/v62.0/jobs/ingest",
+                         "body": {"object": "Contact", "externalIdFieldName": "External_Id__c",
+                                  "operation": "upsert", "contentType": "CSV"}},
+                "close": {"method": "PATCH", "path": "services/data/v62.0/jobs/ingest/{id}",
+                          "body": {"state": "UploadComplete"}},
+                "id": "/id",
+                "poll": {"path": "services/data/v62.0/jobs/ingest/{id}", "status": "/state",
+                         "complete": ["JobComplete"], "failed": ["Failed", "Aborted"]},
+                "errors": {"path": "services/data/v62.0/jobs/ingest/{id}/failedResults/",
+                           "format": "csv", "items": "",
+                           "record": {"key": {"error": "/External_Id__c", "record": "/External_Id__c"}},
+                           "message": "/sf__Error"},
+                "first_poll_seconds": 1, "max_poll_seconds": 4
+            })),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn an_ingest_job_is_opened_filled_with_csv_closed_and_its_failed_rows_read_by_key() {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Complete,
+        limits: None,
+    });
+    ingest_rule(&db.pool).await;
+    // c2 has no last name (Salesforce fails it); c4 has neither a last name nor the
+    // external id its failed row would be named by.
+    let contacts = (0..6).map(|i| {
+        let mut p = json!({"External_Id__c": format!("c{i}"), "Email": format!("c{i}@example.com"),
+                           "LastName": format!("Customer, \"{i}\"")});
+        match i {
+            2 => p["LastName"] = json!(""),
+            4 => p = json!({"Email": "c4@example.com", "LastName": ""}),
+            _ => {}
+        }
+        NewDelivery::new(format!("c:{i}"), p)
+    });
+    enqueue::enqueue_many(&db.pool, "contacts", contacts.collect())
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    // Three calls: open, the CSV upload into the job the open named, close.
+    let calls: Vec<(String, String)> = target
+        .requests()
+        .iter()
+        .map(|r| (r.method.clone(), r.path.clone()))
+        .collect();
+    let job = "/services/data/v62.0/jobs/ingest/750x00000000001";
+    assert_eq!(
+        calls,
+        [
+            ("POST".into(), "/services/data/v62.0/jobs/ingest".into()),
+            ("PUT".into(), format!("{job}/batches")),
+            ("PATCH".into(), job.into()),
+        ]
+    );
+    let upload = &target.requests()[1];
+    assert_eq!(upload.headers["content-type"], "text/csv");
+    let csv = upload.body.as_str().unwrap();
+    assert!(
+        csv.starts_with("External_Id__c,Email,LastName\nc0,c0@example.com,\"Customer, \"\"0\"\"\"\n"),
+        "{csv}"
+    );
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 6)]);
+    let counted: i64 = sqlx::query_scalar("SELECT COALESCE(sum(calls), 0) FROM budget_calls")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(counted, 3, "the budget counts each call of the submit");
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
+    let fates: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT record_key, status, last_error FROM deliveries ORDER BY record_key",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let fate = |k: &str| fates.iter().find(|f| f.0 == k).unwrap();
+    assert_eq!(
+        fates.iter().filter(|f| f.1 == "delivered").count(),
+        4,
+        "{fates:?}"
+    );
+    assert_eq!(fate("c:2").1, "rejected");
+    assert!(
+        fate("c:2").2.as_deref().unwrap().starts_with("REQUIRED_FIELD_MISSING"),
+        "{fates:?}"
+    );
+    // Its failed row names a key no record has alone: never read as delivered.
+    assert_eq!(fate("c:4").1, "rejected");
+    assert!(
+        fate("c:4").2.as_deref().unwrap().contains("its fate is unknown"),
+        "{fates:?}"
+    );
+    assert_eq!(target.accepted_log().len(), 4, "the target holds the four");
+}

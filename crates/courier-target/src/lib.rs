@@ -39,6 +39,7 @@
 //! - [`vendors`]: the batch sink, answering as the emulation files (data) say.
 
 pub mod faults;
+mod ingest;
 pub mod jobs;
 pub mod limiter;
 pub mod usercom;
@@ -212,6 +213,8 @@ pub struct TargetState {
     tokens: Mutex<(u64, u64)>,
     /// Asynchronous bulk jobs submitted ([`jobs`]).
     jobs: Mutex<jobs::Jobs>,
+    /// Salesforce Bulk API 2.0 ingest jobs ([`ingest`]), run as `jobs`' config says.
+    ingests: Mutex<ingest::Ingests>,
     /// Polls of a job's status answered.
     job_polls: AtomicU64,
 }
@@ -321,6 +324,7 @@ impl Target {
             retry_after_mode: Mutex::new(config.retry_after),
             tokens: Mutex::new((0, 1)),
             jobs: Mutex::new(jobs::Jobs::default()),
+            ingests: Mutex::new(ingest::Ingests::default()),
             job_polls: AtomicU64::new(0),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
@@ -732,7 +736,8 @@ async fn handle(
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
-        Route::Generic => match jobs::answer(
+        Route::Generic => match ingest::answer(&s, &method, &path, &headers, &body, arrived)
+            .or_else(|| jobs::answer(
             &s,
             &method,
             &path,
@@ -740,7 +745,7 @@ async fn handle(
             &headers,
             parsed.as_ref(),
             arrived,
-        ) {
+        )) {
             Some(answer) => answer,
             None => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
                 Some(batch) => batch.answer(&s, arrived),
