@@ -69,28 +69,34 @@ pub struct Due {
 }
 
 /// Leases up to `limit` jobs due at `now` to `owner` until `until`: a job another process
-/// holds an unexpired lease on is left to it; one whose lease lapsed (its process died)
-/// is taken over.
+/// holds an unexpired lease on is left to it, unless that process is dead as the rescuer
+/// judges processes (its beat older than `dead_after`, or, its session gone, than two
+/// fifths of it); one whose lease lapsed is taken over.
 pub async fn lease_due(
     db: impl PgExecutor<'_>,
     owner: &str,
-    now: DateTime<Utc>,
-    until: DateTime<Utc>,
+    (now, until): (DateTime<Utc>, DateTime<Utc>),
+    dead_after: chrono::Duration,
     limit: i64,
 ) -> Result<Vec<Due>, sqlx::Error> {
     sqlx::query_as!(
         Due,
         "UPDATE target_jobs j SET lease_owner = $1, lease_until = $3
-         WHERE j.id IN (SELECT id FROM target_jobs
-                        WHERE status = 'submitted' AND next_poll_at <= $2
-                          AND (lease_until IS NULL OR lease_until < $2)
-                        ORDER BY next_poll_at LIMIT $4 FOR UPDATE SKIP LOCKED)
+         WHERE j.id IN (SELECT t.id FROM target_jobs t
+                        WHERE t.status = 'submitted' AND t.next_poll_at <= $2
+                          AND (t.lease_until IS NULL OR t.lease_until < $2
+                               OR EXISTS (SELECT 1 FROM workers w
+                                          WHERE w.name = t.lease_owner
+                                            AND NOT courier_worker_alive(w, $5, $6)))
+                        ORDER BY t.next_poll_at LIMIT $4 FOR UPDATE SKIP LOCKED)
          RETURNING j.id, j.rule_id, j.run_id, j.target_id, j.delivery_ids, j.submitted_at,
                    j.poll_every_ms, j.polls",
         owner,
         now,
         until,
-        limit
+        limit,
+        now - dead_after,
+        now - dead_after * 2 / 5
     )
     .fetch_all(db)
     .await

@@ -5,7 +5,7 @@
 //! blocks the budget). The wait between polls doubles from the rule's first poll up to its
 //! most (a job taking an hour is not polled every second). No transaction is open while the
 //! target is called: a job is leased to one process (another takes it over when the lease
-//! lapses), and its records' outcomes are committed in one transaction with its end.
+//! lapses, or sooner when the rescuer's rule finds that process dead), and its records' outcomes are committed in one transaction with its end.
 
 use std::{sync::Arc, time::Duration};
 
@@ -72,7 +72,10 @@ impl Poller {
     pub async fn run_once(&self) -> Result<usize, sqlx::Error> {
         let e = &self.engine;
         let now = e.clock.now();
-        let due = jobs::lease_due(&e.pool, &e.worker_name, now, now + LEASE, PER_PASS).await?;
+        let dead_after = chrono::Duration::from_std(e.settings.worker_dead_after)
+            .unwrap_or(chrono::Duration::MAX);
+        let leased = (now, now + LEASE);
+        let due = jobs::lease_due(&e.pool, &e.worker_name, leased, dead_after, PER_PASS).await?;
         let n = due.len();
         for job in due {
             self.poll(job).await?;

@@ -292,7 +292,8 @@ async fn a_job_whose_poller_died_is_taken_over_when_its_lease_lapses_and_settled
     engine.clock.advance(Span::seconds(1));
     // A process leased the job and was killed before it wrote anything of it.
     let now = engine.clock.now();
-    let leased = courier::jobs::lease_due(&db.pool, "gone/1", now, now + Span::minutes(2), 10)
+    let window = (now, now + Span::minutes(2));
+    let leased = courier::jobs::lease_due(&db.pool, "gone/1", window, Span::seconds(30), 10)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1);
@@ -448,4 +449,27 @@ async fn an_ingest_job_is_opened_filled_with_csv_closed_and_its_failed_rows_read
         "{fates:?}"
     );
     assert_eq!(target.accepted_log().len(), 4, "the target holds the four");
+}
+
+#[tokio::test]
+async fn a_job_leased_to_a_process_found_dead_is_taken_over_before_its_lease_lapses() {
+    let (db, _target, engine) = submitted(JobEnd::Complete, profiles(3, &[])).await;
+    engine.clock.advance(Span::seconds(1));
+    let now = engine.clock.now();
+    // A process that beat, leased the job, and beat no more.
+    courier::workers::beat(&db.pool, "gone/2", now, None, None)
+        .await
+        .unwrap();
+    let window = (now, now + Span::minutes(2));
+    let dead_after = Span::from_std(settings(&db.url).worker_dead_after).unwrap();
+    let leased = courier::jobs::lease_due(&db.pool, "gone/2", window, dead_after, 10)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    let poller = Poller::new(&engine);
+    assert_eq!(poller.run_once().await.unwrap(), 0, "its owner beats still");
+    // Past the rescuer's window without a beat: dead, its lease still running.
+    engine.clock.advance(dead_after + Span::seconds(1));
+    assert_eq!(poller.run_once().await.unwrap(), 1);
+    assert_eq!(statuses(&db.pool).await, [("delivered".into(), 3)]);
 }

@@ -6,6 +6,7 @@ mod common;
 
 mod bulk_crash;
 mod cli;
+mod job_crash;
 mod dashboard;
 mod door;
 mod metrics;
