@@ -232,7 +232,11 @@ impl Poller {
                     }
                 }
                 if unmatched > 0 {
-                    tracing::warn!(job = job.id, unmatched, "errors of a job name no record of it");
+                    tracing::warn!(
+                        job = job.id,
+                        unmatched,
+                        "errors of a job name no record of it"
+                    );
                     errors.extend(unnamed(&records, unmatched));
                 }
                 Ok(Found::Ended {

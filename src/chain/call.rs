@@ -199,7 +199,8 @@ async fn call_once(
         && let Some(open) = &job.open
     {
         let shape = (job, open);
-        let stepped = super::submit::in_steps(engine, ctx, profile, shape, writer, &records, (go, paced));
+        let stepped =
+            super::submit::in_steps(engine, ctx, profile, shape, writer, &records, (go, paced));
         let stepped = stepped.await;
         counted(engine, ctx, &stepped.result, records.len());
         return Some(Made {

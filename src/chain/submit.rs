@@ -67,7 +67,14 @@ pub(super) async fn in_steps(
         Err(e) => return fail(no_slot(&e), requests),
     };
     requests += 1;
-    let sent = request(engine, ctx, writer, go, writer.write_many(profile.call(&records))).await;
+    let sent = request(
+        engine,
+        ctx,
+        writer,
+        go,
+        writer.write_many(profile.call(&records)),
+    )
+    .await;
     let mut written = match sent {
         Ok(w) => w,
         Err(e) => return fail(e, requests),
@@ -129,7 +136,10 @@ async fn hear_ok(
     if result.is_ok() {
         let answer = classify::budget_answer(result, writer.rate_signals(), sent, paced);
         let at = engine.clock.now();
-        engine.pacer.hear(&ctx.connection.budget_key, answer, at).await;
+        engine
+            .pacer
+            .hear(&ctx.connection.budget_key, answer, at)
+            .await;
     }
 }
 

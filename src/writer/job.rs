@@ -609,7 +609,10 @@ mod tests {
                        "message": "/sf__Error"}
         }))
         .unwrap();
-        assert_eq!(shape.close.as_ref().unwrap().path("7/5"), "jobs/ingest/7%2F5");
+        assert_eq!(
+            shape.close.as_ref().unwrap().path("7/5"),
+            "jobs/ingest/7%2F5"
+        );
         assert_eq!(shape.key_pointer(), Some("/External_Id__c"));
         let csv = "\"sf__Id\",\"sf__Error\",External_Id__c,LastName\n\
                    \"\",\"REQUIRED_FIELD_MISSING:Required fields are missing: [LastName]\",c-2,\"\"\n\
@@ -640,12 +643,27 @@ mod tests {
         let e = shape.errors_answer(&Body::Json(json!([]))).unwrap_err();
         assert!(e.contains("not CSV"), "{e}");
         for (job, words) in [
-            (json!({"open": {"path": "j/{id}"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "open.path cannot name"),
-            (json!({"close": {"path": "j/{id}"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "close follows an open"),
-            (json!({"open": {"path": "j"}, "close": {"path": "j"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "close.path must name"),
-            (json!({"open": {"path": "j", "method": "GET"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}), "open.method"),
-            (json!({"id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []},
-                    "errors": {"path": "e/{id}", "format": "csv", "items": "/data", "record": {"index": "/i"}}}), "CSV errors answer is one list"),
+            (
+                json!({"open": {"path": "j/{id}"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}),
+                "open.path cannot name",
+            ),
+            (
+                json!({"close": {"path": "j/{id}"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}),
+                "close follows an open",
+            ),
+            (
+                json!({"open": {"path": "j"}, "close": {"path": "j"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}),
+                "close.path must name",
+            ),
+            (
+                json!({"open": {"path": "j", "method": "GET"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}),
+                "open.method",
+            ),
+            (
+                json!({"id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []},
+                    "errors": {"path": "e/{id}", "format": "csv", "items": "/data", "record": {"index": "/i"}}}),
+                "CSV errors answer is one list",
+            ),
         ] {
             let e = JobShape::parse(&job).unwrap_err();
             assert!(e.contains(words), "{job}: {e}");

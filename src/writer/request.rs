@@ -198,7 +198,9 @@ fn check_columns(columns: &[String], bulk: bool, body: bool) -> Result<(), Strin
     }
     for (i, c) in columns.iter().enumerate() {
         if c.is_empty() || c.chars().any(char::is_control) {
-            return Err(format!("request: csv column {i} is empty or holds a control character"));
+            return Err(format!(
+                "request: csv column {i} is empty or holds a control character"
+            ));
         }
         if columns[..i].contains(c) {
             return Err(format!("request: csv names column {c:?} twice"));
@@ -606,12 +608,18 @@ mod tests {
             "External_Id__c,LastName,Age,Opt\nc-1,\"O'Brien, \"\"Pat\"\"\",41,true\nc-2,\"line\nbreak\",,\n"
         );
         let e = shape.sendable(&json!({"LastName": {"a": 1}})).unwrap_err();
-        assert!(e.contains("column \"LastName\" holds a list or an object"), "{e}");
+        assert!(
+            e.contains("column \"LastName\" holds a list or an object"),
+            "{e}"
+        );
         assert!(shape.sendable(&json!(["x"])).is_err());
         for (request, words) in [
             (json!({"csv": []}), "at least one column"),
             (json!({"csv": ["a", "a"]}), "twice"),
-            (json!({"csv": ["a"], "body": {"r": "{{records}}"}}), "not both"),
+            (
+                json!({"csv": ["a"], "body": {"r": "{{records}}"}}),
+                "not both",
+            ),
         ] {
             let e = RequestShape::parse(Some(&request), "p", true).unwrap_err();
             assert!(e.contains(words), "{request}: {e}");

@@ -414,7 +414,9 @@ async fn an_ingest_job_is_opened_filled_with_csv_closed_and_its_failed_rows_read
     assert_eq!(upload.headers["content-type"], "text/csv");
     let csv = upload.body.as_str().unwrap();
     assert!(
-        csv.starts_with("External_Id__c,Email,LastName\nc0,c0@example.com,\"Customer, \"\"0\"\"\"\n"),
+        csv.starts_with(
+            "External_Id__c,Email,LastName\nc0,c0@example.com,\"Customer, \"\"0\"\"\"\n"
+        ),
         "{csv}"
     );
     assert_eq!(statuses(&db.pool).await, [("accepted".into(), 6)]);
@@ -425,12 +427,11 @@ async fn an_ingest_job_is_opened_filled_with_csv_closed_and_its_failed_rows_read
     assert_eq!(counted, 3, "the budget counts each call of the submit");
     engine.clock.advance(Span::seconds(1));
     assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
-    let fates: Vec<(String, String, Option<String>)> = sqlx::query_as(
-        "SELECT record_key, status, last_error FROM deliveries ORDER BY record_key",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let fates: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT record_key, status, last_error FROM deliveries ORDER BY record_key")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
     let fate = |k: &str| fates.iter().find(|f| f.0 == k).unwrap();
     assert_eq!(
         fates.iter().filter(|f| f.1 == "delivered").count(),
@@ -439,13 +440,21 @@ async fn an_ingest_job_is_opened_filled_with_csv_closed_and_its_failed_rows_read
     );
     assert_eq!(fate("c:2").1, "rejected");
     assert!(
-        fate("c:2").2.as_deref().unwrap().starts_with("REQUIRED_FIELD_MISSING"),
+        fate("c:2")
+            .2
+            .as_deref()
+            .unwrap()
+            .starts_with("REQUIRED_FIELD_MISSING"),
         "{fates:?}"
     );
     // Its failed row names a key no record has alone: never read as delivered.
     assert_eq!(fate("c:4").1, "rejected");
     assert!(
-        fate("c:4").2.as_deref().unwrap().contains("its fate is unknown"),
+        fate("c:4")
+            .2
+            .as_deref()
+            .unwrap()
+            .contains("its fate is unknown"),
         "{fates:?}"
     );
     assert_eq!(target.accepted_log().len(), 4, "the target holds the four");

@@ -116,13 +116,24 @@ fn upload(jobs: &mut Ingests, id: &str, headers: &HeaderMap, body: &[u8]) -> Res
         return error(404, "NOT_FOUND", "no such job");
     };
     if !csv {
-        return error(400, "INVALIDCONTENT", "the upload's content type is not text/csv");
+        return error(
+            400,
+            "INVALIDCONTENT",
+            "the upload's content type is not text/csv",
+        );
     }
     if job.closed.is_some() || !job.header.is_empty() {
-        return error(409, "INVALIDSTATE", "a job takes one upload, while it is open");
+        return error(
+            409,
+            "INVALIDSTATE",
+            "a job takes one upload, while it is open",
+        );
     }
     let mut reader = csv::Reader::from_reader(body);
-    let Ok(header) = reader.headers().map(|h| h.iter().map(str::to_owned).collect()) else {
+    let Ok(header) = reader
+        .headers()
+        .map(|h| h.iter().map(str::to_owned).collect())
+    else {
         return error(400, "INVALIDCONTENT", "the CSV has no header line");
     };
     let rows: Result<Vec<Vec<String>>, _> = reader
@@ -146,7 +157,13 @@ fn close(jobs: &mut Ingests, id: &str, body: &[u8]) -> Response {
     match asked.as_ref().and_then(|b| b["state"].as_str()) {
         Some("UploadComplete") if job.closed.is_none() => job.closed = Some(Instant::now()),
         Some("Aborted") => job.aborted = true,
-        _ => return error(400, "INVALIDSTATE", "state UploadComplete (once) or Aborted"),
+        _ => {
+            return error(
+                400,
+                "INVALIDSTATE",
+                "state UploadComplete (once) or Aborted",
+            );
+        }
     }
     json_reply(200, json!({"id": id, "state": state(job, Instant::now())}))
 }
@@ -180,7 +197,11 @@ fn status(s: &TargetState, jobs: &mut Ingests, id: &str, arrived: Instant) -> Re
         return error(404, "NOT_FOUND", "no such job");
     };
     let state = state(job, Instant::now());
-    let failed = job.rows.iter().filter(|r| failure(job, r).is_some()).count();
+    let failed = job
+        .rows
+        .iter()
+        .filter(|r| failure(job, r).is_some())
+        .count();
     if state == "JobComplete" && !job.counted {
         job.counted = true;
         for (key, row) in job.keys.iter().zip(&job.rows) {

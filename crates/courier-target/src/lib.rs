@@ -737,15 +737,17 @@ async fn handle(
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
         Route::Generic => match ingest::answer(&s, &method, &path, &headers, &body, arrived)
-            .or_else(|| jobs::answer(
-            &s,
-            &method,
-            &path,
-            uri.query(),
-            &headers,
-            parsed.as_ref(),
-            arrived,
-        )) {
+            .or_else(|| {
+                jobs::answer(
+                    &s,
+                    &method,
+                    &path,
+                    uri.query(),
+                    &headers,
+                    parsed.as_ref(),
+                    arrived,
+                )
+            }) {
             Some(answer) => answer,
             None => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
                 Some(batch) => batch.answer(&s, arrived),

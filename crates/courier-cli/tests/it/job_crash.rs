@@ -160,7 +160,10 @@ async fn a_worker_killed_while_polling_its_jobs_loses_nothing_and_submits_nothin
         }
     })
     .await;
-    println!("settled {:.1} s after the kill", killed.elapsed().as_secs_f64());
+    println!(
+        "settled {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
     let fates: Vec<(String, i64)> =
         sqlx::query_as("SELECT status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1")
             .fetch_all(&db.pool)
@@ -184,7 +187,11 @@ async fn a_worker_killed_while_polling_its_jobs_loses_nothing_and_submits_nothin
         .iter()
         .filter(|r| r.method == "POST" && r.path == "/api/profile-bulk-import-jobs")
         .count();
-    assert_eq!((jobs, submits), (3, 3), "one job per 100 records, none twice");
+    assert_eq!(
+        (jobs, submits),
+        (3, 3),
+        "one job per 100 records, none twice"
+    );
     let c = target.counters();
     assert_eq!((c.accepted_keys, c.duplicates), (297, 0));
 }

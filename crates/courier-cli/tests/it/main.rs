@@ -6,9 +6,9 @@ mod common;
 
 mod bulk_crash;
 mod cli;
-mod job_crash;
 mod dashboard;
 mod door;
+mod job_crash;
 mod metrics;
 mod ops;
 mod readme;
