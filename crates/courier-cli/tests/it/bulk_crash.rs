@@ -4,10 +4,7 @@
 //! ledger, and what the target saw twice is at most the records of the calls in flight plus
 //! about a second of calls (the crash bound, counted in records).
 
-use std::{
-    process::{Child, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 
 use crate::common::*;
 use courier::{
@@ -22,29 +19,6 @@ const PER_CALL: i32 = 25;
 const IN_FLIGHT: i32 = 2;
 /// Calls per second the connection declares.
 const RATE: i32 = 4;
-
-/// A `courier worker` on `url`, its output discarded.
-fn worker(url: &str) -> Child {
-    courier_on(url)
-        .arg("worker")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("courier worker starts")
-}
-
-/// Kills the child left when a test fails half-way.
-struct Killed(Option<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_batch_loses_nothing_and_resends_at_most_its_calls_in_flight() {
@@ -86,20 +60,17 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_resends_at_most_its_calls_i
         .await
         .unwrap();
 
-    let mut first = Killed(Some(worker(&db.url)));
+    let mut first = worker_process(&db.url, &[]);
     // Mid-batch: some calls answered (and perhaps committed), more to come.
     eventually("the first worker has delivered a few calls", || {
         let target = target.clone();
         async move { target.counters().accepted_keys >= 3 * PER_CALL as usize }
     })
     .await;
-    let victim = first.0.as_mut().unwrap();
-    let _ = victim.kill();
-    let _ = victim.wait();
-    first.0 = None;
+    first.kill();
     let sent_at_kill = target.counters().accepted_keys;
 
-    let _second = Killed(Some(worker(&db.url)));
+    let _second = worker_process(&db.url, &[]);
     eventually("every record is delivered", || {
         let pool = db.pool.clone();
         async move { delivered(&pool).await == n }

@@ -4,10 +4,7 @@
 //! rescuer's rule, before the job's lease lapses) and settles every record once. No job is
 //! submitted twice for the same records, and the target holds each record once.
 
-use std::{
-    process::{Child, Stdio},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use crate::common::*;
 use courier::{
@@ -20,30 +17,8 @@ use courier_target::{
 };
 use serde_json::json;
 
-/// A `courier worker` on `url` that takes a process silent for 4 s for dead.
-fn worker(url: &str) -> Child {
-    courier_on(url)
-        .arg("worker")
-        .env("COURIER_WORKER_DEAD_AFTER_SECONDS", "4")
-        .env("COURIER_HTTP_ADDR", "")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("courier worker starts")
-}
-
-/// Kills the child left when a test fails half-way.
-struct Killed(Option<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+/// Workers that take a process silent for 4 s for dead.
+const DEAD_AFTER: &[(&str, &str)] = &[("COURIER_WORKER_DEAD_AFTER_SECONDS", "4")];
 
 async fn shop(pool: &sqlx::PgPool, url: &str) {
     catalog::upsert_connection(
@@ -117,7 +92,7 @@ async fn a_worker_killed_while_polling_its_jobs_loses_nothing_and_submits_nothin
 
     // Each answer takes a while, so the kill can find a poll in flight.
     target.set_latency(Duration::from_millis(1500));
-    let mut first = Killed(Some(worker(&db.url)));
+    let mut first = worker_process(&db.url, DEAD_AFTER);
     // A job polled once and leased for its next poll, in flight: the kill comes mid-poll.
     eventually("the first worker is polling a job again", || {
         let pool = db.pool.clone();
@@ -132,10 +107,7 @@ async fn a_worker_killed_while_polling_its_jobs_loses_nothing_and_submits_nothin
         }
     })
     .await;
-    let victim = first.0.as_mut().unwrap();
-    let _ = victim.kill();
-    let _ = victim.wait();
-    first.0 = None;
+    first.kill();
     let killed = Instant::now();
     let accepted: i64 =
         sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'accepted'")
@@ -144,7 +116,7 @@ async fn a_worker_killed_while_polling_its_jobs_loses_nothing_and_submits_nothin
             .unwrap();
     assert_eq!(accepted, n as i64, "every record in a job at the kill");
 
-    let _second = Killed(Some(worker(&db.url)));
+    let _second = worker_process(&db.url, DEAD_AFTER);
     // Within the test's minute: the jobs' two-minute leases are taken over once the
     // first process is found dead.
     eventually("every record settled", || {

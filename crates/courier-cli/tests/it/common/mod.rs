@@ -24,6 +24,39 @@ pub fn courier_on(url: &str) -> std::process::Command {
     command
 }
 
+/// A `courier worker` on database `url` with `env` set, its output discarded, killed
+/// (SIGKILL) when the test lets it go or fails half-way.
+pub fn worker_process(url: &str, env: &[(&str, &str)]) -> Killed {
+    let mut command = courier_on(url);
+    command.arg("worker").envs(env.iter().copied());
+    let child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("courier worker starts");
+    Killed(Some(child))
+}
+
+/// A child process, killed with SIGKILL by [`Killed::kill`] or when dropped.
+pub struct Killed(Option<std::process::Child>);
+
+impl Killed {
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// What a run of the binary gave.
 pub struct Ran {
     /// Whether it exited 0.
