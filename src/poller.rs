@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     chain::{
-        call, classify,
+        classify,
         context::{self, JobContext},
+        slot,
     },
     engine::Engine,
     jobs::{self, Due, Ended},
@@ -283,7 +284,7 @@ impl Poller {
             None => ctx,
         };
         let key = &ctx.connection.budget_key;
-        let (go, paced) = match call::slot(e, ctx).await {
+        let (go, paced) = match slot::slot(e, ctx).await {
             Ok(granted) => granted,
             Err(err) => return Ok(Err(format!("no request slot: {err}"))),
         };

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{claim::Claimed, context::JobContext};
+use super::{claim::Claimed, context::JobContext, slot};
 use crate::{
     engine::Engine,
     profile::RuleProfile,
@@ -165,7 +165,7 @@ async fn call_once(
     let key = &ctx.connection.budget_key;
     // A stop does not wait for slots: the deliveries stay pending, untouched.
     let (go, paced) = tokio::select! {
-        waited = slot(engine, ctx) => match waited {
+        waited = slot::slot(engine, ctx) => match waited {
             Ok(granted) => granted,
             Err(e @ PacerError::Spent(_)) => {
                 tracing::debug!(reason = %e, "no request slot; deliveries left pending");
@@ -227,35 +227,6 @@ async fn call_once(
         paced,
         requests: 1,
     })
-}
-
-/// A request slot of the call's budget, in fair turn with other rules, once its time has
-/// come and the pacer lets the call go: when it goes, and the pace the slot was booked at.
-pub(crate) async fn slot(
-    engine: &Engine,
-    ctx: &JobContext,
-) -> Result<(DateTime<Utc>, f64), PacerError> {
-    let key = &ctx.connection.budget_key;
-    let (reserve, weight) = (ctx.connection.reserve(), ctx.weight.max(1) as u32);
-    let asked = Instant::now();
-    loop {
-        let slot = engine
-            .pacer
-            .acquire(key, &ctx.limits, reserve, ctx.rule_id, weight)
-            .await?;
-        engine.clock.sleep_until_precise(slot.at).await;
-        // A block, or the target's statement that its budget is spent (remaining 0),
-        // until later than this slot, or a block set since it was booked: a new slot.
-        if engine.pacer.may_use(key, &slot) {
-            let mut go = engine.clock.now();
-            while let Err(later) = engine.pacer.depart(key, go) {
-                engine.clock.sleep_until_precise(later).await;
-                go = later.max(engine.clock.now());
-            }
-            engine.metrics.pacer_waited(key, asked.elapsed());
-            return Ok((go, slot.paced));
-        }
-    }
 }
 
 /// A call of `n` records answered `result`, in the process's metrics.

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Duration, Utc};
 use sqlx::{PgExecutor, PgPool};
 
-use super::JobContext;
+use super::context::JobContext;
 use crate::runs;
 
 /// The owner of a lease taken by job `task_id` of process `worker`: the job's own (a retry

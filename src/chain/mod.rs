@@ -19,13 +19,15 @@ pub mod classify;
 pub mod context;
 pub mod lease;
 pub mod settle;
+pub mod slot;
 mod submit;
 pub mod throttle;
 pub mod triage;
 
-use chrono::{DateTime, Duration, Utc};
+pub use settle::JobOutcome;
+
+use chrono::Duration;
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use std::sync::Arc;
@@ -49,21 +51,6 @@ use crate::{
 
 /// How long a job waits before trying again when another job holds its rule's lease.
 const LEASE_BUSY_RETRY: Duration = Duration::seconds(1);
-
-/// What a chain job did.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JobOutcome {
-    /// It handled a batch and enqueued the next job.
-    Continued,
-    /// It ended the run with this status.
-    Finished(RunStatus),
-    /// Its run was no longer active (finished or reaped), or not its own: it did nothing.
-    Skipped,
-    /// Another job held the rule's lease; it put itself back in the queue for this time.
-    Rescheduled(DateTime<Utc>),
-    /// The connection is blocked by a rate limit; this job runs again at this time.
-    Waiting(DateTime<Utc>),
-}
 
 /// A chain job that could not complete; apalis retries it.
 #[derive(Debug, thiserror::Error)]

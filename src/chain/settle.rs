@@ -7,9 +7,10 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use super::{JobOutcome, context::JobContext};
+use super::context::JobContext;
 use crate::{
     breaker, catalog,
     engine::Engine,
@@ -19,6 +20,21 @@ use crate::{
     ratelimit::{blocks, pacer},
     runs::{self, Counters, Progress, RunStatus},
 };
+
+/// What a chain job did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobOutcome {
+    /// It handled a batch and enqueued the next job.
+    Continued,
+    /// It ended the run with this status.
+    Finished(RunStatus),
+    /// Its run was no longer active (finished or reaped), or not its own: it did nothing.
+    Skipped,
+    /// Another job held the rule's lease; it put itself back in the queue for this time.
+    Rescheduled(DateTime<Utc>),
+    /// The connection is blocked by a rate limit; this job runs again at this time.
+    Waiting(DateTime<Utc>),
+}
 
 /// Committed at least this often while a batch is calling.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);

@@ -8,7 +8,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{call, classify, context::JobContext};
+use super::{classify, context::JobContext, slot};
 use crate::{
     engine::Engine,
     profile::RuleProfile,
@@ -62,7 +62,7 @@ pub(super) async fn in_steps(
         .iter()
         .map(|r| Outgoing { path: &path, ..*r })
         .collect();
-    let (go, paced) = match call::slot(engine, ctx).await {
+    let (go, paced) = match slot::slot(engine, ctx).await {
         Ok(granted) => granted,
         Err(e) => return fail(no_slot(&e), requests),
     };
@@ -81,7 +81,7 @@ pub(super) async fn in_steps(
     };
     if let Some(close) = &shape.close {
         hear_ok(engine, ctx, writer, &Ok(written.clone()), go, paced).await;
-        let (go, _) = match call::slot(engine, ctx).await {
+        let (go, _) = match slot::slot(engine, ctx).await {
             Ok(granted) => granted,
             Err(e) => return fail(no_slot(&e), requests),
         };

@@ -8,7 +8,7 @@
 //!
 //! - sets aside rows apalis cannot read, once, and delivers the rest of the batch: a
 //!   payload that is not JSON inside the fetch's transaction, any other unreadable row
-//!   through [`set_aside_unreadable`](super::set_aside_unreadable) before fetching again;
+//!   through [`set_aside_unreadable`](super::table::set_aside_unreadable) before fetching again;
 //! - rides out database outages (an empty fetch, a skipped beat, acknowledgements retried)
 //!   instead of ending the worker;
 //! - on a restart, pauses first (doubling up to [`RESTART_PAUSE_MAX`]), puts back the jobs
@@ -42,7 +42,8 @@ use apalis_postgres::{Config, Error, queries};
 use futures::FutureExt;
 use serde_json::Value;
 
-use super::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, Fetcher, Tick, UNREADABLE, set_aside_unreadable};
+use super::fetcher::{Fetcher, Tick};
+use super::table::{CHAIN_JOB_MAX_ATTEMPTS, CHAIN_QUEUE, UNREADABLE, set_aside_unreadable};
 use crate::{engine::Engine, health::is_outage};
 
 /// How often apalis' worker row is refreshed (`apalis.workers.last_seen`).

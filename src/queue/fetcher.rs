@@ -14,9 +14,11 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
+use apalis::prelude::{PollSnapshot, PollStrategy};
 use futures::task::AtomicWaker;
 use tokio::sync::{Semaphore, watch};
 
@@ -212,6 +214,44 @@ impl Fetch<'_> {
 impl Drop for Fetch<'_> {
     fn drop(&mut self) {
         self.fetcher.in_flight.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Wakes the queue's fetcher every `period`, so jobs scheduled for later (a chain waiting
+/// out a block) are fetched when due: PostgreSQL's notify trigger only announces jobs due
+/// at insert time. apalis-core 1.0's own `IntervalStrategy` fires once and then never
+/// re-arms its timer (it returns `Ready` with a fresh, never-polled delay), so scheduled
+/// jobs waited for the 30 s worker heartbeat; this one re-arms every time. The chain
+/// worker's [`ChainBackend`](super::ChainBackend) polls it directly; it is also a poll strategy for plain
+/// apalis workers (the benchmarks' no-op drain).
+pub struct Tick(tokio::time::Interval);
+
+impl Tick {
+    /// A tick every `period`, the first at once; missed ticks are not made up in a burst.
+    pub fn every(period: Duration) -> Self {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self(interval)
+    }
+
+    /// Whether a tick is due; the waker is registered for the next one either way.
+    pub fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut fired = false;
+        // Drain ready ticks until the timer is pending again, which registers the waker.
+        while self.0.poll_tick(cx).is_ready() {
+            fired = true;
+        }
+        fired
+    }
+}
+
+impl PollStrategy for Tick {
+    fn poll_drive(&mut self, cx: &mut Context<'_>, _: &PollSnapshot) -> Poll<Option<()>> {
+        if self.poll_fired(cx) {
+            Poll::Ready(Some(()))
+        } else {
+            Poll::Pending
+        }
     }
 }
 

@@ -10,7 +10,8 @@ use serde::Deserialize;
 use sqlx::{PgPool, postgres::PgListener};
 use tokio_util::sync::CancellationToken;
 
-use super::{CHAIN_QUEUE, Fetcher, INSERT_CHANNEL};
+use super::fetcher::Fetcher;
+use super::table::{CHAIN_QUEUE, INSERT_CHANNEL};
 
 /// The first pause before subscribing again after a failure; doubles up to
 /// [`RESUBSCRIBE_MAX`].

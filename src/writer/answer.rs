@@ -21,7 +21,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Body, Outgoing, WriteError};
+use super::wire::{Body, Outgoing, WriteError};
 
 /// The longest error text kept from an answer item.
 const MESSAGE_LIMIT: usize = 300;

@@ -99,9 +99,9 @@ impl Auth {
                 user_env: Some(var),
                 ..
             } if !crate::model::is_variable_name(var) => Err(not_a_variable("user_env")),
-            Auth::Oauth { token_url, .. } if super::check_base_url(token_url).is_err() => Err(
-                format!("auth: token_url {token_url:?} is not an absolute http(s) URL"),
-            ),
+            Auth::Oauth { token_url, .. } if check_base_url(token_url).is_err() => Err(format!(
+                "auth: token_url {token_url:?} is not an absolute http(s) URL"
+            )),
             Auth::Oauth { client_id_env, .. } if !crate::model::is_variable_name(client_id_env) => {
                 Err(not_a_variable("client_id_env"))
             }
@@ -219,6 +219,33 @@ fn check_scheme(scheme: &str) -> Result<(), String> {
              key alone)"
                 .into(),
         );
+    }
+    Ok(())
+}
+
+/// Checks a connection's base URL: an absolute `http://` or `https://` URL with a host,
+/// and no blank, line break or control character anywhere (the URL parser would quietly
+/// drop some of them). The error says what is wrong; it never repeats the URL, which may
+/// carry a password.
+pub fn check_base_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err("must start with http:// or https://".into());
+    }
+    if url.contains(['\r', '\n']) {
+        return Err("holds a line break".into());
+    }
+    if url.chars().any(char::is_control) {
+        return Err("holds a control character".into());
+    }
+    if url.chars().any(char::is_whitespace) {
+        return Err("holds a blank (write it %20)".into());
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("is not a valid URL: {e}"))?;
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("names no host".into());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("names a user or password (credentials belong in auth, never in a URL)".into());
     }
     Ok(())
 }

@@ -15,10 +15,13 @@ use std::time::{Duration, SystemTime};
 use futures::{FutureExt, future::BoxFuture};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
-use super::{
-    Body, Call, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written, answer,
-    request::{self, RequestShape},
-    secrets::{Secrets, is_secret_header},
+use super::answer;
+use super::contract::{Call, Writer};
+use super::request::{self, RequestShape};
+use super::secrets::{Secrets, is_secret_header};
+use super::wire::{
+    Body, Outgoing, Receipt, WriteError, WriterConfigError, Written, rate_limit_headers,
+    read_capped,
 };
 use crate::{
     model::Connection,
@@ -589,7 +592,7 @@ pub async fn classify_response(
                 "target accepts the credentials of this connection again"
             );
         }
-        let rate_headers = super::rate_limit_headers(response.headers(), signals);
+        let rate_headers = rate_limit_headers(response.headers(), signals);
         let body = match read_body {
             true => read_answer(response).await,
             false => Body::Empty,
@@ -608,7 +611,7 @@ pub async fn classify_response(
         return Err(WriteError::RateLimited {
             wait,
             raw,
-            rate_headers: Box::new(super::rate_limit_headers(response.headers(), signals)),
+            rate_headers: Box::new(rate_limit_headers(response.headers(), signals)),
         });
     }
     if response.status().is_redirection() {
@@ -644,7 +647,7 @@ async fn error_answer(
     signals: &RateSignals,
     connection: &str,
 ) -> WriteError {
-    let rate_headers = super::rate_limit_headers(response.headers(), signals);
+    let rate_headers = rate_limit_headers(response.headers(), signals);
     let body = match read_capped(response, ERROR_READ_LIMIT).await {
         Ok(b) | Err((b, _)) => String::from_utf8_lossy(&b).into_owned(),
     };
@@ -698,33 +701,6 @@ async fn read_answer(response: reqwest::Response) -> Body {
             Err(e) => Body::Unreadable(format!("the answer is not JSON ({e})")),
         },
         Err((_, why)) => Body::Unreadable(why),
-    }
-}
-
-/// A response's body, up to `cap` bytes; a body cut off (the connection closed early, a
-/// length it did not keep) or longer than `cap` is an error saying so, with what was read.
-pub async fn read_capped(
-    mut response: reqwest::Response,
-    cap: usize,
-) -> Result<Vec<u8>, (Vec<u8>, String)> {
-    let over = |n: u64| format!("the answer's body of {n} bytes is over the {cap} courier reads");
-    if let Some(n) = response.content_length().filter(|n| *n > cap as u64) {
-        return Err((Vec::new(), over(n)));
-    }
-    let mut out = Vec::new();
-    loop {
-        match response.chunk().await {
-            Ok(Some(chunk)) if out.len() + chunk.len() > cap => {
-                let why = over((out.len() + chunk.len()) as u64);
-                return Err((out, why));
-            }
-            Ok(Some(chunk)) => out.extend_from_slice(&chunk),
-            Ok(None) => return Ok(out),
-            Err(e) => {
-                let why = format!("the answer's body was cut off ({})", e.without_url());
-                return Err((out, why));
-            }
-        }
     }
 }
 

@@ -22,7 +22,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::Body;
+use super::wire::Body;
 
 /// How a rule's jobs are submitted, polled and read.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]

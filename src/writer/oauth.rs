@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::WriteError;
+use super::wire::{WriteError, read_capped};
 
 /// A token is renewed this long before the target says it expires.
 const RENEW_BEFORE: Duration = Duration::from_secs(60);
@@ -153,7 +153,7 @@ impl TokenSource {
                 _ => transient(message),
             });
         }
-        let bytes = super::http::read_capped(answer, TOKEN_ANSWER_LIMIT)
+        let bytes = read_capped(answer, TOKEN_ANSWER_LIMIT)
             .await
             .map_err(|(_, why)| transient(format!("the token endpoint's answer: {why}")))?;
         let json: serde_json::Value = serde_json::from_slice(&bytes)

@@ -13,7 +13,7 @@ use std::{
 
 use base64::Engine as _;
 
-use super::{WriteError, Written};
+use super::wire::{WriteError, Written};
 
 /// Header names whose values are secret, matched case-insensitively as substrings.
 const SECRET_HEADER_HINTS: &[&str] = &[

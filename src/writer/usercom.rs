@@ -26,10 +26,9 @@ use reqwest::{
 };
 use serde_json::{Map, Value};
 
-use super::{
-    Call, Outgoing, Receipt, WriteError, Writer, WriterConfigError, Written,
-    http::{Endpoint, invalid},
-};
+use super::contract::{Call, Writer};
+use super::http::{Endpoint, invalid};
+use super::wire::{Body, Outgoing, Receipt, WriteError, WriterConfigError, Written};
 use crate::{model::Connection, ratelimit::signals::RateSignals};
 
 /// The `Accept` header User.com's clients send to select API version 2.
@@ -474,7 +473,7 @@ impl Writer for UserComWriter {
                 Ok(receipt) => {
                     let items = match &receipt.body {
                         // An answer that cannot be read whole accounts for nobody.
-                        super::Body::Unreadable(why) => super::answer::unaccounted(
+                        Body::Unreadable(why) => super::answer::unaccounted(
                             receipt.http_status.unwrap_or(200),
                             ids.len(),
                             why,
