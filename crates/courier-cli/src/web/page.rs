@@ -3,10 +3,9 @@
 
 use std::fmt::Write;
 
-use chrono::{DateTime, Utc};
 use courier::ops::HistoryEntry;
 
-use super::DashboardState;
+use super::state::{DashboardState, time};
 use crate::tables;
 
 const STYLE: &str = include_str!("dashboard.css");
@@ -26,12 +25,6 @@ pub fn esc(s: &str) -> String {
         }
     }
     out
-}
-
-/// A time as the dashboard shows it (the script formats the same way).
-pub fn time(t: Option<DateTime<Utc>>) -> String {
-    t.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
-        .unwrap_or_else(|| "-".into())
 }
 
 fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
