@@ -1,12 +1,14 @@
-//! Asynchronous bulk jobs, as Klaviyo's profile bulk import runs them: `POST
-//! .../profile-bulk-import-jobs` (the profiles at `/data/attributes/profiles/data`) answers
-//! 202 with the job (`data.id`, `data.attributes.status` `queued`); `GET .../{id}` says
-//! `queued`, then `processing`, then `complete` (or `cancelled`, or never finishes, as
-//! [`JobsConfig::end`] says) after [`JobsConfig::complete_after`]; `GET .../{id}/import-errors`
-//! lists one error per invalid profile (`"invalid": true` on it or its attributes), each
-//! with `source.pointer` into the submitted body, `page[size]` at a time (20 unless
-//! asked, at most 100) with an absolute `links.next`. A job's valid profiles count as
-//! accepted when it completes (never for a cancelled one).
+//! Asynchronous bulk jobs, as a vendor runs them: how is data, in the `jobs` of a preset's
+//! emulation file (`presets/<name>.target.json`, see [`JobEmulation`]), the same for every
+//! vendor. A job is created (its records in the create call's body at a pointer, or
+//! uploaded as CSV by a later call), closed when the vendor asks for that, and then runs on
+//! the clock of [`JobsConfig`]: `queued` for the first half of
+//! [`JobsConfig::complete_after`], `processing` after, then `complete` (or `cancelled`, or
+//! never, as [`JobsConfig::end`] says), each state under the vendor's own name. Once
+//! complete, its failed records are listed: JSON pages with links, or one CSV. A record
+//! fails when it is marked `"invalid": true` (on itself or one level down) or when a field
+//! the job requires is empty. A job's other records count as accepted when it completes
+//! (never for a cancelled one).
 
 use std::{
     collections::HashMap,
@@ -15,22 +17,22 @@ use std::{
 };
 
 use axum::{
-    http::{HeaderMap, Method},
-    response::Response,
+    http::{HeaderMap, Method, StatusCode, header},
+    response::{IntoResponse, Response},
 };
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::{
     Limiter, RetryAfterMode, TargetState, Window, accept, json_reply, lock, throttled_response,
-    vendors::{invalid, record_keys},
+    vendors::{Batch, emulations, invalid, record_keys},
 };
 
 /// How emulated jobs end.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobEnd {
-    /// `complete`, with an error per invalid profile.
+    /// `complete`, with an error per invalid record.
     #[default]
     Complete,
     /// `cancelled`: nothing imported.
@@ -42,13 +44,14 @@ pub enum JobEnd {
 /// How emulated jobs run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobsConfig {
-    /// From the submit to the end (`queued` for the first half, `processing` after).
+    /// From the start (the create call, or the close call where there is one) to the end
+    /// (`queued` for the first half, `processing` after).
     pub complete_after: Duration,
     /// How a job ends.
     pub end: JobEnd,
-    /// Each endpoint's limits (create, get a job, its errors: each its own, as Klaviyo's),
-    /// requests per second and per minute on sliding windows, answered 429 with
-    /// `Retry-After` in whole seconds; `None`: no limit.
+    /// Each endpoint's limits (create, upload, close, status, errors: each its own, as
+    /// Klaviyo's), requests per second and per minute on sliding windows, answered 429
+    /// with `Retry-After` in whole seconds; `None`: no limit.
     pub limits: Option<(u32, u32)>,
 }
 
@@ -66,17 +69,168 @@ impl Default for JobsConfig {
 /// 150/min steady.
 pub const KLAVIYO_LIMITS: (u32, u32) = (10, 150);
 
+/// How one vendor runs a kind of job: its calls, its states' names, its answers.
+/// Templates are those of the batch sink ([`crate::vendors`]), with `{{id}}`, `{{state}}`,
+/// `{{count}}`, `{{completed_count}}`, `{{failed_count}}` and `{{processed_count}}` (0
+/// until complete), `{{body/<pointer>}}` (the request's body), and in an error
+/// `{{code}}` and `{{message}}`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobEmulation {
+    /// A job's id: this prefix, then its number.
+    pub id_prefix: String,
+    /// The number's digits, zero-padded (0: as it comes).
+    #[serde(default)]
+    pub id_digits: usize,
+    /// Its states' names.
+    pub states: States,
+    /// The call that creates a job.
+    pub create: Step,
+    /// The call that uploads its records, if they are not in the create call.
+    #[serde(default)]
+    pub upload: Option<Step>,
+    /// The call that closes it (the job starts then) or aborts it, if the vendor has one.
+    #[serde(default)]
+    pub close: Option<Step>,
+    /// The call that reads its state (a poll).
+    pub status: Step,
+    /// The call that lists its failed records.
+    pub errors: ErrorsStep,
+    /// A field (a JSON pointer into each record) a record fails without.
+    #[serde(default)]
+    pub required: Option<String>,
+    /// The body of an error answer.
+    pub error: Value,
+}
+
+/// A job's states, by the vendor's names.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct States {
+    /// Created, not closed yet (where there is a close call).
+    #[serde(default)]
+    pub open: Option<String>,
+    /// Waiting to run; asked for by a close call, it closes the job.
+    pub queued: String,
+    /// Running.
+    pub processing: String,
+    /// Done.
+    pub complete: String,
+    /// Cancelled; asked for by a close call, it aborts the job.
+    pub cancelled: String,
+}
+
+/// One call of a job.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    /// Its method.
+    pub method: String,
+    /// Its path: segments, `**` first for any prefix, `{id}` the job's id.
+    pub path: String,
+    /// Its answer's status.
+    #[serde(default = "ok")]
+    pub status: u16,
+    /// Its answer's body template; absent: none.
+    #[serde(default)]
+    pub body: Option<Value>,
+    /// Where the request carries the job's records: `{"json": "<pointer>"}` or `"csv"`.
+    #[serde(default)]
+    pub records: Option<Records>,
+    /// Fields the request's body must have (pointer → value, `"*"` any).
+    #[serde(default)]
+    pub requires: Map<String, Value>,
+    /// A close call: where its body names the state asked for.
+    #[serde(default)]
+    pub state_at: Option<String>,
+}
+
+fn ok() -> u16 {
+    200
+}
+
+/// Where a call carries a job's records.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Records {
+    /// A JSON array at this pointer of the body.
+    Json(String),
+    /// The body, as CSV with a header line.
+    Csv,
+}
+
+/// The call listing a job's failed records.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorsStep {
+    /// Its path, as a [`Step`]'s (method GET).
+    pub path: String,
+    /// JSON pages of this body template, whose `$each: refused` lists the page's records;
+    /// `{{self}}` and `{{next}}` (null on the last page) are the pages' absolute links.
+    #[serde(default)]
+    pub body: Option<Value>,
+    /// Its pages' query parameters and sizes; absent: one page.
+    #[serde(default)]
+    pub page: Option<Page>,
+    /// A CSV instead: these columns (each a template per failed record), then the
+    /// uploaded ones.
+    #[serde(default)]
+    pub csv: Option<Vec<(String, String)>>,
+}
+
+/// How an errors listing pages.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    /// The query parameter of the page's size.
+    pub size_param: String,
+    /// The query parameter of the page's cursor (the position of its first record).
+    pub cursor_param: String,
+    /// The size unless asked.
+    pub size: usize,
+    /// The largest size.
+    pub max: usize,
+}
+
+/// Where in its life a job is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Open,
+    Queued,
+    Processing,
+    Complete,
+    Cancelled,
+}
+
+impl States {
+    fn name(&self, phase: Phase) -> &str {
+        match phase {
+            Phase::Open => self.open.as_deref().unwrap_or(&self.queued),
+            Phase::Queued => &self.queued,
+            Phase::Processing => &self.processing,
+            Phase::Complete => &self.complete,
+            Phase::Cancelled => &self.cancelled,
+        }
+    }
+}
+
 /// One job as submitted.
 pub(crate) struct Job {
-    created: Instant,
+    emulation: &'static JobEmulation,
     config: JobsConfig,
-    /// The submitted profiles, for the errors' `original_payload`.
-    profiles: Vec<Value>,
-    /// Each profile's key for the accepted-write log.
+    /// When it started running: created, or closed; `None`: open.
+    started: Option<Instant>,
+    aborted: bool,
+    /// Its records (a CSV row as an object by column).
+    records: Vec<Value>,
+    /// The uploaded CSV: its header and rows as sent.
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+    /// Each record's key for the accepted-write log.
     keys: Vec<String>,
-    /// Whether each profile is invalid.
+    /// Whether each record fails.
     invalid: Vec<bool>,
-    /// Whether its valid profiles were counted as accepted.
+    /// Whether its valid records were counted as accepted.
     counted: bool,
 }
 
@@ -84,14 +238,24 @@ pub(crate) struct Job {
 #[derive(Default)]
 pub(crate) struct Jobs {
     pub(crate) config: JobsConfig,
-    pub(crate) by_id: HashMap<String, Job>,
-    pub(crate) next: u64,
+    by_id: HashMap<String, Job>,
+    next: u64,
     /// Each endpoint's per-second and per-minute limiters, made as first called.
-    limiters: HashMap<&'static str, (Limiter, Limiter)>,
+    limiters: HashMap<(usize, Role), (Limiter, Limiter)>,
+}
+
+/// Which call of a job a request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Role {
+    Create,
+    Upload,
+    Close,
+    Status,
+    Errors,
 }
 
 /// Whether `endpoint` may be called now under `config`'s limits; the wait when not.
-fn admitted(jobs: &mut Jobs, endpoint: &'static str, now: Instant) -> Result<(), Duration> {
+fn admitted(jobs: &mut Jobs, endpoint: (usize, Role), now: Instant) -> Result<(), Duration> {
     let Some((per_second, per_minute)) = jobs.config.limits else {
         return Ok(());
     };
@@ -105,163 +269,442 @@ fn admitted(jobs: &mut Jobs, endpoint: &'static str, now: Instant) -> Result<(),
     second.check(now)
 }
 
-const COLLECTION: &str = "profile-bulk-import-jobs";
-
-/// The answer to a request for the job endpoints, or `None` when `path` is none of theirs.
-pub(crate) fn answer(
-    s: &TargetState,
-    method: &Method,
-    path: &str,
-    query: Option<&str>,
-    headers: &HeaderMap,
-    body: Option<&Value>,
-    arrived: Instant,
-) -> Option<Response> {
-    let segments: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    let at = segments.iter().rposition(|s| *s == COLLECTION)?;
-    let rest = &segments[at + 1..];
-    let endpoint = match rest {
-        [] => "create",
-        [_] => "get",
-        _ => "errors",
+/// The job id in `path` if it matches `pattern` (`**` first: any prefix; `*` one segment;
+/// `{id}` the id): `Some(None)` for a match without an id.
+fn matched(pattern: &str, path: &str) -> Option<Option<String>> {
+    let p: Vec<&str> = pattern.split('/').filter(|s| !s.is_empty()).collect();
+    let s: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (p, s) = match p.split_first() {
+        Some((&"**", rest)) if s.len() >= rest.len() => (rest, &s[s.len() - rest.len()..]),
+        _ if p.len() == s.len() => (&p[..], &s[..]),
+        _ => return None,
     };
-    if let Err(wait) = admitted(&mut lock(&s.jobs), endpoint, Instant::now()) {
+    let mut id = None;
+    for (a, b) in p.iter().zip(s) {
+        match *a {
+            "{id}" => id = Some((*b).to_owned()),
+            "*" => {}
+            a if a == *b => {}
+            _ => return None,
+        }
+    }
+    Some(id)
+}
+
+/// The emulated job call `path` is, if any: the emulation's index, the call, the id.
+/// A job call found: the emulation's index, the call, the id in the path.
+type Found = (usize, Role, Option<String>);
+
+/// `Err` with the emulation's index: its path, another method.
+fn find(method: &Method, path: &str) -> Option<Result<Found, usize>> {
+    let mut path_only = None;
+    for (i, e) in emulations().iter().flat_map(|(_, e)| &e.jobs).enumerate() {
+        let steps = [
+            (
+                Role::Create,
+                Some(e.create.method.as_str()),
+                Some(&e.create.path),
+            ),
+            (
+                Role::Upload,
+                e.upload.as_ref().map(|u| u.method.as_str()),
+                e.upload.as_ref().map(|u| &u.path),
+            ),
+            (
+                Role::Close,
+                e.close.as_ref().map(|c| c.method.as_str()),
+                e.close.as_ref().map(|c| &c.path),
+            ),
+            (
+                Role::Status,
+                Some(e.status.method.as_str()),
+                Some(&e.status.path),
+            ),
+            (Role::Errors, Some("GET"), Some(&e.errors.path)),
+        ];
+        for (role, m, p) in steps {
+            let (Some(m), Some(p)) = (m, p) else { continue };
+            if let Some(id) = matched(p, path) {
+                if m == method.as_str() {
+                    return Some(Ok((i, role, id)));
+                }
+                path_only = Some(i);
+            }
+        }
+    }
+    path_only.map(Err)
+}
+
+fn emulation(i: usize) -> &'static JobEmulation {
+    emulations()
+        .iter()
+        .flat_map(|(_, e)| &e.jobs)
+        .nth(i)
+        .expect("a job emulation by index")
+}
+
+/// A request as a job call sees it.
+pub(crate) struct Request<'a> {
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+    pub arrived: Instant,
+}
+
+/// The answer to a request for an emulated job's endpoints, or `None` when `path` is none
+/// of theirs.
+pub(crate) fn answer(s: &TargetState, r: &Request<'_>) -> Option<Response> {
+    let (i, role, id) = match find(r.method, r.path)? {
+        Ok(found) => found,
+        Err(i) => {
+            let e = emulation(i);
+            return Some(error(e, 405, "METHOD_NOT_ALLOWED", "not a job endpoint"));
+        }
+    };
+    let e = emulation(i);
+    if let Err(wait) = admitted(&mut lock(&s.jobs), (i, role), Instant::now()) {
         lock(&s.inner).throttled += 1;
         return Some(throttled_response(wait, RetryAfterMode::Seconds));
     }
-    Some(match (method.as_str(), rest) {
-        ("POST", []) => submit(s, headers, body),
-        ("GET", [id]) => status(s, id, arrived),
-        ("GET", [id, "import-errors"]) => errors(s, id, path, query, headers),
-        _ => json_reply(405, json!({"errors": [{"detail": "not a job endpoint"}]})),
+    let body: Option<Value> = serde_json::from_slice(r.body).ok();
+    if role == Role::Create {
+        return Some(create(s, e, r, body.as_ref()));
+    }
+    let id = id.unwrap_or_default();
+    let mut jobs = lock(&s.jobs);
+    let Some(job) = jobs.by_id.get_mut(&id) else {
+        return Some(error(e, 404, "NOT_FOUND", "no such job"));
+    };
+    Some(match role {
+        Role::Create => unreachable!("answered above"),
+        Role::Upload => upload(job, &id, r),
+        Role::Close => close(job, &id, body.as_ref()),
+        Role::Status => {
+            s.job_polls.fetch_add(1, Ordering::SeqCst);
+            status(s, job, &id, r.arrived)
+        }
+        Role::Errors => errors(job, &id, r),
     })
 }
 
-fn submit(s: &TargetState, headers: &HeaderMap, body: Option<&Value>) -> Response {
-    let Some(profiles) = body
-        .and_then(|b| b.pointer("/data/attributes/profiles/data"))
-        .and_then(Value::as_array)
-    else {
-        return json_reply(
-            400,
-            json!({"errors": [{"code": "invalid", "title": "Invalid input.",
-                   "detail": "expected profiles at /data/attributes/profiles/data",
-                   "source": {"pointer": "/data/attributes/profiles/data"}}]}),
-        );
+fn error(e: &JobEmulation, status: u16, code: &str, message: &str) -> Response {
+    let vars = json!({"code": code, "message": message});
+    json_reply(status, fill(&[], &[], vars, &e.error, None))
+}
+
+/// Template `t` filled for a job's records (`invalid` of each) with `vars`.
+fn fill(
+    records: &[Value],
+    invalid: &[bool],
+    vars: Value,
+    t: &Value,
+    page: Option<(usize, usize)>,
+) -> Value {
+    let b = Batch {
+        items: records,
+        keys: Vec::new(),
+        invalid: invalid.to_vec(),
+        trace: (0..records.len())
+            .map(|j| Value::from(j.to_string()))
+            .collect(),
+        vars: match vars {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        },
+        refused_page: page,
+    };
+    b.fill(t, None)
+}
+
+/// The first of `requires` that `body` does not meet, in words.
+fn unmet(requires: &Map<String, Value>, body: Option<&Value>) -> Option<String> {
+    requires.iter().find_map(|(pointer, want)| {
+        let got = body.and_then(|b| b.pointer(pointer));
+        let met = match (got, want) {
+            (Some(_), Value::String(any)) if any == "*" => true,
+            (Some(got), want) => got == want,
+            (None, _) => false,
+        };
+        (!met).then(|| format!("the request needs {pointer} = {want}"))
+    })
+}
+
+fn create(
+    s: &TargetState,
+    e: &'static JobEmulation,
+    r: &Request<'_>,
+    body: Option<&Value>,
+) -> Response {
+    if let Some(why) = unmet(&e.create.requires, body) {
+        return error(e, 400, "INVALID_INPUT", &why);
+    }
+    let records = match &e.create.records {
+        Some(Records::Json(pointer)) => match body
+            .and_then(|b| b.pointer(pointer))
+            .and_then(Value::as_array)
+        {
+            Some(records) => records.clone(),
+            None => {
+                return error(
+                    e,
+                    400,
+                    "INVALID_INPUT",
+                    &format!("expected records at {pointer}"),
+                );
+            }
+        },
+        _ => Vec::new(),
     };
     let mut jobs = lock(&s.jobs);
     jobs.next += 1;
-    let id = format!("job-{}", jobs.next);
-    let job = Job {
-        created: Instant::now(),
+    let id = format!("{}{:0width$}", e.id_prefix, jobs.next, width = e.id_digits);
+    let mut job = Job {
+        emulation: e,
         config: jobs.config,
-        keys: record_keys(headers, profiles.len(), &id).0,
-        invalid: profiles.iter().map(invalid).collect(),
-        profiles: profiles.clone(),
+        started: e.close.is_none().then(Instant::now),
+        aborted: false,
+        records: Vec::new(),
+        header: Vec::new(),
+        rows: Vec::new(),
+        keys: Vec::new(),
+        invalid: Vec::new(),
         counted: false,
     };
-    let total = job.profiles.len();
-    jobs.by_id.insert(id.clone(), job);
-    json_reply(
-        202,
-        json!({"data": {"type": "profile-bulk-import-job", "id": id,
-               "attributes": {"status": "queued", "total_count": total, "completed_count": 0,
-                              "failed_count": 0}}}),
-    )
+    job.take(records, r.headers, &id);
+    let answer = reply(&job, &id, &e.create, body);
+    jobs.by_id.insert(id, job);
+    answer
 }
 
-/// A job's status now.
-fn state(job: &Job, now: Instant) -> &'static str {
-    let elapsed = now.saturating_duration_since(job.created);
-    match job.config.end {
-        _ if elapsed < job.config.complete_after / 2 => "queued",
-        JobEnd::Never => "processing",
-        _ if elapsed < job.config.complete_after => "processing",
-        JobEnd::Complete => "complete",
-        JobEnd::Cancelled => "cancelled",
+impl Job {
+    /// Keeps `records` as the job's.
+    fn take(&mut self, records: Vec<Value>, headers: &HeaderMap, id: &str) {
+        let required = self.emulation.required.as_deref();
+        let empty = |r: &Value| {
+            required.is_some_and(|p| r.pointer(p).is_none_or(|v| v.is_null() || v == ""))
+        };
+        self.invalid = records.iter().map(|r| invalid(r) || empty(r)).collect();
+        self.keys = record_keys(headers, records.len(), id).0;
+        self.records = records;
+    }
+
+    fn phase(&self, now: Instant) -> Phase {
+        let Some(started) = self.started else {
+            return if self.aborted {
+                Phase::Cancelled
+            } else {
+                Phase::Open
+            };
+        };
+        let elapsed = now.saturating_duration_since(started);
+        match self.config.end {
+            _ if self.aborted => Phase::Cancelled,
+            _ if elapsed < self.config.complete_after / 2 => Phase::Queued,
+            JobEnd::Never => Phase::Processing,
+            _ if elapsed < self.config.complete_after => Phase::Processing,
+            JobEnd::Complete => Phase::Complete,
+            JobEnd::Cancelled => Phase::Cancelled,
+        }
+    }
+
+    /// The placeholders of the job's answers now.
+    fn vars(&self, id: &str, body: Option<&Value>) -> Value {
+        let phase = self.phase(Instant::now());
+        let total = self.records.len();
+        let failed = self.invalid.iter().filter(|&&i| i).count();
+        let done = |n: usize| if phase == Phase::Complete { n } else { 0 };
+        json!({"id": id, "state": self.emulation.states.name(phase), "count": total,
+               "completed_count": done(total - failed), "failed_count": done(failed),
+               "processed_count": done(total), "body": body})
     }
 }
 
-fn status(s: &TargetState, id: &str, arrived: Instant) -> Response {
-    let mut jobs = lock(&s.jobs);
-    let Some(job) = jobs.by_id.get_mut(id) else {
-        return json_reply(
-            404,
-            json!({"errors": [{"code": "not_found", "detail": "no such job"}]}),
+/// A step's answer for `job`.
+fn reply(job: &Job, id: &str, step: &Step, body: Option<&Value>) -> Response {
+    match &step.body {
+        Some(t) => json_reply(
+            step.status,
+            fill(&job.records, &job.invalid, job.vars(id, body), t, None),
+        ),
+        None => StatusCode::from_u16(step.status)
+            .unwrap_or(StatusCode::OK)
+            .into_response(),
+    }
+}
+
+fn upload(job: &mut Job, id: &str, r: &Request<'_>) -> Response {
+    let e = job.emulation;
+    let csv = r
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/csv"));
+    if !csv {
+        return error(
+            e,
+            400,
+            "INVALID_CONTENT",
+            "the upload's content type is not text/csv",
         );
+    }
+    if job.started.is_some() || job.aborted || !job.header.is_empty() {
+        return error(
+            e,
+            409,
+            "INVALID_STATE",
+            "a job takes one upload, while it is open",
+        );
+    }
+    let mut reader = csv::Reader::from_reader(r.body);
+    let Ok(header) = reader
+        .headers()
+        .map(|h| h.iter().map(str::to_owned).collect::<Vec<_>>())
+    else {
+        return error(e, 400, "INVALID_CONTENT", "the CSV has no header line");
     };
-    let status = state(job, Instant::now());
-    let failed = job.invalid.iter().filter(|&&i| i).count();
-    let total = job.profiles.len();
-    if status == "complete" && !job.counted {
+    let rows: Result<Vec<Vec<String>>, _> = reader
+        .records()
+        .map(|r| r.map(|r| r.iter().map(str::to_owned).collect()))
+        .collect();
+    let Ok(rows) = rows else {
+        return error(e, 400, "INVALID_CONTENT", "the CSV cannot be read");
+    };
+    let records = rows
+        .iter()
+        .map(|row| {
+            header
+                .iter()
+                .cloned()
+                .zip(row.iter().cloned().map(Value::String))
+                .collect::<Map<_, _>>()
+                .into()
+        })
+        .collect();
+    job.take(records, r.headers, id);
+    job.header = header;
+    job.rows = rows;
+    let step = e.upload.as_ref().expect("an upload call");
+    reply(job, id, step, None)
+}
+
+fn close(job: &mut Job, id: &str, body: Option<&Value>) -> Response {
+    let e = job.emulation;
+    let step = e.close.as_ref().expect("a close call");
+    let asked = step
+        .state_at
+        .as_deref()
+        .and_then(|p| body.and_then(|b| b.pointer(p)))
+        .and_then(Value::as_str);
+    match asked {
+        Some(s) if s == e.states.queued && job.started.is_none() && !job.aborted => {
+            job.started = Some(Instant::now());
+        }
+        Some(s) if s == e.states.cancelled => job.aborted = true,
+        _ => {
+            let why = format!("state {} (once) or {}", e.states.queued, e.states.cancelled);
+            return error(e, 400, "INVALID_STATE", &why);
+        }
+    }
+    reply(job, id, step, body)
+}
+
+fn status(s: &TargetState, job: &mut Job, id: &str, arrived: Instant) -> Response {
+    if job.phase(Instant::now()) == Phase::Complete && !job.counted {
         job.counted = true;
         for (key, _) in job.keys.iter().zip(&job.invalid).filter(|(_, bad)| !**bad) {
             accept(s, key, arrived);
         }
     }
-    let (completed, failed) = match status {
-        "complete" => (total - failed, failed),
-        _ => (0, 0),
-    };
-    s.job_polls.fetch_add(1, Ordering::SeqCst);
-    json_reply(
-        200,
-        json!({"data": {"type": "profile-bulk-import-job", "id": id,
-               "attributes": {"status": status, "total_count": total,
-                              "completed_count": completed, "failed_count": failed}}}),
-    )
+    reply(job, id, &job.emulation.status, None)
 }
 
-fn errors(
-    s: &TargetState,
-    id: &str,
-    path: &str,
-    query: Option<&str>,
-    headers: &HeaderMap,
-) -> Response {
+/// The failed records of a complete job (none before): a page of JSON, or one CSV.
+fn errors(job: &Job, id: &str, r: &Request<'_>) -> Response {
+    let e = &job.emulation.errors;
+    let complete = job.phase(Instant::now()) == Phase::Complete;
+    let failed: Vec<usize> = (0..job.records.len())
+        .filter(|&j| complete && job.invalid[j])
+        .collect();
+    if let Some(columns) = &e.csv {
+        return csv_errors(job, id, columns, &failed);
+    }
     let param = |name: &str| {
-        query?
+        r.query?
             .split('&')
             .filter_map(|kv| kv.split_once('='))
             .find(|(k, _)| decode(k) == name)
             .and_then(|(_, v)| v.parse::<usize>().ok())
     };
-    let size = param("page[size]").unwrap_or(20).clamp(1, 100);
-    let from = param("page[cursor]").unwrap_or(0);
-    let jobs = lock(&s.jobs);
-    let Some(job) = jobs.by_id.get(id) else {
-        return json_reply(
-            404,
-            json!({"errors": [{"code": "not_found", "detail": "no such job"}]}),
-        );
+    let (size, from) = match &e.page {
+        Some(p) => (
+            param(&p.size_param).unwrap_or(p.size).clamp(1, p.max),
+            param(&p.cursor_param).unwrap_or(0),
+        ),
+        None => (usize::MAX, 0),
     };
-    let bad: Vec<usize> = (0..job.profiles.len())
-        .filter(|&j| job.invalid[j])
-        .collect();
-    let page: Vec<Value> = bad
-        .iter()
-        .skip(from)
-        .take(size)
-        .map(|&j| {
-            json!({"type": "import-error", "id": format!("{id}-{j}"),
-                   "attributes": {"code": "invalid", "title": "Invalid input.",
-                                  "detail": format!("profile {j} is invalid"),
-                                  "source": {"pointer": format!("/data/attributes/profiles/data/{j}/attributes/email")},
-                                  "original_payload": job.profiles[j]}})
-        })
-        .collect();
-    let host = headers
-        .get(axum::http::header::HOST)
+    let host = r
+        .headers
+        .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("127.0.0.1");
-    let link = |cursor: usize| {
-        format!("http://{host}{path}?page%5Bsize%5D={size}&page%5Bcursor%5D={cursor}")
+    let link = |cursor: usize| match &e.page {
+        Some(p) => Value::String(format!(
+            "http://{host}{}?{}={size}&{}={cursor}",
+            r.path,
+            encode(&p.size_param),
+            encode(&p.cursor_param)
+        )),
+        None => Value::String(format!("http://{host}{}", r.path)),
     };
-    let mut links = json!({"self": link(from)});
-    if from + size < bad.len() {
-        links["next"] = Value::String(link(from + size));
+    let next = match from.saturating_add(size) < failed.len() {
+        true => link(from + size),
+        false => Value::Null,
+    };
+    let mut vars = job.vars(id, None);
+    vars["self"] = link(from);
+    vars["next"] = next;
+    let invalid: Vec<bool> = (0..job.records.len())
+        .map(|j| complete && job.invalid[j])
+        .collect();
+    let body = e.body.as_ref().map_or(Value::Null, |t| {
+        fill(&job.records, &invalid, vars, t, Some((from, size)))
+    });
+    json_reply(200, body)
+}
+
+/// The failed rows as CSV: `columns` (templates per row), then the uploaded ones.
+fn csv_errors(job: &Job, id: &str, columns: &[(String, String)], failed: &[usize]) -> Response {
+    let mut out = csv::WriterBuilder::new()
+        .quote_style(csv::QuoteStyle::Always)
+        .from_writer(Vec::new());
+    let mut header: Vec<String> = columns.iter().map(|(name, _)| name.clone()).collect();
+    header.extend(job.header.iter().cloned());
+    let mut written = out.write_record(&header);
+    let vars = job.vars(id, None);
+    for &j in failed {
+        let mut line: Vec<String> = columns
+            .iter()
+            .map(|(_, t)| {
+                match fill(
+                    &job.records,
+                    &job.invalid,
+                    vars.clone(),
+                    &Value::String(t.clone()),
+                    None,
+                ) {
+                    Value::String(s) => s,
+                    v => v.to_string(),
+                }
+            })
+            .collect();
+        line.extend(job.rows[j].iter().cloned());
+        written = written.and_then(|()| out.write_record(&line));
     }
-    json_reply(200, json!({"data": page, "links": links}))
+    written.expect("CSV writes to memory");
+    let body = out.into_inner().expect("CSV writes to memory");
+    ([(header::CONTENT_TYPE, "text/csv")], body).into_response()
 }
 
 /// `page%5Bsize%5D` as `page[size]`.
@@ -270,4 +713,67 @@ fn decode(s: &str) -> String {
         .replace("%5D", "]")
         .replace("%5b", "[")
         .replace("%5d", "]")
+}
+
+/// `page[size]` as `page%5Bsize%5D`.
+fn encode(s: &str) -> String {
+    s.replace('[', "%5B").replace(']', "%5D")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_paths_match_at_their_end_and_name_the_id() {
+        for (pattern, path, want) in [
+            (
+                "**/jobs/ingest",
+                "/services/data/v62.0/jobs/ingest",
+                Some(None),
+            ),
+            (
+                "**/jobs/ingest/{id}",
+                "/x/jobs/ingest/750x1",
+                Some(Some("750x1")),
+            ),
+            ("**/jobs/ingest/{id}", "/x/jobs/ingest/750x1/batches", None),
+            ("**/jobs/{id}/errors", "jobs/j-2/errors/", Some(Some("j-2"))),
+            ("api/jobs", "v1/api/jobs", None),
+        ] {
+            assert_eq!(
+                matched(pattern, path),
+                want.map(|id| id.map(str::to_owned)),
+                "{pattern} {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_job_emulation_names_its_calls_and_their_states() {
+        let all: Vec<&JobEmulation> = emulations().iter().flat_map(|(_, e)| &e.jobs).collect();
+        assert!(all.len() >= 2, "the Klaviyo and Salesforce jobs");
+        for e in all {
+            let uploads = e.upload.as_ref().and_then(|u| u.records.as_ref());
+            let carried = matches!(e.create.records, Some(Records::Json(_)))
+                || matches!(uploads, Some(Records::Csv));
+            assert!(carried, "{}: its records come in a call", e.id_prefix);
+            assert_eq!(
+                e.close.is_some(),
+                e.states.open.is_some(),
+                "{}: open is the state before close",
+                e.id_prefix
+            );
+            assert!(
+                e.close.as_ref().is_none_or(|c| c.state_at.is_some()),
+                "{}",
+                e.id_prefix
+            );
+            assert!(
+                e.errors.body.is_some() != e.errors.csv.is_some(),
+                "{}: JSON or CSV errors",
+                e.id_prefix
+            );
+        }
+    }
 }

@@ -37,9 +37,9 @@
 //!   time as a parameter.
 //! - [`usercom`]: one workspace: its endpoints and their state.
 //! - [`vendors`]: the batch sink, answering as the emulation files (data) say.
+//! - [`jobs`]: asynchronous bulk jobs, run as the emulation files' `jobs` say.
 
 pub mod faults;
-mod ingest;
 pub mod jobs;
 pub mod limiter;
 pub mod usercom;
@@ -213,8 +213,6 @@ pub struct TargetState {
     tokens: Mutex<(u64, u64)>,
     /// Asynchronous bulk jobs submitted ([`jobs`]).
     jobs: Mutex<jobs::Jobs>,
-    /// Salesforce Bulk API 2.0 ingest jobs ([`ingest`]), run as `jobs`' config says.
-    ingests: Mutex<ingest::Ingests>,
     /// Polls of a job's status answered.
     job_polls: AtomicU64,
 }
@@ -324,7 +322,6 @@ impl Target {
             retry_after_mode: Mutex::new(config.retry_after),
             tokens: Mutex::new((0, 1)),
             jobs: Mutex::new(jobs::Jobs::default()),
-            ingests: Mutex::new(ingest::Ingests::default()),
             job_polls: AtomicU64::new(0),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
@@ -736,18 +733,17 @@ async fn handle(
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
-        Route::Generic => match ingest::answer(&s, &method, &path, &headers, &body, arrived)
-            .or_else(|| {
-                jobs::answer(
-                    &s,
-                    &method,
-                    &path,
-                    uri.query(),
-                    &headers,
-                    parsed.as_ref(),
-                    arrived,
-                )
-            }) {
+        Route::Generic => match jobs::answer(
+            &s,
+            &jobs::Request {
+                method: &method,
+                path: &path,
+                query: uri.query(),
+                headers: &headers,
+                body: &body,
+                arrived,
+            },
+        ) {
             Some(answer) => answer,
             None => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
                 Some(batch) => batch.answer(&s, arrived),

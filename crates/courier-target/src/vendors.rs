@@ -31,8 +31,12 @@ pub const EMULATIONS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/emul
 pub struct Emulation {
     /// What the file emulates, and from which of the vendor's documents.
     pub about: String,
-    /// Its endpoints, tried in order.
+    /// Its batch endpoints, tried in order.
+    #[serde(default)]
     pub endpoints: Vec<Endpoint>,
+    /// Its asynchronous jobs ([`crate::jobs`]).
+    #[serde(default)]
+    pub jobs: Vec<crate::jobs::JobEmulation>,
 }
 
 /// One batch endpoint.
@@ -153,6 +157,8 @@ pub fn batch_sink(path: &str, body: &Value, headers: &HeaderMap) -> Option<Batch
         items,
         keys,
         invalid: items.iter().map(invalid).collect(),
+        vars: serde_json::Map::new(),
+        refused_page: None,
         trace: (0..items.len())
             .map(|j| {
                 items[j]
@@ -213,21 +219,26 @@ pub(crate) fn invalid(record: &Value) -> bool {
     marked(record) || record.as_object().is_some_and(|o| o.values().any(marked))
 }
 
-/// One batch call as the sink sees it.
-struct Batch<'a> {
+/// One batch call (or job) as the sink sees it: what a template is filled from.
+pub(crate) struct Batch<'a> {
     /// The records.
-    items: &'a [Value],
+    pub items: &'a [Value],
     /// Each record's key for the accepted-write log.
-    keys: Vec<String>,
+    pub keys: Vec<String>,
     /// Whether each record is marked invalid.
-    invalid: Vec<bool>,
+    pub invalid: Vec<bool>,
     /// Each record's trace id: its own `objectWriteTraceId`, else its delivery id.
-    trace: Vec<Value>,
+    pub trace: Vec<Value>,
+    /// Further placeholders by name (a job's `id`, `state`, ...); `{{name/<pointer>}}`
+    /// reads into one.
+    pub vars: serde_json::Map<String, Value>,
+    /// Which of the refused records `$each: refused` lists (skip, take); `None`: all.
+    pub refused_page: Option<(usize, usize)>,
 }
 
 impl Batch<'_> {
     /// Template `t` filled for the call, or for its record `j`.
-    fn fill(&self, t: &Value, j: Option<usize>) -> Value {
+    pub fn fill(&self, t: &Value, j: Option<usize>) -> Value {
         match t {
             Value::Object(m) if m.contains_key("$each") => self.each(m, j),
             Value::Object(m) => m
@@ -250,10 +261,14 @@ impl Batch<'_> {
                 .filter(|&i| !self.invalid[i])
                 .map(|i| self.fill(template("$as"), Some(i)))
                 .collect(),
-            Some("refused") => all
-                .filter(|&i| self.invalid[i])
-                .map(|i| self.fill(template("$as"), Some(i)))
-                .collect(),
+            Some("refused") => {
+                let (skip, take) = self.refused_page.unwrap_or((0, usize::MAX));
+                all.filter(|&i| self.invalid[i])
+                    .skip(skip)
+                    .take(take)
+                    .map(|i| self.fill(template("$as"), Some(i)))
+                    .collect()
+            }
             Some("item") => all
                 .map(|i| match self.invalid[i] {
                     true => self.fill(template("$refused"), Some(i)),
@@ -298,12 +313,32 @@ impl Batch<'_> {
             ("refused_count", _) => refused.into(),
             ("first_refused", _) => self.invalid.iter().position(|&i| i).into(),
             ("index", Some(j)) => j.into(),
+            ("item", Some(j)) => self.items[j].clone(),
             ("trace", Some(j)) => self.trace[j].clone(),
             (field, Some(j)) if field.starts_with("item/") => self.items[j]
                 .pointer(&field["item".len()..])
                 .cloned()
                 .unwrap_or(Value::Null),
-            _ => Value::String(format!("{{{{{name}}}}}")),
+            _ => self
+                .var(name)
+                .unwrap_or_else(|| Value::String(format!("{{{{{name}}}}}"))),
+        }
+    }
+}
+
+impl Batch<'_> {
+    /// Placeholder `name` from [`Batch::vars`]: a var, or a pointer into one.
+    fn var(&self, name: &str) -> Option<Value> {
+        let (var, pointer) = name.split_once('/').map_or((name, ""), |(v, p)| (v, p));
+        let value = self.vars.get(var)?;
+        match pointer {
+            "" => Some(value.clone()),
+            p => Some(
+                value
+                    .pointer(&format!("/{p}"))
+                    .cloned()
+                    .unwrap_or(Value::Null),
+            ),
         }
     }
 }
@@ -342,7 +377,8 @@ mod tests {
     fn every_emulation_reads_and_names_its_source() {
         assert!(emulations().len() > 1);
         for (name, e) in emulations() {
-            assert!(!e.about.is_empty() && !e.endpoints.is_empty(), "{name}");
+            let serves = !e.endpoints.is_empty() || !e.jobs.is_empty();
+            assert!(!e.about.is_empty() && serves, "{name}");
         }
     }
 
@@ -357,6 +393,11 @@ mod tests {
             keys: vec!["courier-1".into(), "courier-2".into()],
             invalid: vec![false, true],
             trace: vec![json!("1"), json!("2")],
+            vars: json!({"id": "j-1", "body": {"object": "Contact"}})
+                .as_object()
+                .cloned()
+                .unwrap(),
+            refused_page: None,
         };
         let t = json!({
             "ok": {"$each": "accepted", "$as": "{{item/email}}"},
@@ -364,12 +405,15 @@ mod tests {
             "all": {"$each": "item", "$accepted": 1, "$refused": 0},
             "n": "{{refused_count}} of {{count}}",
             "first": "{{first_refused}}",
-            "missing": "{{item/nope}}"
+            "missing": "{{item/nope}}",
+            "job": "{{id}} of {{body/object}}",
+            "whole": {"$each": "refused", "$as": "{{item}}"}
         });
         assert_eq!(
             b.fill(&t, None),
             json!({"ok": ["a@x"], "bad": [{"at": 1, "id": "x-2"}], "all": [1, 0],
-                   "n": "1 of 2", "first": 1, "missing": "{{item/nope}}"})
+                   "n": "1 of 2", "first": 1, "missing": "{{item/nope}}",
+                   "job": "j-1 of Contact", "whole": [{"email": "b@x", "invalid": true}]})
         );
     }
 }
