@@ -15,7 +15,10 @@ use axum::{
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::{DEFAULT_HANG, DropConnection, InFlight, TargetState, json_reply, lock};
+use crate::{
+    DEFAULT_HANG, DropConnection, TargetState, lock,
+    server::{InFlight, json_reply},
+};
 
 /// Faults injected on demand. Shares are probabilities from 0 to 1, drawn per request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    Limiter, RetryAfterMode, TargetState, Window, accept, json_reply, lock, throttled_response,
+    Limiter, RetryAfterMode, TargetState, Window, lock,
+    server::{accept, json_reply, throttled_response},
     vendors::{Batch, emulations, invalid, record_keys},
 };
 
