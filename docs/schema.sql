@@ -583,7 +583,7 @@ CREATE TABLE public.deliveries (
     superseded boolean DEFAULT false NOT NULL,
     CONSTRAINT deliveries_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT deliveries_record_key_check CHECK ((record_key <> ''::text)),
-    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'accepted'::text, 'delivered'::text, 'rejected'::text, 'exhausted'::text, 'suppressed'::text])))
+    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'accepted'::text, 'delivered'::text, 'unconfirmed'::text, 'rejected'::text, 'exhausted'::text, 'suppressed'::text])))
 );
 
 ALTER TABLE public.deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -609,7 +609,7 @@ CREATE TABLE public.ledger (
     actor text,
     target_job bigint,
     CONSTRAINT ledger_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT ledger_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'accepted'::text, 'failed'::text, 'exhausted'::text, 'rejected'::text, 'suppressed'::text, 'held'::text, 'retried'::text]))),
+    CONSTRAINT ledger_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'accepted'::text, 'unconfirmed'::text, 'failed'::text, 'exhausted'::text, 'rejected'::text, 'suppressed'::text, 'held'::text, 'retried'::text]))),
     CONSTRAINT ledger_run_unless_retried CHECK (((run_id IS NULL) = (outcome = 'retried'::text)))
 );
 
@@ -836,7 +836,7 @@ CREATE INDEX delivered_records_connection_key ON public.delivered_records USING 
 
 CREATE INDEX deliveries_due ON public.deliveries USING btree (rule_id, next_attempt_at) WHERE (status = 'pending'::text);
 
-CREATE INDEX deliveries_finished ON public.deliveries USING btree (finished_at) WHERE (status = ANY (ARRAY['delivered'::text, 'suppressed'::text]));
+CREATE INDEX deliveries_finished ON public.deliveries USING btree (finished_at) WHERE (status = ANY (ARRAY['delivered'::text, 'unconfirmed'::text, 'suppressed'::text]));
 
 CREATE INDEX deliveries_next_due ON public.deliveries USING btree (next_attempt_at) WHERE (status = 'pending'::text);
 

@@ -23,6 +23,8 @@ pub enum DeliveryStatus {
     Exhausted,
     /// Never sent: superseded or unchanged.
     Suppressed,
+    /// The target took it and reports no fate of its own: final, never read as delivered.
+    Unconfirmed,
 }
 
 impl DeliveryStatus {
@@ -35,6 +37,7 @@ impl DeliveryStatus {
             DeliveryStatus::Rejected => "rejected",
             DeliveryStatus::Exhausted => "exhausted",
             DeliveryStatus::Suppressed => "suppressed",
+            DeliveryStatus::Unconfirmed => "unconfirmed",
         }
     }
 }
@@ -62,6 +65,10 @@ pub enum Outcome {
     /// Made pending again by hand (`courier retry`, the dashboard) after it was exhausted
     /// or rejected; recorded without a run, naming who asked (`ledger.actor`).
     Retried,
+    /// The target took it (a 2xx) and reports nothing of its fate, now or later (a rule
+    /// whose answer is `unreported`, such as a job with nothing to poll): final, and never
+    /// read as delivered.
+    Unconfirmed,
 }
 
 impl Outcome {
@@ -76,6 +83,7 @@ impl Outcome {
             Outcome::Suppressed => "suppressed",
             Outcome::Held => "held",
             Outcome::Retried => "retried",
+            Outcome::Unconfirmed => "unconfirmed",
         }
     }
 
@@ -88,6 +96,7 @@ impl Outcome {
             Outcome::Exhausted => DeliveryStatus::Exhausted,
             Outcome::Rejected => DeliveryStatus::Rejected,
             Outcome::Suppressed => DeliveryStatus::Suppressed,
+            Outcome::Unconfirmed => DeliveryStatus::Unconfirmed,
         }
     }
 }
@@ -265,7 +274,8 @@ async fn record_delivered(
 ) -> Result<(), sqlx::Error> {
     let delivered: Vec<i64> = entries
         .iter()
-        .filter(|e| e.outcome == Outcome::Delivered)
+        // A record the target took unconfirmed frees its dependents as one delivered does.
+        .filter(|e| matches!(e.outcome, Outcome::Delivered | Outcome::Unconfirmed))
         .map(|e| e.delivery_id)
         .collect();
     if delivered.is_empty() {

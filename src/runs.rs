@@ -96,7 +96,8 @@ impl Counters {
     pub fn count(&mut self, outcome: Outcome) {
         let n = match outcome {
             Outcome::Delivered => &mut self.delivered,
-            Outcome::Accepted => &mut self.accepted,
+            // The target has them; no fate of theirs was reported by the run's end.
+            Outcome::Accepted | Outcome::Unconfirmed => &mut self.accepted,
             Outcome::Failed => &mut self.failed,
             Outcome::Exhausted => &mut self.exhausted,
             Outcome::Rejected => &mut self.rejected,

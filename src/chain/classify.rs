@@ -53,6 +53,16 @@ pub fn submitted(
     }
 }
 
+/// The records a rule's `unreported` answer took: each the answer delivered is
+/// `unconfirmed` instead (the target never tells its fate).
+pub fn unconfirmed(judged: &mut Judgement) {
+    for e in &mut judged.entries {
+        if e.outcome == Outcome::Delivered {
+            e.outcome = Outcome::Unconfirmed;
+        }
+    }
+}
+
 /// The records of a submit whose answer named job `target_id`: each the answer delivered
 /// is `accepted` instead (its fate is the job's to tell), and the job carries them in the
 /// order they were sent; `None` when it carries none.

@@ -536,6 +536,9 @@ impl Job<'_> {
         {
             tally.submitted(job);
         }
+        if writer::answer::AnswerMap::unreported(self.profile.answer.as_ref()) {
+            classify::unconfirmed(&mut judged);
+        }
         let metrics = &engine.metrics;
         for entry in &judged.entries {
             metrics.outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);

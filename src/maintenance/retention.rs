@@ -128,7 +128,7 @@ impl<'a> Retention<'a> {
         let row = sqlx::query!(
             r#"WITH old AS (
                    SELECT id FROM deliveries
-                   WHERE status IN ('delivered', 'suppressed') AND finished_at < $1
+                   WHERE status IN ('delivered', 'unconfirmed', 'suppressed') AND finished_at < $1
                    LIMIT $2),
                l AS (DELETE FROM ledger WHERE delivery_id IN (SELECT id FROM old) RETURNING 1),
                d AS (DELETE FROM deliveries WHERE id IN (SELECT id FROM old) RETURNING 1)

@@ -69,6 +69,9 @@ pub enum AnswerMap {
         #[serde(default)]
         message: Option<String>,
     },
+    /// A 2xx takes every record of the call and says nothing of any one's fate, now or
+    /// later (a job with nothing to poll): each ends `unconfirmed`, never `delivered`.
+    Unreported {},
 }
 
 /// What an answer item that went through looks like.
@@ -163,6 +166,7 @@ impl AnswerMap {
                 vec![("errors", errors.as_str()), ("index", index.as_str())],
                 message,
             ),
+            AnswerMap::Unreported {} => (Vec::new(), &None),
         };
         if let Some(m) = message {
             out.push(("message", m.as_str()));
@@ -181,6 +185,9 @@ impl AnswerMap {
         records: &[Outgoing<'_>],
     ) -> Vec<Option<WriteError>> {
         let n = records.len();
+        if matches!(self, AnswerMap::Unreported {}) {
+            return vec![None; n];
+        }
         let body = match body {
             Body::Unreadable(why) => return unaccounted(status, n, why),
             Body::Text(_) => return unaccounted(status, n, "a CSV answer, not JSON"),
@@ -228,7 +235,13 @@ impl AnswerMap {
                 Ok(errors) => indexed(status, errors, index, n, message.as_deref()),
                 Err(why) => unaccounted(status, n, &why),
             },
+            AnswerMap::Unreported {} => vec![None; n],
         }
+    }
+
+    /// Whether a 2xx says nothing of its records' fate ([`AnswerMap::Unreported`]).
+    pub fn unreported(map: Option<&AnswerMap>) -> bool {
+        matches!(map, Some(AnswerMap::Unreported {}))
     }
 }
 
@@ -739,5 +752,26 @@ mod tests {
             fates(&positional.read(200, &Body::Empty, &records(&p))),
             ["unaccounted"; 2]
         );
+    }
+
+    #[test]
+    fn an_unreported_answer_names_no_fate_whatever_its_body() {
+        let map = AnswerMap::parse(&json!({"kind": "unreported"})).unwrap();
+        assert!(AnswerMap::unreported(Some(&map)));
+        let payload = json!({});
+        let one = Outgoing {
+            delivery_id: 1,
+            record_key: "k",
+            path: "p",
+            payload: &payload,
+        };
+        for body in [
+            Body::Empty,
+            Body::Unreadable("cut off".into()),
+            Body::Json(json!({"errors": [1]})),
+        ] {
+            assert_eq!(map.read(202, &body, &[one, one]), [None, None], "{body:?}");
+        }
+        assert!(AnswerMap::parse(&json!({"kind": "unreported", "errors": "/e"})).is_err());
     }
 }
