@@ -92,6 +92,22 @@ fn spec_revision(spec: &str) -> String {
         .to_owned()
 }
 
+/// The limits the spec's operation states (`x-klaviyo-ratelimit`: burst and steady), as a
+/// rule's `limits` write them: `["75/s", "750/min"]`.
+fn spec_limits(spec: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("tests/specs/klaviyo").join(spec)).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let op = doc["paths"]
+        .as_object()
+        .and_then(|paths| paths.values().next())
+        .and_then(|ops| ops.get("post"))
+        .expect("the spec's one operation");
+    let limits = &op["x-klaviyo-ratelimit"];
+    let steady = limits["steady"].as_str().expect("a steady limit");
+    let burst = limits["burst"].as_str().expect("a burst limit");
+    vec![burst.to_owned(), steady.replace("/m", "/min")]
+}
+
 /// Records as each Klaviyo rule's templates take them.
 fn records(rule: &str) -> Vec<NewDelivery> {
     (0..3)
@@ -150,6 +166,12 @@ async fn the_klaviyo_presets_requests_pass_klaviyos_own_spec() {
         // The revision the preset sends is the spec's (Prism checks only that one is sent).
         let sent = file["connections"][0]["headers"]["revision"].as_str();
         assert_eq!(sent, Some(spec_revision(spec).as_str()), "{rule}");
+        // The rule's budget is the endpoint's, as Klaviyo's spec states it.
+        let declared = file["rules"]
+            .as_array()
+            .and_then(|rules| rules.iter().find(|r| r["name"] == rule))
+            .map(|r| r["limits"].clone());
+        assert_eq!(declared, Some(json!(spec_limits(spec))), "{rule}: limits");
 
         let db = TestDb::new().await;
         let mut mine = file.clone();

@@ -116,7 +116,7 @@ pub struct RuleAdd {
     #[arg(long, value_name = "K")]
     pub budget_key: Option<String>,
     /// Its own budget's limits, as the vendor states them for its endpoint (with
-    /// `--budget-key`; repeatable): `--limit 75/s --limit 700/min`.
+    /// `--budget-key`; repeatable): `--limit 75/s --limit 750/min`.
     #[arg(long = "limit", value_parser = parse_limit)]
     pub limits: Vec<Limit>,
     /// http_json: how the target's answers name each record's fate, as JSON
