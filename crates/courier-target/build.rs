@@ -1,6 +1,6 @@
 // How each target answers a batch call is data: the sink's own styles (`styles.json`) and,
 // beside each preset of the engine, `presets/<name>.target.json`. Every such file is built
-// in (`vendors::EMULATIONS`): a new vendor's emulation is a file, nothing else.
+// in (`emulation::EMULATIONS`): a new vendor's emulation is a file, nothing else.
 use std::{env, fs, path::Path};
 
 fn main() {

@@ -24,9 +24,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    Limiter, RetryAfterMode, TargetState, Window, lock,
+    Limiter, RetryAfterMode, TargetState, Window,
+    emulation::{JobEmulation, Records, States, Step, emulations},
+    lock,
     server::{accept, json_reply, throttled_response},
-    vendors::{Batch, emulations, invalid, record_keys},
+    vendors::{Batch, invalid, record_keys},
 };
 
 /// How emulated jobs end.
@@ -69,129 +71,6 @@ impl Default for JobsConfig {
 /// Klaviyo's published limits of each `profile-bulk-import-jobs` endpoint: 10/s burst,
 /// 150/min steady.
 pub const KLAVIYO_LIMITS: (u32, u32) = (10, 150);
-
-/// How one vendor runs a kind of job: its calls, its states' names, its answers.
-/// Templates are those of the batch sink ([`crate::vendors`]), with `{{id}}`, `{{state}}`,
-/// `{{count}}`, `{{completed_count}}`, `{{failed_count}}` and `{{processed_count}}` (0
-/// until complete), `{{body/<pointer>}}` (the request's body), and in an error
-/// `{{code}}` and `{{message}}`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JobEmulation {
-    /// A job's id: this prefix, then its number.
-    pub id_prefix: String,
-    /// The number's digits, zero-padded (0: as it comes).
-    #[serde(default)]
-    pub id_digits: usize,
-    /// Its states' names.
-    pub states: States,
-    /// The call that creates a job.
-    pub create: Step,
-    /// The call that uploads its records, if they are not in the create call.
-    #[serde(default)]
-    pub upload: Option<Step>,
-    /// The call that closes it (the job starts then) or aborts it, if the vendor has one.
-    #[serde(default)]
-    pub close: Option<Step>,
-    /// The call that reads its state (a poll).
-    pub status: Step,
-    /// The call that lists its failed records.
-    pub errors: ErrorsStep,
-    /// A field (a JSON pointer into each record) a record fails without.
-    #[serde(default)]
-    pub required: Option<String>,
-    /// The body of an error answer.
-    pub error: Value,
-}
-
-/// A job's states, by the vendor's names.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct States {
-    /// Created, not closed yet (where there is a close call).
-    #[serde(default)]
-    pub open: Option<String>,
-    /// Waiting to run; asked for by a close call, it closes the job.
-    pub queued: String,
-    /// Running.
-    pub processing: String,
-    /// Done.
-    pub complete: String,
-    /// Cancelled; asked for by a close call, it aborts the job.
-    pub cancelled: String,
-}
-
-/// One call of a job.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Step {
-    /// Its method.
-    pub method: String,
-    /// Its path: segments, `**` first for any prefix, `{id}` the job's id.
-    pub path: String,
-    /// Its answer's status.
-    #[serde(default = "ok")]
-    pub status: u16,
-    /// Its answer's body template; absent: none.
-    #[serde(default)]
-    pub body: Option<Value>,
-    /// Where the request carries the job's records: `{"json": "<pointer>"}` or `"csv"`.
-    #[serde(default)]
-    pub records: Option<Records>,
-    /// Fields the request's body must have (pointer → value, `"*"` any).
-    #[serde(default)]
-    pub requires: Map<String, Value>,
-    /// A close call: where its body names the state asked for.
-    #[serde(default)]
-    pub state_at: Option<String>,
-}
-
-fn ok() -> u16 {
-    200
-}
-
-/// Where a call carries a job's records.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Records {
-    /// A JSON array at this pointer of the body.
-    Json(String),
-    /// The body, as CSV with a header line.
-    Csv,
-}
-
-/// The call listing a job's failed records.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ErrorsStep {
-    /// Its path, as a [`Step`]'s (method GET).
-    pub path: String,
-    /// JSON pages of this body template, whose `$each: refused` lists the page's records;
-    /// `{{self}}` and `{{next}}` (null on the last page) are the pages' absolute links.
-    #[serde(default)]
-    pub body: Option<Value>,
-    /// Its pages' query parameters and sizes; absent: one page.
-    #[serde(default)]
-    pub page: Option<Page>,
-    /// A CSV instead: these columns (each a template per failed record), then the
-    /// uploaded ones.
-    #[serde(default)]
-    pub csv: Option<Vec<(String, String)>>,
-}
-
-/// How an errors listing pages.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Page {
-    /// The query parameter of the page's size.
-    pub size_param: String,
-    /// The query parameter of the page's cursor (the position of its first record).
-    pub cursor_param: String,
-    /// The size unless asked.
-    pub size: usize,
-    /// The largest size.
-    pub max: usize,
-}
 
 /// Where in its life a job is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

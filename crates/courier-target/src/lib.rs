@@ -37,9 +37,11 @@
 //! - [`limiter`]: the rate limiter kinds, the rate-limit headers and the peak meter, with
 //!   time as a parameter.
 //! - [`usercom`]: one workspace: its endpoints and their state.
-//! - [`vendors`]: the batch sink, answering as the emulation files (data) say.
+//! - [`emulation`]: the emulation files' format (data), parsed once.
+//! - [`vendors`]: the batch sink, answering as the emulation files say.
 //! - [`jobs`]: asynchronous bulk jobs, run as the emulation files' `jobs` say.
 
+pub mod emulation;
 pub mod faults;
 pub mod jobs;
 pub mod limiter;

@@ -1,7 +1,7 @@
 //! The batch sink: what a target's batch endpoint answers a call of many records. How each
 //! answers is data, not code: the sink's own styles under `batch/<style>/`
 //! (`crates/courier-target/styles.json`) and, beside each preset of the engine,
-//! `presets/<name>.target.json`, built in ([`EMULATIONS`]). Pure: a call's path, body and
+//! `presets/<name>.target.json`, built in ([`EMULATIONS`](crate::emulation::EMULATIONS)). Pure: a call's path, body and
 //! headers in, a [`BatchReply`] out; the server counts what it accepted.
 //!
 //! An emulation file lists endpoints, each with the paths it serves (segments; `*` one,
@@ -16,85 +16,10 @@
 //! `{{count}}`, `{{accepted_count}}`, `{{refused_count}}`, `{{first_refused}}`. A whole
 //! string is replaced by the value; one inside a longer string by its text.
 
-use std::sync::LazyLock;
-
 use axum::http::HeaderMap;
-use serde::Deserialize;
 use serde_json::Value;
 
-/// Every emulation built in, by name (`styles`, then each preset's), as JSON text.
-pub const EMULATIONS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/emulations.rs"));
-
-/// How one target answers: its batch endpoints.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Emulation {
-    /// What the file emulates, and from which of the vendor's documents.
-    pub about: String,
-    /// Its batch endpoints, tried in order.
-    #[serde(default)]
-    pub endpoints: Vec<Endpoint>,
-    /// Its asynchronous jobs ([`crate::jobs`]).
-    #[serde(default)]
-    pub jobs: Vec<crate::jobs::JobEmulation>,
-}
-
-/// One batch endpoint.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Endpoint {
-    /// The paths it serves: segments, `*` for one, `**` for any number.
-    pub paths: Vec<String>,
-    /// Its answer when every record of the call is valid.
-    pub ok: Answer,
-    /// Its answer when some record is invalid (default: `ok`).
-    #[serde(default)]
-    pub partial: Option<Answer>,
-}
-
-/// One answer of an endpoint.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Answer {
-    /// The HTTP status.
-    pub status: u16,
-    /// The body template; absent: no body.
-    #[serde(default)]
-    pub body: Option<Value>,
-    /// Which records it accepts.
-    #[serde(default)]
-    pub accepts: Accepts,
-}
-
-/// Which records of a call an answer accepts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Accepts {
-    /// The valid ones.
-    #[default]
-    Valid,
-    /// None: the whole call refused.
-    None,
-    /// All of them.
-    All,
-}
-
-/// The emulations built in, parsed once; a file that does not parse fails the first call
-/// with its name (and the test that reads them all).
-static PARSED: LazyLock<Vec<(&'static str, Emulation)>> = LazyLock::new(|| {
-    EMULATIONS
-        .iter()
-        .map(|(name, text)| {
-            let e = serde_json::from_str(text).unwrap_or_else(|e| panic!("emulation {name}: {e}"));
-            (*name, e)
-        })
-        .collect()
-});
-
-/// The emulations built in, parsed.
-pub fn emulations() -> &'static [(&'static str, Emulation)] {
-    &PARSED
-}
+use crate::emulation::{Accepts, Endpoint, emulations};
 
 /// Whether `path`'s segments match `pattern`'s (`*` one segment, `**` any number).
 pub fn path_matches(pattern: &str, path: &str) -> bool {

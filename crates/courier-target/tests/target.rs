@@ -552,7 +552,7 @@ fn every_preset_bulk_endpoint_is_emulated_by_the_file_beside_it() {
             continue;
         };
         let file: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let emulation = courier_target::vendors::emulations()
+        let emulation = courier_target::emulation::emulations()
             .iter()
             .find(|(n, _)| *n == preset)
             .map(|(_, e)| e);

@@ -239,7 +239,7 @@ async fn every_documented_example_runs_as_written() {
             }
             "json" if first.starts_with("{\"about\"") => {
                 // How a preset's target answers, for `courier target`: as it reads them.
-                let e: courier_target::vendors::Emulation =
+                let e: courier_target::emulation::Emulation =
                     serde_json::from_str(&block.text).unwrap_or_else(|e| panic!("{at}: {e}"));
                 assert!(!e.endpoints.is_empty() || !e.jobs.is_empty(), "{at}");
             }

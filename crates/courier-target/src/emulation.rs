@@ -1,0 +1,207 @@
+//! The emulation files: how each target answers, as data. The sink's own styles
+//! (`crates/courier-target/styles.json`) and, beside each preset of the engine,
+//! `presets/<name>.target.json`, built in ([`EMULATIONS`]) and parsed once. A file lists
+//! batch endpoints (answered by [`crate::vendors`]) and asynchronous jobs (run by
+//! [`crate::jobs`]).
+
+use std::sync::LazyLock;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Every emulation built in, by name (`styles`, then each preset's), as JSON text.
+pub const EMULATIONS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/emulations.rs"));
+
+/// How one target answers: its batch endpoints.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Emulation {
+    /// What the file emulates, and from which of the vendor's documents.
+    pub about: String,
+    /// Its batch endpoints, tried in order.
+    #[serde(default)]
+    pub endpoints: Vec<Endpoint>,
+    /// Its asynchronous jobs ([`crate::jobs`]).
+    #[serde(default)]
+    pub jobs: Vec<JobEmulation>,
+}
+
+/// One batch endpoint.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// The paths it serves: segments, `*` for one, `**` for any number.
+    pub paths: Vec<String>,
+    /// Its answer when every record of the call is valid.
+    pub ok: Answer,
+    /// Its answer when some record is invalid (default: `ok`).
+    #[serde(default)]
+    pub partial: Option<Answer>,
+}
+
+/// One answer of an endpoint.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body template; absent: no body.
+    #[serde(default)]
+    pub body: Option<Value>,
+    /// Which records it accepts.
+    #[serde(default)]
+    pub accepts: Accepts,
+}
+
+/// Which records of a call an answer accepts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accepts {
+    /// The valid ones.
+    #[default]
+    Valid,
+    /// None: the whole call refused.
+    None,
+    /// All of them.
+    All,
+}
+
+/// The emulations built in, parsed once; a file that does not parse fails the first call
+/// with its name (and the test that reads them all).
+static PARSED: LazyLock<Vec<(&'static str, Emulation)>> = LazyLock::new(|| {
+    EMULATIONS
+        .iter()
+        .map(|(name, text)| {
+            let e = serde_json::from_str(text).unwrap_or_else(|e| panic!("emulation {name}: {e}"));
+            (*name, e)
+        })
+        .collect()
+});
+
+/// The emulations built in, parsed.
+pub fn emulations() -> &'static [(&'static str, Emulation)] {
+    &PARSED
+}
+
+/// How one vendor runs a kind of job: its calls, its states' names, its answers.
+/// Templates are those of the batch sink ([`crate::vendors`]), with `{{id}}`, `{{state}}`,
+/// `{{count}}`, `{{completed_count}}`, `{{failed_count}}` and `{{processed_count}}` (0
+/// until complete), `{{body/<pointer>}}` (the request's body), and in an error
+/// `{{code}}` and `{{message}}`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobEmulation {
+    /// A job's id: this prefix, then its number.
+    pub id_prefix: String,
+    /// The number's digits, zero-padded (0: as it comes).
+    #[serde(default)]
+    pub id_digits: usize,
+    /// Its states' names.
+    pub states: States,
+    /// The call that creates a job.
+    pub create: Step,
+    /// The call that uploads its records, if they are not in the create call.
+    #[serde(default)]
+    pub upload: Option<Step>,
+    /// The call that closes it (the job starts then) or aborts it, if the vendor has one.
+    #[serde(default)]
+    pub close: Option<Step>,
+    /// The call that reads its state (a poll).
+    pub status: Step,
+    /// The call that lists its failed records.
+    pub errors: ErrorsStep,
+    /// A field (a JSON pointer into each record) a record fails without.
+    #[serde(default)]
+    pub required: Option<String>,
+    /// The body of an error answer.
+    pub error: Value,
+}
+
+/// A job's states, by the vendor's names.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct States {
+    /// Created, not closed yet (where there is a close call).
+    #[serde(default)]
+    pub open: Option<String>,
+    /// Waiting to run; asked for by a close call, it closes the job.
+    pub queued: String,
+    /// Running.
+    pub processing: String,
+    /// Done.
+    pub complete: String,
+    /// Cancelled; asked for by a close call, it aborts the job.
+    pub cancelled: String,
+}
+
+/// One call of a job.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    /// Its method.
+    pub method: String,
+    /// Its path: segments, `**` first for any prefix, `{id}` the job's id.
+    pub path: String,
+    /// Its answer's status.
+    #[serde(default = "ok")]
+    pub status: u16,
+    /// Its answer's body template; absent: none.
+    #[serde(default)]
+    pub body: Option<Value>,
+    /// Where the request carries the job's records: `{"json": "<pointer>"}` or `"csv"`.
+    #[serde(default)]
+    pub records: Option<Records>,
+    /// Fields the request's body must have (pointer → value, `"*"` any).
+    #[serde(default)]
+    pub requires: Map<String, Value>,
+    /// A close call: where its body names the state asked for.
+    #[serde(default)]
+    pub state_at: Option<String>,
+}
+
+fn ok() -> u16 {
+    200
+}
+
+/// Where a call carries a job's records.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Records {
+    /// A JSON array at this pointer of the body.
+    Json(String),
+    /// The body, as CSV with a header line.
+    Csv,
+}
+
+/// The call listing a job's failed records.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorsStep {
+    /// Its path, as a [`Step`]'s (method GET).
+    pub path: String,
+    /// JSON pages of this body template, whose `$each: refused` lists the page's records;
+    /// `{{self}}` and `{{next}}` (null on the last page) are the pages' absolute links.
+    #[serde(default)]
+    pub body: Option<Value>,
+    /// Its pages' query parameters and sizes; absent: one page.
+    #[serde(default)]
+    pub page: Option<Page>,
+    /// A CSV instead: these columns (each a template per failed record), then the
+    /// uploaded ones.
+    #[serde(default)]
+    pub csv: Option<Vec<(String, String)>>,
+}
+
+/// How an errors listing pages.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    /// The query parameter of the page's size.
+    pub size_param: String,
+    /// The query parameter of the page's cursor (the position of its first record).
+    pub cursor_param: String,
+    /// The size unless asked.
+    pub size: usize,
+    /// The largest size.
+    pub max: usize,
+}
