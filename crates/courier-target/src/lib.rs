@@ -64,7 +64,9 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 pub use faults::{Faults, parse_latency_ms};
-pub use limiter::{Budget, Limiter, PeakMeter, RateHeaders, Window, parse_limit_schedule};
+pub use limiter::{
+    Budget, Limiter, PathLimit, PeakMeter, RateHeaders, Window, parse_limit_schedule,
+};
 pub use usercom::{DELIVERY_ID_FIELD, Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
 pub use vendors::{BatchReply, batch_sink};
 
@@ -135,6 +137,9 @@ pub struct TargetConfig {
     pub retry_after: RetryAfterMode,
     /// Faults injected from the start.
     pub faults: Faults,
+    /// Limits of paths outside the workspaces, each answered 429 with `Retry-After` in
+    /// whole seconds when spent.
+    pub path_limits: Vec<PathLimit>,
 }
 
 impl Default for TargetConfig {
@@ -151,6 +156,7 @@ impl Default for TargetConfig {
             rate_headers: RateHeaders::None,
             retry_after: RetryAfterMode::Seconds,
             faults: Faults::default(),
+            path_limits: Vec::new(),
         }
     }
 }
@@ -211,6 +217,8 @@ pub struct TargetState {
     tokens: Mutex<(u64, u64)>,
     /// Asynchronous bulk jobs submitted ([`jobs`]).
     jobs: Mutex<jobs::Jobs>,
+    /// The limiters of [`TargetConfig::path_limits`], by pattern.
+    path_limiters: Mutex<Vec<(String, Vec<Limiter>)>>,
     /// Polls of a job's status answered.
     job_polls: AtomicU64,
 }
@@ -320,6 +328,13 @@ impl Target {
             retry_after_mode: Mutex::new(config.retry_after),
             tokens: Mutex::new((0, 1)),
             jobs: Mutex::new(jobs::Jobs::default()),
+            path_limiters: Mutex::new(
+                config
+                    .path_limits
+                    .iter()
+                    .map(|p| (p.pattern.clone(), p.limiters()))
+                    .collect(),
+            ),
             job_polls: AtomicU64::new(0),
         });
         let app = Router::new()

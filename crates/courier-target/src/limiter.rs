@@ -389,6 +389,58 @@ pub fn rate_headers(
     }
 }
 
+/// Limits on the paths a pattern matches, outside any workspace (as a vendor limits each
+/// endpoint: Klaviyo's events 350/s and 3,500/min), each a fixed window, as Klaviyo's are.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PathLimit {
+    /// The paths: segments, `*` for one, `**` for any number.
+    pub pattern: String,
+    /// Each `(limit, period)`.
+    pub limits: Vec<(u32, Duration)>,
+}
+
+impl PathLimit {
+    /// `PATTERN=LIMIT[,LIMIT...]`, each limit `N/s`, `N/min` or `N/h`:
+    /// `**/events=350/s,3500/min`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("path limit {s:?}: {why} (e.g. **/events=350/s,3500/min)");
+        let (pattern, limits) = s.split_once('=').ok_or_else(|| bad("no ="))?;
+        let limits = limits
+            .split(',')
+            .map(|l| {
+                let (n, unit) = l
+                    .trim()
+                    .split_once('/')
+                    .ok_or_else(|| bad("a limit is N/unit"))?;
+                let n: u32 = n
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| bad("N must be a positive integer"))?;
+                let period = match unit {
+                    "s" => Duration::from_secs(1),
+                    "min" => Duration::from_secs(60),
+                    "h" => Duration::from_secs(3600),
+                    _ => return Err(bad("the unit is s, min or h")),
+                };
+                Ok((n, period))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Self {
+            pattern: pattern.trim().to_owned(),
+            limits,
+        })
+    }
+
+    /// Its limiters, fresh.
+    pub fn limiters(&self) -> Vec<Limiter> {
+        self.limits
+            .iter()
+            .map(|&(n, period)| Limiter::new(n, period, Window::Fixed))
+            .collect()
+    }
+}
+
 /// Parses a schedule of limit changes, `AFTER:LIMIT[,AFTER:LIMIT...]`, where AFTER is a
 /// time since the start such as `10s`, `1500ms` or `2m` (bare numbers are seconds):
 /// `10s:5` means "after 10 s the limit becomes 5 per period".

@@ -289,6 +289,10 @@ pub(crate) async fn handle(
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
+        Route::Generic if let Some(wait) = path_limited(&s, &path) => {
+            lock(&s.inner).throttled += 1;
+            throttled_response(wait, RetryAfterMode::Seconds)
+        }
         Route::Generic => match jobs::answer(
             &s,
             &jobs::Request {
@@ -317,6 +321,23 @@ pub(crate) async fn handle(
             workspace_call(&s, &name, call)
         }
     }
+}
+
+/// The wait before `path` may be called again, when a path limit it falls under is spent
+/// ([`TargetConfig::path_limits`]); `None`: it may go (and is counted).
+fn path_limited(s: &TargetState, path: &str) -> Option<Duration> {
+    let now = Instant::now();
+    let mut limiters = lock(&s.path_limiters);
+    let (_, limiters) = limiters
+        .iter_mut()
+        .find(|(pattern, _)| vendors::path_matches(pattern, path))?;
+    // Every window must admit it; one that refuses counts nothing in the others.
+    let mut probe = limiters.clone();
+    let wait = probe.iter_mut().filter_map(|l| l.check(now).err()).max();
+    if wait.is_none() {
+        *limiters = probe;
+    }
+    wait
 }
 
 /// Counts a request that is not the target's own (counters, limits) and keeps it in the

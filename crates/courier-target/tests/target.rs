@@ -577,3 +577,48 @@ fn every_preset_bulk_endpoint_is_emulated_by_the_file_beside_it() {
     }
     assert!(checked >= 8, "{checked} bulk rules checked");
 }
+
+#[tokio::test]
+async fn a_path_limit_refuses_its_paths_past_each_window_and_leaves_others_alone() {
+    let limit = courier_target::PathLimit::parse("**/events=100/s,2/min").unwrap();
+    assert_eq!(
+        limit.limits,
+        [(100, Duration::from_secs(1)), (2, Duration::from_secs(60))]
+    );
+    for bad in [
+        "**/events",
+        "**/events=0/s",
+        "**/events=5/day",
+        "**/events=x/s",
+    ] {
+        let e = courier_target::PathLimit::parse(bad).unwrap_err();
+        assert!(e.contains(bad), "{e}");
+    }
+    let t = start(TargetConfig {
+        path_limits: vec![limit],
+        ..TargetConfig::default()
+    })
+    .await;
+    let post = |path: &str| {
+        reqwest::Client::new()
+            .post(format!("{}{path}", t.url()))
+            .json(&json!({"data": {"type": "event"}}))
+            .send()
+    };
+    let statuses = [
+        post("api/events").await.unwrap(),
+        post("api/events").await.unwrap(),
+        post("api/events").await.unwrap(),
+    ];
+    let got: Vec<u16> = statuses.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(got, [200, 200, 429]);
+    let wait: u64 = statuses[2].headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    // Another path is under no limit.
+    assert_eq!(post("api/profiles").await.unwrap().status(), 200);
+    assert_eq!(t.counters().throttled, 1);
+}

@@ -49,6 +49,11 @@ pub struct TargetArgs {
     /// Share (0..1) of requests whose connection is closed without an answer.
     #[arg(long, default_value_t = 0.0)]
     reset: f64,
+    /// Limits of the paths a pattern matches outside the workspaces, fixed windows,
+    /// PATTERN=LIMIT[,LIMIT] (repeatable): `**/events=350/s,3500/min` is Klaviyo's events
+    /// endpoint. Answered 429 with Retry-After when spent.
+    #[arg(long = "path-limit", value_parser = target::PathLimit::parse)]
+    path_limits: Vec<target::PathLimit>,
 }
 
 /// Runs `courier target` until Ctrl-C.
@@ -88,6 +93,7 @@ pub async fn run(args: TargetArgs) -> anyhow::Result<()> {
             reset_share: args.reset,
             ..target::Faults::default()
         },
+        path_limits: args.path_limits,
         ..target::TargetConfig::default()
     };
     let target = target::Target::start_with(config).await?;
