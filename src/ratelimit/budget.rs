@@ -149,6 +149,17 @@ impl Spent {
         }
     }
 
+    /// A slot counted at `t` that was never used: counted no more.
+    fn uncount(&mut self, t: i64) {
+        let b = t.div_euclid(self.bucket_len());
+        if let Ok(i) = self.buckets.binary_search_by_key(&b, |&(b, _)| b) {
+            self.buckets[i].1 -= 1;
+            if self.buckets[i].1 == 0 {
+                self.buckets.remove(i);
+            }
+        }
+    }
+
     fn forget_before(&mut self, t: i64) {
         let first = self.first_counted(t);
         self.buckets.retain(|&(b, _)| b >= first);
@@ -278,6 +289,16 @@ impl BudgetState {
         self.sample.book(at_micros(t));
     }
 
+    /// Slots booked at `slots` that went unused (no call took them in their time): each
+    /// long window counts them no more, so a quota is spent only by calls made.
+    pub fn unbook(&mut self, slots: &[DateTime<Utc>]) {
+        for &at in slots {
+            for s in &mut self.spent {
+                s.uncount(micros(at));
+            }
+        }
+    }
+
     /// Keeps one count per long limit (every declared limit but the shortest), dropping
     /// counts of limits no longer declared.
     fn sync_windows(&mut self, limits: &[Limit]) {
@@ -389,6 +410,38 @@ mod tests {
         assert!(first_300 < chrono::Duration::seconds(31), "{first_300}");
         // Over three minutes, about 3 × 300 (less a bucket per window).
         assert!(slots.len() >= 850, "{}", slots.len());
+    }
+
+    #[test]
+    fn slots_given_back_unused_leave_their_windows_room_for_others() {
+        let limits = [Limit::new(400, 1), Limit::new(100, 60)];
+        let horizon = chrono::Duration::seconds(1);
+        let later = t0() + chrono::Duration::seconds(2);
+        let lease_more = |st: &mut BudgetState| {
+            let mut n = 0;
+            while n < 200 {
+                let s = st.lease(&PARAMS, later, &ask(&limits, 0, horizon));
+                if s.slots.is_empty() {
+                    break;
+                }
+                n += s.slots.len();
+            }
+            n
+        };
+        let mut st = BudgetState::default();
+        let first = st.lease(&PARAMS, t0(), &ask(&limits, 0, horizon)).slots;
+        assert_eq!(first.len(), 50);
+        // Forty of the fifty never carried a call: the minute window counts the ten used.
+        st.unbook(&first[10..]);
+        assert_eq!(
+            lease_more(&mut st),
+            90,
+            "the minute's 100, less the 10 used"
+        );
+        // Without the give-back, the window holds only the 50 left.
+        let mut kept = BudgetState::default();
+        kept.lease(&PARAMS, t0(), &ask(&limits, 0, horizon));
+        assert_eq!(lease_more(&mut kept), 50);
     }
 
     #[test]

@@ -149,6 +149,9 @@ impl Budget {
 struct Local {
     /// Leased slots not yet handed out.
     slots: VecDeque<Slot>,
+    /// Leased slots dropped unused (nobody took them in their time), to be given back to
+    /// the long windows at the next lease: a call never made spends nothing of a quota.
+    unused: Vec<DateTime<Utc>>,
     /// Requests waiting for a slot, in fair turn.
     queue: FairQueue,
     /// Whether a lease is under way.
@@ -180,6 +183,7 @@ impl Local {
     fn new(declared: &[Limit]) -> Self {
         Self {
             slots: VecDeque::new(),
+            unused: Vec::new(),
             queue: FairQueue::default(),
             leasing: false,
             granted: 0,
@@ -545,7 +549,9 @@ impl Pacer {
                 return;
             };
             if slot.at < stale {
-                continue; // unused in its time: spending it late would make a burst
+                // Unused in its time: spending it late would make a burst.
+                st.unused.push(slot.at);
+                continue;
             }
             if let Some(tx) = st.queue.pop() {
                 // A dropped waiter loses its slot; it was paid for, but it is only one.
@@ -626,14 +632,16 @@ impl Pacer {
         if let Some(until) = blocked.filter(|&b| b > asked + spent_wait) {
             return Ok((Vec::new(), Some(until)));
         }
-        let (now, advertised, hold) = {
+        let (now, advertised, hold, unused) = {
             let mut local = budget.local();
             let ahead = asked + chrono::Duration::microseconds(local.lookahead_us);
             let now = blocked.map_or(ahead, |b| b.max(ahead));
-            (now, local.advertised.take(), local.hold)
+            let unused = std::mem::take(&mut local.unused);
+            (now, local.advertised.take(), local.hold, unused)
         };
         let (slice, tat) = self
             .with_state(budget, |st| {
+                st.unbook(&unused);
                 if let Some(limits) = advertised {
                     st.advertise(limits, now);
                 }
