@@ -525,3 +525,96 @@ pub async fn history(
     .await?;
     Ok(rows)
 }
+
+/// How many deliveries of one rule stand in one status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StatusCount {
+    /// The rule's name.
+    pub rule: String,
+    /// The status.
+    pub status: DeliveryStatus,
+    /// Deliveries of the rule in it.
+    pub deliveries: i64,
+}
+
+/// Every rule's deliveries by status: what
+/// `SELECT rule_id, status, count(*) FROM deliveries GROUP BY 1, 2` shows, by rule name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatusCounts(pub Vec<StatusCount>);
+
+impl StatusCounts {
+    /// Deliveries in any of `statuses`, over every rule.
+    pub fn total(&self, statuses: &[DeliveryStatus]) -> i64 {
+        self.0
+            .iter()
+            .filter(|c| statuses.contains(&c.status))
+            .map(|c| c.deliveries)
+            .sum()
+    }
+
+    /// Deliveries of rule `rule` in any of `statuses`.
+    pub fn of_rule(&self, rule: &str, statuses: &[DeliveryStatus]) -> i64 {
+        self.0
+            .iter()
+            .filter(|c| c.rule == rule && statuses.contains(&c.status))
+            .map(|c| c.deliveries)
+            .sum()
+    }
+}
+
+/// Every rule's deliveries by status, in one statement.
+pub async fn status_counts(db: impl sqlx::PgExecutor<'_>) -> Result<StatusCounts, sqlx::Error> {
+    let counts = sqlx::query_as!(
+        StatusCount,
+        r#"SELECT r.name AS rule, d.status AS "status!: DeliveryStatus", count(*) AS "deliveries!"
+           FROM deliveries d JOIN rules r ON r.id = d.rule_id
+           GROUP BY r.name, d.status"#
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(StatusCounts(counts))
+}
+
+/// What every delivery and outcome so far comes to, over all rules: what a drained backlog
+/// is judged by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// Deliveries delivered.
+    pub delivered: i64,
+    /// Ledger rows of a failure (`failed`, `exhausted` or `rejected`).
+    pub failures: i64,
+    /// Ledger rows whose call the target answered 429.
+    pub answered_429: i64,
+    /// Attempts counted on deliveries beyond the ledger rows that end an attempt
+    /// (`delivered`, `failed`, `exhausted`, `rejected`): attempts a call spent without an
+    /// outcome, which a 429 must never cost.
+    pub attempts_without_outcome: i64,
+    /// Seconds from the first delivery enqueued to the last one finished.
+    pub enqueued_to_finished_secs: f64,
+    /// Seconds from the first ledger row to the last.
+    pub first_to_last_outcome_secs: f64,
+    /// Record keys delivered at least once (rows of `delivered_records`).
+    pub records_delivered: i64,
+}
+
+/// The totals over every delivery and ledger row, in one statement.
+pub async fn totals(db: impl sqlx::PgExecutor<'_>) -> Result<Totals, sqlx::Error> {
+    sqlx::query_as!(
+        Totals,
+        r#"SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered') AS "delivered!",
+                  (SELECT count(*) FROM ledger
+                   WHERE outcome IN ('failed', 'exhausted', 'rejected')) AS "failures!",
+                  (SELECT count(*) FROM ledger WHERE http_status = 429) AS "answered_429!",
+                  (SELECT COALESCE(sum(attempts), 0) FROM deliveries)::bigint
+                    - (SELECT count(*) FROM ledger
+                       WHERE outcome IN ('delivered', 'failed', 'exhausted', 'rejected'))
+                    AS "attempts_without_outcome!",
+                  (SELECT COALESCE(extract(epoch FROM max(finished_at) - min(created_at)), 0)::float8
+                   FROM deliveries) AS "enqueued_to_finished_secs!",
+                  (SELECT COALESCE(extract(epoch FROM max(created_at) - min(created_at)), 0)::float8
+                   FROM ledger) AS "first_to_last_outcome_secs!",
+                  (SELECT count(*) FROM delivered_records) AS "records_delivered!""#
+    )
+    .fetch_one(db)
+    .await
+}

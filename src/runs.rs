@@ -531,3 +531,29 @@ pub async fn wake_waiting(pool: &sqlx::PgPool, key: &str) -> Result<u64, sqlx::E
     queue::wake_fetchers(pool).await?;
     Ok(n)
 }
+
+/// A run that waits (or waited) out a rate-limit block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Wait {
+    /// The run.
+    pub id: i64,
+    /// Its rule.
+    pub rule: String,
+    /// How it stands now.
+    pub status: String,
+    /// While waiting: when it resumes.
+    pub resume_at: Option<DateTime<Utc>>,
+}
+
+/// The runs waiting now, and the runs `also` (seen waiting before) however they stand now.
+pub async fn waits(db: impl PgExecutor<'_>, also: &[i64]) -> Result<Vec<Wait>, sqlx::Error> {
+    sqlx::query_as!(
+        Wait,
+        r#"SELECT x.id, r.name AS rule, x.status, courier_ts(x.resume_at) AS resume_at
+           FROM runs x JOIN rules r ON r.id = x.rule_id
+           WHERE x.status = 'waiting' OR x.id = ANY($1)"#,
+        also
+    )
+    .fetch_all(db)
+    .await
+}

@@ -275,6 +275,41 @@ pub async fn current(
     .await
 }
 
+/// A block as it was set, with the names of who set it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockSet {
+    /// When it was set (or last extended).
+    pub set_at: DateTime<Utc>,
+    /// Until when it holds (or held).
+    pub blocked_until: DateTime<Utc>,
+    /// The raw `retry-after` of the 429 behind it.
+    pub retry_after_raw: Option<String>,
+    /// The rule whose call met it, while the rule exists.
+    pub rule: Option<String>,
+    /// The connection whose call met it, while it exists.
+    pub connection: Option<String>,
+}
+
+/// The blocks set after `after` (every block when `None`), in force or lapsed, oldest
+/// first: one per budget, its latest.
+pub async fn set_since(
+    db: impl PgExecutor<'_>,
+    after: Option<DateTime<Utc>>,
+) -> Result<Vec<BlockSet>, sqlx::Error> {
+    sqlx::query_as!(
+        BlockSet,
+        r#"SELECT courier_ts(b.set_at) AS "set_at!", courier_ts(b.blocked_until) AS "blocked_until!",
+                  b.retry_after_raw, r.name AS "rule?", c.name AS "connection?"
+           FROM connection_blocks b
+           LEFT JOIN rules r ON r.id = b.rule_id
+           LEFT JOIN connections c ON c.id = b.connection_id
+           WHERE b.set_at > COALESCE($1::timestamptz, '-infinity') ORDER BY b.set_at"#,
+        after
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// When the first block in force at `now` lapses.
 pub async fn next_lapse(
     db: impl PgExecutor<'_>,

@@ -8,6 +8,11 @@
 //! achieved against the declared one, the records each rule's calls carried. The consents
 //! arrive as a bulk import once their customers are in the workspace, and go as mass
 //! updates of up to [`CONSENTS_PER_CALL`] custom ids.
+//!
+//! Like all tooling, the demo touches courier's tables only through the engine's public
+//! functions, each in the module that owns the table (`catalog`, `enqueue`, `ledger`,
+//! `runs`, `ratelimit::blocks`), and through the SQL users are documented to use
+//! (`docs/enqueue-and-ledger.md`); dropping its own database is PostgreSQL's business.
 
 use std::{
     str::FromStr,
@@ -29,6 +34,9 @@ use courier::{
     config::{Settings, redact_url},
     db,
     enqueue::{self, NewDelivery},
+    ledger::{self, DeliveryStatus},
+    ratelimit::blocks,
+    runs,
     worker::{self, Engine},
 };
 
@@ -337,19 +345,7 @@ impl Show<'_> {
     /// failed outcome and no attempt spent on a 429.
     async fn summary(&self) -> anyhow::Result<bool> {
         let elapsed = self.started.elapsed().as_secs_f64();
-        let summary = sqlx::query!(
-            r#"SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered') AS "delivered!",
-                      (SELECT count(*) FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')) AS "failed!",
-                      (SELECT count(*) FROM ledger WHERE http_status = 429) AS "ledger_429s!",
-                      (SELECT coalesce(sum(attempts), 0) FROM deliveries)::bigint
-                        - (SELECT count(*) FROM ledger
-                           WHERE outcome IN ('delivered', 'failed', 'exhausted', 'rejected')) AS "attempts_on_429s!",
-                      (SELECT count(*) FROM connection_blocks) AS "blocks!",
-                      (SELECT max(blocked_until) FROM connection_blocks) AS blocked_until,
-                      (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled_runs!""#
-        )
-        .fetch_one(self.pool)
-        .await?;
+        let summary = Summary::read(self.pool).await?;
         let counters = self.target.counters();
         let ws = counters
             .workspaces
@@ -435,10 +431,18 @@ fn arrived(ws: &courier_target::WorkspaceCounters) -> [usize; 3] {
     })
 }
 
+/// Runs in `status`, of `by_status` ([`runs::count_by_status`]).
+fn runs_in(by_status: &[(String, i64)], status: &str) -> i64 {
+    (by_status.iter().filter(|(s, _)| s == status))
+        .map(|(_, n)| n)
+        .sum()
+}
+
 /// One look at the demo's database while it runs.
 struct Tick {
     pending: i64,
     delivered: i64,
+    /// Customers delivered (rule `customers`).
     customers: i64,
     failed: i64,
     waiting: i64,
@@ -447,19 +451,49 @@ struct Tick {
 
 impl Tick {
     async fn read(pool: &sqlx::PgPool) -> Result<Self, sqlx::Error> {
-        sqlx::query_as!(
-            Tick,
-            r#"SELECT count(*) FILTER (WHERE status = 'pending') AS "pending!",
-                      count(*) FILTER (WHERE status = 'delivered') AS "delivered!",
-                      count(*) FILTER (WHERE status = 'delivered' AND record_key LIKE 'customer:%')
-                          AS "customers!",
-                      count(*) FILTER (WHERE status IN ('rejected', 'exhausted')) AS "failed!",
-                      (SELECT count(*) FROM runs WHERE status = 'waiting') AS "waiting!",
-                      (SELECT count(*) FROM runs WHERE status = 'throttled') AS "throttled!"
-               FROM deliveries"#
-        )
-        .fetch_one(pool)
-        .await
+        let counts = ledger::status_counts(pool).await?;
+        let runs = runs::count_by_status(pool).await?;
+        Ok(Tick {
+            pending: counts.total(&[DeliveryStatus::Pending]),
+            delivered: counts.total(&[DeliveryStatus::Delivered]),
+            customers: counts.of_rule("customers", &[DeliveryStatus::Delivered]),
+            failed: counts.total(&[DeliveryStatus::Rejected, DeliveryStatus::Exhausted]),
+            waiting: runs_in(&runs, "waiting"),
+            throttled: runs_in(&runs, "throttled"),
+        })
+    }
+}
+
+/// What the summary reads from the database once the worker has stopped.
+struct Summary {
+    delivered: i64,
+    /// Ledger rows of a failure.
+    failed: i64,
+    /// Ledger rows of a call answered 429.
+    ledger_429s: i64,
+    /// Attempts counted beyond the calls with an outcome.
+    attempts_on_429s: i64,
+    /// Blocks set (one row per budget, its latest).
+    blocks: usize,
+    /// The end of the latest block.
+    blocked_until: Option<chrono::DateTime<chrono::Utc>>,
+    throttled_runs: i64,
+}
+
+impl Summary {
+    async fn read(pool: &sqlx::PgPool) -> Result<Self, sqlx::Error> {
+        let totals = ledger::totals(pool).await?;
+        let blocks = blocks::set_since(pool, None).await?;
+        let runs = runs::count_by_status(pool).await?;
+        Ok(Summary {
+            delivered: totals.delivered,
+            failed: totals.failures,
+            ledger_429s: totals.answered_429,
+            attempts_on_429s: totals.attempts_without_outcome,
+            blocks: blocks.len(),
+            blocked_until: blocks.iter().map(|b| b.blocked_until).max(),
+            throttled_runs: runs_in(&runs, "throttled"),
+        })
     }
 }
 
@@ -542,17 +576,7 @@ impl Watch {
     /// last call.
     async fn events(&mut self, pool: &sqlx::PgPool) -> anyhow::Result<Vec<String>> {
         let mut lines = Vec::new();
-        let blocks = sqlx::query!(
-            r#"SELECT b.set_at, b.blocked_until, b.retry_after_raw, r.name AS "rule?", c.name AS "connection?"
-               FROM connection_blocks b
-               LEFT JOIN rules r ON r.id = b.rule_id
-               LEFT JOIN connections c ON c.id = b.connection_id
-               WHERE b.set_at > coalesce($1::timestamptz, '-infinity') ORDER BY b.set_at"#,
-            self.block_seen
-        )
-        .fetch_all(pool)
-        .await?;
-        for b in blocks {
+        for b in blocks::set_since(pool, self.block_seen).await? {
             self.block_seen = Some(b.set_at);
             lines.push(format!(
                 "429 met: connection {} blocked until {} (retry-after {:?}, met by rule {}); \
@@ -563,15 +587,8 @@ impl Watch {
                 b.rule.as_deref().unwrap_or("?"),
             ));
         }
-        let runs = sqlx::query!(
-            r#"SELECT r.id, r.status, r.resume_at, ru.name
-               FROM runs r JOIN rules ru ON ru.id = r.rule_id
-               WHERE r.status = 'waiting' OR r.id = ANY($1)"#,
-            &self.waiting.iter().copied().collect::<Vec<_>>()
-        )
-        .fetch_all(pool)
-        .await?;
-        for r in runs {
+        let seen: Vec<i64> = self.waiting.iter().copied().collect();
+        for r in runs::waits(pool, &seen).await? {
             let was = self.waiting.contains(&r.id);
             match (was, r.status.as_str()) {
                 (false, "waiting") => {
@@ -579,7 +596,7 @@ impl Watch {
                     lines.push(format!(
                         "run {} ({}) waiting{}",
                         r.id,
-                        r.name,
+                        r.rule,
                         r.resume_at
                             .map(|t| format!(" until {}", t.format("%H:%M:%S%.3f")))
                             .unwrap_or_default()
@@ -589,8 +606,8 @@ impl Watch {
                 (true, status) => {
                     self.waiting.remove(&r.id);
                     lines.push(match status {
-                        "running" => format!("run {} ({}) resumed", r.id, r.name),
-                        _ => format!("run {} ({}) ended {status}", r.id, r.name),
+                        "running" => format!("run {} ({}) resumed", r.id, r.rule),
+                        _ => format!("run {} ({}) ended {status}", r.id, r.rule),
                     });
                 }
                 (false, _) => {}
