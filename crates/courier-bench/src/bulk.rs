@@ -17,9 +17,9 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use super::{
-    BenchConfig, Report, Sample, Workers, fresh_database,
-    scenarios::{TOKEN, connection, rule_per_call},
-    watch,
+    BenchConfig, Report, Sample, Workers,
+    fixtures::{TOKEN, connection, rule_per_call},
+    fresh_database, watch,
 };
 
 /// Consent changes in the consents part, unless told.

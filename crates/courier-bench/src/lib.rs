@@ -7,6 +7,7 @@
 
 mod bulk;
 pub mod chaos;
+mod fixtures;
 pub mod limits;
 mod plot;
 mod scenarios;

@@ -267,7 +267,7 @@ async fn cell(
         Ratio::Drop => f64::from(REAL_PER_SECOND),
     };
     let target = Target::start_with(TargetConfig {
-        workspaces: vec![WorkspaceConfig::new("bench", super::scenarios::TOKEN)],
+        workspaces: vec![WorkspaceConfig::new("bench", super::fixtures::TOKEN)],
         rate: REAL_PER_SECOND,
         period: Duration::from_secs(1),
         window,
@@ -280,7 +280,7 @@ async fn cell(
         ..TargetConfig::default()
     })
     .await?;
-    super::scenarios::customers_on_workspace(&pool, &target, (declared * 60.0) as i32, 16).await?;
+    super::fixtures::customers_on_workspace(&pool, &target, (declared * 60.0) as i32, 16).await?;
     // The records in turn over the rules: `customers`, `customers-2`, ….
     let names: Vec<String> = (1..=rules)
         .map(|i| match i {
@@ -289,10 +289,10 @@ async fn cell(
         })
         .collect();
     for name in &names[1..] {
-        super::scenarios::rule(&pool, name, "workspace", "user_upsert", 100).await?;
+        super::fixtures::rule(&pool, name, "workspace", "user_upsert", 100).await?;
     }
     let mut shares = vec![Vec::new(); rules];
-    for (i, user) in super::scenarios::users("customer", records)
+    for (i, user) in super::fixtures::users("customer", records)
         .into_iter()
         .enumerate()
     {

@@ -17,19 +17,15 @@ use sqlx::PgPool;
 use super::{
     BenchConfig, Child, Report, Workers,
     chaos::{self, ChaosOptions},
+    fixtures::{KEY_VAR, TOKEN, connection, customers_on_workspace, rule, users},
     fresh_database, machine, transactions, watch,
 };
 use courier::{
-    catalog::{self, NewConnection, NewRule},
+    catalog::{self, NewRule},
     dispatcher::Dispatcher,
     enqueue::{self, NewDelivery},
     queue::Tick,
 };
-
-/// The environment variable bench connections read their (fake) User.com key from.
-const KEY_VAR: &str = "COURIER_BENCH_USERCOM_KEY";
-/// The bench workspace's token.
-pub(super) const TOKEN: &str = "bench-token";
 /// The longest a scenario may take to drain before it counts as failed.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1800);
 
@@ -228,106 +224,6 @@ async fn usercom_target(rate: u32, window: Window) -> anyhow::Result<Target> {
         ..TargetConfig::default()
     })
     .await?)
-}
-
-pub(super) async fn connection(
-    pool: &PgPool,
-    name: &str,
-    writer: &str,
-    base_url: String,
-    rpm: i32,
-    in_flight: i32,
-) -> anyhow::Result<()> {
-    catalog::upsert_connection(
-        pool,
-        &NewConnection {
-            name: name.into(),
-            writer: writer.into(),
-            base_url,
-            api_key_env: (writer == "usercom").then(|| KEY_VAR.into()),
-            requests_per_minute: Some(rpm),
-            max_in_flight: Some(in_flight),
-            timeout_ms: Some(10_000),
-            ..Default::default()
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-/// The bench workspace's User.com connection, declaring `rpm` with at most `in_flight`
-/// calls, and the rule `customers` on it (`user_upsert`, batches of 100).
-pub(super) async fn customers_on_workspace(
-    pool: &PgPool,
-    target: &Target,
-    rpm: i32,
-    in_flight: i32,
-) -> anyhow::Result<()> {
-    connection(
-        pool,
-        "workspace",
-        "usercom",
-        target.workspace_url("bench"),
-        rpm,
-        in_flight,
-    )
-    .await?;
-    rule(pool, "customers", "workspace", "user_upsert", 100).await
-}
-
-pub(super) async fn rule(
-    pool: &PgPool,
-    name: &str,
-    conn: &str,
-    path: &str,
-    batch: i32,
-) -> anyhow::Result<()> {
-    catalog::upsert_rule(
-        pool,
-        &NewRule {
-            name: name.into(),
-            connection: conn.into(),
-            path: path.into(),
-            batch_size: Some(batch),
-            ..Default::default()
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-/// Rule `name` on `conn` sending up to `per_call` records per call (batches of 100).
-pub(super) async fn rule_per_call(
-    pool: &PgPool,
-    name: &str,
-    conn: &str,
-    path: &str,
-    per_call: i32,
-) -> anyhow::Result<()> {
-    catalog::upsert_rule(
-        pool,
-        &NewRule {
-            name: name.into(),
-            connection: conn.into(),
-            path: path.into(),
-            batch_size: Some(100),
-            records_per_call: Some(per_call),
-            ..Default::default()
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-pub(super) fn users(prefix: &str, n: usize) -> Vec<NewDelivery> {
-    (0..n)
-        .map(|i| {
-            NewDelivery::new(
-                format!("{prefix}:{i}"),
-                json!({"custom_id": format!("{prefix}-{i}"), "email": format!("{prefix}{i}@example.com")}),
-            )
-        })
-        .collect()
 }
 
 /// `n` small records keyed `<prefix>:<i>`.
