@@ -111,7 +111,7 @@ pub async fn upsert_connection<'c>(
     check_connection(c)?;
     let mut tx = db.begin().await?;
     let id = save_connection(&mut tx, c).await?;
-    check_rules_of(&mut tx, id, c).await?;
+    check_rules_of(&mut tx, &[c]).await?;
     tx.commit().await?;
     Ok(id)
 }
@@ -156,46 +156,51 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
     .map_err(|e| explain(e, &format!("connection {:?}", c.name)))
 }
 
-/// Refuses connection `c` (saved as `id`) when its writer cannot serve one of its rules'
-/// paths, naming every such rule.
+/// Refuses the first of `connections` (as saved) whose writer cannot serve one of its
+/// rules' paths, naming every such rule; one statement for all of them.
 async fn check_rules_of(
     db: &mut PgConnection,
-    id: i64,
-    c: &NewConnection,
+    connections: &[&NewConnection],
 ) -> Result<(), CatalogError> {
+    let names: Vec<&str> = connections.iter().map(|c| c.name.as_str()).collect();
     let rules = sqlx::query!(
-        "SELECT name, path, records_per_call, answer, request, job FROM rules
-         WHERE connection_id = $1 ORDER BY name",
-        id
+        "SELECT c.name AS connection, r.name, r.path, r.records_per_call, r.answer, r.request,
+                r.job
+         FROM rules r JOIN connections c ON c.id = r.connection_id
+         WHERE c.name = ANY($1) ORDER BY r.name",
+        &names as &[&str]
     )
     .fetch_all(db)
     .await?;
-    let bad: Vec<String> = rules
-        .iter()
-        .filter_map(|r| {
-            RuleProfile::parse(profile::Stored {
-                writer: &c.writer,
-                path: &r.path,
-                records_per_call: r.records_per_call,
-                request: r.request.as_ref(),
-                answer: r.answer.as_ref(),
-                job: r.job.as_ref(),
+    for c in connections {
+        let bad: Vec<String> = rules
+            .iter()
+            .filter(|r| r.connection == c.name)
+            .filter_map(|r| {
+                RuleProfile::parse(profile::Stored {
+                    writer: &c.writer,
+                    path: &r.path,
+                    records_per_call: r.records_per_call,
+                    request: r.request.as_ref(),
+                    answer: r.answer.as_ref(),
+                    job: r.job.as_ref(),
+                })
+                .err()
+                .map(|e| format!("rule {:?} (path {:?}): {e}", r.name, r.path))
             })
-            .err()
-            .map(|e| format!("rule {:?} (path {:?}): {e}", r.name, r.path))
-        })
-        .collect();
-    if bad.is_empty() {
-        return Ok(());
+            .collect();
+        if !bad.is_empty() {
+            return Err(CatalogError::Invalid(format!(
+                "connection {:?}: writer {} cannot serve {} of its rules; change their paths \
+                 first (or in the same `courier apply` file): {}",
+                c.name,
+                c.writer,
+                bad.len(),
+                bad.join("; ")
+            )));
+        }
     }
-    Err(CatalogError::Invalid(format!(
-        "connection {:?}: writer {} cannot serve {} of its rules; change their paths first \
-         (or in the same `courier apply` file): {}",
-        c.name,
-        c.writer,
-        bad.len(),
-        bad.join("; ")
-    )))
+    Ok(())
 }
 
 /// Creates a rule, or updates the one with the same name; returns its id. Its profile is
@@ -219,22 +224,7 @@ pub async fn upsert_rule<'c>(
         kind: "connection",
         name: r.connection.clone(),
     })?;
-    RuleProfile::parse(profile::Stored {
-        writer: &writer,
-        path: &r.path,
-        records_per_call: r.records_per_call.unwrap_or(1),
-        request: r.request.as_ref(),
-        answer: r.answer.as_ref(),
-        job: r.job.as_ref(),
-    })
-    .map_err(|e| e.to_string())
-    .and_then(|_| check_rule_limits(r))
-    .map_err(|e| {
-        CatalogError::Invalid(format!(
-            "rule {:?} on connection {:?} (writer {writer}): {e}",
-            r.name, r.connection
-        ))
-    })?;
+    check_rule(r, &writer)?;
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
@@ -275,6 +265,27 @@ pub async fn upsert_rule<'c>(
     .map_err(|e| explain(e, &format!("rule {:?}", r.name)))?;
     tx.commit().await?;
     Ok(id)
+}
+
+/// Checks rule `r` against its connection's `writer`: its profile parses
+/// ([`RuleProfile::parse`]) and its own limits hold ([`check_rule_limits`]).
+fn check_rule(r: &NewRule, writer: &str) -> Result<(), CatalogError> {
+    RuleProfile::parse(profile::Stored {
+        writer,
+        path: &r.path,
+        records_per_call: r.records_per_call.unwrap_or(1),
+        request: r.request.as_ref(),
+        answer: r.answer.as_ref(),
+        job: r.job.as_ref(),
+    })
+    .map_err(|e| e.to_string())
+    .and_then(|_| check_rule_limits(r))
+    .map_err(|e| {
+        CatalogError::Invalid(format!(
+            "rule {:?} on connection {:?} (writer {writer}): {e}",
+            r.name, r.connection
+        ))
+    })
 }
 
 /// Checks a rule's own limits: valid limits ([`limits::check`]), and only on a budget of
@@ -600,16 +611,123 @@ pub async fn save_all(
     for c in connections {
         check_connection(c)?;
     }
-    let mut saved = Vec::with_capacity(connections.len());
     for c in connections {
-        saved.push((save_connection(&mut *tx, c).await?, c));
+        save_connection(&mut *tx, c).await?;
     }
     for r in rules {
         upsert_rule(&mut *tx, r).await?;
     }
-    for (id, c) in saved {
-        check_rules_of(&mut *tx, id, c).await?;
+    check_rules_of(tx, &connections.iter().collect::<Vec<_>>()).await
+}
+
+/// [`save_all`] in bulk, for catalogs of thousands: checked as it checks them, saved in a
+/// statement per table (the rows as one JSON array, read by `jsonb_to_recordset`) rather
+/// than one per row, inside the caller's transaction. Names must be unique in the call.
+pub async fn save_many(
+    tx: &mut PgConnection,
+    connections: &[NewConnection],
+    rules: &[NewRule],
+) -> Result<(), CatalogError> {
+    for c in connections {
+        check_connection(c)?;
     }
+    save_connections(&mut *tx, connections).await?;
+    let mut names: Vec<&str> = rules.iter().map(|r| r.connection.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    // FOR SHARE, as upsert_rule: the writers cannot change under the checks.
+    let writers: std::collections::HashMap<String, String> = sqlx::query!(
+        "SELECT name, writer FROM connections WHERE name = ANY($1) FOR SHARE",
+        &names as &[&str]
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|c| (c.name, c.writer))
+    .collect();
+    for r in rules {
+        let writer = writers
+            .get(&r.connection)
+            .ok_or_else(|| CatalogError::NotFound {
+                kind: "connection",
+                name: r.connection.clone(),
+            })?;
+        check_rule(r, writer)?;
+    }
+    save_rules(&mut *tx, rules).await?;
+    check_rules_of(tx, &connections.iter().collect::<Vec<_>>()).await
+}
+
+/// Saves `connections` (checked) in one statement, as [`save_connection`] saves one.
+async fn save_connections(
+    db: &mut PgConnection,
+    connections: &[NewConnection],
+) -> Result<(), CatalogError> {
+    let rows: Vec<serde_json::Value> = connections
+        .iter()
+        .map(|c| {
+            let mut row = serde_json::to_value(c).expect("a connection serializes");
+            let reserve = c.reserve.as_deref().map_or(Ok(0), limits::parse_reserve);
+            row["reserve_percent"] = i16::from(reserve.unwrap_or(0)).into();
+            row
+        })
+        .collect();
+    sqlx::query!(
+        "INSERT INTO connections
+           (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
+            timeout_ms, budget_key, limits, reserve_percent, auth, rate_signals)
+         SELECT x.name, x.writer, x.base_url, x.api_key_env, x.headers, x.requests_per_minute,
+                COALESCE(x.max_in_flight, 8), COALESCE(x.timeout_ms, 10000), x.budget_key,
+                x.limits, x.reserve_percent, x.auth, x.rate_signals
+         FROM jsonb_to_recordset($1) AS x(
+             name text, writer text, base_url text, api_key_env text, headers jsonb,
+             requests_per_minute int, max_in_flight int, timeout_ms int, budget_key text,
+             limits text[], reserve_percent smallint, auth jsonb, rate_signals jsonb)
+         ON CONFLICT (name) DO UPDATE SET
+           writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
+           api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
+           requests_per_minute = EXCLUDED.requests_per_minute,
+           max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
+           budget_key = EXCLUDED.budget_key, limits = EXCLUDED.limits,
+           reserve_percent = EXCLUDED.reserve_percent, auth = EXCLUDED.auth,
+           rate_signals = EXCLUDED.rate_signals, updated_at = now()",
+        serde_json::Value::Array(rows)
+    )
+    .execute(db)
+    .await
+    .map_err(|e| explain(e, "connections"))?;
+    Ok(())
+}
+
+/// Saves `rules` (checked) in one statement, as [`upsert_rule`] saves one.
+async fn save_rules(db: &mut PgConnection, rules: &[NewRule]) -> Result<(), CatalogError> {
+    sqlx::query!(
+        "INSERT INTO rules
+           (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
+            enabled, weight, records_per_call, budget_key, answer, request, limits, job)
+         SELECT x.name, c.id, x.path, COALESCE(x.batch_size, 100), COALESCE(x.max_attempts, 5),
+                COALESCE(x.backoff_base_ms, 1000), COALESCE(x.backoff_max_ms, 3600000),
+                COALESCE(x.enabled, true), COALESCE(x.weight, 1), COALESCE(x.records_per_call, 1),
+                x.budget_key, x.answer, x.request, x.limits, x.job
+         FROM jsonb_to_recordset($1) AS x(
+             name text, connection text, path text, batch_size int, max_attempts int,
+             backoff_base_ms int, backoff_max_ms int, enabled boolean, weight int,
+             records_per_call int, budget_key text, answer jsonb, request jsonb, limits text[],
+             job jsonb)
+         JOIN connections c ON c.name = x.connection
+         ON CONFLICT (name) DO UPDATE SET
+           connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
+           batch_size = EXCLUDED.batch_size, max_attempts = EXCLUDED.max_attempts,
+           backoff_base_ms = EXCLUDED.backoff_base_ms, backoff_max_ms = EXCLUDED.backoff_max_ms,
+           enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
+           records_per_call = EXCLUDED.records_per_call, budget_key = EXCLUDED.budget_key,
+           answer = EXCLUDED.answer, request = EXCLUDED.request, limits = EXCLUDED.limits,
+           job = EXCLUDED.job, updated_at = now()",
+        serde_json::to_value(rules).expect("rules serialize")
+    )
+    .execute(db)
+    .await
+    .map_err(|e| explain(e, "rules"))?;
     Ok(())
 }
 

@@ -639,3 +639,109 @@ async fn a_rule_keeps_its_endpoints_limits_on_a_budget_of_its_own() {
         "rules_limits_own_budget"
     );
 }
+
+/// Two connections (one with limits, a reserve and a shared budget, one with headers) and
+/// a rule on each, for the bulk catalog tests.
+fn bulk_catalog() -> (Vec<NewConnection>, Vec<NewRule>) {
+    let mut limited = usercom("limited");
+    limited.limits = vec!["10/s".parse().unwrap(), "600/min".parse().unwrap()];
+    limited.reserve = Some("10%".into());
+    limited.budget_key = Some("workspace".into());
+    let sink = NewConnection {
+        name: "sink".into(),
+        writer: "http_json".into(),
+        base_url: "https://crm.example.com/api/".into(),
+        headers: json!({"X-Shop": "one"}).as_object().unwrap().clone(),
+        max_in_flight: Some(3),
+        ..Default::default()
+    };
+    let mut per_call = rule("records", "sink", "batch/");
+    per_call.records_per_call = Some(50);
+    per_call.weight = Some(3);
+    let rules = vec![rule("customers", "limited", "user_upsert"), per_call];
+    (vec![limited, sink], rules)
+}
+
+/// The catalog `connections` and `rules` read back as given, once saved on a fresh
+/// database by `save_many` (`bulk`) or `save_all`.
+async fn saved_back(
+    connections: &[NewConnection],
+    rules: &[NewRule],
+    bulk: bool,
+) -> (Vec<Option<NewConnection>>, Vec<Option<NewRule>>) {
+    let db = TestDb::new().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    match bulk {
+        true => catalog::save_many(&mut tx, connections, rules).await,
+        false => catalog::save_all(&mut tx, connections, rules).await,
+    }
+    .unwrap();
+    tx.commit().await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let (mut cs, mut rs) = (Vec::new(), Vec::new());
+    for c in connections {
+        cs.push(catalog::given_connection(&mut conn, &c.name).await.unwrap());
+    }
+    for r in rules {
+        rs.push(catalog::given_rule(&mut conn, &r.name).await.unwrap());
+    }
+    (cs, rs)
+}
+
+#[tokio::test]
+async fn a_catalog_saved_in_bulk_is_stored_as_one_saved_row_by_row() {
+    let (connections, rules) = bulk_catalog();
+    let by_row = saved_back(&connections, &rules, false).await;
+    let in_bulk = saved_back(&connections, &rules, true).await;
+    assert!(by_row.0.iter().all(Option::is_some) && by_row.1.iter().all(Option::is_some));
+    assert_eq!(by_row, in_bulk);
+}
+
+#[tokio::test]
+async fn a_catalog_saved_in_bulk_is_refused_as_one_saved_row_by_row() {
+    let (connections, rules) = bulk_catalog();
+    let db = TestDb::new().await;
+    let refused = |c: Vec<NewConnection>, r: Vec<NewRule>| {
+        let pool = db.pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            catalog::save_many(&mut tx, &c, &r).await.unwrap_err()
+        }
+    };
+    let typo = refused(
+        connections.clone(),
+        vec![rule("typo", "limited", "user_upsertt")],
+    )
+    .await;
+    assert!(
+        matches!(&typo, CatalogError::Invalid(m) if m.contains("rule \"typo\"")),
+        "{typo:?}"
+    );
+    let unknown = refused(Vec::new(), vec![rule("lost", "nowhere", "x/")]).await;
+    assert!(
+        matches!(&unknown, CatalogError::NotFound { kind: "connection", name } if name == "nowhere"),
+        "{unknown:?}"
+    );
+    // A writer that cannot serve a rule saved before is refused, naming the rule.
+    let mut tx = db.pool.begin().await.unwrap();
+    catalog::save_many(&mut tx, &connections[1..], &rules[1..])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let to_usercom = NewConnection {
+        writer: "usercom".into(),
+        api_key_env: Some("COURIER_TEST_USERCOM_KEY".into()),
+        ..connections[1].clone()
+    };
+    let breaks = refused(vec![to_usercom], Vec::new()).await;
+    assert!(
+        matches!(&breaks, CatalogError::Invalid(m) if m.contains("rule \"records\"")),
+        "{breaks:?}"
+    );
+    let writers: Vec<String> = sqlx::query_scalar("SELECT writer FROM connections")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(writers, ["http_json"], "nothing of a refused call is kept");
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 1);
+}
