@@ -253,3 +253,23 @@ pub async fn payload_keys(
     .await?;
     Ok(rows)
 }
+
+/// Every job submitted so far, whatever became of it, and the polls made of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    /// Jobs submitted.
+    pub jobs: i64,
+    /// Polls made of them.
+    pub polls: i64,
+}
+
+/// The jobs submitted so far and the polls made of them, in one statement.
+pub async fn tally(db: impl PgExecutor<'_>) -> Result<Tally, sqlx::Error> {
+    sqlx::query_as!(
+        Tally,
+        r#"SELECT count(*) AS "jobs!", COALESCE(sum(polls), 0)::bigint AS "polls!"
+           FROM target_jobs"#
+    )
+    .fetch_one(db)
+    .await
+}

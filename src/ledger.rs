@@ -618,3 +618,10 @@ pub async fn totals(db: impl sqlx::PgExecutor<'_>) -> Result<Totals, sqlx::Error
     .fetch_one(db)
     .await
 }
+
+/// Ledger rows kept (every outcome recorded and not yet removed by retention).
+pub async fn rows(db: impl sqlx::PgExecutor<'_>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(r#"SELECT count(*) AS "rows!" FROM ledger"#)
+        .fetch_one(db)
+        .await
+}

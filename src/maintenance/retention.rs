@@ -188,3 +188,17 @@ impl<'a> Retention<'a> {
         .await;
     }
 }
+
+/// Deliveries retention should have removed by now: delivered and suppressed ones that
+/// finished longer than `age` ago (with `age` the retention period and a margin, none
+/// should be left: what shows whether it keeps up).
+pub async fn overdue(db: impl sqlx::PgExecutor<'_>, age: Duration) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "overdue!" FROM deliveries
+           WHERE status IN ('delivered', 'suppressed')
+             AND finished_at < now() - make_interval(secs => $1)"#,
+        age.as_secs_f64()
+    )
+    .fetch_one(db)
+    .await
+}

@@ -1,7 +1,7 @@
 //! The chain queue's rows in apalis' table (`apalis.jobs`): the queue's name, its job
 //! payload, pushing a job inside the caller's transaction, re-scheduling a running job for
 //! later without counting a failure, waking the fetchers, setting aside rows apalis cannot
-//! read.
+//! read, and how the table's rows stand (counted, or one read back) for tooling.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -158,3 +158,20 @@ pub async fn set_aside_unreadable(db: impl PgExecutor<'_>) -> Result<Vec<SetAsid
 
 /// How `last_result` (and the log) introduce the reason a job was set aside.
 pub const UNREADABLE: &str = "courier cannot read this job: ";
+
+/// Jobs of apalis queue `queue` done.
+pub async fn done_in(db: impl PgExecutor<'_>, queue: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "done!" FROM apalis.jobs WHERE job_type = $1 AND status = 'Done'"#,
+        queue
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Rows of apalis' table, every queue's, whatever their status.
+pub async fn rows(db: impl PgExecutor<'_>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(r#"SELECT count(*) AS "rows!" FROM apalis.jobs"#)
+        .fetch_one(db)
+        .await
+}

@@ -54,6 +54,54 @@ pub async fn block(
     raw: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<DateTime<Utc>, sqlx::Error> {
+    let set = Set {
+        budget_key: cause.budget_key,
+        connection_id: cause.connection_id,
+        rule_id: Some(cause.rule_id),
+        run_id: Some(cause.run_id),
+        raw,
+    };
+    write(db, &set, until, now).await
+}
+
+/// Blocks budget `key` by hand until `until` (set at `now`), on connection
+/// `connection_id`'s behalf with the wait `raw` a 429 would name, but met by no rule's
+/// call: a block a tool sets up (the idle-throttled benchmark's backlog behind one).
+/// Extended, never shortened, as [`block`]; returns the block's end as it now stands.
+pub async fn block_by_hand(
+    db: impl PgExecutor<'_>,
+    key: &str,
+    connection_id: i64,
+    until: DateTime<Utc>,
+    raw: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<DateTime<Utc>, sqlx::Error> {
+    let set = Set {
+        budget_key: key,
+        connection_id,
+        rule_id: None,
+        run_id: None,
+        raw,
+    };
+    write(db, &set, until, now).await
+}
+
+/// Who sets a block, as its row names them.
+struct Set<'a> {
+    budget_key: &'a str,
+    connection_id: i64,
+    rule_id: Option<i64>,
+    run_id: Option<i64>,
+    raw: Option<&'a str>,
+}
+
+/// Writes block `set` until `until` (at `now`), keeping a longer one in force.
+async fn write(
+    db: impl PgExecutor<'_>,
+    set: &Set<'_>,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<DateTime<Utc>, sqlx::Error> {
     sqlx::query_scalar!(
         "INSERT INTO connection_blocks
             (budget_key, connection_id, blocked_until, rule_id, run_id, retry_after_raw, set_at)
@@ -71,13 +119,13 @@ pub async fn block(
             set_at = CASE WHEN EXCLUDED.blocked_until > connection_blocks.blocked_until
                           THEN EXCLUDED.set_at ELSE connection_blocks.set_at END
          RETURNING courier_ts(blocked_until) AS \"blocked_until!\"",
-        cause.connection_id,
+        set.connection_id,
         until,
-        cause.rule_id,
-        cause.run_id,
-        raw,
+        set.rule_id,
+        set.run_id,
+        set.raw,
         now,
-        cause.budget_key
+        set.budget_key
     )
     .fetch_one(db)
     .await

@@ -764,6 +764,39 @@ pub async fn states(
         .collect())
 }
 
+/// A budget the pacer has paced: its shared state, and the limits and reserve its last
+/// lease paced by.
+#[derive(Clone, Debug)]
+pub struct Paced {
+    /// The budget's key.
+    pub budget_key: String,
+    /// Its shared state.
+    pub state: BudgetState,
+    /// The limits it was paced by (declared; shortest window first).
+    pub limits: Vec<Limit>,
+    /// Percent of each long window kept for other clients.
+    pub reserve: u8,
+}
+
+/// Every budget a lease has paced by declared limits (a budget row holds them from its
+/// first lease on), by key.
+pub async fn paced(db: impl sqlx::PgExecutor<'_>) -> Result<Vec<Paced>, sqlx::Error> {
+    Ok(sqlx::query!(
+        "SELECT budget_key, state, limits, reserve_percent FROM budgets
+         WHERE limits <> '{}' ORDER BY budget_key"
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| Paced {
+        budget_key: r.budget_key,
+        state: BudgetState::from_row(Some(r.state)),
+        limits: r.limits.iter().filter_map(|l| l.parse().ok()).collect(),
+        reserve: r.reserve_percent.max(0) as u8,
+    })
+    .collect())
+}
+
 /// Calls made against each budget in the 60 s before `now` (429s included), by key.
 pub async fn calls_last_minute(
     db: impl sqlx::PgExecutor<'_>,

@@ -11,14 +11,18 @@
 
 use std::time::{Duration, Instant};
 
-use courier::enqueue::{self, NewDelivery};
+use courier::{
+    catalog,
+    enqueue::{self, NewDelivery},
+    ledger::{self, DeliveryStatus},
+};
 use courier_target::{Target, TargetConfig, Window, WorkspaceConfig};
 use serde_json::json;
 use sqlx::PgPool;
 
 use super::{
     BenchConfig, Report, Sample, Workers,
-    fixtures::{TOKEN, connection, rule_per_call},
+    fixtures::{TOKEN, connection, misjudged, new_connection, rule_per_call},
     fresh_database, watch,
 };
 
@@ -166,20 +170,11 @@ async fn sink(config: &BenchConfig, n: usize, style: &str) -> anyhow::Result<(Ce
     })
     .await?;
     let rpm = (REAL_PER_SECOND * 60) as i32;
-    connection(
-        &pool,
-        "sink",
-        "http_json",
-        target.workspace_url("bench"),
-        rpm,
-        8,
-    )
-    .await?;
+    let mut sink = new_connection("sink", "http_json", target.workspace_url("bench"), rpm, 8);
     // The workspace wants its token; the generic writer sends the connection's headers.
-    sqlx::query("UPDATE connections SET headers = jsonb_build_object('Authorization', $1::text)")
-        .bind(format!("Token {TOKEN}"))
-        .execute(&pool)
-        .await?;
+    sink.headers
+        .insert("Authorization".into(), format!("Token {TOKEN}").into());
+    catalog::upsert_connection(&pool, &sink).await?;
     let path = format!("batch/{style}/");
     rule_per_call(&pool, "records", "sink", &path, PER_CALL).await?;
     let records = (0..n)
@@ -192,14 +187,10 @@ async fn sink(config: &BenchConfig, n: usize, style: &str) -> anyhow::Result<(Ce
         })
         .collect();
     let cell = drain(config, &pool, &target, "records", records).await?;
-    let (wrong, delivered): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE (payload ? 'invalid') <> (status = 'rejected')
-                                 OR status NOT IN ('delivered', 'rejected')),
-                count(*) FILTER (WHERE status = 'delivered')
-         FROM deliveries",
-    )
-    .fetch_one(&pool)
-    .await?;
+    let wrong = misjudged(&pool).await?;
+    let delivered = ledger::status_counts(&pool)
+        .await?
+        .total(&[DeliveryStatus::Delivered]);
     let c = target.counters();
     let exact = wrong == 0 && c.duplicates == 0 && c.accepted_keys as i64 == delivered;
     pool.close().await;
@@ -234,12 +225,7 @@ async fn drain(
     let workers = Workers::in_process(pool, &config.settings);
     let timeline = watch(pool, target, started, CELL_LIMIT).await?;
     workers.stop().await?;
-    let drain: f64 = sqlx::query_scalar(
-        "SELECT COALESCE(extract(epoch FROM max(finished_at) - min(created_at)), 0)::float8
-         FROM deliveries",
-    )
-    .fetch_one(pool)
-    .await?;
+    let drain = ledger::totals(pool).await?.enqueued_to_finished_secs;
     let c = target.counters();
     Ok(Cell {
         records: n,

@@ -1,5 +1,6 @@
 //! What the scenarios set up alike: the bench workspace's token and key variable, its
-//! connections and rules (saved through the catalog), and the records they enqueue.
+//! connections and rules (saved through the catalog), the records they enqueue, and the
+//! check of a run whose invalid records must be the rejected ones.
 
 use courier::{
     catalog::{self, NewConnection, NewRule},
@@ -15,7 +16,27 @@ pub(super) const KEY_VAR: &str = "COURIER_BENCH_USERCOM_KEY";
 pub(super) const TOKEN: &str = "bench-token";
 
 /// Connection `name` of `writer` at `base_url`, declaring `rpm` with at most `in_flight`
-/// calls (a `usercom` one reads its key from [`KEY_VAR`]).
+/// calls (a `usercom` one reads its key from [`KEY_VAR`]), as the catalog is given it.
+pub(super) fn new_connection(
+    name: &str,
+    writer: &str,
+    base_url: String,
+    rpm: i32,
+    in_flight: i32,
+) -> NewConnection {
+    NewConnection {
+        name: name.into(),
+        writer: writer.into(),
+        base_url,
+        api_key_env: (writer == "usercom").then(|| KEY_VAR.into()),
+        requests_per_minute: Some(rpm),
+        max_in_flight: Some(in_flight),
+        timeout_ms: Some(10_000),
+        ..Default::default()
+    }
+}
+
+/// Saves [`new_connection`]; returns its id.
 pub(super) async fn connection(
     pool: &PgPool,
     name: &str,
@@ -23,22 +44,9 @@ pub(super) async fn connection(
     base_url: String,
     rpm: i32,
     in_flight: i32,
-) -> anyhow::Result<()> {
-    catalog::upsert_connection(
-        pool,
-        &NewConnection {
-            name: name.into(),
-            writer: writer.into(),
-            base_url,
-            api_key_env: (writer == "usercom").then(|| KEY_VAR.into()),
-            requests_per_minute: Some(rpm),
-            max_in_flight: Some(in_flight),
-            timeout_ms: Some(10_000),
-            ..Default::default()
-        },
-    )
-    .await?;
-    Ok(())
+) -> anyhow::Result<i64> {
+    let c = new_connection(name, writer, base_url, rpm, in_flight);
+    Ok(catalog::upsert_connection(pool, &c).await?)
 }
 
 /// The bench workspace's User.com connection, declaring `rpm` with at most `in_flight`
@@ -116,4 +124,18 @@ pub(super) fn users(prefix: &str, n: usize) -> Vec<NewDelivery> {
             )
         })
         .collect()
+}
+
+/// Deliveries judged wrong by a run whose records carry `"invalid": true` where the target
+/// must refuse them: an invalid one not rejected, a valid one rejected, or any one left
+/// neither delivered nor rejected. The bench's own measurement, over the documented
+/// `deliveries` table and the payloads it enqueued.
+pub(super) async fn misjudged(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries
+         WHERE (payload ? 'invalid') <> (status = 'rejected')
+            OR status NOT IN ('delivered', 'rejected')",
+    )
+    .fetch_one(pool)
+    .await?)
 }

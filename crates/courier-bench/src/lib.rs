@@ -26,7 +26,13 @@ use sqlx::{PgPool, postgres::PgConnectOptions};
 
 use courier_target::Target;
 
-use courier::{config::Settings, db};
+use courier::{
+    config::Settings,
+    db,
+    ledger::{self, DeliveryStatus},
+    ratelimit::{blocks, pacer},
+    runs, status,
+};
 
 pub use scenarios::Scenario;
 
@@ -261,6 +267,10 @@ async fn transactions(pool: &PgPool) -> anyhow::Result<i64> {
     .await?)
 }
 
+/// The statements one progress sample sends (deliveries by status, runs by status, the
+/// blocks in force, the budgets' pace), which a figure counting transactions leaves out.
+const STATEMENTS_PER_SAMPLE: i64 = 4;
+
 /// Samples progress until nothing is pending and no run is active (or `limit` passes).
 async fn watch(
     pool: &PgPool,
@@ -272,14 +282,14 @@ async fn watch(
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
-        let (delivered, open, blocked): (i64, i64, bool) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
-                    (SELECT count(*) FROM deliveries WHERE status IN ('pending', 'accepted'))
-                  + (SELECT count(*) FROM runs WHERE status IN ('running', 'waiting')),
-                    EXISTS (SELECT 1 FROM connection_blocks WHERE blocked_until > now())",
-        )
-        .fetch_one(pool)
-        .await?;
+        let counts = ledger::status_counts(pool).await?;
+        let delivered = counts.total(&[DeliveryStatus::Delivered]);
+        let active_runs: i64 = (runs::count_by_status(pool).await?.into_iter())
+            .filter(|(status, _)| ["running", "waiting"].contains(&status.as_str()))
+            .map(|(_, n)| n)
+            .sum();
+        let open = counts.total(&[DeliveryStatus::Pending, DeliveryStatus::Accepted]) + active_runs;
+        let blocked = !blocks::current(pool, chrono::Utc::now()).await?.is_empty();
         let effective_rpm = effective_rpm(pool).await?;
         let c = target.counters();
         samples.push(Sample {
@@ -288,7 +298,7 @@ async fn watch(
             throttled: c.throttled,
             delivered,
             blocked,
-            pace: effective_rpm.map(|rpm| rpm / 60.0 * (1.0 - courier::ratelimit::pacer::HEADROOM)),
+            pace: effective_rpm.map(|rpm| rpm / 60.0 * (1.0 - pacer::HEADROOM)),
         });
         if open == 0 {
             return Ok(samples);
@@ -302,19 +312,11 @@ async fn watch(
 
 /// The least effective rate (requests per minute) of the budgets, as status computes it.
 async fn effective_rpm(pool: &PgPool) -> anyhow::Result<Option<f64>> {
-    let rows: Vec<(serde_json::Value, Vec<String>, i16)> =
-        sqlx::query_as("SELECT state, limits, reserve_percent FROM budgets WHERE limits <> '{}'")
-            .fetch_all(pool)
-            .await?;
+    let budgets = pacer::paced(pool).await?;
     let now = chrono::Utc::now();
-    Ok(rows
-        .into_iter()
-        .filter_map(|(state, limits, reserve)| {
-            let limits: Vec<_> = limits.iter().filter_map(|l| l.parse().ok()).collect();
-            let state = serde_json::from_value(state).ok()?;
-            let pace = courier::status::budget_pace(&state, &limits, reserve.max(0) as u8, now);
-            Some(pace.effective_rpm)
-        })
+    Ok(budgets
+        .iter()
+        .map(|b| status::budget_pace(&b.state, &b.limits, b.reserve, now).effective_rpm)
         .reduce(f64::min))
 }
 

@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context;
 use apalis::prelude::{
     BackendExt, BoxDynError, TaskBuilder, WorkerBuilder, WorkerBuilderExt, WorkerContext,
 };
@@ -15,16 +16,20 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use super::{
-    BenchConfig, Child, Report, Workers,
+    BenchConfig, Child, Report, STATEMENTS_PER_SAMPLE, Workers,
     chaos::{self, ChaosOptions},
-    fixtures::{KEY_VAR, TOKEN, connection, customers_on_workspace, rule, users},
+    fixtures::{KEY_VAR, TOKEN, connection, customers_on_workspace, new_connection, rule, users},
     fresh_database, machine, transactions, watch,
 };
 use courier::{
     catalog::{self, NewRule},
     dispatcher::Dispatcher,
     enqueue::{self, NewDelivery},
-    queue::Tick,
+    ledger::{self, DeliveryStatus},
+    maintenance::retention,
+    queue::{self, Tick},
+    ratelimit::blocks,
+    runs,
 };
 /// The longest a scenario may take to drain before it counts as failed.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1800);
@@ -236,20 +241,11 @@ fn numbered(prefix: &str, n: usize) -> Vec<NewDelivery> {
 /// Outcome counts, drain time and attempts not explained by ledger rows (i.e. spent on
 /// 429s, which must be none).
 async fn outcomes(report: &mut Report, pool: &PgPool) -> anyhow::Result<f64> {
-    let (delivered, failed, drain, unexplained): (i64, i64, f64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM deliveries WHERE status = 'delivered'),
-                (SELECT count(*) FROM ledger WHERE outcome IN ('failed', 'exhausted', 'rejected')),
-                (SELECT COALESCE(extract(epoch FROM max(finished_at) - min(created_at)), 0)::float8
-                 FROM deliveries),
-                (SELECT COALESCE(sum(attempts), 0) FROM deliveries)
-                  - (SELECT count(*) FROM ledger
-                     WHERE outcome IN ('delivered', 'failed', 'exhausted', 'rejected'))",
-    )
-    .fetch_one(pool)
-    .await?;
-    report.figure("delivered", delivered);
-    report.figure("failed outcomes", failed);
-    report.figure("attempts spent on 429s", unexplained);
+    let totals = ledger::totals(pool).await?;
+    let drain = totals.enqueued_to_finished_secs;
+    report.figure("delivered", totals.delivered);
+    report.figure("failed outcomes", totals.failures);
+    report.figure("attempts spent on 429s", totals.attempts_without_outcome);
     report.figure("drain time (s)", drain);
     Ok(drain)
 }
@@ -257,11 +253,7 @@ async fn outcomes(report: &mut Report, pool: &PgPool) -> anyhow::Result<f64> {
 /// Calls per second while the backlog was being sent: from the first outcome to the last
 /// (so a worker's start-up is not counted against the pacer).
 async fn sending_rate(pool: &PgPool, calls: u64) -> anyhow::Result<f64> {
-    let span: f64 = sqlx::query_scalar(
-        "SELECT COALESCE(extract(epoch FROM max(created_at) - min(created_at)), 0)::float8 FROM ledger",
-    )
-    .fetch_one(pool)
-    .await?;
+    let span = ledger::totals(pool).await?.first_to_last_outcome_secs;
     Ok(if span > 0.0 {
         (calls.saturating_sub(1)) as f64 / span
     } else {
@@ -365,7 +357,7 @@ async fn throughput(
     let workers = Workers::in_process(pool, &config.settings);
     report.timeline = watch(pool, &target, started, DRAIN_LIMIT).await?;
     workers.stop().await?;
-    let samples = report.timeline.len() as i64 * 2; // the sampler's own: query + stats read
+    let samples = report.timeline.len() as i64 * STATEMENTS_PER_SAMPLE; // the sampler's own
     let xacts = transactions(pool).await? - before - samples;
     let drain = outcomes(report, pool).await?;
     let rate = records as f64 / drain.max(f64::EPSILON);
@@ -414,12 +406,7 @@ async fn apalis_noop(
     let handle = tokio::spawn(async move { worker.run().await });
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let done: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM apalis.jobs WHERE job_type = $1 AND status = 'Done'",
-        )
-        .bind(QUEUE)
-        .fetch_one(pool)
-        .await?;
+        let done = queue::done_in(pool, QUEUE).await?;
         if done as usize >= n {
             break;
         }
@@ -507,16 +494,16 @@ async fn idle(
 ) -> anyhow::Result<()> {
     const WINDOW: Duration = Duration::from_secs(60);
     let target = Target::start(0).await?;
-    connection(pool, "blocked", "http_json", target.url(), 600, 8).await?;
+    let id = connection(pool, "blocked", "http_json", target.url(), 600, 8).await?;
     rule(pool, "customers", "blocked", "customers/", 100).await?;
     let batch = numbered("c", records);
     enqueue::enqueue_many(pool, "customers", batch).await?;
-    sqlx::query(
-        "INSERT INTO connection_blocks (budget_key, connection_id, blocked_until, retry_after_raw, set_at)
-         SELECT courier_budget_key(c), c.id, now() + interval '10 minutes', '600', now() FROM connections c",
-    )
-    .execute(pool)
-    .await?;
+    let key = catalog::budget_key_of(pool, "blocked")
+        .await?
+        .context("the connection just saved")?;
+    let now = chrono::Utc::now();
+    let until = now + chrono::Duration::minutes(10);
+    blocks::block_by_hand(pool, &key, id, until, Some("600"), now).await?;
     let child = Child::spawn(url, &config.settings)?;
     // Let it start (migrations, registration) before measuring.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -545,21 +532,22 @@ async fn scale(
     const CONNECTIONS: usize = 1_000;
     const RULES_PER_CONNECTION: usize = 5;
     let target = Target::start(0).await?;
-    sqlx::query(
-        "INSERT INTO connections (name, writer, base_url, requests_per_minute, max_in_flight)
-         SELECT 'c' || g, 'http_json', $1, 60000000, 8 FROM generate_series(1, $2) g",
-    )
-    .bind(target.url())
-    .bind(CONNECTIONS as i32)
-    .execute(pool)
-    .await?;
-    sqlx::query(
-        "INSERT INTO rules (name, connection_id, path)
-         SELECT c.name || '-r' || g, c.id, 'r' || g || '/' FROM connections c, generate_series(1, $1) g",
-    )
-    .bind(RULES_PER_CONNECTION as i32)
-    .execute(pool)
-    .await?;
+    let connections: Vec<_> = (1..=CONNECTIONS)
+        .map(|g| new_connection(&format!("c{g}"), "http_json", target.url(), 60_000_000, 8))
+        .collect();
+    let rules: Vec<NewRule> = (connections.iter())
+        .flat_map(|c| {
+            (1..=RULES_PER_CONNECTION).map(|g| NewRule {
+                name: format!("{}-r{g}", c.name),
+                connection: c.name.clone(),
+                path: format!("r{g}/"),
+                ..Default::default()
+            })
+        })
+        .collect();
+    let mut tx = pool.begin().await?;
+    catalog::save_many(&mut tx, &connections, &rules).await?;
+    tx.commit().await?;
     let per_rule = (records / (CONNECTIONS * RULES_PER_CONNECTION)).max(1);
     sqlx::query(
         "INSERT INTO deliveries (rule_id, record_key, payload)
@@ -757,18 +745,19 @@ const SOAK_EVERY: Duration = Duration::from_millis(250);
 /// runs, queue jobs, and finished deliveries that retention should have removed already
 /// (ended longer ago than `overdue`).
 async fn table_rows(pool: &PgPool, overdue: Duration) -> anyhow::Result<[i64; 6]> {
-    let (f, p, l, r, j, o): (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM deliveries WHERE status <> 'pending'),
-                (SELECT count(*) FROM deliveries WHERE status = 'pending'),
-                (SELECT count(*) FROM ledger), (SELECT count(*) FROM runs),
-                (SELECT count(*) FROM apalis.jobs),
-                (SELECT count(*) FROM deliveries WHERE status IN ('delivered', 'suppressed')
-                   AND finished_at < now() - make_interval(secs => $1))",
-    )
-    .bind(overdue.as_secs_f64())
-    .fetch_one(pool)
-    .await?;
-    Ok([f, p, l, r, j, o])
+    let deliveries = ledger::status_counts(pool).await?;
+    let pending = deliveries.total(&[DeliveryStatus::Pending]);
+    let runs: i64 = (runs::count_by_status(pool).await?.iter())
+        .map(|(_, n)| n)
+        .sum();
+    Ok([
+        deliveries.0.iter().map(|c| c.deliveries).sum::<i64>() - pending,
+        pending,
+        ledger::rows(pool).await?,
+        runs,
+        queue::rows(pool).await?,
+        retention::overdue(pool, overdue).await?,
+    ])
 }
 
 /// Waves of [`SOAK_WAVE`] records every [`SOAK_EVERY`] until `records` are enqueued, with
@@ -807,9 +796,7 @@ async fn soak(
     tokio::time::sleep(clock.retention + clock.pass * 2 + Duration::from_secs(1)).await;
     let after = table_rows(pool, clock.overdue).await?;
     workers.stop().await?;
-    let delivered: i64 = sqlx::query_scalar("SELECT count(*) FROM delivered_records")
-        .fetch_one(pool)
-        .await?;
+    let delivered = ledger::totals(pool).await?.records_delivered;
     report.figure("records delivered (delivered_records)", delivered);
     report.figure("target requests", target.counters().requests);
     soak_figures(report, &clock, &sizes, &after);

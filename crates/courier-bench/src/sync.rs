@@ -9,13 +9,17 @@
 
 use std::time::{Duration, Instant};
 
+use courier::{
+    jobs,
+    ledger::{self, DeliveryStatus},
+};
 use courier_target::{
     Target,
     jobs::{JobEnd, JobsConfig, KLAVIYO_LIMITS},
 };
 use sqlx::PgPool;
 
-use super::{BenchConfig, Child, Report, watch};
+use super::{BenchConfig, Child, Report, fixtures::misjudged, watch};
 
 /// Profiles synced unless told.
 pub const DEFAULT_RECORDS: usize = 1_000_000;
@@ -53,19 +57,14 @@ pub(super) async fn run(
     let drain = started.elapsed().as_secs_f64();
     let (peak_mib, cpu) = (worker.peak_rss_mib(), worker.cpu_seconds());
     worker.stop()?;
-    let (delivered, rejected, wrong): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE status = 'delivered'),
-                count(*) FILTER (WHERE status = 'rejected'),
-                count(*) FILTER (WHERE (payload ? 'invalid') <> (status = 'rejected')
-                                 OR status NOT IN ('delivered', 'rejected'))
-         FROM deliveries",
-    )
-    .fetch_one(pool)
-    .await?;
-    let (jobs, polls_made): (i64, i64) =
-        sqlx::query_as("SELECT count(*), COALESCE(sum(polls), 0)::bigint FROM target_jobs")
-            .fetch_one(pool)
-            .await?;
+    let counts = ledger::status_counts(pool).await?;
+    let delivered = counts.total(&[DeliveryStatus::Delivered]);
+    let rejected = counts.total(&[DeliveryStatus::Rejected]);
+    let wrong = misjudged(pool).await?;
+    let jobs::Tally {
+        jobs,
+        polls: polls_made,
+    } = jobs::tally(pool).await?;
     let c = target.counters();
     let path_calls = |part: &str| -> u64 {
         c.paths
