@@ -532,6 +532,60 @@ pub async fn wake_waiting(pool: &sqlx::PgPool, key: &str) -> Result<u64, sqlx::E
     Ok(n)
 }
 
+/// How many runs of one rule stand in (or ended with) one status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RuleRuns {
+    /// The rule's name.
+    pub rule: String,
+    /// The status.
+    pub status: String,
+    /// Its runs in it.
+    pub runs: i64,
+}
+
+/// Runs by rule and status: every run, or those started at or after `started_since`.
+pub async fn count_by_rule(
+    db: impl PgExecutor<'_>,
+    started_since: Option<DateTime<Utc>>,
+) -> Result<Vec<RuleRuns>, sqlx::Error> {
+    sqlx::query_as!(
+        RuleRuns,
+        r#"SELECT r.name AS rule, x.status AS "status!", count(*) AS "runs!"
+           FROM runs x JOIN rules r ON r.id = x.rule_id
+           WHERE x.started_at >= COALESCE($1::timestamptz, '-infinity')
+           GROUP BY r.name, x.status ORDER BY r.name, x.status"#,
+        started_since
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// A failed run's rule and why it failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    /// Its rule.
+    pub rule: String,
+    /// Why it failed (`runs.error`).
+    pub error: Option<String>,
+}
+
+/// The first `n` runs that failed among those started at or after `since`, oldest first.
+pub async fn failures(
+    db: impl PgExecutor<'_>,
+    since: DateTime<Utc>,
+    n: i64,
+) -> Result<Vec<Failure>, sqlx::Error> {
+    sqlx::query_as!(
+        Failure,
+        "SELECT r.name AS rule, x.error FROM runs x JOIN rules r ON r.id = x.rule_id
+         WHERE x.status = 'failed' AND x.started_at >= $1 ORDER BY x.id LIMIT $2",
+        since,
+        n
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// A run that waits (or waited) out a rate-limit block.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Wait {

@@ -144,3 +144,23 @@ pub async fn release_rules(db: impl PgExecutor<'_>, rules: &[i64]) -> Result<(),
     .await?;
     Ok(())
 }
+
+/// A rule's lease held now: the process whose job holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The process (`<worker>` of the owner `<worker>/<job id>`).
+    pub worker: String,
+    /// The rule leased.
+    pub rule: String,
+}
+
+/// Every lease held now (expired or not: until it is given back or freed).
+pub async fn holders(db: impl PgExecutor<'_>) -> Result<Vec<Holder>, sqlx::Error> {
+    sqlx::query_as!(
+        Holder,
+        r#"SELECT split_part(lease_owner, '/', 1) AS "worker!", name AS rule
+           FROM rules WHERE lease_owner IS NOT NULL ORDER BY name"#
+    )
+    .fetch_all(db)
+    .await
+}

@@ -159,6 +159,18 @@ pub async fn set_aside_unreadable(db: impl PgExecutor<'_>) -> Result<Vec<SetAsid
 /// How `last_result` (and the log) introduce the reason a job was set aside.
 pub const UNREADABLE: &str = "courier cannot read this job: ";
 
+/// The processes executing a chain job now, one entry per job (`lock_by` of the running
+/// rows: apalis' worker name, which is the process's).
+pub async fn running_on(db: impl PgExecutor<'_>) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT lock_by AS "lock_by!" FROM apalis.jobs
+           WHERE status = 'Running' AND job_type = $1 AND lock_by IS NOT NULL"#,
+        CHAIN_QUEUE
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// Jobs of apalis queue `queue` done.
 pub async fn done_in(db: impl PgExecutor<'_>, queue: &str) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar!(
@@ -166,6 +178,29 @@ pub async fn done_in(db: impl PgExecutor<'_>, queue: &str) -> Result<i64, sqlx::
         queue
     )
     .fetch_one(db)
+    .await
+}
+
+/// How a row of apalis' table stands, as apalis (or the quarantine) left it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobState {
+    /// apalis' status (`Pending`, `Running`, `Done`, `Failed`, `Killed`, …).
+    pub status: String,
+    /// Attempts apalis counted.
+    pub attempts: i32,
+    /// The last result apalis (or [`set_aside_unreadable`]) wrote.
+    pub last_result: Option<serde_json::Value>,
+}
+
+/// How the row with id `id` stands, if it is there (whatever its queue, and whether or
+/// not apalis can read it).
+pub async fn job_state(db: impl PgExecutor<'_>, id: &str) -> Result<Option<JobState>, sqlx::Error> {
+    sqlx::query_as!(
+        JobState,
+        "SELECT status, attempts, last_result FROM apalis.jobs WHERE id = $1",
+        id
+    )
+    .fetch_optional(db)
     .await
 }
 

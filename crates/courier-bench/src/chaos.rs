@@ -47,8 +47,12 @@ use sqlx::{PgPool, postgres::PgPoolOptions};
 use super::{Mark, Report, SAMPLE_EVERY, Sample};
 use courier::{
     catalog::{self, NewConnection, NewRule},
+    chain::lease,
+    clock::Clock,
+    config::DEFAULT_WORKER_DEAD_AFTER_SECS,
     db,
     enqueue::{self, NewDelivery},
+    queue, runs, workers,
 };
 use courier_cli::cluster::{Cluster, server_binaries};
 
@@ -446,12 +450,10 @@ impl Workers {
     async fn until_beating(&self, pool: &PgPool, n: usize) -> anyhow::Result<()> {
         let ready = Instant::now() + Duration::from_secs(60);
         loop {
-            let beating: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM workers WHERE heartbeat_at > now() - interval '10 seconds'",
-            )
-            .fetch_one(pool)
-            .await?;
-            if beating >= n as i64 {
+            let beating = workers::live(pool, chrono::Utc::now(), chrono::Duration::seconds(10))
+                .await?
+                .len();
+            if beating >= n {
                 return Ok(());
             }
             anyhow::ensure!(
@@ -802,7 +804,9 @@ impl Harness {
         keys.len()
     }
 
-    /// Pending healthy deliveries per healthy rule (poison rows left out).
+    /// Pending healthy deliveries per healthy rule (poison rows left out). The harness's
+    /// own measurement over the documented `deliveries` table: which rows are poison only
+    /// their keys say.
     async fn pending(&self) -> anyhow::Result<BTreeMap<String, i64>> {
         let rows: Vec<(String, i64)> = retry(|| {
             sqlx::query_as(
@@ -868,16 +872,10 @@ impl Harness {
 
     /// Live busy workers: executing a chain job or holding a rule's lease.
     async fn busy(&self, pids: &[u32]) -> anyhow::Result<BTreeMap<u32, Vec<String>>> {
-        let owners: Vec<(String, Option<String>)> = retry(|| {
-            sqlx::query_as(
-                "SELECT split_part(lease_owner, '/', 1), name FROM rules WHERE lease_owner IS NOT NULL
-                 UNION ALL
-                 SELECT lock_by, NULL FROM apalis.jobs
-                 WHERE status = 'Running' AND job_type = 'courier.chain' AND lock_by IS NOT NULL",
-            )
-            .fetch_all(&self.pool)
-        })
-        .await?;
+        let holders = retry(|| lease::holders(&self.pool)).await?;
+        let running = retry(|| queue::running_on(&self.pool)).await?;
+        let owners = (holders.into_iter().map(|h| (h.worker, Some(h.rule))))
+            .chain(running.into_iter().map(|worker| (worker, None)));
         let mut busy: BTreeMap<u32, Vec<String>> = BTreeMap::new();
         for (owner, rule) in owners {
             // courier-<host>-<pid>-<random>
@@ -1197,12 +1195,15 @@ impl Harness {
         self.enqueue(phase, records).await?;
         self.drain(phase, at).await?;
         let drained = at.elapsed().as_secs_f64();
-        let offsets: Vec<f64> = sqlx::query_scalar(
-            "SELECT clock_offset_ms / 1000 FROM workers WHERE clock_offset_ms IS NOT NULL
-             ORDER BY abs(clock_offset_ms) DESC LIMIT 1",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        // The offset `courier status` shows, the largest of the live workers'.
+        let window = chrono::Duration::seconds(DEFAULT_WORKER_DEAD_AFTER_SECS as i64);
+        let offsets: Vec<f64> = (workers::live(&self.pool, chrono::Utc::now(), window).await?)
+            .iter()
+            .filter_map(|w| w.clock_offset_ms)
+            .max_by(|a, b| a.abs().total_cmp(&b.abs()))
+            .map(|ms| ms / 1000.0)
+            .into_iter()
+            .collect();
         let ideal = records as f64 / f64::from(self.options.rate);
         println!(
             "chaos: skew {skew}: {records} records drained in {drained:.1} s ({:.2} x ideal); offset shown {}",
@@ -1231,9 +1232,8 @@ impl Harness {
         const PHASE: &str = "poison";
         let from = Instant::now();
         let (lines_before, restarts_before) = workers.log_lines();
-        let db_from: chrono::DateTime<chrono::Utc> =
-            retry(|| sqlx::query_scalar("SELECT now()").fetch_one(&self.pool)).await?;
-        let mut rows = self.write_poison_rows().await?;
+        let db_from = retry(|| Clock::synced(&self.pool)).await?.now();
+        let mut rows = self.inject_poison_rows().await?;
         self.marks.push(Mark {
             t: self.secs(from),
             until: None,
@@ -1248,16 +1248,15 @@ impl Harness {
         }
         let watched = from.elapsed().as_secs_f64();
         let (lines_after, restarts_after) = workers.log_lines();
-        let (failed_runs, poison_runs): (i64, i64) = retry(|| {
-            sqlx::query_as(
-                "SELECT count(*) FILTER (WHERE r.status = 'failed'),
-                        count(*) FILTER (WHERE ru.name IN ('typo', 'nokey'))
-                 FROM runs r JOIN rules ru ON ru.id = r.rule_id WHERE r.started_at >= $1",
-            )
-            .bind(db_from)
-            .fetch_one(&self.pool)
-        })
-        .await?;
+        let since = retry(|| runs::count_by_rule(&self.pool, Some(db_from))).await?;
+        let failed_runs: i64 = (since.iter().filter(|r| r.status == "failed"))
+            .map(|r| r.runs)
+            .sum();
+        let poison_runs: i64 = (since
+            .iter()
+            .filter(|r| ["typo", "nokey"].contains(&&*r.rule)))
+        .map(|r| r.runs)
+        .sum();
         for (name, state) in self.poison_row_states().await? {
             rows.entry(name).or_insert(state);
         }
@@ -1274,11 +1273,13 @@ impl Harness {
         Ok(())
     }
 
-    /// Writes the poison rows by plain SQL, as a careless operator or a bad migration
-    /// would (timestamps past chrono's range, a mistyped rule path, a connection whose
-    /// key variable is unset), and a backlog for the two unusable rules. Returns the rows
-    /// the schema refused, with why.
-    async fn write_poison_rows(&self) -> anyhow::Result<BTreeMap<String, String>> {
+    /// Fault injection: writes the poison rows by plain SQL, behind the catalog's back on
+    /// purpose, as a careless operator or a bad migration would (timestamps past chrono's
+    /// range, a mistyped rule path, a connection whose key variable is unset: what the
+    /// catalog would refuse), and a backlog for the two unusable rules through the
+    /// documented `INSERT INTO deliveries ... SELECT`. Returns the rows the schema refused,
+    /// with why.
+    async fn inject_poison_rows(&self) -> anyhow::Result<BTreeMap<String, String>> {
         let mut rows = BTreeMap::new();
         let url = self.target.workspace_url(WORKSPACE);
         let statements: Vec<(&str, String)> = vec![
@@ -1334,7 +1335,8 @@ impl Harness {
         Ok(rows)
     }
 
-    /// What became of each poison row: its deliveries' statuses and count, by row name.
+    /// What became of each poison row: its deliveries' statuses and count, by row name (the
+    /// harness's own measurement over `deliveries`, by the poison rows' keys).
     async fn poison_row_states(&self) -> anyhow::Result<Vec<(String, String)>> {
         retry(|| {
             sqlx::query_as(
@@ -1356,16 +1358,14 @@ impl Harness {
         &self,
         since: chrono::DateTime<chrono::Utc>,
     ) -> anyhow::Result<Vec<String>> {
-        retry(|| {
-            sqlx::query_scalar(
-                "SELECT ru.name || ': ' || COALESCE(left(r.error, 160), '?') FROM runs r
-                 JOIN rules ru ON ru.id = r.rule_id
-                 WHERE r.status = 'failed' AND r.started_at >= $1 ORDER BY r.id LIMIT 10",
-            )
-            .bind(since)
-            .fetch_all(&self.pool)
-        })
-        .await
+        let failures = retry(|| runs::failures(&self.pool, since, 10)).await?;
+        Ok(failures
+            .into_iter()
+            .map(|f| {
+                let error = f.error.map(|e| e.chars().take(160).collect::<String>());
+                format!("{}: {}", f.rule, error.as_deref().unwrap_or("?"))
+            })
+            .collect())
     }
 
     /// The apalis job whose id is not a ULID, beside a small healthy burst: watched for
@@ -1375,13 +1375,7 @@ impl Harness {
         const PHASE: &str = "apalis";
         let from = Instant::now();
         let (lines_before, restarts_before) = workers.log_lines();
-        let inserted = sqlx::query(
-            "INSERT INTO apalis.jobs (job, id, job_type, status)
-             VALUES (convert_to('{\"run_id\": 0, \"rule_id\": 0}', 'UTF8'), 'not-a-ulid',
-                     'courier.chain', 'Pending')",
-        )
-        .execute(&self.pool)
-        .await;
+        let inserted = unreadable_job(&self.pool, Injection::Write).await;
         self.marks.push(Mark {
             t: self.secs(from),
             until: None,
@@ -1403,17 +1397,15 @@ impl Harness {
         let (lines_after, restarts_after) = workers.log_lines();
         record.log_lines = lines_after.saturating_sub(lines_before);
         record.worker_restarts = restarts_after.saturating_sub(restarts_before);
-        let row: Option<(String, i32, Option<serde_json::Value>)> = retry(|| {
-            sqlx::query_as(
-                "SELECT status, attempts, last_result FROM apalis.jobs WHERE id = 'not-a-ulid'",
-            )
-            .fetch_optional(&self.pool)
-        })
-        .await?;
+        let row = retry(|| queue::job_state(&self.pool, UNREADABLE_JOB)).await?;
         record.row = match row {
-            Some((status, attempts, result)) => format!(
+            Some(queue::JobState {
+                status,
+                attempts,
+                last_result,
+            }) => format!(
                 "status {status}, attempts {attempts}{}",
-                result
+                last_result
                     .map(|r| format!(", last result {r}"))
                     .unwrap_or_default()
             ),
@@ -1421,10 +1413,7 @@ impl Harness {
         };
         if record.arrived_while_there < records as u64 {
             let removed = Instant::now();
-            retry(|| {
-                sqlx::query("DELETE FROM apalis.jobs WHERE id = 'not-a-ulid'").execute(&self.pool)
-            })
-            .await?;
+            retry(|| unreadable_job(&self.pool, Injection::Remove)).await?;
             self.marks.push(Mark {
                 t: self.secs(removed),
                 until: None,
@@ -1447,15 +1436,12 @@ impl Harness {
         let rolling_stall = self.rolling_stall(&log);
         let longest = self.longest_pause(&log);
         let losses = self.losses().await?;
-        let runs_left_active: i64 = retry(|| {
-            sqlx::query_scalar(
-                "SELECT count(*) FROM runs r JOIN rules ru ON ru.id = r.rule_id
-                 WHERE ru.name = ANY($1) AND r.status IN ('running', 'waiting')",
-            )
-            .bind(HEALTHY_RULES.map(String::from).to_vec())
-            .fetch_one(&self.pool)
-        })
-        .await?;
+        let runs_left_active: i64 = (retry(|| runs::count_by_rule(&self.pool, None)).await?)
+            .iter()
+            .filter(|r| HEALTHY_RULES.contains(&r.rule.as_str()))
+            .filter(|r| ["running", "waiting"].contains(&r.status.as_str()))
+            .map(|r| r.runs)
+            .sum();
         Ok(ChaosOutcome {
             faults: self.faults.clone(),
             enqueued: losses.enqueued,
@@ -1561,7 +1547,8 @@ impl Harness {
     }
 
     /// Lost records: every healthy record must be delivered in the database and
-    /// accepted by the target.
+    /// accepted by the target (the harness's own measurement over `deliveries`, its
+    /// healthy rows told apart from the poison by their keys).
     async fn losses(&self) -> anyhow::Result<Losses> {
         let healthy: Vec<(String, String)> = retry(|| {
             sqlx::query_as(
@@ -1603,6 +1590,46 @@ fn resumed_at(log: &[AcceptedWrite], rules: &[String], since: Instant) -> Option
     Some(latest)
 }
 
+/// The id of the chain queue's row courier cannot read, which the apalis phase injects.
+const UNREADABLE_JOB: &str = "not-a-ulid";
+
+/// What [`unreadable_job`] does to the queue's table.
+#[derive(Clone, Copy, Debug)]
+enum Injection {
+    /// Writes the row.
+    Write,
+    /// Deletes it again (the operator's workaround when it stops delivery).
+    Remove,
+}
+
+/// Fault injection: writes (or deletes) a row of the chain queue whose id is not a ULID
+/// straight into apalis' table, as a hostile writer of the queue would, behind its owner
+/// (`courier::queue::table`) on purpose: the fault the apalis phase measures. What became
+/// of the row is read back through the owner ([`queue::job_state`]).
+async fn unreadable_job(
+    pool: &PgPool,
+    injection: Injection,
+) -> Result<sqlx::postgres::PgQueryResult, sqlx::Error> {
+    match injection {
+        Injection::Write => {
+            sqlx::query(
+                "INSERT INTO apalis.jobs (job, id, job_type, status)
+                 VALUES (convert_to('{\"run_id\": 0, \"rule_id\": 0}', 'UTF8'), $1, $2, 'Pending')",
+            )
+            .bind(UNREADABLE_JOB)
+            .bind(queue::CHAIN_QUEUE)
+            .execute(pool)
+            .await
+        }
+        Injection::Remove => {
+            sqlx::query("DELETE FROM apalis.jobs WHERE id = $1")
+                .bind(UNREADABLE_JOB)
+                .execute(pool)
+                .await
+        }
+    }
+}
+
 /// Runs a harness statement again while the database is away (up to two minutes).
 async fn retry<T, E, F, Fut>(mut statement: F) -> anyhow::Result<T>
 where
@@ -1624,7 +1651,9 @@ where
 }
 
 /// Writes what the database holds about runs, jobs, leases and workers to `path`, for
-/// a run that failed (best effort: the database may be away).
+/// a run that failed (best effort: the database may be away). A post-mortem dump of the
+/// raw rows, read only, to see what the owners' functions may have got wrong: it reads
+/// behind them on purpose.
 async fn dump_state(pool: &PgPool, path: &std::path::Path) {
     let queries = [
         "SELECT now()::text",
