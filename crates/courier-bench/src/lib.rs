@@ -4,6 +4,18 @@
 //! prints a table, writes `bench-results/<scenario>.json` and draws
 //! `bench-results/<scenario>.svg`: calls per second over time against the declared rate,
 //! with 429s and blocks marked. `BENCHMARKS.md` explains every figure.
+//!
+//! The bench touches courier's tables only through the engine's public functions, each
+//! in the module that owns the table (`catalog`, `chain::lease`, `runs`, `ledger`,
+//! `workers`, `jobs`, `status`, `maintenance::retention`, `ratelimit::blocks`,
+//! `ratelimit::pacer`, `queue::table`), and
+//! through the SQL users are documented to use (`docs/enqueue-and-ledger.md`: bulk
+//! enqueue by `INSERT INTO deliveries ... SELECT`, reading deliveries and the ledger as
+//! shown there); PostgreSQL's own catalog and statistics (`server_version`,
+//! `pg_stat_database`, `pg_database_size`, `ANALYZE`) are not courier's tables, and the
+//! chaos suite's poison rows and unreadable queue row are fault injection, written behind
+//! the owners on purpose in functions that say so (as its post-mortem dump of a failed
+//! run reads the raw rows).
 
 mod bulk;
 pub mod chaos;
