@@ -189,13 +189,13 @@ impl<'a> Retention<'a> {
     }
 }
 
-/// Deliveries retention should have removed by now: delivered and suppressed ones that
-/// finished longer than `age` ago (with `age` the retention period and a margin, none
-/// should be left: what shows whether it keeps up).
+/// Deliveries retention should have removed by now: delivered, unconfirmed and suppressed
+/// ones that finished longer than `age` ago (with `age` the retention period and a
+/// margin, none should be left: what shows whether it keeps up).
 pub async fn overdue(db: impl sqlx::PgExecutor<'_>, age: Duration) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar!(
         r#"SELECT count(*) AS "overdue!" FROM deliveries
-           WHERE status IN ('delivered', 'suppressed')
+           WHERE status IN ('delivered', 'unconfirmed', 'suppressed')
              AND finished_at < now() - make_interval(secs => $1)"#,
         age.as_secs_f64()
     )
