@@ -11,12 +11,13 @@ use super::claim::Claimed;
 use crate::{
     jobs::Submitted,
     ledger::{Entry, Outcome},
+    profile::RuleProfile,
     ratelimit::{
         answer::{Answer, Answered},
         signals::RateSignals,
     },
     retry::{Retry, RetryPolicy},
-    writer::{Receipt, WriteError, Written, job::JobShape},
+    writer::{Receipt, WriteError, Written, answer::AnswerMap, job::JobShape},
 };
 
 /// What one answer means for the records it carried and for the breaker.
@@ -53,9 +54,28 @@ pub fn submitted(
     }
 }
 
+/// What the target reported of the records `judged` delivered: `accepted` into the job the
+/// submit's answer named (the job, to keep), or `unconfirmed` for a rule whose answers are
+/// `unreported`; else delivered, as judged.
+pub fn as_reported(
+    judged: &mut Judgement,
+    profile: &RuleProfile,
+    target_id: Option<String>,
+    at: DateTime<Utc>,
+) -> Option<Submitted> {
+    let job = match (target_id, &profile.job) {
+        (Some(id), Some(shape)) => accepted(judged, id, at, shape),
+        _ => None,
+    };
+    if AnswerMap::unreported(profile.answer.as_ref()) {
+        unconfirmed(judged);
+    }
+    job
+}
+
 /// The records a rule's `unreported` answer took: each the answer delivered is
 /// `unconfirmed` instead (the target never tells its fate).
-pub fn unconfirmed(judged: &mut Judgement) {
+fn unconfirmed(judged: &mut Judgement) {
     for e in &mut judged.entries {
         if e.outcome == Outcome::Delivered {
             e.outcome = Outcome::Unconfirmed;
@@ -66,7 +86,7 @@ pub fn unconfirmed(judged: &mut Judgement) {
 /// The records of a submit whose answer named job `target_id`: each the answer delivered
 /// is `accepted` instead (its fate is the job's to tell), and the job carries them in the
 /// order they were sent; `None` when it carries none.
-pub fn accepted(
+fn accepted(
     judged: &mut Judgement,
     target_id: String,
     at: DateTime<Utc>,

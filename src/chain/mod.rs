@@ -531,13 +531,8 @@ impl Job<'_> {
         };
         let records = indices.iter().map(|&i| &*claimed[i]);
         let mut judged = classify::judge(records, &result, elapsed, &ctx.retry, at, rand::random);
-        if let (Some(target_id), Some(shape)) = (job, &self.profile.job)
-            && let Some(job) = classify::accepted(&mut judged, target_id, at, shape)
-        {
+        if let Some(job) = classify::as_reported(&mut judged, self.profile, job, at) {
             tally.submitted(job);
-        }
-        if writer::answer::AnswerMap::unreported(self.profile.answer.as_ref()) {
-            classify::unconfirmed(&mut judged);
         }
         let metrics = &engine.metrics;
         for entry in &judged.entries {

@@ -289,27 +289,17 @@ pub(crate) async fn handle(
         Route::UnknownWorkspace => {
             json_reply(404, serde_json::json!({"detail": "Unknown workspace."}))
         }
-        Route::Generic if let Some(wait) = path_limited(&s, &path) => {
-            lock(&s.inner).throttled += 1;
-            throttled_response(wait, RetryAfterMode::Seconds)
-        }
-        Route::Generic => match jobs::answer(
-            &s,
-            &jobs::Request {
+        Route::Generic => {
+            let r = jobs::Request {
                 method: &method,
                 path: &path,
                 query: uri.query(),
                 headers: &headers,
                 body: &body,
                 arrived,
-            },
-        ) {
-            Some(answer) => answer,
-            None => match parsed.as_ref().and_then(|b| batch_sink(&path, b, &headers)) {
-                Some(batch) => batch.answer(&s, arrived),
-                None => generic(&s, &headers, parsed.is_some(), arrived),
-            },
-        },
+            };
+            outside_workspaces(&s, &r, parsed.as_ref())
+        }
         Route::Workspace(name, api) => {
             let call = WorkspaceCall {
                 method: &method,
@@ -320,6 +310,26 @@ pub(crate) async fn handle(
             };
             workspace_call(&s, &name, call)
         }
+    }
+}
+
+/// The answer to a request outside the workspaces: past a spent path limit, a 429; else
+/// as an emulated job, the batch sink or the generic sink answers it.
+fn outside_workspaces(
+    s: &TargetState,
+    r: &jobs::Request<'_>,
+    parsed: Option<&serde_json::Value>,
+) -> Response {
+    if let Some(wait) = path_limited(s, r.path) {
+        lock(&s.inner).throttled += 1;
+        return throttled_response(wait, RetryAfterMode::Seconds);
+    }
+    if let Some(answer) = jobs::answer(s, r) {
+        return answer;
+    }
+    match parsed.and_then(|b| batch_sink(r.path, b, r.headers)) {
+        Some(batch) => batch.answer(s, r.arrived),
+        None => generic(s, r.headers, parsed.is_some(), r.arrived),
     }
 }
 
