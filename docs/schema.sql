@@ -850,6 +850,8 @@ CREATE INDEX ledger_delivery ON public.ledger USING btree (delivery_id);
 
 CREATE INDEX ledger_run ON public.ledger USING btree (run_id);
 
+CREATE INDEX ledger_target_job ON public.ledger USING btree (target_job) WHERE (target_job IS NOT NULL);
+
 CREATE INDEX rules_connection ON public.rules USING btree (connection_id);
 
 CREATE INDEX runs_active_heartbeat ON public.runs USING btree (heartbeat_at) WHERE active;
@@ -861,6 +863,8 @@ CREATE UNIQUE INDEX runs_one_active_per_rule ON public.runs USING btree (rule_id
 CREATE INDEX runs_rule_latest ON public.runs USING btree (rule_id, id DESC);
 
 CREATE INDEX target_jobs_due ON public.target_jobs USING btree (next_poll_at) WHERE (status = 'submitted'::text);
+
+CREATE INDEX target_jobs_finished ON public.target_jobs USING btree (finished_at) WHERE (status <> 'submitted'::text);
 
 CREATE INDEX target_jobs_rule ON public.target_jobs USING btree (rule_id) WHERE (status = 'submitted'::text);
 

@@ -1,7 +1,7 @@
 //! Retention: removes what has ended longer ago than the retention period
 //! (`COURIER_RETENTION_DAYS`, default 7): delivered and suppressed deliveries with their
-//! ledger rows, finished runs no ledger row refers to any more, and finished jobs of the
-//! chain queue. Pending, exhausted and rejected deliveries stay, with their history (they
+//! ledger rows, finished runs and finished target jobs no ledger row refers to any more,
+//! and finished jobs of the chain queue. Pending, exhausted and rejected deliveries stay, with their history (they
 //! are what an operator may still retry).
 //!
 //! It deletes in bounded batches ([`BATCH`] rows per statement, each its own short
@@ -38,6 +38,8 @@ pub struct Removed {
     pub runs: u64,
     /// Finished jobs of the chain queue.
     pub jobs: u64,
+    /// Finished jobs at the targets (`target_jobs`).
+    pub target_jobs: u64,
     /// Delete statements it took.
     pub batches: u64,
     /// The most rows of one table one statement removed (at most the batch size, plus the
@@ -48,7 +50,7 @@ pub struct Removed {
 impl Removed {
     /// Whether anything was removed.
     pub fn any(&self) -> bool {
-        self.deliveries + self.runs + self.jobs > 0
+        self.deliveries + self.runs + self.jobs + self.target_jobs > 0
     }
 }
 
@@ -117,6 +119,16 @@ impl<'a> Retention<'a> {
             }
             tokio::task::yield_now().await;
         }
+        loop {
+            let n = self.target_jobs(before).await?;
+            removed.batches += 1;
+            removed.target_jobs += n;
+            removed.largest = removed.largest.max(n);
+            if n < self.batch as u64 || self.engine.shutdown.is_cancelled() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
         if removed.any() {
             tracing::debug!(?removed, %before, "retention removed old rows");
         }
@@ -148,6 +160,23 @@ impl<'a> Retention<'a> {
                  SELECT x.id FROM runs x
                  WHERE NOT x.active AND x.finished_at < $1
                    AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.run_id = x.id)
+                 LIMIT $2)",
+            before,
+            self.batch
+        )
+        .execute(&self.engine.pool)
+        .await?
+        .rows_affected())
+    }
+
+    /// One batch of target jobs that ended (complete, failed, overdue) and that no ledger
+    /// row names: an overdue job's records stay `accepted`, with their rows, so it stays.
+    async fn target_jobs(&self, before: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query!(
+            "DELETE FROM target_jobs WHERE id IN (
+                 SELECT t.id FROM target_jobs t
+                 WHERE t.status <> 'submitted' AND t.finished_at < $1
+                   AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.target_job = t.id)
                  LIMIT $2)",
             before,
             self.batch

@@ -63,8 +63,8 @@ async fn old_finished_rows_go_in_bounded_batches_and_the_rest_stays() {
     assert_eq!(removed.runs, 1, "the rejected run keeps its ledger rows");
     assert_eq!(removed.jobs, old_jobs.len() as u64);
     assert!(removed.largest <= 10, "{removed:?}");
-    // 25 deliveries at 10 per statement take 3; runs and jobs one each.
-    assert_eq!(removed.batches, 5, "{removed:?}");
+    // 25 deliveries at 10 per statement take 3; runs, queue jobs and target jobs one each.
+    assert_eq!(removed.batches, 6, "{removed:?}");
 
     let left: Vec<(String, String)> = sqlx::query_as(
         "SELECT split_part(record_key, ':', 1), status FROM deliveries
@@ -127,4 +127,69 @@ async fn retention_off_keeps_everything() {
     let removed = Retention::new(&engine).run_once().await.unwrap();
     assert!(!removed.any());
     assert_eq!(scalar(&db.pool, "SELECT count(*) FROM deliveries").await, 5);
+}
+
+#[tokio::test]
+async fn a_finished_target_job_goes_once_no_ledger_row_names_it() {
+    let (db, _target) = shop(&["customers"], 10, 4).await;
+    let engine = engine(&db.pool, settings(&db.url));
+    enqueue::enqueue_many(&db.pool, "customers", burst("c", 1))
+        .await
+        .unwrap();
+    drive(&engine).await;
+    let (rule, run, delivery): (i64, i64, i64) =
+        sqlx::query_as("SELECT rule_id, run_id, delivery_id FROM ledger LIMIT 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let now = engine.clock.now();
+    let old = now - Span::days(8);
+    // Ended eight days ago: one no row names, one a kept ledger row names, one overdue
+    // whose record is still accepted; ended now; still running.
+    for (name, status, finished) in [
+        ("gone", "complete", Some(old)),
+        ("named", "complete", Some(old)),
+        ("overdue", "overdue", Some(old)),
+        ("young", "failed", Some(now)),
+        ("running", "submitted", None),
+    ] {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO target_jobs (rule_id, run_id, target_id, status, delivery_ids,
+                                      submitted_at, next_poll_at, poll_every_ms, finished_at)
+             VALUES ($1, $2, $3, $4, ARRAY[$5::bigint], $6, $6, 1000, $7) RETURNING id",
+        )
+        .bind(rule)
+        .bind(run)
+        .bind(name)
+        .bind(status)
+        .bind(delivery)
+        .bind(old)
+        .bind(finished)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if matches!(name, "named" | "overdue") {
+            sqlx::query(
+                "INSERT INTO ledger (run_id, rule_id, delivery_id, outcome, attempt, created_at,
+                                     target_job)
+                 VALUES ($1, $2, $3, 'accepted', 1, $4, $5)",
+            )
+            .bind(run)
+            .bind(rule)
+            .bind(delivery)
+            .bind(old)
+            .bind(id)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        }
+    }
+    let removed = Retention::new(&engine).run_once().await.unwrap();
+    assert_eq!(removed.target_jobs, 1, "{removed:?}");
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT target_id FROM target_jobs ORDER BY target_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(left, ["named", "overdue", "running", "young"]);
 }
