@@ -54,6 +54,14 @@ impl Removed {
     }
 }
 
+/// The tables whose rows retention removes once they ended, after the deliveries.
+#[derive(Clone, Copy)]
+enum Ended {
+    Runs,
+    QueueJobs,
+    TargetJobs,
+}
+
 /// Removes old finished rows.
 pub struct Retention<'a> {
     /// Shared process state.
@@ -99,35 +107,26 @@ impl<'a> Retention<'a> {
             }
             tokio::task::yield_now().await;
         }
-        loop {
-            let n = self.runs(before).await?;
-            removed.batches += 1;
-            removed.runs += n;
-            removed.largest = removed.largest.max(n);
-            if n < self.batch as u64 || self.engine.shutdown.is_cancelled() {
-                break;
+        // The rows that only ended: each table in batches until one comes back short.
+        for table in [Ended::Runs, Ended::QueueJobs, Ended::TargetJobs] {
+            loop {
+                let n = match table {
+                    Ended::Runs => self.runs(before).await?,
+                    Ended::QueueJobs => self.jobs(before).await?,
+                    Ended::TargetJobs => self.target_jobs(before).await?,
+                };
+                removed.batches += 1;
+                *match table {
+                    Ended::Runs => &mut removed.runs,
+                    Ended::QueueJobs => &mut removed.jobs,
+                    Ended::TargetJobs => &mut removed.target_jobs,
+                } += n;
+                removed.largest = removed.largest.max(n);
+                if n < self.batch as u64 || self.engine.shutdown.is_cancelled() {
+                    break;
+                }
+                tokio::task::yield_now().await;
             }
-            tokio::task::yield_now().await;
-        }
-        loop {
-            let n = self.jobs(before).await?;
-            removed.batches += 1;
-            removed.jobs += n;
-            removed.largest = removed.largest.max(n);
-            if n < self.batch as u64 || self.engine.shutdown.is_cancelled() {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        loop {
-            let n = self.target_jobs(before).await?;
-            removed.batches += 1;
-            removed.target_jobs += n;
-            removed.largest = removed.largest.max(n);
-            if n < self.batch as u64 || self.engine.shutdown.is_cancelled() {
-                break;
-            }
-            tokio::task::yield_now().await;
         }
         if removed.any() {
             tracing::debug!(?removed, %before, "retention removed old rows");
