@@ -27,7 +27,7 @@ use crate::{
     retry::Retry,
     writer::{
         self, Receipt, WriteError, Writer, Written,
-        job::{JobShape, JobState, PollBudget, RecordError, Records},
+        job::{ErrorsFile, JobShape, JobState, PollBudget, RecordError, Records},
     },
 };
 
@@ -57,8 +57,17 @@ enum Found {
         ended: Ended,
         said: String,
         errors: Vec<RecordError>,
+        /// Why the records no error names are `unconfirmed` rather than delivered.
+        unconfirmed: Option<String>,
         error: Option<String>,
     },
+}
+
+/// What a complete job's errors say.
+#[derive(Default)]
+struct Read {
+    errors: Vec<RecordError>,
+    unconfirmed: Option<String>,
 }
 
 impl Poller {
@@ -200,54 +209,98 @@ impl Poller {
                 let why = format!("the target's job {} ended {said}", seal(&job.target_id));
                 Ok(ended(Ended::Failed, &said, Some(why)))
             }
-            JobState::Complete => {
-                let (mut errors, mut unmatched) = (Vec::new(), 0);
-                let records = self.records(job, shape).await?;
-                let mut next = shape.errors_path(&job.target_id);
-                let mut pages = 0;
-                while let Some(path) = next.take() {
-                    pages += 1;
-                    if pages > MAX_ERROR_PAGES {
-                        return Ok(again(format!(
-                            "complete, but its errors run past {MAX_ERROR_PAGES} pages"
-                        )));
-                    }
-                    let page = match self.read(ctx, writer, &path).await? {
-                        Ok(receipt) => receipt,
-                        Err(said) => return Ok(again(format!("complete; errors: {said}"))),
-                    };
-                    let body = match shape.errors_answer(&page.body) {
-                        Ok(body) => body,
-                        Err(why) => return Ok(again(format!("complete; {why}"))),
-                    };
-                    match shape.errors_page(&body, &records) {
-                        Ok((found, missed, link)) => {
-                            unmatched += missed;
-                            errors.extend(found.into_iter().map(|mut e| {
-                                e.message = crate::writer::secrets::cut(seal(&e.message));
-                                e
-                            }));
-                            next = link;
-                        }
-                        Err(why) => return Ok(again(format!("complete; {why}"))),
-                    }
-                }
-                if unmatched > 0 {
-                    tracing::warn!(
-                        job = job.id,
-                        unmatched,
-                        "errors of a job name no record of it"
-                    );
-                    errors.extend(unnamed(&records, unmatched));
-                }
-                Ok(Found::Ended {
+            JobState::Complete => Ok(match self.errors(ctx, writer, shape, job, &polled).await? {
+                Ok(read) => Found::Ended {
                     ended: Ended::Complete,
                     said: "complete".into(),
-                    errors,
+                    errors: read.errors,
+                    unconfirmed: read.unconfirmed,
                     error: None,
-                })
-            }
+                },
+                Err(said) => again(format!("complete; {said}")),
+            }),
         }
+    }
+
+    /// A complete job's errors, every page of them (at the target's path, or in the file
+    /// the poll's answer names), each message sealed; `Err` with why they cannot be read
+    /// now (the job is polled again).
+    async fn errors(
+        &self,
+        ctx: &JobContext,
+        writer: &dyn Writer,
+        shape: &JobShape,
+        job: &Due,
+        polled: &Receipt,
+    ) -> Result<Result<Read, String>, sqlx::Error> {
+        let seal = |text: &str| writer.secrets().redact(text);
+        let records = self.records(job, shape).await?;
+        let mut read = Read::default();
+        let (mut unmatched, mut stray) = (0, 0);
+        let mut file = match shape.errors.as_ref().map(|e| e.file(polled.body.json())) {
+            Some(ErrorsFile::At(url)) => Some(url),
+            Some(ErrorsFile::Refused(why)) => return Ok(Err(seal(&why))),
+            Some(ErrorsFile::Unnamed(why)) => {
+                read.unconfirmed = Some(seal(&why));
+                return Ok(Ok(read));
+            }
+            Some(ErrorsFile::None) | None => None,
+        };
+        let mut next = shape.errors_path(&job.target_id);
+        let mut pages = 0;
+        while next.is_some() || file.is_some() {
+            pages += 1;
+            if pages > MAX_ERROR_PAGES {
+                return Ok(Err(format!("its errors run past {MAX_ERROR_PAGES} pages")));
+            }
+            let page = match (file.take(), next.take()) {
+                (Some(url), _) => writer
+                    .fetch(&url)
+                    .await
+                    .map_err(|e| seal(&format!("its errors file: {e}"))),
+                (None, Some(path)) => self.read(ctx, writer, &path).await?,
+                (None, None) => unreachable!("the loop's condition"),
+            };
+            let page = match page {
+                Ok(receipt) => receipt,
+                Err(said) => return Ok(Err(format!("errors: {said}"))),
+            };
+            let body = match shape.errors_answer(&page.body) {
+                Ok(body) => body,
+                Err(why) => return Ok(Err(seal(&why))),
+            };
+            let found = match shape.errors_page(&body, &records) {
+                Ok(found) => found,
+                Err(why) => return Ok(Err(seal(&why))),
+            };
+            unmatched += found.unmatched;
+            stray += found.stray;
+            read.errors.extend(found.errors.into_iter().map(|mut e| {
+                e.message = crate::writer::secrets::cut(seal(&e.message));
+                e
+            }));
+            next = found.next;
+        }
+        if unmatched > 0 {
+            tracing::warn!(
+                job = job.id,
+                unmatched,
+                "errors of a job name no record of it"
+            );
+            read.errors.extend(unnamed(&records, unmatched));
+        }
+        if stray > 0 {
+            tracing::warn!(
+                job = job.id,
+                stray,
+                "errors of a job name keys no record has"
+            );
+            read.unconfirmed = Some(format!(
+                "the job reported {stray} error(s) naming a record by a key none of its \
+                 records has: which records failed is unknown"
+            ));
+        }
+        Ok(Ok(read))
     }
 
     /// The job's records as its errors name them: by position, or by a key of each.
@@ -330,7 +383,7 @@ impl Poller {
     ) -> Result<(), sqlx::Error> {
         let e = &self.engine;
         let now = e.clock.now();
-        let (ended, said, errors, error) = match found {
+        let (ended, said, errors, unconfirmed, error) = match found {
             Found::Again { said, every_ms } => {
                 return jobs::polled(&e.pool, job.id, &e.worker_name, &said, every_ms, now).await;
             }
@@ -338,8 +391,9 @@ impl Poller {
                 ended,
                 said,
                 errors,
+                unconfirmed,
                 error,
-            } => (ended, said, errors, error),
+            } => (ended, said, errors, unconfirmed, error),
         };
         let mut tx = e.pool.begin().await?;
         if !jobs::end(
@@ -360,7 +414,7 @@ impl Poller {
             .is_some_and(|s| s.resend_overdue);
         let accepted = ledger::accepted(&mut tx, &job.delivery_ids).await?;
         let entries = match (ended, ctx) {
-            (Ended::Complete, _) => outcomes(job, &accepted, &errors, now),
+            (Ended::Complete, _) => outcomes(job, &accepted, &errors, unconfirmed, now),
             (Ended::Failed, Some(ctx)) => failed(ctx, &accepted, error.as_deref(), now),
             (Ended::Overdue, Some(ctx)) if resend => failed(ctx, &accepted, error.as_deref(), now),
             _ => Vec::new(),
@@ -404,6 +458,7 @@ fn ended(ended: Ended, said: &str, error: Option<String>) -> Found {
         ended,
         said: said.to_owned(),
         errors: Vec::new(),
+        unconfirmed: None,
         error,
     }
 }
@@ -427,11 +482,13 @@ fn next_every(job: &Due, max_ms: i64) -> i32 {
 }
 
 /// A complete job's outcomes: each record an error names `rejected` with its message
-/// (the first, when several name it), every other `delivered`.
+/// (the first, when several name it), every other `delivered`, or `unconfirmed` (with why)
+/// when the job's errors do not tell.
 fn outcomes(
     job: &Due,
     accepted: &[(i64, i32)],
     errors: &[RecordError],
+    unconfirmed: Option<String>,
     now: DateTime<Utc>,
 ) -> Vec<Entry> {
     let mut refused: std::collections::HashMap<i64, &str> = std::collections::HashMap::new();
@@ -443,13 +500,14 @@ fn outcomes(
     accepted
         .iter()
         .map(|&(id, attempt)| {
-            let error = refused.get(&id).map(|m| (*m).to_owned());
+            let (outcome, error) = match (refused.get(&id), &unconfirmed) {
+                (Some(m), _) => (Outcome::Rejected, Some((*m).to_owned())),
+                (None, Some(why)) => (Outcome::Unconfirmed, Some(why.clone())),
+                (None, None) => (Outcome::Delivered, None),
+            };
             Entry {
                 delivery_id: id,
-                outcome: match error {
-                    Some(_) => Outcome::Rejected,
-                    None => Outcome::Delivered,
-                },
+                outcome,
                 attempt,
                 http_status: None,
                 error,

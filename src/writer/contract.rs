@@ -69,6 +69,18 @@ pub trait Writer: Send + Sync {
         .boxed()
     }
 
+    /// Reads a file the target named at `url` (a job's errors file, at an origin its rule
+    /// allows) with a GET carrying none of the connection's credentials or headers; the
+    /// receipt holds its text.
+    fn fetch<'a>(&'a self, url: &'a reqwest::Url) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+        let _ = url;
+        futures::future::ready(Err(WriteError::Permanent {
+            status: None,
+            message: "this writer reads no file".into(),
+        }))
+        .boxed()
+    }
+
     /// Delivers the records of one call made by [`Writer::group`]: exactly one request to
     /// the target. An error is the answer of the whole call; [`WriteError::Permanent`] for
     /// several records means some of them are bad, which the caller finds by splitting.

@@ -358,6 +358,52 @@ impl Writer for HttpJsonWriter {
         .boxed()
     }
 
+    fn fetch<'a>(&'a self, url: &'a reqwest::Url) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+        async move {
+            // The bare client: none of the endpoint's headers (its credentials among them).
+            let request = self.endpoint.client.get(url.clone());
+            let response = request
+                .timeout(self.endpoint.timeout)
+                .send()
+                .await
+                .map_err(classify_transport)?;
+            let status = response.status().as_u16();
+            if response.status().is_redirection() {
+                return Err(redirected(status, response.headers()));
+            }
+            if !response.status().is_success() {
+                let body = match read_capped(response, ERROR_READ_LIMIT).await {
+                    Ok(b) | Err((b, _)) => snippet(&String::from_utf8_lossy(&b)),
+                };
+                let message = format!("the file host answered {status}: {body}");
+                return Err(match (400..500).contains(&status) && status != 429 {
+                    true => WriteError::Permanent {
+                        status: Some(status),
+                        message,
+                    },
+                    false => WriteError::Transient {
+                        status: Some(status),
+                        message,
+                    },
+                });
+            }
+            let body = match read_capped(response, ANSWER_LIMIT).await {
+                Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Body::Empty,
+                Ok(bytes) => String::from_utf8(bytes).map_or_else(
+                    |_| Body::Unreadable("the file is not UTF-8".into()),
+                    Body::Text,
+                ),
+                Err((_, why)) => Body::Unreadable(why),
+            };
+            Ok(Receipt {
+                http_status: Some(status),
+                body,
+                ..Receipt::default()
+            })
+        }
+        .boxed()
+    }
+
     fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
         async move {
             let n = call.records.len();

@@ -148,12 +148,23 @@ pub struct Poll {
     pub failed: Vec<String>,
 }
 
-/// How a complete job's errors are read.
+/// How a complete job's errors are read: at a path of the target's, or from a file whose
+/// URL the complete job's poll answer names (Brevo's import reports).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Errors {
-    /// The path, with `{id}`.
-    pub path: String,
+    /// The path, with `{id}`, read with the connection's credentials at its origin.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Instead of a path: where the complete job's poll answer names the errors file's URL
+    /// (a JSON pointer; null there: no record failed). The file is read with no
+    /// credentials and no header of the connection, and only at one of `origins`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The origins an errors file may be read from (`https://files.example.com`, or
+    /// `https://*.example.com` for any host under it); a URL elsewhere is not read.
+    #[serde(default)]
+    pub origins: Vec<String>,
     /// What the answer is: `json` (the default) or `csv`, whose rows are read as objects
     /// of the header's names (Salesforce's `failedResults`).
     #[serde(default)]
@@ -168,6 +179,110 @@ pub struct Errors {
     /// Where an error's text is (absent: the whole error is quoted).
     #[serde(default)]
     pub message: Option<String>,
+}
+
+/// Where a complete job's errors file is, as its poll answer names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorsFile {
+    /// No file: the answer holds null there, no record failed.
+    None,
+    /// The file, at an origin the rule allows.
+    At(reqwest::Url),
+    /// The answer names no file at the pointer: what became of each record is unknown.
+    Unnamed(String),
+    /// The URL cannot be read (not one, or at an origin the rule does not allow).
+    Refused(String),
+}
+
+impl Errors {
+    /// Checks that exactly one of `path` and `url` is named, and `url`'s origins.
+    fn check_source(&self) -> Result<(), String> {
+        match (&self.path, &self.url) {
+            (Some(path), None) if path.contains("{id}") => {}
+            (Some(_), None) => return Err("job: errors.path must name the job's {id}".into()),
+            (None, Some(url)) => {
+                pointer_ok("errors.url", url)?;
+                if self.next.is_some() {
+                    return Err("job: an errors file is one list: errors.url takes no next".into());
+                }
+                if self.origins.is_empty() {
+                    return Err(
+                        "job: errors.url needs errors.origins, the origins its file \
+                                may be read from"
+                            .into(),
+                    );
+                }
+                for o in &self.origins {
+                    check_origin(o).map_err(|why| format!("job: errors.origins {o:?}: {why}"))?;
+                }
+            }
+            _ => return Err("job: errors names either path or url".into()),
+        }
+        if self.path.is_some() && !self.origins.is_empty() {
+            return Err("job: errors.origins goes with errors.url".into());
+        }
+        Ok(())
+    }
+
+    /// The errors file a complete job's poll `answer` names.
+    pub fn file(&self, answer: Option<&Value>) -> ErrorsFile {
+        let Some(pointer) = &self.url else {
+            return ErrorsFile::None;
+        };
+        let raw = match answer.and_then(|a| a.pointer(pointer)) {
+            Some(Value::Null) => return ErrorsFile::None,
+            Some(Value::String(s)) => s,
+            Some(other) => {
+                return ErrorsFile::Refused(format!(
+                    "its errors file at {pointer:?} is {}, not a URL",
+                    kind(other)
+                ));
+            }
+            None => {
+                return ErrorsFile::Unnamed(format!(
+                    "the complete job's answer names no errors file at {pointer:?}"
+                ));
+            }
+        };
+        let Ok(url) = reqwest::Url::parse(raw) else {
+            return ErrorsFile::Refused(format!("its errors file at {pointer:?} is not a URL"));
+        };
+        match self.origins.iter().any(|o| origin_matches(o, &url)) {
+            true => ErrorsFile::At(url),
+            false => ErrorsFile::Refused(format!(
+                "its errors file is at {}, an origin errors.origins does not name",
+                url.origin().ascii_serialization()
+            )),
+        }
+    }
+}
+
+/// Whether `pattern` is an origin: `scheme://host[:port]`, http or https, a host of
+/// `*.` and a domain allowed, nothing after.
+fn check_origin(pattern: &str) -> Result<(), String> {
+    let url = reqwest::Url::parse(&pattern.replacen("*.", "wildcard.", 1))
+        .map_err(|e| format!("not an origin ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("not an http(s) origin with a host".into());
+    }
+    let bare = url.origin().ascii_serialization();
+    match bare == pattern.replacen("*.", "wildcard.", 1) {
+        true => Ok(()),
+        false => Err("an origin is scheme, host and port only, without a path".into()),
+    }
+}
+
+/// Whether `url` is at the origin `pattern` (`https://*.example.com` matches any host
+/// under example.com, not example.com itself).
+fn origin_matches(pattern: &str, url: &reqwest::Url) -> bool {
+    let origin = url.origin().ascii_serialization();
+    match pattern.split_once("://*.") {
+        Some((scheme, rest)) => origin
+            .strip_prefix(scheme)
+            .and_then(|o| o.strip_prefix("://"))
+            .is_some_and(|host| host.ends_with(&format!(".{rest}"))),
+        None => origin == pattern,
+    }
 }
 
 /// What a job's answer is.
@@ -257,9 +372,7 @@ impl JobShape {
             return Err("job: poll.complete must name at least one status".into());
         }
         if let Some(e) = &shape.errors {
-            if !e.path.contains("{id}") {
-                return Err("job: errors.path must name the job's {id}".into());
-            }
+            e.check_source()?;
             pointer_ok("errors.items", &e.items)?;
             if e.format == Format::Csv && (!e.items.is_empty() || e.next.is_some()) {
                 return Err(
@@ -348,11 +461,10 @@ impl JobShape {
         }
     }
 
-    /// The first errors page's path for job `id`.
+    /// The first errors page's path for job `id`, when the target lists errors at a path.
     pub fn errors_path(&self, id: &str) -> Option<String> {
-        self.errors
-            .as_ref()
-            .map(|e| e.path.replace("{id}", &encode(id)))
+        let path = self.errors.as_ref()?.path.as_ref()?;
+        Some(path.replace("{id}", &encode(id)))
     }
 
     /// An errors answer as JSON: the body's JSON, or its CSV rows as objects (each header
@@ -361,6 +473,9 @@ impl JobShape {
         let format = self.errors.as_ref().map_or(Format::Json, |e| e.format);
         match (format, body) {
             (Format::Json, Body::Json(v)) => Ok(v.clone()),
+            (Format::Json, Body::Text(t)) => {
+                serde_json::from_str(t).map_err(|e| format!("an errors file is not JSON ({e})"))
+            }
             (Format::Csv, Body::Text(t)) => csv_rows(t),
             (Format::Csv, Body::Empty) => Ok(Value::Array(Vec::new())),
             (_, Body::Unreadable(why)) => Err(why.clone()),
@@ -377,31 +492,34 @@ impl JobShape {
         }
     }
 
-    /// One errors page: the records it names (those it names outside `records` are
-    /// dropped, with how many), and the next page's link, if any.
-    pub fn errors_page(
-        &self,
-        page: &Value,
-        records: &Records,
-    ) -> Result<(Vec<RecordError>, usize, Option<String>), String> {
+    /// One errors page: the records it names, those it may name (by a key several records
+    /// share, or past the records), those it names by a key no record has, and the next
+    /// page's link.
+    pub fn errors_page(&self, page: &Value, records: &Records) -> Result<ErrorsPage, String> {
+        let mut out = ErrorsPage::default();
         let Some(e) = &self.errors else {
-            return Ok((Vec::new(), 0, None));
+            return Ok(out);
         };
         let items = page
             .pointer(&e.items)
             .and_then(Value::as_array)
             .ok_or_else(|| format!("an errors page holds no list at {:?}", e.items))?;
-        let mut out = Vec::with_capacity(items.len());
-        let mut unmatched = 0;
         for item in items {
             let index = match &e.record {
                 ErrorRecord::Index(p) => {
                     item.pointer(p).and_then(Value::as_u64).map(|i| i as usize)
                 }
-                ErrorRecord::Key { error, .. } => item
-                    .pointer(error)
-                    .map(text)
-                    .and_then(|k| records.keys.get(&k).copied()),
+                ErrorRecord::Key { error, .. } => {
+                    let key = item.pointer(error).map(text);
+                    let index = key.as_ref().and_then(|k| records.keys.get(k).copied());
+                    if let Some(k) = key.filter(|k| index.is_none() && !records.shared.contains(k))
+                        && !k.is_empty()
+                    {
+                        out.stray += 1;
+                        continue;
+                    }
+                    index
+                }
                 ErrorRecord::Pointer { pointer, prefix } => item
                     .pointer(pointer)
                     .and_then(Value::as_str)
@@ -414,22 +532,39 @@ impl JobShape {
                     || item.to_string(),
                     |m| m.as_str().map_or_else(|| m.to_string(), str::to_owned),
                 ),
-                None => item.to_string(),
+                None => format!("the target's errors name it: {item}"),
             };
             match index {
-                Some(index) if index < records.count => out.push(RecordError { index, message }),
-                _ => unmatched += 1,
+                Some(index) if index < records.count => {
+                    out.errors.push(RecordError { index, message });
+                }
+                _ => out.unmatched += 1,
             }
         }
-        let next = e
+        out.next = e
             .next
             .as_deref()
             .and_then(|p| page.pointer(p))
             .and_then(Value::as_str)
             .filter(|s| !s.is_empty())
             .map(str::to_owned);
-        Ok((out, unmatched, next))
+        Ok(out)
     }
+}
+
+/// What one page of a job's errors says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ErrorsPage {
+    /// The errors naming a record of the job.
+    pub errors: Vec<RecordError>,
+    /// Errors that may name a record of the job without saying which: by a key several of
+    /// its records share (or none has), or past its records.
+    pub unmatched: usize,
+    /// Errors naming a record by a key none of the job's records has: some record of it
+    /// failed, and courier cannot tell which.
+    pub stray: usize,
+    /// The next page's link.
+    pub next: Option<String>,
 }
 
 /// The records of a job, as its errors name them.
@@ -443,6 +578,8 @@ pub struct Records {
     /// The positions of records an error cannot name by key: without one, or sharing it
     /// with another record of the job.
     pub unkeyed: Vec<usize>,
+    /// The keys several records of the job share.
+    pub shared: std::collections::HashSet<String>,
 }
 
 impl Records {
@@ -452,6 +589,7 @@ impl Records {
             count,
             keys: Default::default(),
             unkeyed: Vec::new(),
+            shared: Default::default(),
         }
     }
 
@@ -471,7 +609,10 @@ impl Records {
                 [one] => {
                     records.keys.insert(key, one);
                 }
-                _ => records.unkeyed.extend(at),
+                _ => {
+                    records.unkeyed.extend(at);
+                    records.shared.insert(key);
+                }
             }
         }
         records.unkeyed.sort_unstable();
@@ -576,7 +717,8 @@ mod tests {
             {"detail": "elsewhere", "source": {"pointer": "/data/attributes/lists"}},
             {"detail": "past the end", "source": {"pointer": "/data/attributes/profiles/data/9"}}
         ], "links": {"next": "https://a.klaviyo.com/api/x?page[cursor]=2"}});
-        let (errors, unmatched, next) = shape.errors_page(&page, &Records::counted(5)).unwrap();
+        let read = shape.errors_page(&page, &Records::counted(5)).unwrap();
+        let (errors, unmatched, next) = (read.errors, read.unmatched, read.next);
         assert_eq!(
             errors,
             [RecordError {
@@ -626,7 +768,9 @@ mod tests {
             Some("c-3".into()),
         ]);
         assert_eq!(records.unkeyed, [2, 3, 4]);
-        let (errors, unmatched, next) = shape.errors_page(&body, &records).unwrap();
+        let read = shape.errors_page(&body, &records).unwrap();
+        let (errors, unmatched, next) = (read.errors, read.unmatched, read.next);
+        assert_eq!(read.stray, 1, "c-9 is no record's key");
         assert_eq!(
             errors,
             [RecordError {
@@ -634,7 +778,7 @@ mod tests {
                 message: "REQUIRED_FIELD_MISSING:Required fields are missing: [LastName]".into()
             }]
         );
-        assert_eq!((unmatched, next), (1, None));
+        assert_eq!((unmatched, next), (0, None));
         assert_eq!(
             shape.errors_answer(&Body::Empty).unwrap(),
             json!([]),
@@ -667,6 +811,101 @@ mod tests {
         ] {
             let e = JobShape::parse(&job).unwrap_err();
             assert!(e.contains(words), "{job}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_errors_file_is_read_only_at_an_allowed_origin_and_a_stray_key_is_counted() {
+        let job = |errors: Value| {
+            JobShape::parse(&json!({"id": "/processId",
+                "poll": {"path": "processes/{id}", "status": "/status", "complete": ["completed"],
+                         "failed": ["failed"]},
+                "errors": errors}))
+        };
+        let shape = job(json!({"url": "/info/import/invalid_emails",
+            "origins": ["https://*.brevo.com", "http://localhost:8080"], "format": "csv",
+            "items": "", "record": {"key": {"error": "/EMAIL", "record": "/email"}}}))
+        .unwrap();
+        let errors = shape.errors.as_ref().unwrap();
+        let named =
+            |v: Value| errors.file(Some(&json!({"info": {"import": {"invalid_emails": v}}})));
+        let at = |u: &str| ErrorsFile::At(reqwest::Url::parse(u).unwrap());
+        for allowed in [
+            "https://files.brevo.com/r/1.csv",
+            "https://a.b.brevo.com/r.csv",
+            "http://localhost:8080/import-reports/1/invalid_emails.csv",
+        ] {
+            assert_eq!(named(json!(allowed)), at(allowed));
+        }
+        for refused in [
+            "https://brevo.com/r.csv",
+            "https://evilbrevo.com/r.csv",
+            "http://files.brevo.com/r.csv",
+            "http://localhost:8081/r.csv",
+            "http://127.0.0.1:8080/r.csv",
+            "file:///etc/passwd",
+            "not a url",
+        ] {
+            assert!(
+                matches!(named(json!(refused)), ErrorsFile::Refused(_)),
+                "{refused}"
+            );
+        }
+        assert_eq!(named(Value::Null), ErrorsFile::None);
+        assert!(matches!(named(json!(7)), ErrorsFile::Refused(_)));
+        assert!(matches!(
+            errors.file(Some(&json!({"info": {}}))),
+            ErrorsFile::Unnamed(_)
+        ));
+        assert_eq!(shape.errors_path("1"), None);
+        let records = Records::keyed(vec![
+            Some("a@x".into()),
+            Some("b@x".into()),
+            Some("b@x".into()),
+        ]);
+        let rows = shape
+            .errors_answer(&Body::Text("EMAIL\na@x\nB@X\nb@x\n\n".into()))
+            .unwrap();
+        let read = shape.errors_page(&rows, &records).unwrap();
+        assert_eq!(read.errors.len(), 1);
+        assert!(read.errors[0].message.contains("a@x"), "{:?}", read.errors);
+        assert_eq!(
+            (read.unmatched, read.stray),
+            (1, 1),
+            "b@x shared; B@X no one's"
+        );
+        for (errors, words) in [
+            (
+                json!({"url": "/u", "path": "e/{id}", "origins": ["https://a.example"], "items": "", "record": {"index": "/i"}}),
+                "either path or url",
+            ),
+            (
+                json!({"items": "", "record": {"index": "/i"}}),
+                "either path or url",
+            ),
+            (
+                json!({"url": "/u", "items": "", "record": {"index": "/i"}}),
+                "needs errors.origins",
+            ),
+            (
+                json!({"url": "/u", "origins": ["https://a.example/path"], "items": "", "record": {"index": "/i"}}),
+                "without a path",
+            ),
+            (
+                json!({"url": "/u", "origins": ["ftp://a.example"], "items": "", "record": {"index": "/i"}}),
+                "http(s)",
+            ),
+            (
+                json!({"url": "/u", "origins": ["https://a.example"], "next": "/n", "items": "", "record": {"index": "/i"}}),
+                "takes no next",
+            ),
+            (
+                json!({"path": "e/{id}", "origins": ["https://a.example"], "items": "", "record": {"index": "/i"}}),
+                "goes with errors.url",
+            ),
+        ] {
+            let e = job(errors.clone()).unwrap_err();
+            assert!(e.contains(words), "{errors}: {e}");
         }
     }
 

@@ -482,3 +482,141 @@ async fn a_job_leased_to_a_process_found_dead_is_taken_over_before_its_lease_lap
     assert_eq!(poller.run_once().await.unwrap(), 1);
     assert_eq!(statuses(&db.pool).await, [("delivered".into(), 3)]);
 }
+
+/// The Brevo preset's contacts import, into `target`, its report files allowed from
+/// `origins` and named at `url` in the process's answer.
+async fn brevo_import(pool: &PgPool, target: &courier_target::Target, origins: &[&str], url: &str) {
+    preset_keys();
+    let preset = courier::presets::PRESETS
+        .iter()
+        .find(|p| p.name == "brevo")
+        .unwrap();
+    let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
+    file["connections"][0]["base_url"] = json!(target.url());
+    file["rules"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|r| r["name"] == "brevo-contacts-import");
+    file["rules"][0]["job"]["first_poll_seconds"] = json!(1);
+    file["rules"][0]["job"]["errors"]["origins"] = json!(origins);
+    file["rules"][0]["job"]["errors"]["url"] = json!(url);
+    courier::apply::apply_file(pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_brevo_import_reads_its_report_from_the_allowed_file_host_without_the_key() {
+    let db = TestDb::new().await;
+    let target = courier_target::Target::start(0).await.unwrap();
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Complete,
+        limits: None,
+    });
+    let files = target.url().replace("127.0.0.1", "localhost");
+    let files = files.trim_end_matches('/');
+    // First allowed only from Brevo's own hosts: the report on another origin is not read.
+    brevo_import(
+        &db.pool,
+        &target,
+        &["https://*.brevo.com"],
+        "/info/import/invalid_emails",
+    )
+    .await;
+    enqueue::enqueue_many(&db.pool, "brevo-contacts-import", profiles(5, &[3]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 5)]);
+    let poller = Poller::new(&engine);
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(poller.run_once().await.unwrap(), 1);
+    let (status, _, _, said) = job_row(&db.pool).await;
+    assert_eq!(
+        status, "submitted",
+        "polled again, nothing read as delivered"
+    );
+    let said = said.unwrap();
+    assert!(
+        said.contains(&format!(
+            "errors file is at {files}, an origin errors.origins does not name"
+        )),
+        "{said}"
+    );
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 5)]);
+    // The operator allows the file host: the report is read there, without the key.
+    brevo_import(&db.pool, &target, &[files], "/info/import/invalid_emails").await;
+    engine.clock.advance(Span::seconds(2));
+    assert_eq!(poller.run_once().await.unwrap(), 1);
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 4), ("rejected".into(), 1)]
+    );
+    let rejected: String =
+        sqlx::query_scalar("SELECT record_key FROM deliveries WHERE status = 'rejected'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(rejected, "p:3");
+    let requests = target.requests();
+    let report: Vec<_> = requests
+        .iter()
+        .filter(|r| r.path.ends_with("/invalid_emails.csv"))
+        .collect();
+    assert_eq!(report.len(), 1, "the report, read once");
+    assert_eq!(
+        report[0].headers["host"],
+        files.trim_start_matches("http://")
+    );
+    assert!(
+        !report[0].headers.contains_key("api-key"),
+        "no credential goes to the file host: {:?}",
+        report[0].headers
+    );
+    assert!(
+        requests
+            .iter()
+            .filter(|r| !r.path.ends_with(".csv"))
+            .all(|r| r.headers.get("api-key").map(String::as_str) == Some(PRESET_KEY)),
+        "the API's calls carry the key"
+    );
+}
+
+#[tokio::test]
+async fn a_complete_job_that_names_no_errors_file_leaves_its_records_unconfirmed() {
+    let db = TestDb::new().await;
+    let target = courier_target::Target::start(0).await.unwrap();
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Complete,
+        limits: None,
+    });
+    let files = target.url().replace("127.0.0.1", "localhost");
+    // The rule looks for the report where the answer has none.
+    brevo_import(
+        &db.pool,
+        &target,
+        &[files.trim_end_matches('/')],
+        "/info/import/nowhere",
+    )
+    .await;
+    enqueue::enqueue_many(&db.pool, "brevo-contacts-import", profiles(3, &[1]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
+    assert_eq!(statuses(&db.pool).await, [("unconfirmed".into(), 3)]);
+    let error: String =
+        sqlx::query_scalar("SELECT error FROM ledger WHERE outcome = 'unconfirmed' LIMIT 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        error.contains("names no errors file at \"/info/import/nowhere\""),
+        "{error}"
+    );
+}

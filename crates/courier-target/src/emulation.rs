@@ -84,7 +84,8 @@ pub fn emulations() -> &'static [(&'static str, Emulation)] {
 }
 
 /// How one vendor runs a kind of job: its calls, its states' names, its answers.
-/// Templates are those of the batch sink ([`crate::vendors`]), with `{{id}}`, `{{state}}`,
+/// Templates are those of the batch sink ([`crate::vendors`]), with `{{id}}` (`{{number}}`
+/// its number alone), `{{state}}`,
 /// `{{count}}`, `{{completed_count}}`, `{{failed_count}}` and `{{processed_count}}` (0
 /// until complete), `{{body/<pointer>}}` (the request's body), and in an error
 /// `{{code}}` and `{{message}}`.
@@ -186,10 +187,25 @@ pub struct ErrorsStep {
     /// Its pages' query parameters and sizes; absent: one page.
     #[serde(default)]
     pub page: Option<Page>,
-    /// A CSV instead: these columns (each a template per failed record), then the
-    /// uploaded ones.
+    /// A CSV instead: these columns (each a template per failed record, `{{item/...}}` a
+    /// field of it), then the uploaded ones.
     #[serde(default)]
     pub csv: Option<Vec<(String, String)>>,
+    /// Served as a file by another host than the API's (Brevo's import reports): at the
+    /// other name of loopback (`localhost` for `127.0.0.1`, and back), its URL in the
+    /// status answer's `{{report}}` once the job is complete with failed records (null
+    /// before, and when none failed).
+    #[serde(default)]
+    pub file_host: Option<FileHost>,
+}
+
+/// A host serving a vendor's files.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHost {
+    /// Headers it refuses a request carrying (400): the API's credentials, which have no
+    /// business there.
+    pub refuses: Vec<String>,
 }
 
 /// How an errors listing pages.

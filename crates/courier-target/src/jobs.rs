@@ -97,6 +97,8 @@ impl States {
 /// One job as submitted.
 pub(crate) struct Job {
     emulation: &'static JobEmulation,
+    /// Its number (its id without the prefix).
+    number: u64,
     config: JobsConfig,
     /// When it started running: created, or closed; `None`: open.
     started: Option<Instant>,
@@ -263,7 +265,7 @@ pub(crate) fn answer(s: &TargetState, r: &Request<'_>) -> Option<Response> {
         Role::Close => close(job, &id, body.as_ref()),
         Role::Status => {
             s.job_polls.fetch_add(1, Ordering::SeqCst);
-            status(s, job, &id, r.arrived)
+            status(s, job, &id, r)
         }
         Role::Errors => errors(job, &id, r),
     })
@@ -282,7 +284,17 @@ fn fill(
     t: &Value,
     page: Option<(usize, usize)>,
 ) -> Value {
-    let b = Batch {
+    batch(records, invalid, vars, page).fill(t, None)
+}
+
+/// A job's records (`invalid` of each) with `vars`, as templates see them.
+fn batch<'a>(
+    records: &'a [Value],
+    invalid: &[bool],
+    vars: Value,
+    page: Option<(usize, usize)>,
+) -> Batch<'a> {
+    Batch {
         items: records,
         keys: Vec::new(),
         invalid: invalid.to_vec(),
@@ -294,8 +306,7 @@ fn fill(
             _ => Map::new(),
         },
         refused_page: page,
-    };
-    b.fill(t, None)
+    }
 }
 
 /// The first of `requires` that `body` does not meet, in words.
@@ -342,6 +353,7 @@ fn create(
     let id = format!("{}{:0width$}", e.id_prefix, jobs.next, width = e.id_digits);
     let mut job = Job {
         emulation: e,
+        number: jobs.next,
         config: jobs.config,
         started: e.close.is_none().then(Instant::now),
         aborted: false,
@@ -395,7 +407,8 @@ impl Job {
         let total = self.records.len();
         let failed = self.invalid.iter().filter(|&&i| i).count();
         let done = |n: usize| if phase == Phase::Complete { n } else { 0 };
-        json!({"id": id, "state": self.emulation.states.name(phase), "count": total,
+        json!({"id": id, "number": self.number, "state": self.emulation.states.name(phase),
+               "count": total,
                "completed_count": done(total - failed), "failed_count": done(failed),
                "processed_count": done(total), "body": body})
     }
@@ -490,19 +503,63 @@ fn close(job: &mut Job, id: &str, body: Option<&Value>) -> Response {
     reply(job, id, step, body)
 }
 
-fn status(s: &TargetState, job: &mut Job, id: &str, arrived: Instant) -> Response {
-    if job.phase(Instant::now()) == Phase::Complete && !job.counted {
+fn status(s: &TargetState, job: &mut Job, id: &str, r: &Request<'_>) -> Response {
+    let complete = job.phase(Instant::now()) == Phase::Complete;
+    if complete && !job.counted {
         job.counted = true;
         for (key, _) in job.keys.iter().zip(&job.invalid).filter(|(_, bad)| !**bad) {
-            accept(s, key, arrived);
+            accept(s, key, r.arrived);
         }
     }
-    reply(job, id, &job.emulation.status, None)
+    let e = job.emulation;
+    let mut vars = job.vars(id, None);
+    vars["report"] = match &e.errors.file_host {
+        Some(_) if complete && job.invalid.contains(&true) => {
+            let path = e.errors.path.trim_start_matches("**").replace("{id}", id);
+            Value::String(format!("http://{}{path}", other_host(host(r.headers))))
+        }
+        _ => Value::Null,
+    };
+    match &e.status.body {
+        Some(t) => json_reply(
+            e.status.status,
+            fill(&job.records, &job.invalid, vars, t, None),
+        ),
+        None => reply(job, id, &e.status, None),
+    }
+}
+
+/// The host a request was sent to.
+fn host(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("127.0.0.1")
+}
+
+/// The other name of a loopback host (`localhost:8080` for `127.0.0.1:8080`, and back):
+/// another origin of the same server.
+fn other_host(host: &str) -> String {
+    match host.split_once(':') {
+        Some(("127.0.0.1", port)) => format!("localhost:{port}"),
+        Some(("localhost", port)) => format!("127.0.0.1:{port}"),
+        _ if host == "127.0.0.1" => "localhost".into(),
+        _ => host.replacen("localhost", "127.0.0.1", 1),
+    }
 }
 
 /// The failed records of a complete job (none before): a page of JSON, or one CSV.
 fn errors(job: &Job, id: &str, r: &Request<'_>) -> Response {
     let e = &job.emulation.errors;
+    if let Some(files) = &e.file_host
+        && let Some(sent) = files
+            .refuses
+            .iter()
+            .find(|h| r.headers.contains_key(h.as_str()))
+    {
+        let why = format!("the file host got the API's {sent} header");
+        return error(job.emulation, 400, "CREDENTIALS_ELSEWHERE", &why);
+    }
     let complete = job.phase(Instant::now()) == Phase::Complete;
     let failed: Vec<usize> = (0..job.records.len())
         .filter(|&j| complete && job.invalid[j])
@@ -524,11 +581,7 @@ fn errors(job: &Job, id: &str, r: &Request<'_>) -> Response {
         ),
         None => (usize::MAX, 0),
     };
-    let host = r
-        .headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("127.0.0.1");
+    let host = host(r.headers);
     let link = |cursor: usize| match &e.page {
         Some(p) => Value::String(format!(
             "http://{host}{}?{}={size}&{}={cursor}",
@@ -562,24 +615,17 @@ fn csv_errors(job: &Job, id: &str, columns: &[(String, String)], failed: &[usize
     let mut header: Vec<String> = columns.iter().map(|(name, _)| name.clone()).collect();
     header.extend(job.header.iter().cloned());
     let mut written = out.write_record(&header);
-    let vars = job.vars(id, None);
+    let b = batch(&job.records, &job.invalid, job.vars(id, None), None);
     for &j in failed {
         let mut line: Vec<String> = columns
             .iter()
-            .map(|(_, t)| {
-                match fill(
-                    &job.records,
-                    &job.invalid,
-                    vars.clone(),
-                    &Value::String(t.clone()),
-                    None,
-                ) {
-                    Value::String(s) => s,
-                    v => v.to_string(),
-                }
+            .map(|(_, t)| match b.fill(&Value::String(t.clone()), Some(j)) {
+                Value::String(s) => s,
+                Value::Null => String::new(),
+                v => v.to_string(),
             })
             .collect();
-        line.extend(job.rows[j].iter().cloned());
+        line.extend(job.rows.get(j).into_iter().flatten().cloned());
         written = written.and_then(|()| out.write_record(&line));
     }
     written.expect("CSV writes to memory");
