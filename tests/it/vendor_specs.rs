@@ -1,8 +1,8 @@
-//! The Klaviyo preset's requests checked against Klaviyo's own OpenAPI spec (MIT, copied
-//! into `tests/specs/klaviyo/`) by a validator nobody here wrote: Stoplight Prism, run as
-//! a validating mock (`scripts/install-prism` installs it from npm). Each rule's records go
-//! through a real chain job and PostgreSQL into Prism: a request the spec refuses is
-//! answered 422 and would end `rejected`; every record must end `delivered`.
+//! The Klaviyo and Brevo presets' requests checked against the vendors' own OpenAPI specs
+//! (MIT, copied into `tests/specs/`) by a validator nobody here wrote: Stoplight Prism, run
+//! as a validating mock (`scripts/install-prism` installs it from npm). Each rule's records
+//! go through a real chain job and PostgreSQL into Prism: a request the spec refuses is
+//! answered 422 and would end `rejected`; every record must end as the spec's answer says.
 
 use std::{
     net::TcpListener,
@@ -26,6 +26,7 @@ struct Prism {
 }
 
 impl Prism {
+    /// Prism on `spec`, a path under `tests/specs/`.
     fn start(spec: &str) -> Self {
         let out = Command::new("bash")
             .arg(root().join("scripts/install-prism"))
@@ -48,7 +49,7 @@ impl Prism {
                 &port.to_string(),
                 "--errors",
             ])
-            .arg(root().join("tests/specs/klaviyo/prism").join(spec))
+            .arg(root().join("tests/specs").join(spec))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -63,7 +64,7 @@ impl Prism {
     }
 
     fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}/api/", self.port)
+        format!("http://127.0.0.1:{}/", self.port)
     }
 }
 
@@ -146,10 +147,11 @@ async fn the_klaviyo_presets_requests_pass_klaviyos_own_spec() {
             "event-bulk-create-jobs",
         ),
     ] {
-        let prism = Prism::start(spec);
+        let prism = Prism::start(&format!("klaviyo/prism/{spec}"));
+        let api = format!("{}api/", prism.base_url());
         // The validator is on: a body the spec refuses is answered 422.
         let refused = reqwest::Client::new()
-            .post(format!("{}{path}", prism.base_url()))
+            .post(format!("{api}{path}"))
             .header("authorization", format!("Klaviyo-API-Key {PRESET_KEY}"))
             .header("revision", "2026-07-15")
             .header("content-type", "application/vnd.api+json")
@@ -175,7 +177,7 @@ async fn the_klaviyo_presets_requests_pass_klaviyos_own_spec() {
 
         let db = TestDb::new().await;
         let mut mine = file.clone();
-        mine["connections"][0]["base_url"] = json!(prism.base_url());
+        mine["connections"][0]["base_url"] = json!(api);
         mine["rules"]
             .as_array_mut()
             .unwrap()
@@ -203,4 +205,61 @@ async fn the_klaviyo_presets_requests_pass_klaviyos_own_spec() {
         };
         assert!(rows.iter().all(|(s, _)| s == want), "{rule}: {rows:?}");
     }
+}
+
+#[tokio::test]
+async fn the_brevo_contacts_import_passes_brevos_own_spec_and_its_answer_confirms_nothing() {
+    preset_keys();
+    let prism = Prism::start("brevo/import_contacts.json");
+    // The validator is on: an import without its contacts is refused (400: the answer the
+    // spec declares for a bad request).
+    let refused = reqwest::Client::new()
+        .post(format!("{}contacts/import", prism.base_url()))
+        .header("api-key", PRESET_KEY)
+        .json(&json!({"jsonBody": "not a list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 400, "prism must validate bodies");
+    let preset = presets::find("brevo").unwrap();
+    let mut file: Value = serde_json::from_str(preset.text).unwrap();
+    file["connections"][0]["base_url"] = json!(prism.base_url());
+    file["rules"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|r| r["name"] == "brevo-contacts-import");
+    file["rules"][0]["job"]["first_poll_seconds"] = json!(1);
+    let db = TestDb::new().await;
+    apply::apply_file(&db.pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
+    let contacts = (0..3).map(|i| {
+        let payload = json!({"email": format!("c{i}@example.com"),
+                             "attributes": {"FNAME": "Ada", "LNAME": format!("L{i}")}});
+        NewDelivery::new(format!("c:{i}"), payload)
+    });
+    courier::enqueue::enqueue_many(&db.pool, "brevo-contacts-import", contacts.collect())
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let statuses = || async {
+        sqlx::query_as::<_, (String, i64)>(
+            "SELECT status, count(*) FROM deliveries GROUP BY 1 ORDER BY 1",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+    };
+    // The spec's 202 names the process: the records are Brevo's, their fate pending.
+    assert_eq!(statuses().await, [("accepted".into(), 3)]);
+    engine.clock.advance(chrono::Duration::seconds(1));
+    let polled = courier::poller::Poller::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(polled, 1);
+    // The spec's process answer says `completed` and names no report: nothing of each
+    // record, so none reads delivered.
+    assert_eq!(statuses().await, [("unconfirmed".into(), 3)]);
 }
