@@ -459,7 +459,17 @@ impl Job<'_> {
             .collect();
         let per_call = self.profile.records_per_call;
         let tx = feeding.tx.as_ref().expect("fed while open");
-        for group in writer.group(&ctx.path, &payloads, per_call) {
+        let record = |g: usize| {
+            let d = &claimed[offset + sorted.to_send[g]];
+            crate::writer::request::Record {
+                delivery_id: d.id,
+                record_key: &d.record_key,
+                payload: &d.payload,
+            }
+        };
+        let request = &self.profile.request;
+        let groups = writer.group(&ctx.path, &payloads, per_call);
+        for group in groups.into_iter().flat_map(|g| request.cut(g, record)) {
             let group = group
                 .into_iter()
                 .map(|g| {

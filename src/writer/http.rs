@@ -545,6 +545,7 @@ static PLAIN: RequestShape = RequestShape {
     item: None,
     body: None,
     csv: None,
+    max_bytes: None,
 };
 
 /// A record as the request's templates see it.

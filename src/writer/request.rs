@@ -38,6 +38,10 @@ pub struct RequestShape {
     /// boolean as written in JSON, null or absent empty); content type `text/csv`.
     #[serde(default)]
     pub csv: Option<Vec<String>>,
+    /// The most bytes one call's body carries (Klaviyo's bulk import takes 5 MB): a bulk
+    /// call is cut to stay under it, and a record too large for a call alone is rejected.
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
 }
 
 /// What fills a placeholder.
@@ -98,6 +102,15 @@ impl RequestShape {
         if let Some(columns) = &shape.csv {
             check_columns(columns, bulk, shape.body.is_some())?;
         }
+        if let Some(max) = shape.max_bytes {
+            let envelope = shape.encode(Vec::new()).len();
+            if max <= envelope {
+                return Err(format!(
+                    "request: max_bytes {max} leaves no room for a record (the body without \
+                     records takes {envelope})"
+                ));
+            }
+        }
         let in_path = path_slots(path)?;
         if bulk && !in_path.is_empty() {
             return Err(format!(
@@ -129,6 +142,15 @@ impl RequestShape {
     /// Whether `item` can be sent as this shape sends it: for a CSV body, every column's
     /// field a text, a number, a boolean, null or absent. The error names the column.
     pub fn sendable(&self, item: &Value) -> Result<(), String> {
+        if let Some(max) = self.max_bytes {
+            let alone = self.encode(Vec::new()).len() + self.item_bytes(item);
+            if alone > max {
+                return Err(format!(
+                    "the record takes {alone} bytes as sent, over the rule's max_bytes {max} \
+                     for a whole call"
+                ));
+            }
+        }
         let Some(columns) = &self.csv else {
             return Ok(());
         };
@@ -154,11 +176,7 @@ impl RequestShape {
         let row = |item: &Value| {
             columns
                 .iter()
-                .map(|c| match item.get(c) {
-                    None | Some(Value::Null) => String::new(),
-                    Some(Value::String(s)) => s.clone(),
-                    Some(v) => v.to_string(),
-                })
+                .map(|c| cell(item.get(c)))
                 .collect::<Vec<_>>()
         };
         let written = out
@@ -166,6 +184,50 @@ impl RequestShape {
             .and_then(|()| items.iter().try_for_each(|i| out.write_record(row(i))));
         written.expect("CSV writes to memory");
         out.into_inner().expect("CSV writes to memory")
+    }
+
+    /// The bytes `item` adds to a call's body: its JSON and a comma, or its CSV line.
+    pub fn item_bytes(&self, item: &Value) -> usize {
+        match &self.csv {
+            None => serde_json::to_vec(item).map_or(0, |v| v.len() + 1),
+            Some(columns) => {
+                let mut out = csv::Writer::from_writer(Vec::new());
+                let written = out.write_record(columns.iter().map(|c| cell(item.get(c))));
+                written.expect("CSV writes to memory");
+                out.into_inner().map_or(0, |v| v.len())
+            }
+        }
+    }
+
+    /// `group` (indexes of records, `record` of each) cut into calls whose bodies stay
+    /// within `max_bytes`, in order; a record too large alone is a call of its own (where
+    /// it is refused). Without `max_bytes`, the group as it is.
+    pub fn cut<'a>(
+        &self,
+        group: Vec<usize>,
+        record: impl Fn(usize) -> Record<'a>,
+    ) -> Vec<Vec<usize>> {
+        let Some(max) = self.max_bytes else {
+            return vec![group];
+        };
+        let envelope = self.encode(Vec::new()).len();
+        let mut calls: Vec<Vec<usize>> = Vec::new();
+        let mut size = envelope;
+        for g in group {
+            // A record whose item cannot be made takes no room: it is refused before sending.
+            let bytes = self
+                .item(record(g))
+                .map_or(0, |item| self.item_bytes(&item));
+            match calls.last_mut() {
+                Some(call) if size + bytes <= max => call.push(g),
+                _ => {
+                    calls.push(vec![g]);
+                    size = envelope;
+                }
+            }
+            size += bytes;
+        }
+        calls
     }
 
     /// One record as sent: its item, or its payload.
@@ -182,6 +244,16 @@ impl RequestShape {
             Some(t) => fill_records(t, &Value::Array(items)),
             None => Value::Array(items),
         }
+    }
+}
+
+/// A field as a CSV cell: text as it is, a number or a boolean as in JSON, null or absent
+/// empty.
+fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
     }
 }
 
@@ -467,6 +539,58 @@ mod tests {
             record_key: "customer:7",
             payload,
         }
+    }
+
+    #[test]
+    fn a_call_is_cut_by_bytes_and_a_record_too_large_alone_is_refused() {
+        let shape = |max: usize| {
+            RequestShape::parse(
+                Some(&json!({"item": {"attributes": "{{payload}}"},
+                             "body": {"data": "{{records}}"}, "max_bytes": max})),
+                "jobs",
+                true,
+            )
+        };
+        let payloads: Vec<Value> = [10, 10, 10, 200, 10]
+            .iter()
+            .map(|&n| json!({"s": "x".repeat(n)}))
+            .collect();
+        let record = |g: usize| record(&payloads[g]);
+        // {"data":[]} is 11 bytes; each small item 33 bytes and a comma.
+        let small = shape(100).unwrap();
+        assert_eq!(small.item_bytes(&small.item(record(0)).unwrap()), 34);
+        let calls = small.cut((0..5).collect(), record);
+        assert_eq!(calls, [vec![0, 1], vec![2], vec![3], vec![4]]);
+        for call in &calls {
+            let items: Vec<Value> = call
+                .iter()
+                .map(|&g| small.item(record(g)).unwrap())
+                .collect();
+            let sendable = items.iter().all(|i| small.sendable(i).is_ok());
+            let len = small.encode(items).len();
+            assert!(len <= 100 || !sendable, "{call:?}: {len} bytes");
+        }
+        let e = small.sendable(&small.item(record(3)).unwrap()).unwrap_err();
+        assert!(e.contains("over the rule's max_bytes 100"), "{e}");
+        // Wide enough: one call, as without max_bytes.
+        assert_eq!(
+            shape(10_000).unwrap().cut((0..5).collect(), record),
+            [vec![0, 1, 2, 3, 4]]
+        );
+        let e = shape(11).unwrap_err();
+        assert!(e.contains("leaves no room for a record"), "{e}");
+        let csv = RequestShape::parse(
+            Some(&json!({"method": "PUT", "csv": ["s"], "max_bytes": 40})),
+            "jobs/id/batches",
+            true,
+        )
+        .unwrap();
+        // "s\n" then a line of 11 bytes for each small record.
+        assert_eq!(csv.cut((0..3).collect(), record), [vec![0, 1, 2]]);
+        assert_eq!(
+            csv.cut((0..5).collect(), record),
+            [vec![0, 1, 2], vec![3], vec![4]]
+        );
     }
 
     #[test]

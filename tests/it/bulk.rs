@@ -1086,3 +1086,55 @@ async fn a_stored_batch_envelope_becomes_the_request_body_it_always_meant() {
         assert_eq!(body, expected, "{}", r.name);
     }
 }
+
+#[tokio::test]
+async fn a_call_is_cut_to_the_rules_max_bytes_and_a_record_too_large_alone_is_rejected() {
+    let (db, target) = shop(&[], 100, 2).await;
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "events".into(),
+            connection: "shop".into(),
+            path: "batch/per-item/".into(),
+            batch_size: Some(100),
+            max_attempts: Some(3),
+            records_per_call: Some(10),
+            request: Some(json!({"max_bytes": 200})),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Twelve records of 40 bytes or so, and one of 300 that no call of 200 bytes holds.
+    let deliveries = (0..13).map(|i| {
+        let pad = if i == 6 { 300 } else { 30 };
+        NewDelivery::new(format!("e:{i}"), json!({"n": i, "pad": "x".repeat(pad)}))
+    });
+    enqueue::enqueue_many(&db.pool, "events", deliveries.collect())
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 12), ("rejected".into(), 1)]
+    );
+    let error: String =
+        sqlx::query_scalar("SELECT last_error FROM deliveries WHERE status = 'rejected'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(error.contains("over the rule's max_bytes 200"), "{error}");
+    // Each call within 200 bytes, none split after a refusal: cut before sending.
+    let sizes: Vec<usize> = target
+        .requests()
+        .iter()
+        .map(|r| serde_json::to_vec(&r.body).unwrap().len())
+        .collect();
+    assert!(sizes.iter().all(|&n| n <= 200), "{sizes:?}");
+    assert!(
+        sizes.len() >= 3,
+        "{sizes:?}: twelve records of ~40 bytes need three calls"
+    );
+    accepted_once_each(&db.pool, &target).await;
+}
