@@ -279,7 +279,7 @@ impl Poller {
                 e.message = crate::writer::secrets::cut(seal(&e.message));
                 e
             }));
-            next = found.next;
+            next = found.next.map(|said| shape.next_page(&job.target_id, said));
         }
         if unmatched > 0 {
             tracing::warn!(

@@ -546,6 +546,7 @@ static PLAIN: RequestShape = RequestShape {
     body: None,
     csv: None,
     max_bytes: None,
+    multipart: None,
 };
 
 /// A record as the request's templates see it.

@@ -174,6 +174,10 @@ pub struct Errors {
     /// Where the answer names the next page (a URL or a path), absent or null on the last.
     #[serde(default)]
     pub next: Option<String>,
+    /// The query parameter the value at `next` fills on the first page's path (a cursor,
+    /// as HubSpot's `after`); absent: that value is the next page's link.
+    #[serde(default)]
+    pub cursor: Option<String>,
     /// How an error names its record.
     pub record: ErrorRecord,
     /// Where an error's text is (absent: the whole error is quoted).
@@ -202,8 +206,11 @@ impl Errors {
             (Some(_), None) => return Err("job: errors.path must name the job's {id}".into()),
             (None, Some(url)) => {
                 pointer_ok("errors.url", url)?;
-                if self.next.is_some() {
-                    return Err("job: an errors file is one list: errors.url takes no next".into());
+                if self.next.is_some() || self.cursor.is_some() {
+                    return Err(
+                        "job: an errors file is one list: errors.url takes no next or cursor"
+                            .into(),
+                    );
                 }
                 if self.origins.is_empty() {
                     return Err(
@@ -220,6 +227,20 @@ impl Errors {
         }
         if self.path.is_some() && !self.origins.is_empty() {
             return Err("job: errors.origins goes with errors.url".into());
+        }
+        if let Some(c) = &self.cursor {
+            if self.next.is_none() {
+                return Err("job: errors.cursor is filled from errors.next: name it too".into());
+            }
+            if c.is_empty()
+                || !c
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.[]".contains(&b))
+            {
+                return Err(format!(
+                    "job: errors.cursor {c:?} is not a query parameter's name"
+                ));
+            }
         }
         Ok(())
     }
@@ -465,6 +486,19 @@ impl JobShape {
     pub fn errors_path(&self, id: &str) -> Option<String> {
         let path = self.errors.as_ref()?.path.as_ref()?;
         Some(path.replace("{id}", &encode(id)))
+    }
+
+    /// The path or link of the errors page after one whose `next` said `said`: the first
+    /// page's path with the cursor set to it, or the link itself.
+    pub fn next_page(&self, id: &str, said: String) -> String {
+        let (Some(cursor), Some(first)) = (
+            self.errors.as_ref().and_then(|e| e.cursor.as_ref()),
+            self.errors_path(id),
+        ) else {
+            return said;
+        };
+        let joint = if first.contains('?') { '&' } else { '?' };
+        format!("{first}{joint}{cursor}={}", encode(&said))
     }
 
     /// An errors answer as JSON: the body's JSON, or its CSV rows as objects (each header
@@ -903,10 +937,37 @@ mod tests {
                 json!({"path": "e/{id}", "origins": ["https://a.example"], "items": "", "record": {"index": "/i"}}),
                 "goes with errors.url",
             ),
+            (
+                json!({"path": "e/{id}", "cursor": "after", "items": "", "record": {"index": "/i"}}),
+                "name it too",
+            ),
+            (
+                json!({"path": "e/{id}", "cursor": "a b", "next": "/n", "items": "", "record": {"index": "/i"}}),
+                "not a query parameter",
+            ),
         ] {
             let e = job(errors.clone()).unwrap_err();
             assert!(e.contains(words), "{errors}: {e}");
         }
+    }
+
+    #[test]
+    fn a_cursor_fills_the_first_pages_path() {
+        let shape = JobShape::parse(&json!({"id": "/id",
+            "poll": {"path": "crm/v3/imports/{id}", "status": "/state", "complete": ["DONE"],
+                     "failed": ["FAILED"]},
+            "errors": {"path": "crm/v3/imports/{id}/errors?limit=100", "items": "/results",
+                       "next": "/paging/next/after", "cursor": "after",
+                       "record": {"key": {"error": "/sourceData/rowData/0", "record": "/email"}}}}))
+        .unwrap();
+        assert_eq!(
+            shape.next_page("7", "a b&c".into()),
+            "crm/v3/imports/7/errors?limit=100&after=a%20b%26c"
+        );
+        assert_eq!(
+            klaviyo().next_page("7", "https://a.klaviyo.com/x".into()),
+            "https://a.klaviyo.com/x"
+        );
     }
 
     #[test]

@@ -42,7 +42,29 @@ pub struct RequestShape {
     /// call is cut to stay under it, and a record too large for a call alone is rejected.
     #[serde(default)]
     pub max_bytes: Option<usize>,
+    /// The CSV body sent as a file in a multipart form instead (HubSpot's imports), beside
+    /// fixed fields.
+    #[serde(default)]
+    pub multipart: Option<Multipart>,
 }
+
+/// A multipart form around a CSV body (`multipart/form-data`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Multipart {
+    /// The file part's name (`files`).
+    pub file: String,
+    /// The file's name (`contacts.csv`).
+    pub file_name: String,
+    /// Fixed fields sent before the file, each by name: a string as it is, any other
+    /// value as its JSON text (`importRequest`).
+    #[serde(default)]
+    pub fields: serde_json::Map<String, Value>,
+}
+
+/// The boundary between a multipart form's parts. A record whose item holds it is refused
+/// (it would end the file early).
+pub const BOUNDARY: &str = "courier-form-boundary-5f0c3e9a71d84b26";
 
 /// What fills a placeholder.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -102,6 +124,23 @@ impl RequestShape {
         if let Some(columns) = &shape.csv {
             check_columns(columns, bulk, shape.body.is_some())?;
         }
+        if let Some(m) = &shape.multipart {
+            if shape.csv.is_none() {
+                return Err("request: multipart sends the CSV body as a file: name csv too".into());
+            }
+            let names = [&m.file, &m.file_name].into_iter().chain(m.fields.keys());
+            for name in names {
+                if name.is_empty()
+                    || name.contains(['"', '\\'])
+                    || name.chars().any(char::is_control)
+                {
+                    return Err(format!(
+                        "request: multipart name {name:?} is empty or holds a quote, a backslash \
+                         or a control character"
+                    ));
+                }
+            }
+        }
         if let Some(max) = shape.max_bytes {
             let envelope = shape.encode(Vec::new()).len();
             if max <= envelope {
@@ -131,11 +170,12 @@ impl RequestShape {
     }
 
     /// The content type.
-    pub fn content_type(&self) -> &str {
-        match (&self.content_type, &self.csv) {
-            (Some(t), _) => t,
-            (None, Some(_)) => "text/csv",
-            (None, None) => "application/json",
+    pub fn content_type(&self) -> String {
+        match (&self.content_type, &self.csv, &self.multipart) {
+            (_, _, Some(_)) => format!("multipart/form-data; boundary={BOUNDARY}"),
+            (Some(t), _, _) => t.clone(),
+            (None, Some(_), _) => "text/csv".into(),
+            (None, None, _) => "application/json".into(),
         }
     }
 
@@ -150,6 +190,9 @@ impl RequestShape {
                      for a whole call"
                 ));
             }
+        }
+        if self.multipart.is_some() && item.to_string().contains(BOUNDARY) {
+            return Err("the record holds the multipart form's boundary".into());
         }
         let Some(columns) = &self.csv else {
             return Ok(());
@@ -183,7 +226,11 @@ impl RequestShape {
             .write_record(columns)
             .and_then(|()| items.iter().try_for_each(|i| out.write_record(row(i))));
         written.expect("CSV writes to memory");
-        out.into_inner().expect("CSV writes to memory")
+        let csv = out.into_inner().expect("CSV writes to memory");
+        match &self.multipart {
+            Some(m) => m.form(&csv),
+            None => csv,
+        }
     }
 
     /// The bytes `item` adds to a call's body: its JSON and a comma, or its CSV line.
@@ -244,6 +291,36 @@ impl RequestShape {
             Some(t) => fill_records(t, &Value::Array(items)),
             None => Value::Array(items),
         }
+    }
+}
+
+impl Multipart {
+    /// The form: each field, then the file holding `csv`.
+    fn form(&self, csv: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(csv.len() + 512);
+        for (name, value) in &self.fields {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            out.extend_from_slice(
+                format!(
+                    "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{text}\r\n"
+                )
+                .as_bytes(),
+            );
+        }
+        out.extend_from_slice(
+            format!(
+                "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{}\"; filename=\"{}\"\r\n\
+                 Content-Type: text/csv\r\n\r\n",
+                self.file, self.file_name
+            )
+            .as_bytes(),
+        );
+        out.extend_from_slice(csv);
+        out.extend_from_slice(format!("\r\n--{BOUNDARY}--\r\n").as_bytes());
+        out
     }
 }
 
@@ -591,6 +668,47 @@ mod tests {
             csv.cut((0..5).collect(), record),
             [vec![0, 1, 2], vec![3], vec![4]]
         );
+    }
+
+    #[test]
+    fn a_hubspot_import_sends_its_csv_as_a_file_beside_the_import_request() {
+        let shape = RequestShape::parse(
+            Some(&json!({"csv": ["email", "lastname"],
+                         "multipart": {"file": "files", "file_name": "contacts.csv",
+                                       "fields": {"importRequest": {"name": "courier"}}}})),
+            "crm/v3/imports",
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            shape.content_type(),
+            format!("multipart/form-data; boundary={BOUNDARY}")
+        );
+        let body = shape.encode(vec![json!({"email": "a@x.io", "lastname": "Lovelace, A"})]);
+        let want = format!(
+            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"importRequest\"\r\n\r\n\
+             {{\"name\":\"courier\"}}\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; \
+             name=\"files\"; filename=\"contacts.csv\"\r\nContent-Type: text/csv\r\n\r\n\
+             email,lastname\na@x.io,\"Lovelace, A\"\n\r\n--{BOUNDARY}--\r\n"
+        );
+        assert_eq!(String::from_utf8(body).unwrap(), want);
+        let e = shape
+            .sendable(&json!({"email": format!("--{BOUNDARY}"), "lastname": "x"}))
+            .unwrap_err();
+        assert!(e.contains("boundary"), "{e}");
+        for (request, words) in [
+            (
+                json!({"multipart": {"file": "f", "file_name": "a.csv"}}),
+                "name csv too",
+            ),
+            (
+                json!({"csv": ["a"], "multipart": {"file": "f\"", "file_name": "a.csv"}}),
+                "quote",
+            ),
+        ] {
+            let e = RequestShape::parse(Some(&request), "x", true).unwrap_err();
+            assert!(e.contains(words), "{request}: {e}");
+        }
     }
 
     #[test]
