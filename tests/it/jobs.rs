@@ -483,26 +483,37 @@ async fn a_job_leased_to_a_process_found_dead_is_taken_over_before_its_lease_lap
     assert_eq!(statuses(&db.pool).await, [("delivered".into(), 3)]);
 }
 
-/// The Brevo preset's contacts import, into `target`, its report files allowed from
-/// `origins` and named at `url` in the process's answer.
-async fn brevo_import(pool: &PgPool, target: &courier_target::Target, origins: &[&str], url: &str) {
+/// Rule `rule` of preset `preset` into `target`, its job's first poll after a second and
+/// its `errors` patched with `errors` (each field given replaced).
+async fn preset_job(
+    pool: &PgPool,
+    target: &courier_target::Target,
+    (preset, rule): (&str, &str),
+    errors: serde_json::Value,
+) {
     preset_keys();
-    let preset = courier::presets::PRESETS
-        .iter()
-        .find(|p| p.name == "brevo")
-        .unwrap();
+    let preset = courier::presets::find(preset).unwrap();
     let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
     file["connections"][0]["base_url"] = json!(target.url());
     file["rules"]
         .as_array_mut()
         .unwrap()
-        .retain(|r| r["name"] == "brevo-contacts-import");
-    file["rules"][0]["job"]["first_poll_seconds"] = json!(1);
-    file["rules"][0]["job"]["errors"]["origins"] = json!(origins);
-    file["rules"][0]["job"]["errors"]["url"] = json!(url);
+        .retain(|r| r["name"] == rule);
+    let job = &mut file["rules"][0]["job"];
+    job["first_poll_seconds"] = json!(1);
+    for (field, value) in errors.as_object().unwrap() {
+        job["errors"][field] = value.clone();
+    }
     courier::apply::apply_file(pool, &file.to_string(), Default::default())
         .await
         .unwrap();
+}
+
+/// The Brevo preset's contacts import, into `target`, its report files allowed from
+/// `origins` and named at `url` in the process's answer.
+async fn brevo_import(pool: &PgPool, target: &courier_target::Target, origins: &[&str], url: &str) {
+    let errors = json!({"origins": origins, "url": url});
+    preset_job(pool, target, ("brevo", "brevo-contacts-import"), errors).await;
 }
 
 #[tokio::test]
@@ -619,4 +630,68 @@ async fn a_complete_job_that_names_no_errors_file_leaves_its_records_unconfirmed
         error.contains("names no errors file at \"/info/import/nowhere\""),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_hubspot_import_uploads_a_form_and_reads_its_errors_page_by_page_by_cursor() {
+    let db = TestDb::new().await;
+    let target = courier_target::Target::start(0).await.unwrap();
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Complete,
+        limits: None,
+    });
+    let path = "crm/v3/imports/{id}/errors?includeRowData=true&includeErrorMessage=true&limit=2";
+    let rule = ("hubspot", "hubspot-contacts-import");
+    preset_job(&db.pool, &target, rule, json!({"path": path})).await;
+    // Three of seven without a last name: HubSpot's emulation fails their rows.
+    let contacts = (0..7).map(|i| {
+        let last = if [1, 4, 5].contains(&i) {
+            String::new()
+        } else {
+            format!("L{i}")
+        };
+        let payload =
+            json!({"email": format!("c{i}@example.com"), "firstname": "Ada", "lastname": last});
+        NewDelivery::new(format!("c:{i}"), payload)
+    });
+    enqueue::enqueue_many(&db.pool, "hubspot-contacts-import", contacts.collect())
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 7)]);
+    let upload = &target.requests()[0];
+    assert!(
+        upload.headers["content-type"].starts_with("multipart/form-data; boundary="),
+        "{:?}",
+        upload.headers
+    );
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
+    let fates: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT record_key, status, last_error FROM deliveries ORDER BY record_key")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let rejected: Vec<&str> = fates
+        .iter()
+        .filter(|f| f.1 == "rejected")
+        .map(|f| f.0.as_str())
+        .collect();
+    assert_eq!(rejected, ["c:1", "c:4", "c:5"], "{fates:?}");
+    assert!(
+        fates
+            .iter()
+            .all(|f| f.1 != "rejected" || f.2.as_deref().unwrap().contains("has no lastname"))
+    );
+    // The errors in two pages of two, the second asked for by the first's cursor.
+    let pages: Vec<String> = target
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/errors"))
+        .map(|r| r.path.clone())
+        .collect();
+    assert_eq!(pages.len(), 2, "{pages:?}");
+    assert_eq!(target.accepted_log().len(), 4, "the target holds the four");
 }

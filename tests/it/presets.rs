@@ -26,13 +26,15 @@ fn records(rule: &str, one_invalid: bool) -> Vec<NewDelivery> {
                 "external_id": format!("c{i}"), "metric": "Placed Order",
                 "properties": {"value": i},
                 "External_Id__c": format!("c{i}"), "Email": format!("c{i}@example.com"),
-                "LastName": format!("Customer {i}")
+                "LastName": format!("Customer {i}"), "firstname": "Ada",
+                "lastname": format!("Customer {i}")
             });
             // Marked for the targets that read JSON; a CSV row fails as Salesforce fails
             // a contact without its last name.
             if one_invalid && i == 3 {
                 p["invalid"] = json!(true);
                 p["LastName"] = json!("");
+                p["lastname"] = json!("");
             }
             NewDelivery::new(format!("{rule}:{i}"), p)
         })

@@ -172,6 +172,10 @@ pub enum Records {
     Json(String),
     /// The body, as CSV with a header line.
     Csv,
+    /// A multipart form's file part of this name, as CSV with a header line; its other
+    /// parts are the body (each by name, JSON where it parses) for `requires` and
+    /// `{{body/...}}`.
+    Multipart(String),
 }
 
 /// The call listing a job's failed records.
@@ -181,7 +185,9 @@ pub struct ErrorsStep {
     /// Its path, as a [`Step`]'s (method GET).
     pub path: String,
     /// JSON pages of this body template, whose `$each: refused` lists the page's records;
-    /// `{{self}}` and `{{next}}` (null on the last page) are the pages' absolute links.
+    /// `{{self}}` and `{{next}}` (null on the last page) are the pages' absolute links,
+    /// `{{next_cursor}}` the next page's cursor alone, and `{{line}}` a record's line in
+    /// the CSV it came in (its header line 1).
     #[serde(default)]
     pub body: Option<Value>,
     /// Its pages' query parameters and sizes; absent: one page.

@@ -250,9 +250,20 @@ pub(crate) fn answer(s: &TargetState, r: &Request<'_>) -> Option<Response> {
         lock(&s.inner).throttled += 1;
         return Some(throttled_response(wait, RetryAfterMode::Seconds));
     }
-    let body: Option<Value> = serde_json::from_slice(r.body).ok();
+    let form = match &e.create.records {
+        Some(Records::Multipart(file)) if role == Role::Create => match multipart(r, file) {
+            Ok(form) => Some(form),
+            Err(why) => return Some(error(e, 400, "INVALID_CONTENT", &why)),
+        },
+        _ => None,
+    };
+    let body: Option<Value> = match &form {
+        Some((fields, _)) => Some(fields.clone()),
+        None => serde_json::from_slice(r.body).ok(),
+    };
     if role == Role::Create {
-        return Some(create(s, e, r, body.as_ref()));
+        let file = form.map(|(_, file)| file);
+        return Some(create(s, e, r, body.as_ref(), file.as_deref()));
     }
     let id = id.unwrap_or_default();
     let mut jobs = lock(&s.jobs);
@@ -327,11 +338,20 @@ fn create(
     e: &'static JobEmulation,
     r: &Request<'_>,
     body: Option<&Value>,
+    file: Option<&[u8]>,
 ) -> Response {
     if let Some(why) = unmet(&e.create.requires, body) {
         return error(e, 400, "INVALID_INPUT", &why);
     }
+    let csv = match file.map(read_csv) {
+        Some(Ok(csv)) => Some(csv),
+        Some(Err(why)) => return error(e, 400, "INVALID_CONTENT", why),
+        None => None,
+    };
     let records = match &e.create.records {
+        Some(Records::Multipart(_)) => csv
+            .as_ref()
+            .map_or_else(Vec::new, |(h, rows)| objects(h, rows)),
         Some(Records::Json(pointer)) => match body
             .and_then(|b| b.pointer(pointer))
             .and_then(Value::as_array)
@@ -365,6 +385,10 @@ fn create(
         counted: false,
     };
     job.take(records, r.headers, &id);
+    if let Some((header, rows)) = csv {
+        job.header = header;
+        job.rows = rows;
+    }
     let answer = reply(&job, &id, &e.create, body);
     jobs.by_id.insert(id, job);
     answer
@@ -450,22 +474,34 @@ fn upload(job: &mut Job, id: &str, r: &Request<'_>) -> Response {
             "a job takes one upload, while it is open",
         );
     }
-    let mut reader = csv::Reader::from_reader(r.body);
-    let Ok(header) = reader
+    let (header, rows) = match read_csv(r.body) {
+        Ok(csv) => csv,
+        Err(why) => return error(e, 400, "INVALID_CONTENT", why),
+    };
+    job.take(objects(&header, &rows), r.headers, id);
+    job.header = header;
+    job.rows = rows;
+    let step = e.upload.as_ref().expect("an upload call");
+    reply(job, id, step, None)
+}
+
+/// CSV with a header line: the header, and each row's cells.
+fn read_csv(body: &[u8]) -> Result<(Vec<String>, Vec<Vec<String>>), &'static str> {
+    let mut reader = csv::Reader::from_reader(body);
+    let header = reader
         .headers()
         .map(|h| h.iter().map(str::to_owned).collect::<Vec<_>>())
-    else {
-        return error(e, 400, "INVALID_CONTENT", "the CSV has no header line");
-    };
+        .map_err(|_| "the CSV has no header line")?;
     let rows: Result<Vec<Vec<String>>, _> = reader
         .records()
         .map(|r| r.map(|r| r.iter().map(str::to_owned).collect()))
         .collect();
-    let Ok(rows) = rows else {
-        return error(e, 400, "INVALID_CONTENT", "the CSV cannot be read");
-    };
-    let records = rows
-        .iter()
+    Ok((header, rows.map_err(|_| "the CSV cannot be read")?))
+}
+
+/// Each CSV row as an object of the header's names.
+fn objects(header: &[String], rows: &[Vec<String>]) -> Vec<Value> {
+    rows.iter()
         .map(|row| {
             header
                 .iter()
@@ -474,12 +510,47 @@ fn upload(job: &mut Job, id: &str, r: &Request<'_>) -> Response {
                 .collect::<Map<_, _>>()
                 .into()
         })
-        .collect();
-    job.take(records, r.headers, id);
-    job.header = header;
-    job.rows = rows;
-    let step = e.upload.as_ref().expect("an upload call");
-    reply(job, id, step, None)
+        .collect()
+}
+
+/// A `multipart/form-data` request: its fields other than `file` (each by name, as JSON
+/// where it parses, else text) and the bytes of `file`.
+fn multipart(r: &Request<'_>, file: &str) -> Result<(Value, Vec<u8>), String> {
+    let boundary = r
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .filter(|t| t.starts_with("multipart/form-data"))
+        .and_then(|t| t.split_once("boundary="))
+        .map(|(_, b)| b.trim_matches('"').to_owned())
+        .ok_or("the request is not multipart/form-data with a boundary")?;
+    let body = String::from_utf8_lossy(r.body);
+    let (mut fields, mut found) = (Map::new(), None);
+    for part in body.split(&format!("--{boundary}")).skip(1) {
+        if part.starts_with("--") {
+            break;
+        }
+        let (head, content) = part
+            .trim_start_matches("\r\n")
+            .split_once("\r\n\r\n")
+            .ok_or("a part has no blank line after its headers")?;
+        let content = content.strip_suffix("\r\n").unwrap_or(content);
+        let name = head
+            .split("name=\"")
+            .nth(1)
+            .and_then(|n| n.split('"').next())
+            .ok_or("a part names no field")?;
+        match name == file {
+            true => found = Some(content.as_bytes().to_vec()),
+            false => {
+                let value = serde_json::from_str(content)
+                    .unwrap_or_else(|_| Value::String(content.to_owned()));
+                fields.insert(name.to_owned(), value);
+            }
+        }
+    }
+    let file = found.ok_or_else(|| format!("the form has no {file:?} part"))?;
+    Ok((Value::Object(fields), file))
 }
 
 fn close(job: &mut Job, id: &str, body: Option<&Value>) -> Response {
@@ -597,6 +668,10 @@ fn errors(job: &Job, id: &str, r: &Request<'_>) -> Response {
     };
     let mut vars = job.vars(id, None);
     vars["self"] = link(from);
+    vars["next_cursor"] = match next.is_null() {
+        true => Value::Null,
+        false => Value::String((from + size).to_string()),
+    };
     vars["next"] = next;
     let invalid: Vec<bool> = (0..job.records.len())
         .map(|j| complete && job.invalid[j])
@@ -681,8 +756,10 @@ mod tests {
         assert!(all.len() >= 2, "the Klaviyo and Salesforce jobs");
         for e in all {
             let uploads = e.upload.as_ref().and_then(|u| u.records.as_ref());
-            let carried = matches!(e.create.records, Some(Records::Json(_)))
-                || matches!(uploads, Some(Records::Csv));
+            let carried = matches!(
+                e.create.records,
+                Some(Records::Json(_) | Records::Multipart(_))
+            ) || matches!(uploads, Some(Records::Csv));
             assert!(carried, "{}: its records come in a call", e.id_prefix);
             assert_eq!(
                 e.close.is_some(),

@@ -238,6 +238,7 @@ impl Batch<'_> {
             ("refused_count", _) => refused.into(),
             ("first_refused", _) => self.invalid.iter().position(|&i| i).into(),
             ("index", Some(j)) => j.into(),
+            ("line", Some(j)) => (j + 2).into(),
             ("item", Some(j)) => self.items[j].clone(),
             ("trace", Some(j)) => self.trace[j].clone(),
             (field, Some(j)) if field.starts_with("item/") => self.items[j]
