@@ -41,12 +41,18 @@ struct Frame {
 }
 
 impl Frame {
-    /// Fits the axes to the calls, the declared rate and the real limit, with 15 % above.
+    /// Fits the axes to every line drawn (the calls, the declared rate, the real limit,
+    /// the budget's pace), with 15 % above.
     fn fit(report: &Report, buckets: &[(u64, u64, bool)], declared: f64) -> Self {
         let n = buckets.len().max(1) as f64;
         let peak = buckets.iter().map(|b| b.0).max().unwrap_or(0) as f64;
         let real_peak = report.real_limit.iter().map(|r| r.1).fold(0.0, f64::max);
-        let ymax = (peak.max(declared).max(real_peak) * 1.15).max(1.0);
+        let pace_peak = report
+            .timeline
+            .iter()
+            .filter_map(|p| p.pace)
+            .fold(0.0, f64::max);
+        let ymax = (peak.max(declared).max(real_peak).max(pace_peak) * 1.15).max(1.0);
         Self { n, ymax }
     }
 
@@ -271,4 +277,41 @@ fn legend(s: &mut String, paced: bool) {
             ""
         }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Sample;
+
+    #[test]
+    fn every_line_drawn_stays_inside_the_frame() {
+        // An initial sync's shape: a few calls a second under a steady 2.5/s, while the
+        // budget's burst lets them go at 9.8/s.
+        let mut report = Report::new("initial-sync", "test".into());
+        report.declared_per_second = Some(2.5);
+        report.timeline = (0..40)
+            .map(|i| Sample {
+                t: f64::from(i) * 0.25,
+                requests: u64::from(i as u32 / 2),
+                pace: Some(9.8),
+                ..Sample::default()
+            })
+            .collect();
+        let svg = svg(&report);
+        let ys: Vec<f64> = svg
+            .lines()
+            .filter_map(|l| l.split("points=\"").nth(1)?.split('"').next())
+            .flat_map(|points| points.split(' ').map(str::to_owned).collect::<Vec<_>>())
+            .filter_map(|p| p.split(',').nth(1)?.parse().ok())
+            .collect();
+        assert!(ys.len() > 40, "the calls and the pace are drawn");
+        for y in ys {
+            assert!(
+                (TOP..=H - BOTTOM).contains(&y),
+                "y {y} outside {TOP}..{}",
+                H - BOTTOM
+            );
+        }
+    }
 }
