@@ -146,6 +146,18 @@ impl RuleProfile {
     }
 
     /// A call of `records` as the profile shapes it.
+    /// Whether `r` can be sent as the rule's requests shape it; one that cannot is refused
+    /// alone before any call.
+    pub fn sendable(&self, r: &Outgoing<'_>) -> bool {
+        let record = crate::writer::request::Record {
+            delivery_id: r.delivery_id,
+            record_key: r.record_key,
+            payload: r.payload,
+        };
+        let item = self.request.item(record);
+        item.is_ok_and(|i| self.request.sendable(&i).is_ok())
+    }
+
     pub fn call<'a>(&'a self, records: &'a [Outgoing<'a>]) -> Call<'a> {
         Call {
             records,

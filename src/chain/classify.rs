@@ -34,12 +34,14 @@ pub struct Judgement {
 
 /// A job rule's submit answered `result`: a 2xx that names its job gives the job's id; one
 /// that names none is, for every record it carried, a transient failure that says so (the
-/// target may hold them: they are sent again, and may then be held twice).
+/// target may hold them: they are sent again, and may then be held twice). A submit whose
+/// every record was refused before sending made no job: each record's refusal stands.
 pub fn submitted(
     shape: &JobShape,
     result: Result<Written, WriteError>,
 ) -> (Result<Written, WriteError>, Option<String>) {
     match result {
+        Ok(w) if w.items.iter().all(Option::is_some) => (Ok(w), None),
         Ok(w) => match shape.target_id(w.receipt.body.json()) {
             Ok(id) => (Ok(w), Some(id)),
             Err(why) => (

@@ -4,7 +4,9 @@
 //! budget and is heard by the pacer. A call that fails ends the submit with its answer: the
 //! records' outcome is that answer's (a job never closed is never run, so records sent
 //! again are not held twice). The submit's answer is the records' call's, with the open
-//! call's body, which names the job.
+//! call's body, which names the job. A submit that fails after its open aborts the job
+//! where the rule says how (`abort`); one whose every record is refused before sending
+//! opens none.
 
 use chrono::{DateTime, Utc};
 
@@ -35,6 +37,15 @@ pub(super) async fn in_steps(
     records: &[Outgoing<'_>],
     (go, paced): (DateTime<Utc>, f64),
 ) -> Stepped {
+    // Nothing to send (every record refused as the rule shapes it): no job is opened, and
+    // each record is refused alone, as the records' call refuses it without a request.
+    if !records.iter().any(|r| profile.sendable(r)) {
+        let result = writer.write_many(profile.call(records)).await;
+        return Stepped {
+            result,
+            requests: 0,
+        };
+    }
     let mut requests = 1;
     let fail = |e, requests| Stepped {
         result: Err(e),
@@ -57,46 +68,86 @@ pub(super) async fn in_steps(
             return fail(e, requests);
         }
     };
-    let path = shape.id_path(&ctx.path, &id);
-    let records: Vec<Outgoing<'_>> = records
-        .iter()
-        .map(|r| Outgoing { path: &path, ..*r })
-        .collect();
-    let (go, paced) = match slot::slot(engine, ctx).await {
-        Ok(granted) => granted,
-        Err(e) => return fail(no_slot(&e), requests),
-    };
-    requests += 1;
-    let sent = request(
+    let call = Opened {
         engine,
         ctx,
+        profile,
         writer,
-        go,
-        writer.write_many(profile.call(&records)),
-    )
-    .await;
-    let mut written = match sent {
-        Ok(w) => w,
-        Err(e) => return fail(e, requests),
+        id: &id,
     };
-    if let Some(close) = &shape.close {
-        hear_ok(engine, ctx, writer, &Ok(written.clone()), go, paced).await;
-        let (go, _) = match slot::slot(engine, ctx).await {
-            Ok(granted) => granted,
-            Err(e) => return fail(no_slot(&e), requests),
-        };
-        requests += 1;
-        let path = close.path(&id);
-        match request(engine, ctx, writer, go, ask(writer, close, &path)).await {
-            // Its rate headers are the pacer's to hear, with the submit's answer.
-            Ok(closed) => written.receipt.rate_headers = closed.receipt.rate_headers,
-            Err(e) => return fail(e, requests),
+    let filled = call.fill_and_close(shape, records, &mut requests).await;
+    let mut written = match filled {
+        Ok(written) => written,
+        Err(e) => {
+            call.abort(shape, &mut requests).await;
+            return fail(e, requests);
         }
-    }
+    };
     written.receipt.body = opened.body;
     Stepped {
         result: Ok(written),
         requests,
+    }
+}
+
+/// A job opened at the target, the rest of its submit to make.
+struct Opened<'a> {
+    engine: &'a Engine,
+    ctx: &'a JobContext,
+    profile: &'a RuleProfile,
+    writer: &'a dyn Writer,
+    id: &'a str,
+}
+
+impl Opened<'_> {
+    /// The records' call into the job, then its close; each takes a slot of its own.
+    async fn fill_and_close(
+        &self,
+        shape: &JobShape,
+        records: &[Outgoing<'_>],
+        requests: &mut u32,
+    ) -> Result<Written, WriteError> {
+        let (engine, ctx, writer) = (self.engine, self.ctx, self.writer);
+        let path = shape.id_path(&ctx.path, self.id);
+        let records: Vec<Outgoing<'_>> = records
+            .iter()
+            .map(|r| Outgoing { path: &path, ..*r })
+            .collect();
+        let (go, paced) = slot::slot(engine, ctx).await.map_err(|e| no_slot(&e))?;
+        *requests += 1;
+        let send = writer.write_many(self.profile.call(&records));
+        let mut written = request(engine, ctx, writer, go, send).await?;
+        if let Some(close) = &shape.close {
+            hear_ok(engine, ctx, writer, &Ok(written.clone()), go, paced).await;
+            let (go, _) = slot::slot(engine, ctx).await.map_err(|e| no_slot(&e))?;
+            *requests += 1;
+            let path = close.path(self.id);
+            let closed = request(engine, ctx, writer, go, ask(writer, close, &path)).await?;
+            // Its rate headers are the pacer's to hear, with the submit's answer.
+            written.receipt.rate_headers = closed.receipt.rate_headers;
+        }
+        Ok(written)
+    }
+
+    /// Aborts the job after its submit failed, if the rule says how: one paced call, its
+    /// answer heard; a failure is logged, and the submit's own answer stands.
+    async fn abort(&self, shape: &JobShape, requests: &mut u32) {
+        let (engine, ctx, writer) = (self.engine, self.ctx, self.writer);
+        let Some(abort) = &shape.abort else { return };
+        let (go, paced) = match slot::slot(engine, ctx).await {
+            Ok(granted) => granted,
+            Err(e) => {
+                tracing::warn!(job = self.id, error = %e, "no slot to abort a job whose submit failed");
+                return;
+            }
+        };
+        *requests += 1;
+        let path = abort.path(self.id);
+        let aborted = request(engine, ctx, writer, go, ask(writer, abort, &path)).await;
+        hear_ok(engine, ctx, writer, &aborted, go, paced).await;
+        if let Err(e) = aborted {
+            tracing::warn!(job = self.id, error = %e, "a job whose submit failed could not be aborted");
+        }
     }
 }
 

@@ -37,6 +37,11 @@ pub struct JobShape {
     /// with `{id}`).
     #[serde(default)]
     pub close: Option<Step>,
+    /// A call that aborts a job whose submit failed after its open (its path with `{id}`;
+    /// Salesforce: `{"state": "Aborted"}`), so that no job is left open at the target when
+    /// its records are sent again.
+    #[serde(default)]
+    pub abort: Option<Step>,
     /// Where the answer of the submit (or of `open`) names the job's id (a JSON pointer).
     pub id: String,
     /// How the job is polled.
@@ -384,6 +389,12 @@ impl JobShape {
                 return Err("job: close follows an open call: name open too".into());
             }
             close.check("close", true)?;
+        }
+        if let Some(abort) = &shape.abort {
+            if shape.open.is_none() {
+                return Err("job: abort undoes an open call: name open too".into());
+            }
+            abort.check("abort", true)?;
         }
         pointer_ok("poll.status", &shape.poll.status)?;
         if !shape.poll.path.contains("{id}") {

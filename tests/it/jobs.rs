@@ -695,3 +695,88 @@ async fn a_hubspot_import_uploads_a_form_and_reads_its_errors_page_by_page_by_cu
     assert_eq!(pages.len(), 2, "{pages:?}");
     assert_eq!(target.accepted_log().len(), 4, "the target holds the four");
 }
+
+#[tokio::test]
+async fn a_job_whose_upload_fails_is_aborted_and_one_with_nothing_to_send_is_never_opened() {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end: JobEnd::Complete,
+        limits: None,
+    });
+    let ingest = "services/data/v62.0/jobs/ingest";
+    let rule = |name: &str, request: serde_json::Value| NewRule {
+        name: name.into(),
+        connection: "shop".into(),
+        path: format!("{ingest}/{{id}}/batches"),
+        batch_size: Some(100),
+        max_attempts: Some(1),
+        records_per_call: Some(100),
+        request: Some(request),
+        job: Some(json!({
+            "open": {"path": ingest, "body": {"object": "Contact", "contentType": "CSV"}},
+            "close": {"method": "PATCH", "path": format!("{ingest}/{{id}}"),
+                      "body": {"state": "UploadComplete"}},
+            "abort": {"method": "PATCH", "path": format!("{ingest}/{{id}}"),
+                      "body": {"state": "Aborted"}},
+            "id": "/id",
+            "poll": {"path": format!("{ingest}/{{id}}"), "status": "/state",
+                     "complete": ["JobComplete"], "failed": ["Failed", "Aborted"]}
+        })),
+        ..Default::default()
+    };
+    // The target refuses every upload (not text/csv): each job opened is aborted, as the
+    // call is split down to single records.
+    let refused =
+        json!({"method": "PUT", "csv": ["Email"], "content_type": "application/octet-stream"});
+    catalog::upsert_rule(&db.pool, &rule("refused", refused))
+        .await
+        .unwrap();
+    let contacts =
+        (0..2).map(|i| NewDelivery::new(format!("r:{i}"), json!({"Email": format!("r{i}@x.io")})));
+    enqueue::enqueue_many(&db.pool, "refused", contacts.collect())
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("rejected".into(), 2)]);
+    let calls: Vec<(String, String, serde_json::Value)> = target
+        .requests()
+        .iter()
+        .map(|r| (r.method.clone(), r.path.clone(), r.body.clone()))
+        .collect();
+    let opened = calls.iter().filter(|c| c.0 == "POST").count();
+    let aborted: Vec<&String> = calls
+        .iter()
+        .filter(|c| c.0 == "PATCH" && c.2["state"] == "Aborted")
+        .map(|c| &c.1)
+        .collect();
+    assert_eq!(opened, 3, "the call of two, then each half: {calls:?}");
+    assert_eq!(
+        aborted.len(),
+        opened,
+        "each job opened is aborted: {calls:?}"
+    );
+    assert!(
+        calls.iter().all(|c| c.2["state"] != "UploadComplete"),
+        "none closed"
+    );
+    // A call whose every record is refused before sending opens no job at all.
+    let before = target.requests().len();
+    let nested = json!({"method": "PUT", "csv": ["Email"]});
+    catalog::upsert_rule(&db.pool, &rule("nested", nested))
+        .await
+        .unwrap();
+    let bad = (0..2).map(|i| NewDelivery::new(format!("n:{i}"), json!({"Email": {"nested": i}})));
+    enqueue::enqueue_many(&db.pool, "nested", bad.collect())
+        .await
+        .unwrap();
+    engine.clock.advance(Span::seconds(1));
+    drive(&engine).await;
+    assert_eq!(statuses(&db.pool).await, [("rejected".into(), 4)]);
+    assert_eq!(
+        target.requests().len(),
+        before,
+        "no request for records refused before sending"
+    );
+}
