@@ -53,7 +53,7 @@ pub struct JobsConfig {
     /// How a job ends.
     pub end: JobEnd,
     /// Each endpoint's limits (create, upload, close, status, errors: each its own, as
-    /// Klaviyo's), requests per second and per minute on sliding windows, answered 429
+    /// Klaviyo's), requests per second and per minute on fixed windows (Klaviyo's), answered 429
     /// with `Retry-After` in whole seconds; `None`: no limit.
     pub limits: Option<(u32, u32)>,
 }
@@ -143,8 +143,8 @@ fn admitted(jobs: &mut Jobs, endpoint: (usize, Role), now: Instant) -> Result<()
     };
     let (second, minute) = jobs.limiters.entry(endpoint).or_insert_with(|| {
         (
-            Limiter::new(per_second, Duration::from_secs(1), Window::Sliding),
-            Limiter::new(per_minute, Duration::from_secs(60), Window::Sliding),
+            Limiter::new(per_second, Duration::from_secs(1), Window::Fixed),
+            Limiter::new(per_minute, Duration::from_secs(60), Window::Fixed),
         )
     });
     minute.check(now)?;
