@@ -919,6 +919,15 @@ mod tests {
             (1, 1),
             "b@x shared; B@X no one's"
         );
+    }
+
+    #[test]
+    fn an_errors_source_is_a_path_or_a_url_with_its_origins() {
+        let job = |errors: Value| {
+            JobShape::parse(&json!({"id": "/id",
+                "poll": {"path": "p/{id}", "status": "/s", "complete": ["done"], "failed": []},
+                "errors": errors}))
+        };
         for (errors, words) in [
             (
                 json!({"url": "/u", "path": "e/{id}", "origins": ["https://a.example"], "items": "", "record": {"index": "/i"}}),

@@ -66,6 +66,17 @@ fn profiles(n: usize, invalid: &[usize]) -> Vec<NewDelivery> {
         .collect()
 }
 
+/// A shop whose target's jobs end as `end`, at once.
+async fn shop_ending(end: JobEnd) -> (crate::common::TestDb, courier_target::Target) {
+    let (db, target) = shop(&[], 100, 1).await;
+    target.set_jobs(JobsConfig {
+        complete_after: std::time::Duration::ZERO,
+        end,
+        limits: None,
+    });
+    (db, target)
+}
+
 /// A shop whose target's jobs end as `end` (at once), the job rule, `records` enqueued and
 /// submitted (the chain driven until its run ends): every record accepted in a job.
 async fn submitted(
@@ -76,12 +87,7 @@ async fn submitted(
     courier_target::Target,
     std::sync::Arc<courier::worker::Engine>,
 ) {
-    let (db, target) = shop(&[], 100, 1).await;
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end,
-        limits: None,
-    });
+    let (db, target) = shop_ending(end).await;
     job_rule(&db.pool, 30).await;
     enqueue::enqueue_many(&db.pool, "profiles", records)
         .await
@@ -371,12 +377,7 @@ async fn ingest_rule(pool: &PgPool) {
 
 #[tokio::test]
 async fn an_ingest_job_is_opened_filled_with_csv_closed_and_its_failed_rows_read_by_key() {
-    let (db, target) = shop(&[], 100, 1).await;
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Complete,
-        limits: None,
-    });
+    let (db, target) = shop_ending(JobEnd::Complete).await;
     ingest_rule(&db.pool).await;
     // c2 has no last name (Salesforce fails it); c4 has neither a last name nor the
     // external id its failed row would be named by.
@@ -518,13 +519,7 @@ async fn brevo_import(pool: &PgPool, target: &courier_target::Target, origins: &
 
 #[tokio::test]
 async fn a_brevo_import_reads_its_report_from_the_allowed_file_host_without_the_key() {
-    let db = TestDb::new().await;
-    let target = courier_target::Target::start(0).await.unwrap();
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Complete,
-        limits: None,
-    });
+    let (db, target) = shop_ending(JobEnd::Complete).await;
     let files = target.url().replace("127.0.0.1", "localhost");
     let files = files.trim_end_matches('/');
     // First allowed only from Brevo's own hosts: the report on another origin is not read.
@@ -597,13 +592,7 @@ async fn a_brevo_import_reads_its_report_from_the_allowed_file_host_without_the_
 
 #[tokio::test]
 async fn a_complete_job_that_names_no_errors_file_leaves_its_records_unconfirmed() {
-    let db = TestDb::new().await;
-    let target = courier_target::Target::start(0).await.unwrap();
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Complete,
-        limits: None,
-    });
+    let (db, target) = shop_ending(JobEnd::Complete).await;
     let files = target.url().replace("127.0.0.1", "localhost");
     // The rule looks for the report where the answer has none.
     brevo_import(
@@ -634,13 +623,7 @@ async fn a_complete_job_that_names_no_errors_file_leaves_its_records_unconfirmed
 
 #[tokio::test]
 async fn a_hubspot_import_uploads_a_form_and_reads_its_errors_page_by_page_by_cursor() {
-    let db = TestDb::new().await;
-    let target = courier_target::Target::start(0).await.unwrap();
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Complete,
-        limits: None,
-    });
+    let (db, target) = shop_ending(JobEnd::Complete).await;
     let path = "crm/v3/imports/{id}/errors?includeRowData=true&includeErrorMessage=true&limit=2";
     let rule = ("hubspot", "hubspot-contacts-import");
     preset_job(&db.pool, &target, rule, json!({"path": path})).await;
@@ -698,12 +681,7 @@ async fn a_hubspot_import_uploads_a_form_and_reads_its_errors_page_by_page_by_cu
 
 #[tokio::test]
 async fn a_job_whose_upload_fails_is_aborted_and_one_with_nothing_to_send_is_never_opened() {
-    let (db, target) = shop(&[], 100, 1).await;
-    target.set_jobs(JobsConfig {
-        complete_after: std::time::Duration::ZERO,
-        end: JobEnd::Complete,
-        limits: None,
-    });
+    let (db, target) = shop_ending(JobEnd::Complete).await;
     let ingest = "services/data/v62.0/jobs/ingest";
     let rule = |name: &str, request: serde_json::Value| NewRule {
         name: name.into(),
