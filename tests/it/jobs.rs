@@ -496,6 +496,10 @@ async fn preset_job(
     let preset = courier::presets::find(preset).unwrap();
     let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
     file["connections"][0]["base_url"] = json!(target.url());
+    if file["connections"][0]["auth"]["kind"] == "oauth" {
+        file["connections"][0]["auth"]["token_url"] =
+            json!(format!("{}services/oauth2/token", target.url()));
+    }
     file["rules"]
         .as_array_mut()
         .unwrap()
@@ -757,4 +761,64 @@ async fn a_job_whose_upload_fails_is_aborted_and_one_with_nothing_to_send_is_nev
         before,
         "no request for records refused before sending"
     );
+}
+
+#[tokio::test]
+async fn every_presets_job_that_is_cancelled_sends_again_and_one_that_never_ends_goes_overdue() {
+    let job_rules: Vec<(&str, String)> = courier::presets::PRESETS
+        .iter()
+        .flat_map(|p| {
+            let file: serde_json::Value = serde_json::from_str(p.text).unwrap();
+            let rules = file["rules"].as_array().unwrap().clone();
+            rules
+                .into_iter()
+                .filter(|r| r["job"].is_object())
+                .map(move |r| (p.name, r["name"].as_str().unwrap().to_owned()))
+        })
+        .collect();
+    assert!(job_rules.len() >= 4, "{job_rules:?}");
+    let payload = |i: usize| {
+        json!({"email": format!("c{i}@example.com"), "External_Id__c": format!("c{i}"),
+               "Email": format!("c{i}@example.com"), "LastName": "L", "lastname": "L",
+               "firstname": "Ada"})
+    };
+    for (preset, rule) in &job_rules {
+        for end in [JobEnd::Cancelled, JobEnd::Never] {
+            let (db, target) = shop_ending(end).await;
+            preset_job(&db.pool, &target, (preset, rule), json!({})).await;
+            let records = (0..3).map(|i| NewDelivery::new(format!("c:{i}"), payload(i)));
+            enqueue::enqueue_many(&db.pool, rule, records.collect())
+                .await
+                .unwrap();
+            let engine = engine(&db.pool, settings(&db.url));
+            drive(&engine).await;
+            assert_eq!(statuses(&db.pool).await, [("accepted".into(), 3)], "{rule}");
+            let poller = Poller::new(&engine);
+            engine.clock.advance(Span::seconds(1));
+            assert_eq!(poller.run_once().await.unwrap(), 1, "{rule} {end:?}");
+            let (status, _, every, said) = job_row(&db.pool).await;
+            match end {
+                // The vendor's cancelled state is a failure: every record due again.
+                JobEnd::Cancelled => {
+                    assert_eq!(status, "failed", "{rule}: {said:?}");
+                    assert_eq!(statuses(&db.pool).await, [("pending".into(), 3)], "{rule}");
+                }
+                // Still running, polled later each time, overdue past the rule's bound.
+                _ => {
+                    assert_eq!(status, "submitted", "{rule}: {said:?}");
+                    assert_eq!(every, 2000, "{rule}: the wait doubles");
+                    let bound: i64 = sqlx::query_scalar(
+                        "SELECT (job->>'overdue_after_seconds')::bigint FROM rules",
+                    )
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap();
+                    engine.clock.advance(Span::seconds(bound));
+                    assert_eq!(poller.run_once().await.unwrap(), 1, "{rule}");
+                    assert_eq!(job_row(&db.pool).await.0, "overdue", "{rule}");
+                    assert_eq!(statuses(&db.pool).await, [("accepted".into(), 3)], "{rule}");
+                }
+            }
+        }
+    }
 }
