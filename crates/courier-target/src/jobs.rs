@@ -53,7 +53,7 @@ pub struct JobsConfig {
     /// How a job ends.
     pub end: JobEnd,
     /// Each endpoint's limits (create, upload, close, status, errors: each its own, as
-    /// Klaviyo's), requests per second and per minute on fixed windows (Klaviyo's), answered 429
+    /// Klaviyo's), requests per second and per minute on fixed windows, answered 429
     /// with `Retry-After` in whole seconds; `None`: no limit.
     pub limits: Option<(u32, u32)>,
 }
