@@ -306,9 +306,11 @@ impl Poller {
     /// The job's records as its errors name them: by position, or by a key of each.
     async fn records(&self, job: &Due, shape: &JobShape) -> Result<Records, sqlx::Error> {
         Ok(match shape.key_pointer() {
-            Some(pointer) => Records::keyed(
-                jobs::payload_keys(&self.engine.pool, &job.delivery_ids, pointer).await?,
-            ),
+            Some(pointer) => {
+                let keys =
+                    jobs::payload_keys(&self.engine.pool, &job.delivery_ids, pointer).await?;
+                Records::keyed(keys.into_iter().map(|k| k.map(|k| shape.key(k))).collect())
+            }
             None => Records::counted(job.delivery_ids.len()),
         })
     }

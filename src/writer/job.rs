@@ -343,6 +343,10 @@ pub enum ErrorRecord {
         error: String,
         /// Where the record's payload holds it.
         record: String,
+        /// Whether keys match whatever their case (e-mail addresses, which a target may
+        /// report lowercased).
+        #[serde(default)]
+        ignore_case: bool,
     },
 }
 
@@ -422,7 +426,7 @@ impl JobShape {
             }
             match &e.record {
                 ErrorRecord::Index(p) => pointer_ok("errors.record.index", p)?,
-                ErrorRecord::Key { error, record } => {
+                ErrorRecord::Key { error, record, .. } => {
                     pointer_ok("errors.record.key.error", error)?;
                     pointer_ok("errors.record.key.record", record)?;
                 }
@@ -537,6 +541,17 @@ impl JobShape {
         }
     }
 
+    /// A key as errors and records are matched by: as it is, or lowercased where the rule
+    /// ignores case.
+    pub fn key(&self, key: String) -> String {
+        match self.errors.as_ref().map(|e| &e.record) {
+            Some(ErrorRecord::Key {
+                ignore_case: true, ..
+            }) => key.to_lowercase(),
+            _ => key,
+        }
+    }
+
     /// One errors page: the records it names, those it may name (by a key several records
     /// share, or past the records), those it names by a key no record has, and the next
     /// page's link.
@@ -555,7 +570,7 @@ impl JobShape {
                     item.pointer(p).and_then(Value::as_u64).map(|i| i as usize)
                 }
                 ErrorRecord::Key { error, .. } => {
-                    let key = item.pointer(error).map(text);
+                    let key = item.pointer(error).map(|k| self.key(text(k)));
                     let index = key.as_ref().and_then(|k| records.keys.get(k).copied());
                     if let Some(k) = key.filter(|k| index.is_none() && !records.shared.contains(k))
                         && !k.is_empty()
@@ -919,6 +934,25 @@ mod tests {
             (1, 1),
             "b@x shared; B@X no one's"
         );
+        // Matched whatever their case, the way e-mail addresses are.
+        let mut shape = shape;
+        if let Some(ErrorRecord::Key { ignore_case, .. }) =
+            shape.errors.as_mut().map(|e| &mut e.record)
+        {
+            *ignore_case = true;
+        }
+        let records = Records::keyed(
+            ["A@x", "c@x"]
+                .into_iter()
+                .map(|k| Some(shape.key(k.into())))
+                .collect(),
+        );
+        let rows = shape
+            .errors_answer(&Body::Text("EMAIL\na@X\n".into()))
+            .unwrap();
+        let read = shape.errors_page(&rows, &records).unwrap();
+        assert_eq!((read.errors.len(), read.stray), (1, 0), "{read:?}");
+        assert_eq!(read.errors[0].index, 0);
     }
 
     #[test]
