@@ -42,7 +42,7 @@ pub fn submitted(
 ) -> (Result<Written, WriteError>, Option<String>) {
     match result {
         Ok(w) if w.items.iter().all(Option::is_some) => (Ok(w), None),
-        Ok(w) => match shape.target_id(w.receipt.body.json()) {
+        Ok(w) => match shape.target_id(&w.receipt) {
             Ok(id) => (Ok(w), Some(id)),
             Err(why) => (
                 Err(WriteError::Transient {

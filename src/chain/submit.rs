@@ -57,7 +57,7 @@ pub(super) async fn in_steps(
         Ok(w) => w.receipt,
         Err(e) => return fail(e, requests),
     };
-    let id = match shape.target_id(opened.body.json()) {
+    let id = match shape.target_id(&opened) {
         Ok(id) => id,
         Err(why) => {
             let message = format!("the job's open call: {why}; no record was sent");

@@ -641,6 +641,11 @@ pub async fn classify_response(
             );
         }
         let rate_headers = rate_limit_headers(response.headers(), signals);
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(str::to_owned);
         let body = match read_body {
             true => read_answer(response).await,
             false => Body::Empty,
@@ -649,6 +654,7 @@ pub async fn classify_response(
             http_status: Some(status),
             rate_headers,
             body,
+            location,
         });
     }
     if status == 429 {

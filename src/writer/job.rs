@@ -22,7 +22,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::wire::Body;
+use super::wire::{Body, Receipt};
+
+/// The `id` that names a job by the answer's `Location` header.
+const LOCATION: &str = "Location";
 
 /// How a rule's jobs are submitted, polled and read.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -42,7 +45,9 @@ pub struct JobShape {
     /// its records are sent again.
     #[serde(default)]
     pub abort: Option<Step>,
-    /// Where the answer of the submit (or of `open`) names the job's id (a JSON pointer).
+    /// Where the answer of the submit (or of `open`) names the job's id: a JSON pointer
+    /// into its body, or `"Location"`: the last path segment of its `Location` header (a
+    /// 202 naming its status monitor).
     pub id: String,
     /// How the job is polled.
     pub poll: Poll,
@@ -384,7 +389,9 @@ impl JobShape {
     pub fn parse(value: &Value) -> Result<Self, String> {
         let shape: JobShape = serde_json::from_value(value.clone())
             .map_err(|e| format!("job: {e} (see docs/catalog.md, \"Asynchronous jobs\")"))?;
-        pointer_ok("id", &shape.id)?;
+        if shape.id != LOCATION {
+            pointer_ok("id", &shape.id)?;
+        }
         if let Some(open) = &shape.open {
             open.check("open", false)?;
         }
@@ -462,8 +469,18 @@ impl JobShape {
     }
 
     /// The job's id in the submit's answer, or why it names none.
-    pub fn target_id(&self, answer: Option<&Value>) -> Result<String, String> {
-        let found = answer.and_then(|a| a.pointer(&self.id));
+    pub fn target_id(&self, answer: &Receipt) -> Result<String, String> {
+        if self.id == LOCATION {
+            let segment = answer.location.as_deref().and_then(|l| {
+                let path = l.split(['?', '#']).next()?;
+                path.trim_end_matches('/').rsplit('/').next()
+            });
+            return match segment {
+                Some(id) if !id.is_empty() && id.len() <= 200 => Ok(id.to_owned()),
+                _ => Err("the answer names no job in its Location header".into()),
+            };
+        }
+        let found = answer.body.json().and_then(|a| a.pointer(&self.id));
         match found {
             Some(Value::String(s)) if !s.is_empty() && s.len() <= 200 => Ok(s.clone()),
             Some(Value::Number(n)) => Ok(n.to_string()),
@@ -757,13 +774,30 @@ mod tests {
     #[test]
     fn a_job_is_named_polled_and_its_errors_read_by_pointer() {
         let shape = klaviyo();
+        let answer = |body: Value| Receipt {
+            body: Body::Json(body),
+            ..Receipt::default()
+        };
         assert_eq!(
-            shape.target_id(Some(&json!({"data": {"id": "01J"}}))),
+            shape.target_id(&answer(json!({"data": {"id": "01J"}}))),
             Ok("01J".into())
         );
-        let e = shape.target_id(Some(&json!({"data": {}}))).unwrap_err();
+        let e = shape.target_id(&answer(json!({"data": {}}))).unwrap_err();
         assert!(e.contains("no job id at \"/data/id\""), "{e}");
-        assert!(shape.target_id(None).is_err());
+        assert!(shape.target_id(&Receipt::default()).is_err());
+        // A 202 naming its status monitor in Location.
+        let mut located = shape.clone();
+        located.id = LOCATION.into();
+        let at = |l: &str| Receipt {
+            location: Some(l.into()),
+            ..Receipt::default()
+        };
+        assert_eq!(
+            located.target_id(&at("https://t.example/api/jobs/j-7?x=1")),
+            Ok("j-7".into())
+        );
+        assert_eq!(located.target_id(&at("/jobs/j-8/")), Ok("j-8".into()));
+        assert!(located.target_id(&Receipt::default()).is_err());
         assert_eq!(
             shape.poll_path("a/../b"),
             "profile-bulk-import-jobs/a%2F..%2Fb"

@@ -28,6 +28,8 @@ pub struct Receipt {
     /// The response's body, read only for calls that carry several records (whose
     /// answer may speak of each).
     pub body: Body,
+    /// The answer's `Location` header, if any (a 202's status monitor: a job's id).
+    pub location: Option<String>,
 }
 
 /// A 2xx answer's body as read.

@@ -822,3 +822,53 @@ async fn every_presets_job_that_is_cancelled_sends_again_and_one_that_never_ends
         }
     }
 }
+
+#[tokio::test]
+async fn a_job_named_by_its_answers_location_is_polled_there() {
+    // A target answering its submit 202 with the job's status monitor in Location.
+    let target = Server::start("127.0.0.1", |s| {
+        match (s.head.split(' ').next().unwrap_or(""), s.path.as_str()) {
+            ("POST", "/jobs") => answer("202 Accepted", "Location: /jobs/j-42?v=1\r\n", ""),
+            ("GET", "/jobs/j-42") => answer("200 OK", "", r#"{"state": "done"}"#),
+            _ => answer("404 Not Found", "", "{}"),
+        }
+    })
+    .await;
+    let db = TestDb::new().await;
+    let shop = catalog::NewConnection {
+        name: "shop".into(),
+        writer: "http_json".into(),
+        base_url: target.url.clone(),
+        ..Default::default()
+    };
+    catalog::upsert_connection(&db.pool, &shop).await.unwrap();
+    catalog::upsert_rule(
+        &db.pool,
+        &NewRule {
+            name: "located".into(),
+            connection: "shop".into(),
+            path: "jobs".into(),
+            records_per_call: Some(10),
+            job: Some(json!({"id": "Location",
+                             "poll": {"path": "jobs/{id}", "status": "/state",
+                                      "complete": ["done"], "failed": []},
+                             "first_poll_seconds": 1})),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    enqueue::enqueue_many(&db.pool, "located", profiles(2, &[]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let id: String = sqlx::query_scalar("SELECT target_id FROM target_jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(id, "j-42");
+    engine.clock.advance(Span::seconds(1));
+    assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
+    assert_eq!(statuses(&db.pool).await, [("delivered".into(), 2)]);
+}
