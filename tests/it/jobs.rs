@@ -492,20 +492,9 @@ async fn preset_job(
     (preset, rule): (&str, &str),
     errors: serde_json::Value,
 ) {
-    preset_keys();
     let preset = courier::presets::find(preset).unwrap();
-    let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
-    file["connections"][0]["base_url"] = json!(target.url());
-    if file["connections"][0]["auth"]["kind"] == "oauth" {
-        file["connections"][0]["auth"]["token_url"] =
-            json!(format!("{}services/oauth2/token", target.url()));
-    }
-    file["rules"]
-        .as_array_mut()
-        .unwrap()
-        .retain(|r| r["name"] == rule);
+    let mut file = preset_rule(preset, rule, &target.url());
     let job = &mut file["rules"][0]["job"];
-    job["first_poll_seconds"] = json!(1);
     for (field, value) in errors.as_object().unwrap() {
         job["errors"][field] = value.clone();
     }

@@ -49,20 +49,7 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
         for rule in preset.rules() {
             let db = TestDb::new().await;
             let target = Target::start(0).await.unwrap();
-            let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
-            file["connections"][0]["base_url"] = json!(target.url());
-            if file["connections"][0]["auth"]["kind"] == "oauth" {
-                file["connections"][0]["auth"]["token_url"] =
-                    json!(format!("{}services/oauth2/token", target.url()));
-            }
-            file["rules"]
-                .as_array_mut()
-                .unwrap()
-                .retain(|r| r["name"] == rule.as_str());
-            // A job rule's first poll comes after a second here, not the preset's wait.
-            if file["rules"][0]["job"].is_object() {
-                file["rules"][0]["job"]["first_poll_seconds"] = json!(1);
-            }
+            let mut file = preset_rule(preset, &rule, &target.url());
             // A job whose errors are a file on the vendor's file host: the target serves it
             // at its other loopback name, the one origin the operator allows here.
             if let Some(errors) = file.pointer_mut("/rules/0/job/errors")

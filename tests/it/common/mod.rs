@@ -546,3 +546,29 @@ pub async fn use_preset_signals(pool: &PgPool, name: &str) {
         .await
         .unwrap();
 }
+
+/// Preset `preset`'s file with rule `rule` alone, its connection pointed at `target` (an
+/// OAuth token URL too), a job's first poll after a second rather than the preset's wait;
+/// the presets' keys set.
+pub fn preset_rule(
+    preset: &courier::presets::Preset,
+    rule: &str,
+    target: &str,
+) -> serde_json::Value {
+    preset_keys();
+    let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
+    let connection = &mut file["connections"][0];
+    connection["base_url"] = serde_json::json!(target);
+    if connection["auth"]["kind"] == "oauth" {
+        connection["auth"]["token_url"] =
+            serde_json::json!(format!("{target}services/oauth2/token"));
+    }
+    file["rules"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|r| r["name"] == rule);
+    if file["rules"][0]["job"].is_object() {
+        file["rules"][0]["job"]["first_poll_seconds"] = serde_json::json!(1);
+    }
+    file
+}
