@@ -7,7 +7,10 @@
 use serde_json::Value;
 
 use crate::writer::{
-    Call, Outgoing, WriterKind, answer::AnswerMap, http::MAX_RECORDS_PER_JOB, job::JobShape,
+    Call, Outgoing, WriterKind,
+    answer::{self, AnswerMap, Refusal},
+    http::MAX_RECORDS_PER_JOB,
+    job::JobShape,
     request::RequestShape,
 };
 
@@ -22,6 +25,9 @@ pub struct RuleProfile {
     pub request: RequestShape,
     /// How its answers name each record's fate; `None`: the generic per-item array.
     pub answer: Option<AnswerMap>,
+    /// Error answers that refuse records of a call rather than the request: such a call
+    /// is split like one refused for its content.
+    pub refusals: Vec<Refusal>,
     /// How it delivers through the target's asynchronous jobs; `None`: its calls are
     /// synchronous.
     pub job: Option<JobShape>,
@@ -125,9 +131,9 @@ impl RuleProfile {
             (false, None) => RequestShape::default(),
             (false, Some(_)) => return Err(only_profiled("request")),
         };
-        let answer = match (writer.shaped_by_profile(), s.answer) {
-            (_, None) => None,
-            (true, Some(a)) => Some(AnswerMap::parse(a).map_err(ProfileError::at("answer"))?),
+        let (answer, refusals) = match (writer.shaped_by_profile(), s.answer) {
+            (_, None) => (None, Vec::new()),
+            (true, Some(a)) => answer::parse_rule(a).map_err(ProfileError::at("answer"))?,
             (false, Some(_)) => return Err(only_profiled("answer")),
         };
         Ok(Self {
@@ -135,6 +141,7 @@ impl RuleProfile {
             records_per_call,
             request,
             answer,
+            refusals,
             job,
         })
     }

@@ -18,7 +18,7 @@ use crate::{
     engine::Engine,
     profile::RuleProfile,
     ratelimit::pacer::PacerError,
-    writer::{Outgoing, WriteError, Writer, Written},
+    writer::{Outgoing, WriteError, Writer, Written, answer::Refusal},
 };
 
 /// One call's answer, or a call not made.
@@ -70,7 +70,8 @@ pub type Group = Vec<(usize, Arc<Claimed>)>;
 /// Makes the calls `source` yields, yielding each call's answer as it completes (the calls
 /// of up to the writer's max in flight groups run at once). A call of several
 /// records refused as a whole for its content ([`WriteError::Permanent`], but for a
-/// refusal of the request itself: see [`refuses_content`]) is split in halves, each sent
+/// refusal of the request itself: see [`refuses_content`]), or answered by a 207 that
+/// accounts for none of them, is split in halves, each sent
 /// again as a paced call of its own, down to single records. The source may be fed while
 /// calls go on (the next batch, claimed during this one's tail); the stream ends when the
 /// source does and every call has answered.
@@ -106,9 +107,9 @@ fn call_group<'a>(
                 true => None,
                 false => call_once(engine, ctx, profile, writer, &group, stop).await,
             };
-            if let Some(Made { result: Err(e), .. }) = &answer
+            if let Some(Made { result, .. }) = &answer
                 && group.len() > 1
-                && refuses_content(e)
+                && decides_none(result, &profile.refusals)
             {
                 let (first, second) = group.split_at(group.len() / 2);
                 // Popped from the end: the first half goes first.
@@ -135,14 +136,40 @@ fn call_group<'a>(
     )
 }
 
-/// Whether a call's refusal may be one of its records' doing, so splitting the call finds
-/// the good ones: a permanent refusal, but for those about the request itself rather than
-/// its body (credentials 401, 403, 407; address 404; method 405), which every record of the
-/// call gets as it is.
-fn refuses_content(e: &WriteError) -> bool {
+/// Whether a call of several records is to be split because its answer decides none of
+/// them for a reason that may be some records' doing, so splitting finds the good ones: a
+/// refusal of the call for its content, or a multi-status answer (207) that accounts for
+/// none of the records it carried.
+fn decides_none(result: &Result<Written, WriteError>, refusals: &[Refusal]) -> bool {
+    match result {
+        Err(e) => refuses_content(e, refusals),
+        Ok(w) => {
+            w.receipt.http_status == Some(207)
+                && w.items
+                    .iter()
+                    .any(|i| matches!(i, Some(WriteError::Unaccounted { .. })))
+                && w.items.iter().all(|i| {
+                    matches!(
+                        i,
+                        Some(
+                            WriteError::Unaccounted { .. }
+                                | WriteError::Permanent { status: None, .. }
+                        )
+                    )
+                })
+        }
+    }
+}
+
+/// Whether a call's refusal may be one of its records' doing: a permanent refusal, but for
+/// those about the request itself rather than its body (credentials 401, 403, 407;
+/// address 404; method 405), which every record of the call gets as it is, unless the
+/// rule names the answer a refusal of records (`refusals`).
+fn refuses_content(e: &WriteError, refusals: &[Refusal]) -> bool {
     match e {
         WriteError::Permanent { status, .. } => {
             !matches!(status, Some(401 | 403 | 404 | 405 | 407))
+                || refusals.iter().any(|r| r.matches(e))
         }
         _ => false,
     }

@@ -107,6 +107,48 @@ pub enum RecordKey {
     Payload(String),
 }
 
+/// An error answer that refuses some records of a call rather than the request itself
+/// (Brevo's `404 {"code": "document_not_found", "message": "No contact found for indexes
+/// 3,4"}` to a batch update naming contacts it does not know): the call is split in halves
+/// like any call refused for its content, until each such record is refused alone and
+/// rejected with the target's message, the others delivered.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refusal {
+    /// The answer's status.
+    pub status: u16,
+    /// Text its body holds.
+    pub body_contains: String,
+}
+
+impl Refusal {
+    /// Whether `e`, a call's whole answer, is this refusal.
+    pub fn matches(&self, e: &WriteError) -> bool {
+        matches!(e, WriteError::Permanent { status: Some(s), message }
+            if *s == self.status && message.contains(&self.body_contains))
+    }
+}
+
+/// Reads a rule's `answer` (JSON): its map (a `kind` and the fields of that kind), and the
+/// error answers that refuse records rather than the request (`refusals`), either alone.
+pub fn parse_rule(value: &Value) -> Result<(Option<AnswerMap>, Vec<Refusal>), String> {
+    let mut fields = value.as_object().cloned().unwrap_or_default();
+    let refusals = match fields.remove("refusals") {
+        None => Vec::new(),
+        Some(r) => serde_json::from_value::<Vec<Refusal>>(r).map_err(|e| {
+            format!("answer: refusals: {e} (each {{\"status\", \"body_contains\"}})")
+        })?,
+    };
+    if refusals.iter().any(|r| r.body_contains.is_empty()) {
+        return Err("answer: refusals: body_contains is empty, which every answer holds".into());
+    }
+    let map = match fields.is_empty() && !refusals.is_empty() {
+        true => None,
+        false => Some(AnswerMap::parse(&Value::Object(fields))?),
+    };
+    Ok((map, refusals))
+}
+
 impl AnswerMap {
     /// Reads a rule's `answer` (JSON), checking every pointer; the error names what is
     /// wrong.
@@ -417,9 +459,9 @@ pub fn unaccounted(status: u16, n: usize, why: &str) -> Vec<Option<WriteError>> 
 
 /// A record the answer does not account for: transient, so it is sent again.
 fn unaccounted_error(status: u16, why: &str) -> WriteError {
-    WriteError::Transient {
-        status: Some(status),
-        message: format!("unaccounted for: {why}; sent again"),
+    WriteError::Unaccounted {
+        status,
+        message: why.to_owned(),
     }
 }
 
@@ -548,9 +590,7 @@ mod tests {
             .map(|e| match e {
                 None => "delivered",
                 Some(WriteError::Permanent { .. }) => "rejected",
-                Some(WriteError::Transient { message, .. }) if message.contains("unaccounted") => {
-                    "unaccounted"
-                }
+                Some(WriteError::Unaccounted { .. }) => "unaccounted",
                 Some(_) => "failed",
             })
             .collect()

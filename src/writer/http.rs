@@ -997,7 +997,7 @@ mod tests {
         assert_eq!(status(json!({"status": 429})), Some((Some(429), true)));
         assert!(matches!(
             item_outcome(200, &json!("ok")),
-            Some(WriteError::Transient { message, .. }) if message.contains("unaccounted")
+            Some(WriteError::Unaccounted { .. })
         ));
         let e = item_outcome(200, &json!({"status": 409, "error": "duplicate sku"})).unwrap();
         assert!(e.to_string().contains("duplicate sku"), "{e}");

@@ -19,6 +19,7 @@
 pub mod answer;
 pub mod auth;
 pub mod contract;
+pub mod filters;
 pub mod http;
 pub mod job;
 pub mod oauth;

@@ -6,7 +6,8 @@
 //! payload), `"{{payload/email}}"` (a field of it, by JSON pointer), `"{{delivery_id}}"`,
 //! `"{{record_key}}"`, and in a body, `"{{records}}"` (the call's items). A placeholder that
 //! is the whole string is replaced by the value itself (an object stays an object); one
-//! inside a longer string by its text. An object's key `"..."` spreads its value's fields
+//! inside a longer string by its text. Filters after a `|` put a value in the target's
+//! types and names (`"{{payload | omit email | upper_keys}}"`: [`super::filters`]). An object's key `"..."` spreads its value's fields
 //! into the object (`{"attributes": {"type": "Contact"}, "...": "{{payload}}"}`). In the
 //! rule's path, `{payload/email}`,
 //! `{delivery_id}` and `{record_key}` are filled URL-encoded, one record per call. An
@@ -16,6 +17,8 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::filters;
 
 /// How a rule's requests are shaped.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -447,8 +450,13 @@ fn check(t: &Value, what: &str, in_body: bool) -> Result<usize, String> {
     match t {
         Value::String(s) => {
             let mut n = 0;
-            for (start, end, name) in placeholders(s) {
-                let s_ = slot(name).map_err(|e| format!("request: {what}: {e}"))?;
+            for (start, end, placeholder) in placeholders(s) {
+                let at = |e: String| format!("request: {what}: {e}");
+                let (name, filters) = filters::split(placeholder).map_err(at)?;
+                let s_ = slot(name).map_err(at)?;
+                if s_ == Slot::Records && !filters.is_empty() {
+                    return Err(at("{{records}} takes no filter".into()));
+                }
                 if in_body && s_ != Slot::Records {
                     return Err(format!(
                         "request: body: {{{{{name}}}}} is a record's, and the body holds \
@@ -560,13 +568,15 @@ fn fill_records(t: &Value, items: &Value) -> Value {
     }
 }
 
-fn value(name: &str, r: Record<'_>, records: Option<&Value>) -> Result<Value, String> {
-    Ok(match slot(name)? {
+fn value(placeholder: &str, r: Record<'_>, records: Option<&Value>) -> Result<Value, String> {
+    let (name, filters) = filters::split(placeholder)?;
+    let v = match slot(name)? {
         Slot::Payload(p) => lookup(r.payload, p)?.clone(),
         Slot::DeliveryId => Value::String(r.delivery_id.to_string()),
         Slot::RecordKey => Value::String(r.record_key.to_owned()),
         Slot::Records => records.cloned().unwrap_or(Value::Null),
-    })
+    };
+    filters::apply(v, &filters)
 }
 
 fn lookup<'v>(payload: &'v Value, pointer: &str) -> Result<&'v Value, String> {

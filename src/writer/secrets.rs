@@ -128,6 +128,10 @@ impl Secrets {
                 status,
                 message: self.redact(&message),
             },
+            WriteError::Unaccounted { status, message } => WriteError::Unaccounted {
+                status,
+                message: self.redact(&message),
+            },
         }
     }
 

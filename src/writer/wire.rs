@@ -129,6 +129,17 @@ pub enum WriteError {
         /// What went wrong (never contains credentials).
         message: String,
     },
+    /// The target answered the call but not for this record (a 207 courier cannot map, an
+    /// answer naming failures it cannot place): never read as delivered, sent again like a
+    /// transient failure; a call the answer decides no record of is split like a refused
+    /// one.
+    #[error("unaccounted for{}: {message}; sent again", status_suffix(Some(*.status)))]
+    Unaccounted {
+        /// The answer's HTTP status.
+        status: u16,
+        /// Why the answer does not account for it.
+        message: String,
+    },
 }
 
 fn status_suffix(status: Option<u16>) -> String {
@@ -144,6 +155,7 @@ impl WriteError {
             WriteError::RateLimited { .. } => true,
             WriteError::Permanent { status, .. } => status.is_some(),
             WriteError::Transient { .. } => false,
+            WriteError::Unaccounted { .. } => true,
         }
     }
 
@@ -152,6 +164,7 @@ impl WriteError {
         match self {
             WriteError::RateLimited { .. } => Some(429),
             WriteError::Permanent { status, .. } | WriteError::Transient { status, .. } => *status,
+            WriteError::Unaccounted { status, .. } => Some(*status),
         }
     }
 }

@@ -225,11 +225,12 @@ async fn a_207_courier_cannot_map_delivers_none_of_its_records() {
         .unwrap();
     let engine = engine(&db.pool, settings(&db.url));
     drive(&engine).await;
-    // The call with the bad record got a 207 naming nobody: its five are failed, to be
-    // sent again, never delivered; the other call's 200 delivers its five.
+    // The call with the bad record got a 207 naming nobody: split in halves until the bad
+    // record is alone, whose 207 still names nobody: it is failed, to be sent again,
+    // never delivered; every other record is delivered.
     assert_eq!(
         statuses(&db.pool).await,
-        [("delivered".into(), 5), ("pending".into(), 5)]
+        [("delivered".into(), 9), ("pending".into(), 1)]
     );
     let failed: Vec<(String, i16, String)> = sqlx::query_as(
         "SELECT outcome, http_status, error FROM ledger WHERE outcome <> 'delivered'",
@@ -237,12 +238,39 @@ async fn a_207_courier_cannot_map_delivers_none_of_its_records() {
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    assert_eq!(failed.len(), 5, "{failed:?}");
-    for (outcome, status, error) in failed {
-        assert_eq!((outcome.as_str(), status), ("failed", 207));
-        assert!(error.contains("unaccounted for"), "{error}");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let (outcome, status, error) = &failed[0];
+    assert_eq!((outcome.as_str(), *status), ("failed", 207));
+    assert!(error.contains("unaccounted for"), "{error}");
+    // Two calls of five, the 207'd one split 5 -> 2 + 3 -> 1 + 2 -> 1 + 1.
+    assert_eq!(target.counters().requests, 2 + 2 + 2 + 2);
+}
+
+#[tokio::test]
+async fn an_unmapped_207_costs_no_valid_record() {
+    let (db, _target) = shop(&[], 100, 2).await;
+    bulk_rule(&db.pool, "events", "batch/unmapped/", 50, None).await;
+    let invalid: Vec<usize> = (0..10).map(|i| 7 + i * 49).collect();
+    enqueue::enqueue_many(&db.pool, "events", records("e", 500, &invalid))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    // Every attempt the rule allows (3), each after its backoff.
+    for _ in 0..4 {
+        drive(&engine).await;
+        engine.clock.advance(Span::minutes(10));
     }
-    assert_eq!(target.counters().requests, 2);
+    assert_eq!(
+        statuses(&db.pool).await,
+        [("delivered".into(), 490), ("exhausted".into(), 10)]
+    );
+    assert_eq!(delivered_rows(&db.pool).await, 490, "each delivered once");
+    let exhausted: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM deliveries WHERE status = 'exhausted' ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(exhausted, invalid_ids(&db.pool).await);
 }
 
 #[tokio::test]

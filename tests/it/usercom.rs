@@ -188,6 +188,7 @@ fn status_of(e: &WriteError) -> (&'static str, Option<u16>) {
         WriteError::RateLimited { .. } => ("rate_limited", Some(429)),
         WriteError::Permanent { status, .. } => ("permanent", *status),
         WriteError::Transient { status, .. } => ("transient", *status),
+        WriteError::Unaccounted { status, .. } => ("unaccounted", Some(*status)),
     }
 }
 

@@ -1,0 +1,239 @@
+//! Filters in a request template's placeholder, which put a value in the target's types
+//! and names: `{{payload | strings}}` (HubSpot's contact properties, strings only),
+//! `{{payload | omit email | upper_keys}}` (Brevo's `attributes`, named in upper case).
+//! Each filter follows a `|`, applied left to right; its arguments, where it takes any,
+//! follow its name, separated by commas:
+//!
+//! - `strings`: every value as text (a field of an object, an item of a list, or the value
+//!   itself): a string as it is, a number or a boolean as written in JSON, an object or a
+//!   list as its JSON text; null stays null.
+//! - `pick a,b`: only these fields of an object (an absent one stays absent).
+//! - `omit a,b`: the object without these fields.
+//! - `rename a:A,b:B`: these fields under their new names (an absent one stays absent).
+//! - `upper_keys`, `lower_keys`: the object's field names in upper or lower case.
+//!
+//! A filter courier does not know, or one missing its arguments, is refused when the rule
+//! is saved; an object filter given something else refuses that record alone.
+
+use serde_json::{Map, Value};
+
+/// One filter of a placeholder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// Every value as text.
+    Strings,
+    /// Only these fields.
+    Pick(Vec<String>),
+    /// Without these fields.
+    Omit(Vec<String>),
+    /// Fields renamed, old to new.
+    Rename(Vec<(String, String)>),
+    /// Field names in upper case.
+    UpperKeys,
+    /// Field names in lower case.
+    LowerKeys,
+}
+
+/// A placeholder's text split into what fills it (`payload/email`) and its filters; the
+/// error names the filter at fault.
+pub fn split(placeholder: &str) -> Result<(&str, Vec<Filter>), String> {
+    let mut parts = placeholder.split('|');
+    let name = parts.next().unwrap_or_default().trim();
+    let filters = parts.map(parse).collect::<Result<_, _>>()?;
+    Ok((name, filters))
+}
+
+/// One filter as written (`omit email, phone`).
+fn parse(text: &str) -> Result<Filter, String> {
+    let text = text.trim();
+    let (name, args) = text.split_once(' ').unwrap_or((text, ""));
+    let list = || -> Result<Vec<String>, String> {
+        let fields: Vec<String> = args
+            .split(',')
+            .map(|a| a.trim().to_owned())
+            .filter(|a| !a.is_empty())
+            .collect();
+        match fields.is_empty() {
+            true => Err(format!(
+                "filter {name} names no field (e.g. `{name} email`)"
+            )),
+            false => Ok(fields),
+        }
+    };
+    let bare = |f: Filter| match args.trim().is_empty() {
+        true => Ok(f),
+        false => Err(format!(
+            "filter {name} takes no argument, and was given {args:?}"
+        )),
+    };
+    match name {
+        "strings" => bare(Filter::Strings),
+        "upper_keys" => bare(Filter::UpperKeys),
+        "lower_keys" => bare(Filter::LowerKeys),
+        "pick" => Ok(Filter::Pick(list()?)),
+        "omit" => Ok(Filter::Omit(list()?)),
+        "rename" => list()?
+            .into_iter()
+            .map(|pair| match pair.split_once(':') {
+                Some((from, to)) if !from.trim().is_empty() && !to.trim().is_empty() => {
+                    Ok((from.trim().to_owned(), to.trim().to_owned()))
+                }
+                _ => Err(format!("filter rename takes old:new pairs, not {pair:?}")),
+            })
+            .collect::<Result<_, _>>()
+            .map(Filter::Rename),
+        "" => Err("an empty filter after |".into()),
+        other => Err(format!(
+            "unknown filter {other:?} (known: strings, pick, omit, rename, upper_keys, \
+             lower_keys)"
+        )),
+    }
+}
+
+/// `value` through `filters`, in order; the error names the filter whose input is wrong.
+pub fn apply(mut value: Value, filters: &[Filter]) -> Result<Value, String> {
+    for f in filters {
+        value = match f {
+            Filter::Strings => strings(value),
+            other => Value::Object(fields(other, value)?),
+        };
+    }
+    Ok(value)
+}
+
+/// A value's text, for `strings`.
+fn strings(value: Value) -> Value {
+    match value {
+        Value::Object(m) => Value::Object(m.into_iter().map(|(k, v)| (k, text(v))).collect()),
+        Value::Array(a) => Value::Array(a.into_iter().map(text).collect()),
+        other => text(other),
+    }
+}
+
+/// One value as text: a string as it is, null as null, anything else as its JSON.
+fn text(v: Value) -> Value {
+    match v {
+        Value::String(_) | Value::Null => v,
+        other => Value::String(other.to_string()),
+    }
+}
+
+/// An object filter applied to `value`.
+fn fields(f: &Filter, value: Value) -> Result<Map<String, Value>, String> {
+    let Value::Object(mut m) = value else {
+        return Err(format!(
+            "filter {} takes an object, and this record gives {}",
+            name(f),
+            kind(&value)
+        ));
+    };
+    Ok(match f {
+        Filter::Pick(keep) => keep
+            .iter()
+            .filter_map(|k| m.remove_entry(k.as_str()))
+            .collect(),
+        Filter::Omit(drop) => {
+            m.retain(|k, _| !drop.contains(k));
+            m
+        }
+        Filter::Rename(pairs) => {
+            for (from, to) in pairs {
+                if let Some(v) = m.remove(from.as_str()) {
+                    m.insert(to.clone(), v);
+                }
+            }
+            m
+        }
+        Filter::UpperKeys => m.into_iter().map(|(k, v)| (k.to_uppercase(), v)).collect(),
+        Filter::LowerKeys => m.into_iter().map(|(k, v)| (k.to_lowercase(), v)).collect(),
+        Filter::Strings => m,
+    })
+}
+
+/// A filter's name as written.
+fn name(f: &Filter) -> &'static str {
+    match f {
+        Filter::Strings => "strings",
+        Filter::Pick(_) => "pick",
+        Filter::Omit(_) => "omit",
+        Filter::Rename(_) => "rename",
+        Filter::UpperKeys => "upper_keys",
+        Filter::LowerKeys => "lower_keys",
+    }
+}
+
+/// What kind of JSON value `v` is, in words.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn run(placeholder: &str, v: Value) -> Result<Value, String> {
+        let (_, filters) = split(placeholder)?;
+        apply(v, &filters)
+    }
+
+    #[test]
+    fn strings_puts_every_value_in_text() {
+        let v = json!({"email": "a@x", "age": 42, "vip": true, "score": 1.5, "gone": null,
+                       "tags": ["a", 1], "address": {"city": "Oslo"}});
+        assert_eq!(
+            run("payload | strings", v).unwrap(),
+            json!({"email": "a@x", "age": "42", "vip": "true", "score": "1.5", "gone": null,
+                   "tags": "[\"a\",1]", "address": "{\"city\":\"Oslo\"}"})
+        );
+        assert_eq!(run("payload/n|strings", json!(7)).unwrap(), json!("7"));
+    }
+
+    #[test]
+    fn object_filters_pick_omit_rename_and_case_keys() {
+        let v = json!({"email": "a@x", "firstname": "Ada", "lastname": "L", "phone": "+47"});
+        assert_eq!(
+            run(
+                "payload | omit email | rename phone:SMS | upper_keys",
+                v.clone()
+            )
+            .unwrap(),
+            json!({"FIRSTNAME": "Ada", "LASTNAME": "L", "SMS": "+47"})
+        );
+        assert_eq!(
+            run("payload | pick email, missing, phone", v.clone()).unwrap(),
+            json!({"email": "a@x", "phone": "+47"})
+        );
+        assert_eq!(
+            run("payload | upper_keys | lower_keys", v.clone()).unwrap(),
+            v
+        );
+    }
+
+    #[test]
+    fn bad_filters_are_named() {
+        for (text, want) in [
+            ("payload | shout", "unknown filter \"shout\""),
+            ("payload | pick", "filter pick names no field"),
+            ("payload | rename a", "old:new pairs"),
+            ("payload | strings x", "takes no argument"),
+            ("payload |", "an empty filter"),
+        ] {
+            let e = split(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let e = run("payload/n | omit a", json!(3)).unwrap_err();
+        assert!(
+            e.contains("omit takes an object") && e.contains("a number"),
+            "{e}"
+        );
+    }
+}
