@@ -49,6 +49,8 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
         for rule in preset.rules() {
             let db = TestDb::new().await;
             let target = Target::start(0).await.unwrap();
+            // Customers the target knows already, for a rule that only updates.
+            target.seed_contacts(preset.name, (0..6).map(|i| format!("c{i}@example.com")));
             let mut file = preset_rule(preset, &rule, &target.url());
             // A job whose errors are a file on the vendor's file host: the target serves it
             // at its other loopback name, the one origin the operator allows here.
@@ -127,6 +129,130 @@ async fn every_presets_rules_deliver_and_refused_records_end_rejected() {
     println!("{}", cells.join("\n"));
     let rules: usize = PRESETS.iter().map(|p| p.rules().len()).sum();
     assert_eq!(cells.len(), rules, "every rule of every preset ran");
+}
+
+/// Each preset's customer rule (the first it lists) and a customer as its payloads carry
+/// one, named by `email`.
+fn customer(preset: &str, email: &str) -> serde_json::Value {
+    match preset {
+        // Numbers and booleans, which HubSpot's spec takes only as text.
+        "hubspot" => json!({"email": email, "firstname": "Ada", "age": 36, "vip": true}),
+        "klaviyo" => json!({"email": email, "first_name": "Ada"}),
+        "brevo" => json!({"email": email, "firstname": "Ada", "lastname": "Lovelace"}),
+        "braze" => json!({"external_id": email, "email": email, "first_name": "Ada"}),
+        "customerio" => json!({"type": "person", "action": "identify",
+                               "identifiers": {"id": email}, "attributes": {"first_name": "Ada"}}),
+        "mailchimp" => json!({"email_address": email, "status": "subscribed",
+                              "merge_fields": {"FNAME": "Ada"}}),
+        "salesforce" => json!({"External_Id__c": email, "Email": email, "LastName": "Lovelace"}),
+        "keap" => json!({"email_addresses": [{"email": email, "field": "EMAIL1"}],
+                         "given_name": "Ada"}),
+        other => panic!("preset {other}: name its customer here"),
+    }
+}
+
+/// The customer rule each preset lists first creates a customer its target does not know
+/// and updates one it knows: both exist at the target afterwards, each with the record
+/// courier sent, and both read delivered. The targets answer as each vendor's reference
+/// says (`presets/<name>.target.json` names it per endpoint).
+#[tokio::test]
+async fn every_presets_customer_rule_creates_a_new_customer_and_updates_a_known_one() {
+    preset_keys();
+    let mut cells = Vec::new();
+    for preset in PRESETS {
+        let rule = preset.rules()[0].clone();
+        let db = TestDb::new().await;
+        let target = Target::start(0).await.unwrap();
+        target.seed_contacts(preset.name, ["known@example.com".to_owned()]);
+        let file = preset_rule(preset, &rule, &target.url());
+        apply::apply_file(&db.pool, &file.to_string(), Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("{}/{rule}: {e}", preset.name));
+        let people = ["new@example.com", "Known@example.com"]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| NewDelivery::new(format!("c:{i}"), customer(preset.name, e)));
+        courier::enqueue::enqueue_many(&db.pool, &rule, people.collect())
+            .await
+            .unwrap();
+        let engine = engine(&db.pool, settings(&db.url));
+        drive(&engine).await;
+        let got: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT d.status, (SELECT l.error FROM ledger l WHERE l.delivery_id = d.id
+                               ORDER BY l.id DESC LIMIT 1)
+             FROM deliveries d ORDER BY d.id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let cell = format!("{}/{rule}", preset.name);
+        assert!(
+            got.iter().all(|(s, _)| s == "delivered"),
+            "{cell}: {got:?} {:?}",
+            target.requests().first()
+        );
+        let kept = target.contacts(preset.name);
+        let keys: Vec<&str> = kept.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["known@example.com", "new@example.com"], "{cell}");
+        // The known customer holds what courier sent, not the seed's empty record.
+        assert_ne!(kept["known@example.com"], json!({}), "{cell}");
+        cells.push(format!("{cell}: {keys:?}"));
+    }
+    println!("{}", cells.join("\n"));
+    assert_eq!(cells.len(), PRESETS.len());
+}
+
+/// Brevo's update-only batch: a contact Brevo does not know fails the whole call (404
+/// document_not_found); the call is split until that contact is alone and rejected with
+/// Brevo's message, never created, while every known contact of the call is updated.
+#[tokio::test]
+async fn brevos_update_only_batch_rejects_an_unknown_contact_alone() {
+    preset_keys();
+    let preset = courier::presets::find("brevo").unwrap();
+    let db = TestDb::new().await;
+    let target = Target::start(0).await.unwrap();
+    target.seed_contacts("brevo", (0..9).map(|i| format!("c{i}@example.com")));
+    let file = preset_rule(preset, "brevo-contacts-update-only", &target.url());
+    apply::apply_file(&db.pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
+    let records = (0..9).map(|i| {
+        let email = match i {
+            5 => "stranger@example.com".to_owned(),
+            _ => format!("c{i}@example.com"),
+        };
+        NewDelivery::new(
+            format!("c:{i}"),
+            json!({"email": email, "firstname": "Ada"}),
+        )
+    });
+    courier::enqueue::enqueue_many(&db.pool, "brevo-contacts-update-only", records.collect())
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let got: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT d.payload->>'email', d.status, (SELECT l.error FROM ledger l
+                                                 WHERE l.delivery_id = d.id ORDER BY l.id DESC LIMIT 1)
+         FROM deliveries d WHERE d.status <> 'delivered'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (email, status, error) = &got[0];
+    assert_eq!(
+        (email.as_str(), status.as_str()),
+        ("stranger@example.com", "rejected")
+    );
+    let error = error.as_deref().unwrap_or_default();
+    assert!(error.contains("No contact found for indexes 0"), "{error}");
+    let kept = target.contacts("brevo");
+    assert!(!kept.contains_key("stranger@example.com"), "never created");
+    assert_eq!(
+        kept["c4@example.com"]["attributes"],
+        json!({"FIRSTNAME": "Ada"})
+    );
 }
 
 /// The rate signals preset `preset` declares for its connection, if any.

@@ -263,3 +263,71 @@ async fn the_brevo_contacts_import_passes_brevos_own_spec_and_its_answer_confirm
     // record, so none reads delivered.
     assert_eq!(statuses().await, [("unconfirmed".into(), 3)]);
 }
+
+/// Brevo's contact rules (`createContact` with updateEnabled, one per call, and the
+/// update-only `updateBatchContacts`) send what Brevo's own spec takes: the attributes
+/// named in upper case beside the e-mail; Prism refuses anything else (400, the spec's
+/// bad request), which would end the records rejected.
+#[tokio::test]
+async fn the_brevo_contacts_rules_pass_brevos_own_spec() {
+    preset_keys();
+    let prism = Prism::start("brevo/contacts.json");
+    for (path, bad) in [
+        (
+            "contacts",
+            json!({"email": "a@example.com", "listIds": "2"}),
+        ),
+        (
+            "contacts/batch",
+            json!({"contacts": {"email": "a@example.com"}}),
+        ),
+    ] {
+        let refused = reqwest::Client::new()
+            .post(format!("{}{path}", prism.base_url()))
+            .header("api-key", PRESET_KEY)
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            refused.status().as_u16(),
+            400,
+            "{path}: prism must validate bodies"
+        );
+    }
+    let preset = presets::find("brevo").unwrap();
+    for rule in ["brevo-contacts", "brevo-contacts-update-only"] {
+        let mut file: Value = serde_json::from_str(preset.text).unwrap();
+        file["connections"][0]["base_url"] = json!(prism.base_url());
+        file["rules"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|r| r["name"] == rule);
+        let db = TestDb::new().await;
+        apply::apply_file(&db.pool, &file.to_string(), Default::default())
+            .await
+            .unwrap();
+        let contacts = (0..3).map(|i| {
+            let payload = json!({"email": format!("c{i}@example.com"), "firstname": "Ada",
+                                 "lastname": format!("L{i}"), "orders": i});
+            NewDelivery::new(format!("c:{i}"), payload)
+        });
+        courier::enqueue::enqueue_many(&db.pool, rule, contacts.collect())
+            .await
+            .unwrap();
+        let engine = engine(&db.pool, settings(&db.url));
+        drive(&engine).await;
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT d.status, (SELECT l.error FROM ledger l WHERE l.delivery_id = d.id
+                               ORDER BY l.id DESC LIMIT 1)
+             FROM deliveries d ORDER BY d.id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert!(
+            rows.iter().all(|(s, _)| s == "delivered"),
+            "{rule}: {rows:?}"
+        );
+    }
+}

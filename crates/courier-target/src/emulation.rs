@@ -30,13 +30,69 @@ pub struct Emulation {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Endpoint {
+    /// Where the vendor writes what this endpoint does: its spec (file and operation) or
+    /// its reference page.
+    pub source: String,
     /// The paths it serves: segments, `*` for one, `**` for any number.
     pub paths: Vec<String>,
+    /// Where a call's records are: a JSON pointer to a list of them, or to one record
+    /// (`""`: the body is the one record); absent: the body's first list.
+    #[serde(default)]
+    pub records: Option<String>,
+    /// The people it keeps, when it keeps any: a record names one, known to the target
+    /// or new.
+    #[serde(default)]
+    pub contacts: Option<Contacts>,
+    /// A field of each record whose values must all be strings (HubSpot's `properties`);
+    /// a call breaking it gets `bad_request`.
+    #[serde(default)]
+    pub strings: Option<String>,
+    /// Its answer to a call it refuses as malformed (default: 400 naming the field).
+    #[serde(default)]
+    pub bad_request: Option<Answer>,
     /// Its answer when every record of the call is valid.
     pub ok: Answer,
+    /// Its answer when every record is valid and each names a contact the target knew
+    /// (an update; default: `ok`).
+    #[serde(default)]
+    pub updated: Option<Answer>,
     /// Its answer when some record is invalid (default: `ok`).
     #[serde(default)]
     pub partial: Option<Answer>,
+}
+
+/// The people an endpoint keeps, in a store named for the vendor.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Contacts {
+    /// The store's name (one per vendor: `brevo`).
+    pub store: String,
+    /// Where a record names its person (a JSON pointer: `/email`), matched whatever its
+    /// case.
+    pub key: String,
+    /// What it does with a person the store does not have.
+    pub unknown: Unknown,
+    /// Its answer when `unknown` is `refuse` and a record names such a person: the whole
+    /// call refused (`{{unknown_indexes}}`: their positions, `3,4`).
+    #[serde(default)]
+    pub refused: Option<Answer>,
+    /// A field of the body that must be `true` for a known person to be updated (Brevo's
+    /// `updateEnabled`); without it, such a call gets `duplicate`.
+    #[serde(default)]
+    pub update_flag: Option<String>,
+    /// Its answer to a known person without the update flag.
+    #[serde(default)]
+    pub duplicate: Option<Answer>,
+}
+
+/// What an endpoint does with a person its target does not have yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unknown {
+    /// Creates them (an upsert).
+    Create,
+    /// Refuses the call (an update only).
+    Refuse,
 }
 
 /// One answer of an endpoint.

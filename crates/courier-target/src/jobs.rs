@@ -305,19 +305,11 @@ fn batch<'a>(
     vars: Value,
     page: Option<(usize, usize)>,
 ) -> Batch<'a> {
-    Batch {
-        items: records,
-        keys: Vec::new(),
-        invalid: invalid.to_vec(),
-        trace: (0..records.len())
-            .map(|j| Value::from(j.to_string()))
-            .collect(),
-        vars: match vars {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        },
-        refused_page: page,
-    }
+    let vars = match vars {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    Batch::of(records, invalid, vars, page)
 }
 
 /// The first of `requires` that `body` does not meet, in words.

@@ -68,7 +68,7 @@ pub use limiter::{
     Budget, Limiter, PathLimit, PeakMeter, RateHeaders, Window, parse_limit_schedule,
 };
 pub use usercom::{DELIVERY_ID_FIELD, Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
-pub use vendors::{BatchReply, batch_sink};
+pub use vendors::{BatchReply, ContactBook, batch_sink};
 
 /// Requests per period a workspace allows unless configured: User.com's 10 per second.
 pub const DEFAULT_RATE: u32 = 10;
@@ -221,6 +221,8 @@ pub struct TargetState {
     path_limiters: Mutex<Vec<(String, Vec<Limiter>)>>,
     /// Polls of a job's status answered.
     job_polls: AtomicU64,
+    /// The people the vendors' emulated endpoints keep ([`vendors::ContactBook`]).
+    contacts: Mutex<vendors::ContactBook>,
 }
 
 /// The parts of the state changed together.
@@ -336,6 +338,7 @@ impl Target {
                     .collect(),
             ),
             job_polls: AtomicU64::new(0),
+            contacts: Mutex::new(vendors::ContactBook::default()),
         });
         let app = Router::new()
             .fallback(server::handle)
@@ -371,6 +374,21 @@ impl Target {
                 w.add_user(&id);
             }
         }
+    }
+
+    /// Keeps these people in a vendor's `store` (`brevo`), each by key (an e-mail), as if
+    /// created earlier: a customer the target already knows.
+    pub fn seed_contacts(&self, store: &str, keys: impl IntoIterator<Item = String>) {
+        let mut book = lock(&self.state.contacts);
+        for key in keys {
+            book.put(store, &key, serde_json::json!({}));
+        }
+    }
+
+    /// The people a vendor's `store` holds: each key (lower case) and the last record
+    /// written for them.
+    pub fn contacts(&self, store: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+        lock(&self.state.contacts).people(store)
     }
 
     /// Adds `latency` before every answer.

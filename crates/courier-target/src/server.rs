@@ -327,10 +327,26 @@ fn outside_workspaces(
     if let Some(answer) = jobs::answer(s, r) {
         return answer;
     }
-    match parsed.and_then(|b| batch_sink(r.path, b, r.headers)) {
+    match parsed.and_then(|b| sink(s, r.path, b, r.headers)) {
         Some(batch) => batch.answer(s, r.arrived),
         None => generic(s, r.headers, parsed.is_some(), r.arrived),
     }
+}
+
+/// The batch sink's answer to a call on `path`, the people it wrote kept in the target's
+/// book (under its lock, so calls naming the same person apply in turn).
+fn sink(
+    s: &TargetState,
+    path: &str,
+    body: &serde_json::Value,
+    headers: &HeaderMap,
+) -> Option<crate::BatchReply> {
+    let mut book = lock(&s.contacts);
+    let reply = batch_sink(path, body, headers, &book)?;
+    for (store, key, item) in &reply.stored {
+        book.put(store, key, item.clone());
+    }
+    Some(reply)
 }
 
 /// The wait before `path` may be called again, when a path limit it falls under is spent
@@ -429,14 +445,11 @@ fn workspace_call(s: &TargetState, name: &str, call: WorkspaceCall<'_>) -> Respo
     let now = Instant::now();
     let admitted = w.limiter.check(now);
     let stated = limiter::rate_headers(&w.limiter.budget(now), w.rate_headers, SystemTime::now());
-    let batch = call
-        .body
-        .and_then(|b| batch_sink(call.api, b, call.headers));
     let mut response = if let Err(wait) = admitted {
         w.counters.throttled += 1;
         inner.throttled += 1;
         throttled_response(wait, mode)
-    } else if let Some(batch) = batch {
+    } else if let Some(batch) = call.body.and_then(|b| sink(s, call.api, b, call.headers)) {
         for key in &batch.accepted {
             *w.counters.accepted.entry(key.clone()).or_default() += 1;
         }

@@ -19,7 +19,9 @@
 use axum::http::HeaderMap;
 use serde_json::Value;
 
-use crate::emulation::{Accepts, Endpoint, emulations};
+use std::collections::BTreeMap;
+
+use crate::emulation::{Accepts, Answer, Contacts, Endpoint, Unknown, emulations};
 
 /// Whether `path`'s segments match `pattern`'s (`*` one segment, `**` any number).
 pub fn path_matches(pattern: &str, path: &str) -> bool {
@@ -47,11 +49,55 @@ fn endpoint(path: &str) -> Option<&'static Endpoint> {
 
 /// The records of a batch body: the body if it is an array, else its first array found
 /// depth first (an envelope at any depth, beside constant fields).
-fn batch_items(body: &Value) -> Option<&Vec<Value>> {
+fn batch_items(body: &Value) -> Option<&[Value]> {
     match body {
         Value::Array(items) => Some(items),
         Value::Object(m) => m.values().find_map(batch_items),
         _ => None,
+    }
+}
+
+/// The records of a call to `endpoint`: at its `records` pointer (a list, or one record),
+/// else the body's first list.
+fn call_items<'b>(endpoint: &Endpoint, body: &'b Value) -> Option<&'b [Value]> {
+    match &endpoint.records {
+        None => batch_items(body),
+        Some(p) => match body.pointer(p)? {
+            Value::Array(items) => Some(items),
+            one @ Value::Object(_) => Some(std::slice::from_ref(one)),
+            _ => None,
+        },
+    }
+}
+
+/// The people the target keeps, by store (one per vendor), each by key (lower case): the
+/// last record written for them and the id the target gave them.
+#[derive(Clone, Debug, Default)]
+pub struct ContactBook(BTreeMap<String, BTreeMap<String, (u64, Value)>>);
+
+impl ContactBook {
+    /// The id of the person `key` names in `store`, if the target has them.
+    fn id(&self, store: &str, key: &str) -> Option<u64> {
+        self.0
+            .get(store)?
+            .get(&key.to_lowercase())
+            .map(|(id, _)| *id)
+    }
+
+    /// Keeps `item` for the person `key` names in `store`, under their id.
+    pub fn put(&mut self, store: &str, key: &str, item: Value) {
+        let people = self.0.entry(store.to_owned()).or_default();
+        let next = people.len() as u64 + 1;
+        let id = people.get(&key.to_lowercase()).map_or(next, |(id, _)| *id);
+        people.insert(key.to_lowercase(), (id, item));
+    }
+
+    /// The people of `store`: each key (lower case) and the last record written for them.
+    pub fn people(&self, store: &str) -> BTreeMap<String, Value> {
+        self.0
+            .get(store)
+            .map(|p| p.iter().map(|(k, (_, v))| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -65,20 +111,61 @@ pub struct BatchReply {
     /// Keys of the accepted items: `courier-<delivery id>` from the call's
     /// `Idempotency-Key`, else `<key or "batch">#<position>`.
     pub accepted: Vec<String>,
+    /// The people it wrote: store, key and record.
+    pub stored: Vec<(String, String, Value)>,
 }
 
-/// The batch sink's answer to a call on `path`, or `None` when no emulation serves it.
-pub fn batch_sink(path: &str, body: &Value, headers: &HeaderMap) -> Option<BatchReply> {
-    let endpoint = endpoint(path)?;
-    let Some(items) = batch_items(body) else {
-        return Some(BatchReply {
-            status: 400,
-            body: serde_json::json!({"detail": "expected a JSON array of records, or an object with one array field"}),
+impl BatchReply {
+    /// A reply accepting nothing.
+    fn refusal(status: u16, body: Value) -> Self {
+        BatchReply {
+            status,
+            body,
             accepted: Vec::new(),
-        });
+            stored: Vec::new(),
+        }
+    }
+}
+
+/// The batch sink's answer to a call on `path`, or `None` when no emulation serves it;
+/// `book` holds the people the target knows.
+pub fn batch_sink(
+    path: &str,
+    body: &Value,
+    headers: &HeaderMap,
+    book: &ContactBook,
+) -> Option<BatchReply> {
+    let endpoint = endpoint(path)?;
+    let Some(items) = call_items(endpoint, body) else {
+        return Some(BatchReply::refusal(
+            400,
+            serde_json::json!({"detail": "expected a JSON array of records, or an object with one array field"}),
+        ));
     };
+    if let Some(field) = &endpoint.strings
+        && let Some(j) = items.iter().position(|i| !strings_only(i.pointer(field)))
+    {
+        let message = format!("inputs[{j}]{field}: every value must be a string");
+        return Some(match &endpoint.bad_request {
+            Some(a) => BatchReply::refusal(a.status, fill_message(a, &message)),
+            None => BatchReply::refusal(400, serde_json::json!({"message": message})),
+        });
+    }
     let (keys, ids) = record_keys(headers, items.len(), "batch");
-    let b = Batch {
+    let people = endpoint.contacts.as_ref();
+    let person = |j: usize| {
+        people
+            .and_then(|c| items[j].pointer(&c.key))
+            .and_then(Value::as_str)
+    };
+    let known: Vec<Option<u64>> = (0..items.len())
+        .map(|j| {
+            people
+                .zip(person(j))
+                .and_then(|(c, k)| book.id(&c.store, k))
+        })
+        .collect();
+    let mut b = Batch {
         items,
         keys,
         invalid: items.iter().map(invalid).collect(),
@@ -93,11 +180,28 @@ pub fn batch_sink(path: &str, body: &Value, headers: &HeaderMap) -> Option<Batch
                     .unwrap_or_else(|| Value::from(j.to_string()))
             })
             .collect(),
+        people: Vec::new(),
     };
-    let answer = match b.invalid.contains(&true) {
-        true => endpoint.partial.as_ref().unwrap_or(&endpoint.ok),
-        false => &endpoint.ok,
+    if let Some(refused) = people.and_then(|c| refused_people(c, body, &b, &known)) {
+        return Some(refused);
+    }
+    b.people = people_ids(book, people, &known);
+    let answer = match (b.invalid.contains(&true), &endpoint.updated) {
+        (true, _) => endpoint.partial.as_ref().unwrap_or(&endpoint.ok),
+        (false, Some(updated)) if known.iter().all(Option::is_some) => updated,
+        (false, _) => &endpoint.ok,
     };
+    let accepts = |j: usize| match answer.accepts {
+        Accepts::Valid => !b.invalid[j],
+        Accepts::None => false,
+        Accepts::All => true,
+    };
+    let stored = people.map_or_else(Vec::new, |c| {
+        (0..items.len())
+            .filter(|&j| accepts(j))
+            .filter_map(|j| Some((c.store.clone(), person(j)?.to_owned(), items[j].clone())))
+            .collect()
+    });
     Some(BatchReply {
         status: answer.status,
         body: answer
@@ -105,14 +209,84 @@ pub fn batch_sink(path: &str, body: &Value, headers: &HeaderMap) -> Option<Batch
             .as_ref()
             .map_or(Value::Null, |t| b.fill(t, None)),
         accepted: (0..items.len())
-            .filter(|&j| match answer.accepts {
-                Accepts::Valid => !b.invalid[j],
-                Accepts::None => false,
-                Accepts::All => true,
-            })
+            .filter(|&j| accepts(j))
             .map(|j| b.keys[j].clone())
             .collect(),
+        stored,
     })
+}
+
+/// Whether a field holds strings only (an object whose every value is one; absent: yes).
+fn strings_only(v: Option<&Value>) -> bool {
+    match v {
+        None => true,
+        Some(Value::Object(m)) => m.values().all(Value::is_string),
+        Some(_) => false,
+    }
+}
+
+/// An answer's body with `{{message}}` filled.
+fn fill_message(a: &Answer, message: &str) -> Value {
+    let mut vars = serde_json::Map::new();
+    vars.insert("message".into(), message.into());
+    let b = Batch::of(&[], &[], vars, None);
+    a.body.as_ref().map_or(Value::Null, |t| b.fill(t, None))
+}
+
+/// The whole call refused for the people it names, if it is: a person the target does not
+/// have at an endpoint that only updates, or one it has without the update flag.
+fn refused_people(
+    c: &Contacts,
+    body: &Value,
+    b: &Batch<'_>,
+    known: &[Option<u64>],
+) -> Option<BatchReply> {
+    let unknown: Vec<String> = (0..known.len())
+        .filter(|&j| !b.invalid[j] && known[j].is_none())
+        .map(|j| j.to_string())
+        .collect();
+    if c.unknown == Unknown::Refuse && !unknown.is_empty() {
+        let a = c.refused.as_ref()?;
+        let mut vars = serde_json::Map::new();
+        vars.insert("unknown_indexes".into(), unknown.join(",").into());
+        let filled = Batch::of(b.items, &b.invalid, vars, None);
+        return Some(BatchReply::refusal(
+            a.status,
+            a.body
+                .as_ref()
+                .map_or(Value::Null, |t| filled.fill(t, None)),
+        ));
+    }
+    let flagged = c
+        .update_flag
+        .as_ref()
+        .is_none_or(|f| body.pointer(f) == Some(&Value::Bool(true)));
+    match (flagged, known.iter().any(Option::is_some), &c.duplicate) {
+        (false, true, Some(a)) => Some(BatchReply::refusal(
+            a.status,
+            a.body.as_ref().map_or(Value::Null, |t| b.fill(t, None)),
+        )),
+        _ => None,
+    }
+}
+
+/// Each record's person as `(id, new)`: the id the target has for them, or the one it
+/// gives them now.
+fn people_ids(book: &ContactBook, c: Option<&Contacts>, known: &[Option<u64>]) -> Vec<(u64, bool)> {
+    let Some(c) = c else {
+        return Vec::new();
+    };
+    let mut next = book.people(&c.store).len() as u64;
+    known
+        .iter()
+        .map(|k| match k {
+            Some(id) => (*id, false),
+            None => {
+                next += 1;
+                (next, true)
+            }
+        })
+        .collect()
 }
 
 /// Each of a call's `n` records' keys for the accepted-write log, and the delivery ids its
@@ -137,10 +311,18 @@ pub(crate) fn record_keys<'h>(
     (keys, ids)
 }
 
-/// Whether a record is marked invalid (`"invalid": true`), on itself or one level down (a
-/// template's `properties` or `attributes`).
+/// Whether a record is marked invalid (`"invalid": true`, the key in any case, the value
+/// true or its text, as a template's filters may leave it), on itself or one level down
+/// (a template's `properties` or `attributes`).
 pub(crate) fn invalid(record: &Value) -> bool {
-    let marked = |v: &Value| v.get("invalid") == Some(&Value::Bool(true));
+    let marked = |v: &Value| {
+        v.as_object().is_some_and(|o| {
+            o.iter().any(|(k, v)| {
+                k.eq_ignore_ascii_case("invalid")
+                    && (v == &Value::Bool(true) || v.as_str() == Some("true"))
+            })
+        })
+    };
     marked(record) || record.as_object().is_some_and(|o| o.values().any(marked))
 }
 
@@ -159,6 +341,31 @@ pub(crate) struct Batch<'a> {
     pub vars: serde_json::Map<String, Value>,
     /// Which of the refused records `$each: refused` lists (skip, take); `None`: all.
     pub refused_page: Option<(usize, usize)>,
+    /// Each record's person, where the endpoint keeps people: their id, and whether the
+    /// call creates them (`{{contact_id}}`, `{{new}}`, `$each: created | updated`).
+    pub people: Vec<(u64, bool)>,
+}
+
+impl<'a> Batch<'a> {
+    /// A call of `items` (`invalid` marking the refused) with placeholders `vars`.
+    pub fn of(
+        items: &'a [Value],
+        invalid: &[bool],
+        vars: serde_json::Map<String, Value>,
+        refused_page: Option<(usize, usize)>,
+    ) -> Self {
+        Batch {
+            items,
+            keys: Vec::new(),
+            invalid: invalid.to_vec(),
+            trace: (0..items.len())
+                .map(|j| Value::from(j.to_string()))
+                .collect(),
+            vars,
+            refused_page,
+            people: Vec::new(),
+        }
+    }
 }
 
 impl Batch<'_> {
@@ -194,6 +401,15 @@ impl Batch<'_> {
                     .map(|i| self.fill(template("$as"), Some(i)))
                     .collect()
             }
+            Some(which @ ("created" | "updated")) => all
+                .filter(|&i| !self.invalid[i])
+                .filter(|&i| {
+                    self.people
+                        .get(i)
+                        .is_some_and(|p| p.1 == (which == "created"))
+                })
+                .map(|i| self.fill(template("$as"), Some(i)))
+                .collect(),
             Some("item") => all
                 .map(|i| match self.invalid[i] {
                     true => self.fill(template("$refused"), Some(i)),
@@ -240,6 +456,10 @@ impl Batch<'_> {
             ("index", Some(j)) => j.into(),
             ("line", Some(j)) => (j + 2).into(),
             ("item", Some(j)) => self.items[j].clone(),
+            ("contact_id", Some(j)) => self.people.get(j).map_or(Value::Null, |p| p.0.into()),
+            ("new", Some(j)) => self.people.get(j).map_or(Value::Null, |p| p.1.into()),
+            ("created_count", _) => self.people.iter().filter(|p| p.1).count().into(),
+            ("updated_count", _) => self.people.iter().filter(|p| !p.1).count().into(),
             ("trace", Some(j)) => self.trace[j].clone(),
             (field, Some(j)) if field.starts_with("item/") => self.items[j]
                 .pointer(&field["item".len()..])
@@ -324,6 +544,7 @@ mod tests {
                 .cloned()
                 .unwrap(),
             refused_page: None,
+            people: Vec::new(),
         };
         let t = json!({
             "ok": {"$each": "accepted", "$as": "{{item/email}}"},

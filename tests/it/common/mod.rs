@@ -558,7 +558,14 @@ pub fn preset_rule(
     preset_keys();
     let mut file: serde_json::Value = serde_json::from_str(preset.text).unwrap();
     let connection = &mut file["connections"][0];
-    connection["base_url"] = serde_json::json!(target);
+    // The vendor's own path prefix kept (`v3/`, `crm/rest/v1/`): the target's emulations
+    // tell vendors' endpoints apart by it.
+    let base = connection["base_url"].as_str().unwrap_or_default();
+    let prefix = base
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map_or("", |(_, path)| path);
+    connection["base_url"] = serde_json::json!(format!("{target}{prefix}"));
     if connection["auth"]["kind"] == "oauth" {
         connection["auth"]["token_url"] =
             serde_json::json!(format!("{target}services/oauth2/token"));
