@@ -40,8 +40,6 @@ const LEASE: chrono::Duration = chrono::Duration::minutes(2);
 /// The longest sleep between passes when nothing is due (a missed notification costs
 /// at most this).
 const MAX_SLEEP: Duration = Duration::from_secs(60);
-/// Error pages read at most for one job (a hostile target's endless `next` ends here).
-const MAX_ERROR_PAGES: usize = 1000;
 
 /// The poller of one process.
 pub struct Poller {
@@ -224,7 +222,11 @@ impl Poller {
 
     /// A complete job's errors, every page of them (at the target's path, or in the file
     /// the poll's answer names), each message sealed; `Err` with why they cannot be read
-    /// now (the job is polled again).
+    /// now (the job is polled again). The listing is bounded by what it can hold: an empty
+    /// page, or a next page already read, ends it; one listing more errors than the job
+    /// has records (a page of one error a record makes `records + 1` pages at most) is
+    /// not trusted: the job ends, the records no error read names `unconfirmed`, with the
+    /// reason, and is never listed again.
     async fn errors(
         &self,
         ctx: &JobContext,
@@ -247,12 +249,9 @@ impl Poller {
             Some(ErrorsFile::None) | None => None,
         };
         let mut next = shape.errors_path(&job.target_id);
-        let mut pages = 0;
+        let mut seen: std::collections::HashSet<String> = next.iter().cloned().collect();
+        let mut listed = 0;
         loop {
-            pages += 1;
-            if pages > MAX_ERROR_PAGES {
-                return Ok(Err(format!("its errors run past {MAX_ERROR_PAGES} pages")));
-            }
             let page = match (file.take(), next.take()) {
                 (Some(url), _) => writer
                     .fetch(&url)
@@ -273,13 +272,27 @@ impl Poller {
                 Ok(found) => found,
                 Err(why) => return Ok(Err(seal(&why))),
             };
+            let items = found.errors.len() + found.unmatched + found.stray;
+            listed += items;
             unmatched += found.unmatched;
             stray += found.stray;
             read.errors.extend(found.errors.into_iter().map(|mut e| {
                 e.message = crate::writer::secrets::cut(seal(&e.message));
                 e
             }));
-            next = found.next.map(|said| shape.next_page(&job.target_id, said));
+            if listed > records.count {
+                read.unconfirmed = Some(format!(
+                    "the job's errors listed {listed} errors for its {} records, more than \
+                     it can hold: the listing is not read further",
+                    records.count
+                ));
+                return Ok(Ok(read));
+            }
+            // An empty page, or a link to a page already read, ends the listing.
+            next = found
+                .next
+                .map(|said| shape.next_page(&job.target_id, said))
+                .filter(|link| items > 0 && seen.insert(link.clone()));
         }
         if unmatched > 0 {
             tracing::warn!(
@@ -450,7 +463,9 @@ fn unnamed(records: &Records, unmatched: usize) -> impl Iterator<Item = RecordEr
     records.unkeyed.iter().map(move |&index| RecordError {
         index,
         message: format!(
-            "the job reported {unmatched} error(s) naming a record by a key this record does              not have alone (absent, or shared with another record of the job): its fate is unknown"
+            "the job reported {unmatched} error(s) naming a record by a key this record does \
+             not have alone (absent, or shared with another record of the job): its fate is \
+             unknown"
         ),
     })
 }

@@ -861,3 +861,96 @@ async fn a_job_named_by_its_answers_location_is_polled_there() {
     assert_eq!(Poller::new(&engine).run_once().await.unwrap(), 1);
     assert_eq!(statuses(&db.pool).await, [("delivered".into(), 2)]);
 }
+
+/// A rule whose job at `target` lists its errors by a `next` cursor, each error naming a
+/// record by its payload's `email`.
+async fn listed_job(pool: &PgPool, target: &str) {
+    let shop = catalog::NewConnection {
+        name: "shop".into(),
+        writer: "http_json".into(),
+        base_url: target.into(),
+        ..Default::default()
+    };
+    catalog::upsert_connection(pool, &shop).await.unwrap();
+    catalog::upsert_rule(
+        pool,
+        &NewRule {
+            name: "listed".into(),
+            connection: "shop".into(),
+            path: "jobs".into(),
+            records_per_call: Some(10),
+            job: Some(json!({"id": "/id",
+                             "poll": {"path": "jobs/{id}", "status": "/state",
+                                      "complete": ["done"], "failed": []},
+                             "errors": {"path": "jobs/{id}/errors", "items": "/results",
+                                        "next": "/next", "cursor": "after",
+                                        "record": {"key": {"error": "/email", "record": "/email"}},
+                                        "message": "/why"},
+                             "first_poll_seconds": 1})),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// A listing of errors that never ends (every page links a new next page) reads at most a
+/// page per record and one more, then ends the job with the records no error read names
+/// `unconfirmed`, the reason said; it is never listed again. One whose next page is one
+/// already read ends there, read whole.
+#[tokio::test]
+async fn a_listing_of_errors_is_bounded_by_the_records_it_can_name() {
+    for endless in [true, false] {
+        let pages = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = pages.clone();
+        let target = Server::start("127.0.0.1", move |s| {
+            match (s.head.split(' ').next().unwrap_or(""), s.path.as_str()) {
+                ("POST", "/jobs") => answer("202 Accepted", "", r#"{"id": "j-1"}"#),
+                ("GET", "/jobs/j-1") => answer("200 OK", "", r#"{"state": "done"}"#),
+                ("GET", path) if path.starts_with("/jobs/j-1/errors") => {
+                    let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    // The same error again and again, each page linking a new next one, or
+                    // back to the second page.
+                    let next = if endless { n + 1 } else { 1 };
+                    answer(
+                        "200 OK",
+                        "",
+                        &format!(
+                            r#"{{"results": [{{"email": "p0@example.com", "why": "bad"}}], "next": "c{next}"}}"#
+                        ),
+                    )
+                }
+                _ => answer("404 Not Found", "", "{}"),
+            }
+        })
+        .await;
+        let db = TestDb::new().await;
+        listed_job(&db.pool, &target.url).await;
+        enqueue::enqueue_many(&db.pool, "listed", profiles(5, &[]))
+            .await
+            .unwrap();
+        let engine = engine(&db.pool, settings(&db.url));
+        drive(&engine).await;
+        for _ in 0..3 {
+            engine.clock.advance(Span::seconds(120));
+            Poller::new(&engine).run_once().await.unwrap();
+        }
+        let read = pages.load(std::sync::atomic::Ordering::SeqCst);
+        let got = statuses(&db.pool).await;
+        if endless {
+            // Five records: at most six pages, read once.
+            assert_eq!(read, 6, "pages read");
+            assert_eq!(got, [("rejected".into(), 1), ("unconfirmed".into(), 4)]);
+            let why: String = sqlx::query_scalar(
+                "SELECT error FROM ledger WHERE outcome = 'unconfirmed' LIMIT 1",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            assert!(why.contains("6 errors for its 5 records"), "{why}");
+        } else {
+            assert_eq!(read, 2, "pages read");
+            assert_eq!(got, [("delivered".into(), 4), ("rejected".into(), 1)]);
+        }
+    }
+}
