@@ -148,6 +148,9 @@ pub fn emulations() -> &'static [(&'static str, Emulation)] {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobEmulation {
+    /// Where the vendor writes how its jobs run: its spec's operations or its reference
+    /// pages.
+    pub source: String,
     /// A job's id: this prefix, then its number.
     pub id_prefix: String,
     /// The number's digits, zero-padded (0: as it comes).

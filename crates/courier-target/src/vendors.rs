@@ -525,6 +525,14 @@ mod tests {
         for (name, e) in emulations() {
             let serves = !e.endpoints.is_empty() || !e.jobs.is_empty();
             assert!(!e.about.is_empty() && serves, "{name}");
+            let sources = e.endpoints.iter().map(|ep| &ep.source);
+            let sources = sources.chain(e.jobs.iter().map(|j| &j.source));
+            for source in sources {
+                assert!(
+                    source.len() > 20,
+                    "{name}: an endpoint or job names no source"
+                );
+            }
         }
     }
 
