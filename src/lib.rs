@@ -69,6 +69,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod model;
 pub mod ops;
+pub mod paced;
 pub mod poller;
 pub mod presets;
 pub mod profile;

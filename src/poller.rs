@@ -1,8 +1,9 @@
 //! The poller: a loop in every worker process that polls the target's asynchronous jobs
 //! ([`crate::jobs`]) when each falls due, and settles a job's records when it reports. A
-//! poll and each page of errors is a call like any other: a slot from the rule's budget,
-//! in fair turn with the other rules, and what it answers is heard by the pacer (a 429
-//! blocks the budget). The wait between polls doubles from the rule's first poll up to its
+//! poll and each page of errors is a call like any other ([`paced::call`]): a slot from
+//! the rule's budget, in fair turn with the other rules, its answer heard by the pacer and
+//! its verdict written as a delivery call's is (a 429 or a spent budget blocks it, the
+//! breaker hears it); while the connection's circuit is open, no job is polled. The wait between polls doubles from the rule's first poll up to its
 //! most (a job taking an hour is not polled every second). No transaction is open while the
 //! target is called: a job is leased to one process (another takes it over when the lease
 //! lapses, or sooner when the rescuer's rule finds that process dead), and its records' outcomes are committed in one transaction with its end.
@@ -17,13 +18,13 @@ use crate::{
     chain::{
         classify,
         context::{self, JobContext},
-        slot,
     },
     engine::Engine,
     jobs::{self, Due, Ended},
     ledger::{self, Entry, Outcome},
+    paced::{self, Heard},
     profile::RuleProfile,
-    ratelimit::{answer::Verdict, blocks, pacer},
+    ratelimit::blocks,
     retry::Retry,
     writer::{
         self, Receipt, WriteError, Writer, Written,
@@ -150,6 +151,11 @@ impl Poller {
             }
         };
         let found = match writer::build(&ctx.connection, &e.http) {
+            // An open circuit: the target is down; the job waits as the runs do.
+            Ok(_) if !ctx.circuit_admits => Found::Again {
+                said: "the connection's circuit is open: not polled".into(),
+                every_ms: next_every(&job, shape_max(Some(shape))),
+            },
             Ok(w) => self.ask(&ctx, w.as_ref(), shape, &job).await?,
             Err(err) => Found::Again {
                 said: err.to_string(),
@@ -328,9 +334,10 @@ impl Poller {
         })
     }
 
-    /// One paced GET: a slot of the rule's budget, the call, its answer sealed and heard
-    /// by the pacer (a 429 blocks the budget for every process). `Err` with what the
-    /// target said when it did not answer with a 2xx.
+    /// One paced GET ([`paced::call`]) on the rule's budget, or the job's own poll budget:
+    /// its verdict written as every call's is (a 429's block or a spent budget for every
+    /// process, the breaker told, the call counted). `Err` with what the target said when
+    /// it did not answer with a 2xx.
     async fn read(
         &self,
         ctx: &JobContext,
@@ -351,36 +358,33 @@ impl Poller {
             }
             None => ctx,
         };
-        let key = &ctx.connection.budget_key;
-        let (go, paced) = match slot::slot(e, ctx).await {
-            Ok(granted) => granted,
-            Err(err) => return Ok(Err(format!("no request slot: {err}"))),
+        let send = || async {
+            let answer = writer.ask(reqwest::Method::GET, path, None).await;
+            answer.map(|receipt| Written::all(receipt, 0))
         };
-        let sent = e.clock.now();
-        e.pacer.left(key, go, sent);
-        let answer = writer.ask(reqwest::Method::GET, path, None).await;
-        let trip = (e.clock.now() - go).to_std().unwrap_or_default();
-        e.pacer.returned(key, go, trip);
-        let result = writer
-            .secrets()
-            .seal(answer.map(|receipt| Written::all(receipt, 0)));
-        let at = e.clock.now();
-        let heard = classify::budget_answer(&result, writer.rate_signals(), sent, paced);
-        let verdict = e.pacer.hear(key, heard, at).await;
-        let mut tx = e.pool.begin().await?;
-        pacer::record_calls(&mut *tx, key, 1, at).await?;
-        if let Verdict::Block { until, raw } = &verdict {
-            let cause = blocks::Cause {
-                budget_key: key,
-                connection_id: ctx.connection.id,
-                rule_id: ctx.rule_id,
-                run_id: ctx.run_id,
-            };
-            let until = blocks::block(&mut *tx, &cause, *until, raw.as_deref(), at).await?;
-            e.blocks.written(key, until);
+        let called = match paced::call(e, ctx.budget(), writer, Some(&e.shutdown), send).await {
+            Ok(called) => called,
+            Err(err) => return Ok(Err(format!("no request slot: {err:?}"))),
+        };
+        let mut heard = Heard::default();
+        heard.heard(&called.verdict, classify::reachable(&called.result));
+        if let Err(err) = &called.result {
+            heard.last_error = Some(err.to_string());
         }
+        let at = e.clock.now();
+        let cause = blocks::Cause {
+            budget_key: &ctx.connection.budget_key,
+            connection_id: ctx.connection.id,
+            rule_id: ctx.rule_id,
+            run_id: ctx.run_id,
+        };
+        let mut tx = e.pool.begin().await?;
+        let blocked = heard.write(&mut tx, e, &cause, at).await?;
         tx.commit().await?;
-        Ok(match result {
+        if let Some(until) = blocked {
+            e.blocks.written(cause.budget_key, until);
+        }
+        Ok(match called.result {
             Ok(written) => Ok(written.receipt),
             Err(WriteError::RateLimited { .. }) => Err("rate limited (429)".into()),
             Err(err) => Err(err.to_string()),

@@ -13,11 +13,12 @@ use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{claim::Claimed, context::JobContext, slot};
+use super::{claim::Claimed, context::JobContext};
 use crate::{
     engine::Engine,
+    paced::{self, NotSent},
     profile::RuleProfile,
-    ratelimit::pacer::PacerError,
+    ratelimit::{answer::Verdict, pacer::PacerError},
     writer::{Outgoing, WriteError, Writer, Written, answer::Refusal},
 };
 
@@ -43,6 +44,8 @@ pub struct Made {
     pub elapsed: Duration,
     /// The pace its slot was booked at (requests per second).
     pub paced: f64,
+    /// What the pacer made of its answer (of a submit in steps, the gravest).
+    pub verdict: Verdict,
     /// The requests it took: one, or each of a job's submit in steps.
     pub requests: u32,
 }
@@ -175,8 +178,9 @@ fn refuses_content(e: &WriteError, refusals: &[Refusal]) -> bool {
     }
 }
 
-/// One call: a request slot from the pacer (in fair turn with other rules), then the
-/// writer; `None` when the call was not made (a stop, a shutdown, no slot).
+/// One call ([`paced::call`]: a request slot in fair turn with other rules, the writer, the
+/// answer sealed and heard); `None` when the call was not made (a stop, a shutdown, no
+/// slot).
 async fn call_once(
     engine: &Engine,
     ctx: &JobContext,
@@ -185,32 +189,6 @@ async fn call_once(
     group: &[(usize, Arc<Claimed>)],
     stop: &Stop,
 ) -> Option<Made> {
-    let halted = || stop.stopped() || engine.shutdown.is_cancelled();
-    if halted() {
-        return None;
-    }
-    let key = &ctx.connection.budget_key;
-    // A stop does not wait for slots: the deliveries stay pending, untouched.
-    let (go, paced) = tokio::select! {
-        waited = slot::slot(engine, ctx) => match waited {
-            Ok(granted) => granted,
-            Err(e @ PacerError::Spent(_)) => {
-                tracing::debug!(reason = %e, "no request slot; deliveries left pending");
-                stop.stop();
-                return None;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "no request slot; deliveries left pending");
-                return None;
-            }
-        },
-        _ = engine.shutdown.cancelled() => return None,
-        _ = stop.0.cancelled() => return None,
-    };
-    // A 429 or a stop may have come in while this call waited for its slot.
-    if halted() {
-        return None;
-    }
     let records: Vec<Outgoing<'_>> = group
         .iter()
         .map(|(_, d)| Outgoing {
@@ -220,40 +198,53 @@ async fn call_once(
             payload: &d.payload,
         })
         .collect();
-    let sent = engine.clock.now();
     let started = Instant::now();
     if let Some(job) = &profile.job
         && let Some(open) = &job.open
     {
-        let shape = (job, open);
         let stepped =
-            super::submit::in_steps(engine, ctx, profile, shape, writer, &records, (go, paced));
-        let stepped = stepped.await;
-        counted(engine, ctx, &stepped.result, records.len());
+            super::submit::in_steps(engine, ctx, profile, (job, open), writer, &records, &stop.0);
+        let stepped = not_sent(stop, stepped.await)?;
+        counted(engine, ctx, &stepped.called.result, records.len());
         return Some(Made {
-            result: stepped.result,
-            sent,
+            result: stepped.called.result,
+            sent: stepped.called.sent,
             elapsed: started.elapsed(),
-            paced,
+            paced: stepped.called.paced,
+            verdict: stepped.called.verdict,
             requests: stepped.requests,
         });
     }
-    engine.pacer.left(key, go, sent);
-    // What the target said is sealed here, once, before anything keeps or shows it.
-    let result = writer
-        .secrets()
-        .seal(writer.write_many(profile.call(&records)).await);
-    // From the time the call was due: a thread that woke late delays it too.
-    let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
-    engine.pacer.returned(key, go, trip);
-    counted(engine, ctx, &result, records.len());
+    let send = || writer.write_many(profile.call(&records));
+    let called = paced::call(engine, ctx.budget(), writer, Some(&stop.0), send).await;
+    let called = not_sent(stop, called)?;
+    counted(engine, ctx, &called.result, records.len());
     Some(Made {
-        result,
-        sent,
+        result: called.result,
+        sent: called.sent,
         elapsed: started.elapsed(),
-        paced,
+        paced: called.paced,
+        verdict: called.verdict,
         requests: 1,
     })
+}
+
+/// A call made, or `None` for one not sent: a budget spent (the target said so) stops the
+/// batch, its deliveries left pending.
+fn not_sent<T>(stop: &Stop, called: Result<T, NotSent>) -> Option<T> {
+    match called {
+        Ok(c) => Some(c),
+        Err(NotSent::Stopped) => None,
+        Err(NotSent::NoSlot(e @ PacerError::Spent(_))) => {
+            tracing::debug!(reason = %e, "no request slot; deliveries left pending");
+            stop.stop();
+            None
+        }
+        Err(NotSent::NoSlot(e)) => {
+            tracing::error!(error = %e, "no request slot; deliveries left pending");
+            None
+        }
+    }
 }
 
 /// A call of `n` records answered `result`, in the process's metrics.

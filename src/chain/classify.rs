@@ -1,7 +1,6 @@
 //! The judgement of one answer (pure): what a call's answer means for each record it
-//! carried ([`judge`]), for the circuit breaker (whether the target answered at all) and
-//! for the budget ([`budget_answer`], the one signal [`ratelimit`](crate::ratelimit)
-//! hears).
+//! carried ([`judge`]) and for the circuit breaker (whether the target answered at all).
+//! What it means for the budget is the pacer's to hear ([`crate::paced`]).
 
 use std::time::Duration;
 
@@ -12,10 +11,6 @@ use crate::{
     jobs::Submitted,
     ledger::{Entry, Outcome},
     profile::RuleProfile,
-    ratelimit::{
-        answer::{Answer, Answered},
-        signals::RateSignals,
-    },
     retry::{Retry, RetryPolicy},
     writer::{Receipt, WriteError, Written, answer::AnswerMap, job::JobShape},
 };
@@ -120,40 +115,6 @@ pub fn reachable(result: &Result<Written, WriteError>) -> Option<bool> {
     }
 }
 
-/// The budget's view of a call's answer, which left at `sent`.
-pub fn budget_answer<'a>(
-    result: &'a Result<Written, WriteError>,
-    signals: &'a RateSignals,
-    sent: DateTime<Utc>,
-    paced: f64,
-) -> Answer<'a> {
-    static NONE: std::sync::LazyLock<reqwest::header::HeaderMap> =
-        std::sync::LazyLock::new(reqwest::header::HeaderMap::new);
-    let headers = match result {
-        Ok(written) => &written.receipt.rate_headers,
-        Err(WriteError::RateLimited { rate_headers, .. }) => &**rate_headers,
-        Err(_) => &NONE,
-    };
-    Answer {
-        answered: answered(result),
-        headers,
-        signals,
-        sent,
-        paced,
-    }
-}
-
-/// How the target answered, as the budget hears it.
-pub fn answered(result: &Result<Written, WriteError>) -> Answered {
-    match result {
-        Err(WriteError::RateLimited { wait, raw, .. }) => Answered::Refused {
-            wait: *wait,
-            raw: raw.clone(),
-        },
-        _ => Answered::NotRefused,
-    }
-}
-
 /// Judges the answer `result` to a call that carried `records` (in the call's order),
 /// took `elapsed` and ended at `at`; `jitter` draws each backoff's random part (0..=1).
 /// A 429 is not judged here: its records stay pending and the budget hears it.
@@ -230,6 +191,7 @@ pub fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{paced::answered, ratelimit::answer::Answered};
 
     const RETRY: RetryPolicy = RetryPolicy {
         max_attempts: 3,

@@ -121,6 +121,17 @@ pub async fn load(
 pub const MAX_CLAIM: i32 = 10_000;
 
 impl JobContext {
+    /// The budget the rule's calls spend from, and the rule's turn in it.
+    pub fn budget(&self) -> crate::paced::Budget<'_> {
+        crate::paced::Budget {
+            key: &self.connection.budget_key,
+            limits: &self.limits,
+            reserve: self.connection.reserve(),
+            rule_id: self.rule_id,
+            weight: self.weight.max(1) as u32,
+        }
+    }
+
     /// How many deliveries a batch claims for a rule of `profile`: the rule's batch size,
     /// and at least enough for every call the connection may have in flight to carry a
     /// full call of records.

@@ -19,7 +19,6 @@ pub mod classify;
 pub mod context;
 pub mod lease;
 pub mod settle;
-pub mod slot;
 mod submit;
 pub mod throttle;
 pub mod triage;
@@ -353,15 +352,7 @@ impl Job<'_> {
                 }
             };
             let Some(answered) = next else { break };
-            self.answered(
-                writer,
-                &feeding.claimed,
-                answered,
-                &mut called,
-                tally,
-                &stop,
-            )
-            .await;
+            self.answered(&feeding.claimed, answered, &mut called, tally, &stop);
         }
         if let Some(commit) = flushing {
             committed(joined(commit.await)?, &mut called, &stop);
@@ -483,12 +474,11 @@ impl Job<'_> {
         }
     }
 
-    /// Takes in one call's answer: the budget hears it first (its verdict may stop the
-    /// batch, or block the budget for a 429, whose records stay pending, untouched); then
-    /// each record's outcome, and what the breaker hears of the call.
-    async fn answered(
+    /// Takes in one call's answer: the pacer's verdict on it first (it may stop the batch,
+    /// or block the budget for a 429, whose records stay pending, untouched); then each
+    /// record's outcome, and what the breaker hears of the call.
+    fn answered(
         &self,
-        writer: &dyn Writer,
         claimed: &[Arc<Claimed>],
         answered: call::Answered,
         called: &mut Called,
@@ -500,10 +490,10 @@ impl Job<'_> {
         let ids = || indices.iter().map(|&i| claimed[i].id);
         let Some(call::Made {
             result,
-            sent,
             elapsed,
-            paced,
+            verdict,
             requests,
+            ..
         }) = answer
         else {
             called.not_attempted.extend(ids());
@@ -511,28 +501,21 @@ impl Job<'_> {
         };
         let at = engine.clock.now();
         tally.more_calls(requests.saturating_sub(1));
-        let key = &ctx.connection.budget_key;
-        let heard = classify::budget_answer(&result, writer.rate_signals(), sent, paced);
-        match engine.pacer.hear(key, heard, at).await {
-            Verdict::GoOn => {}
-            Verdict::Spent {
-                until,
-                said,
-                stop_batch,
-            } => {
-                tally.spent(until, said);
-                if stop_batch {
-                    stop.stop();
-                }
-            }
-            Verdict::Block { until, raw } => {
-                tracing::debug!(records = indices.len(), %until, raw = ?raw, "target rate-limited the connection");
-                engine.metrics.rate_limited(key);
-                tally.rate_limited(until, raw);
-                stop.stop();
-                called.not_attempted.extend(ids());
-                return;
-            }
+        if let Verdict::Spent {
+            stop_batch: true, ..
+        }
+        | Verdict::Block { .. } = &verdict
+        {
+            stop.stop();
+        }
+        // A 429: its records stay pending, untouched; the budget is blocked.
+        if let (Err(crate::writer::WriteError::RateLimited { .. }), Verdict::Block { until, raw }) =
+            (&result, &verdict)
+        {
+            tracing::debug!(records = indices.len(), %until, raw = ?raw, "target rate-limited the connection");
+            tally.heard(&verdict, None);
+            called.not_attempted.extend(ids());
+            return;
         }
         // A submit's answer must name its job, or no record of it reads as accepted.
         let (result, job) = match &self.profile.job {
@@ -561,7 +544,7 @@ impl Job<'_> {
             called.tripped = true;
             stop.stop();
         }
-        tally.answered(judged.entries, judged.reachable);
+        tally.answered(judged.entries, judged.reachable, &verdict);
     }
 
     /// Beats on the run and extends the lease; false when the run is over or carried by

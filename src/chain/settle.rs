@@ -16,8 +16,9 @@ use crate::{
     engine::Engine,
     jobs,
     ledger::{self, Entry},
+    paced::Heard,
     queue::{self, ChainJob},
-    ratelimit::{blocks, pacer},
+    ratelimit::{answer::Verdict, blocks},
     runs::{self, Counters, Progress, RunStatus},
 };
 
@@ -50,17 +51,9 @@ pub struct Tally {
     /// Jobs the target named in answers to submits, whose records' entries are
     /// `accepted`: written with them.
     jobs: Vec<jobs::Submitted>,
-    /// What the breaker hears, in answer order.
-    reachability: Vec<bool>,
-    /// The last error a call met, for the circuit's record.
-    last_error: Option<String>,
-    /// Calls made (429s included), for the budget's count.
-    calls: i32,
-    /// A 429 met: when the block it sets ends, and the raw header.
-    rate_limited: Option<(DateTime<Utc>, Option<String>)>,
-    /// The target's headers said its budget is spent (remaining 0): until when, and what
-    /// they said.
-    spent: Option<(DateTime<Utc>, String)>,
+    /// What the calls' verdicts leave to write: the breaker's record, the calls made,
+    /// blocks.
+    heard: Heard,
     /// When the tally was last committed.
     since: Instant,
 }
@@ -70,11 +63,7 @@ impl Default for Tally {
         Self {
             entries: Vec::new(),
             jobs: Vec::new(),
-            reachability: Vec::new(),
-            last_error: None,
-            calls: 0,
-            rate_limited: None,
-            spent: None,
+            heard: Heard::default(),
             since: Instant::now(),
         }
     }
@@ -86,22 +75,24 @@ impl Tally {
         self.entries.extend(entries);
     }
 
-    /// Adds the outcomes of one call (one per record it carried); `reachable` is what the
-    /// breaker hears of the call, if anything.
-    pub fn answered(&mut self, entries: Vec<Entry>, reachable: Option<bool>) {
-        self.calls += 1;
-        if let Some(r) = reachable {
-            self.reachability.push(r);
-        }
+    /// Adds the outcomes of one call (one per record it carried), the pacer's `verdict` on
+    /// it, and what the breaker hears of it (`reachable`), if anything.
+    pub fn answered(&mut self, entries: Vec<Entry>, reachable: Option<bool>, verdict: &Verdict) {
+        self.heard.heard(verdict, reachable);
         if let Some(e) = entries.iter().rev().find_map(|e| e.error.as_ref()) {
-            self.last_error = Some(e.clone());
+            self.heard.last_error = Some(e.clone());
         }
         self.entries.extend(entries);
     }
 
+    /// Adds a call that decided no record (a 429): its verdict alone.
+    pub fn heard(&mut self, verdict: &Verdict, reachable: Option<bool>) {
+        self.heard.heard(verdict, reachable);
+    }
+
     /// Adds the calls a job's submit in steps made besides the one its answer counts.
     pub fn more_calls(&mut self, n: u32) {
-        self.calls += i32::try_from(n).unwrap_or(i32::MAX);
+        self.heard.more_calls(n);
     }
 
     /// Adds a job the target named in its answer to a submit (its records' `accepted`
@@ -110,27 +101,11 @@ impl Tally {
         self.jobs.push(job);
     }
 
-    /// Adds a 429 whose block ends at `until`: a call made, the target reachable, no
-    /// outcome for the delivery. The block is committed at once.
-    pub fn rate_limited(&mut self, until: DateTime<Utc>, raw: Option<String>) {
-        self.calls += 1;
-        self.reachability.push(true);
-        self.rate_limited = Some((until, raw));
-    }
-
-    /// Adds a statement of the target that its budget is spent until `until` (remaining
-    /// 0): a block like a 429's, but no 429 met and no call counted.
-    pub fn spent(&mut self, until: DateTime<Utc>, raw: String) {
-        if self.spent.as_ref().is_none_or(|(u, _)| *u < until) {
-            self.spent = Some((until, raw));
-        }
-    }
-
     /// Whether it is time to commit what was collected: a block at once (other processes
     /// hold back from then on), outcomes in batches.
     pub fn due(&self) -> bool {
-        self.rate_limited.is_some()
-            || (!self.entries.is_empty() || self.spent.is_some())
+        self.heard.blocks()
+            || (!self.entries.is_empty() || self.heard.spent.is_some())
                 && (self.entries.len() >= FLUSH_AFTER || self.since.elapsed() >= FLUSH_EVERY)
     }
 
@@ -159,33 +134,13 @@ impl Tally {
         }
         let (run, rule, entries) = (ctx.run_id, ctx.rule_id, &self.entries);
         ledger::record(tx, run, rule, conn.id, entries, &submitted, now).await?;
-        breaker::record(
-            tx,
-            conn.id,
-            &self.reachability,
-            self.last_error.as_deref(),
-            &engine.settings.breaker,
-            now,
-        )
-        .await?;
-        pacer::record_calls(&mut *tx, &conn.budget_key, self.calls, now).await?;
-        let mut blocked = None;
-        let cause = || blocks::Cause {
+        let cause = blocks::Cause {
             budget_key: &conn.budget_key,
             connection_id: conn.id,
             rule_id: ctx.rule_id,
             run_id: ctx.run_id,
         };
-        if let Some((until, raw)) = &self.rate_limited {
-            blocked = Some(blocks::block(&mut *tx, &cause(), *until, raw.as_deref(), now).await?);
-        }
-        if let Some((until, raw)) = &self.spent {
-            let length = blocks::block_length(Some((*until - now).to_std().unwrap_or_default()));
-            let until = now + chrono::Duration::from_std(length).expect("capped at a day");
-            let until = blocks::block(&mut *tx, &cause(), until, Some(raw), now).await?;
-            blocked = Some(blocked.map_or(until, |b: DateTime<Utc>| b.max(until)));
-        }
-        Ok(blocked)
+        self.heard.write(tx, engine, &cause, now).await
     }
 
     /// What was collected, leaving the tally empty.

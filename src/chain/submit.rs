@@ -1,33 +1,36 @@
 //! A job's submit in several calls (Salesforce Bulk API 2.0): the job's `open` call, whose
 //! answer names the job; the records' call, to the rule's path with the job's `{id}`; its
 //! `close` call, after which the target runs the job. Each call takes a slot of the rule's
-//! budget and is heard by the pacer. A call that fails ends the submit with its answer: the
-//! records' outcome is that answer's (a job never closed is never run, so records sent
+//! budget and is heard by the pacer ([`paced::call`]); the submit's verdict is the gravest
+//! of its calls'. A call that fails ends the submit with its answer: the records' outcome is that answer's (a job never closed is never run, so records sent
 //! again are not held twice). The submit's answer is the records' call's, with the open
 //! call's body, which names the job. A submit that fails after its open aborts the job
 //! where the rule says how (`abort`); one whose every record is refused before sending
 //! opens none.
 
-use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
 
-use super::{classify, context::JobContext, slot};
+use super::context::JobContext;
 use crate::{
     engine::Engine,
+    paced::{self, Called, NotSent},
     profile::RuleProfile,
+    ratelimit::answer::Verdict,
     writer::{
         Outgoing, WriteError, Writer, Written,
         job::{JobShape, Step},
     },
 };
 
-/// The submit's answer, and how many requests it took.
+/// The submit's answer (the gravest verdict of its calls with it), and how many requests
+/// it took.
 pub(super) struct Stepped {
-    pub result: Result<Written, WriteError>,
+    pub called: Called,
     pub requests: u32,
 }
 
-/// Opens a job, sends `records` into it and closes it; the first call goes at `go` (a slot
-/// already granted at pace `paced`).
+/// Opens a job, sends `records` into it and closes it, each a paced call; `NotSent` when
+/// the first did not go (`stop`, a shutdown, no slot).
 pub(super) async fn in_steps(
     engine: &Engine,
     ctx: &JobContext,
@@ -35,27 +38,33 @@ pub(super) async fn in_steps(
     (shape, open): (&JobShape, &Step),
     writer: &dyn Writer,
     records: &[Outgoing<'_>],
-    (go, paced): (DateTime<Utc>, f64),
-) -> Stepped {
+    stop: &CancellationToken,
+) -> Result<Stepped, NotSent> {
     // Nothing to send (every record refused as the rule shapes it): no job is opened, and
     // each record is refused alone, as the records' call refuses it without a request.
     if !records.iter().any(|r| profile.sendable(r)) {
         let result = writer.write_many(profile.call(records)).await;
-        return Stepped {
+        let called = Called {
             result,
-            requests: 0,
+            sent: engine.clock.now(),
+            paced: 0.0,
+            verdict: Verdict::GoOn,
         };
+        return Ok(Stepped {
+            called,
+            requests: 0,
+        });
     }
-    let mut requests = 1;
-    let fail = |e, requests| Stepped {
-        result: Err(e),
-        requests,
+    let send = || ask(writer, open, &open.path);
+    let opened = paced::call(engine, ctx.budget(), writer, Some(stop), send).await?;
+    let mut steps = Steps {
+        requests: 1,
+        verdict: Verdict::GoOn,
+        first: (opened.sent, opened.paced),
     };
-    let opened = request(engine, ctx, writer, go, ask(writer, open, &open.path)).await;
-    hear_ok(engine, ctx, writer, &opened, go, paced).await;
-    let opened = match opened {
+    let opened = match steps.take(opened) {
         Ok(w) => w.receipt,
-        Err(e) => return fail(e, requests),
+        Err(e) => return Ok(steps.end(Err(e))),
     };
     let id = match shape.target_id(&opened) {
         Ok(id) => id,
@@ -65,7 +74,7 @@ pub(super) async fn in_steps(
                 status: opened.http_status,
                 message,
             };
-            return fail(e, requests);
+            return Ok(steps.end(Err(e)));
         }
     };
     let call = Opened {
@@ -75,18 +84,65 @@ pub(super) async fn in_steps(
         writer,
         id: &id,
     };
-    let filled = call.fill_and_close(shape, records, &mut requests).await;
+    let filled = call.fill_and_close(shape, records, &mut steps).await;
     let mut written = match filled {
         Ok(written) => written,
         Err(e) => {
-            call.abort(shape, &mut requests).await;
-            return fail(e, requests);
+            call.abort(shape, &mut steps).await;
+            return Ok(steps.end(Err(e)));
         }
     };
     written.receipt.body = opened.body;
-    Stepped {
-        result: Ok(written),
-        requests,
+    Ok(steps.end(Ok(written)))
+}
+
+/// A submit's calls so far: how many, their gravest verdict, when the first left and at
+/// what pace.
+struct Steps {
+    requests: u32,
+    verdict: Verdict,
+    first: (chrono::DateTime<chrono::Utc>, f64),
+}
+
+impl Steps {
+    /// A step's answer, its verdict kept.
+    fn take(&mut self, called: Called) -> Result<Written, WriteError> {
+        self.verdict = paced::graver(
+            std::mem::replace(&mut self.verdict, Verdict::GoOn),
+            called.verdict,
+        );
+        called.result
+    }
+
+    /// One more paced step (not stopped by the batch's stop: the job is open), its answer.
+    async fn step<Fut>(
+        &mut self,
+        o: &Opened<'_>,
+        send: impl FnOnce() -> Fut,
+    ) -> Result<Written, WriteError>
+    where
+        Fut: Future<Output = Result<Written, WriteError>>,
+    {
+        match paced::call(o.engine, o.ctx.budget(), o.writer, None, send).await {
+            Ok(called) => {
+                self.requests += 1;
+                self.take(called)
+            }
+            Err(e) => Err(no_slot(&e)),
+        }
+    }
+
+    /// The submit's answer.
+    fn end(self, result: Result<Written, WriteError>) -> Stepped {
+        Stepped {
+            called: Called {
+                result,
+                sent: self.first.0,
+                paced: self.first.1,
+                verdict: self.verdict,
+            },
+            requests: self.requests,
+        }
     }
 }
 
@@ -105,46 +161,28 @@ impl Opened<'_> {
         &self,
         shape: &JobShape,
         records: &[Outgoing<'_>],
-        requests: &mut u32,
+        steps: &mut Steps,
     ) -> Result<Written, WriteError> {
-        let (engine, ctx, writer) = (self.engine, self.ctx, self.writer);
-        let path = shape.id_path(&ctx.path, self.id);
+        let path = shape.id_path(&self.ctx.path, self.id);
         let records: Vec<Outgoing<'_>> = records
             .iter()
             .map(|r| Outgoing { path: &path, ..*r })
             .collect();
-        let (go, paced) = slot::slot(engine, ctx).await.map_err(|e| no_slot(&e))?;
-        *requests += 1;
-        let send = writer.write_many(self.profile.call(&records));
-        let mut written = request(engine, ctx, writer, go, send).await?;
+        let send = || self.writer.write_many(self.profile.call(&records));
+        let written = steps.step(self, send).await?;
         if let Some(close) = &shape.close {
-            hear_ok(engine, ctx, writer, &Ok(written.clone()), go, paced).await;
-            let (go, _) = slot::slot(engine, ctx).await.map_err(|e| no_slot(&e))?;
-            *requests += 1;
             let path = close.path(self.id);
-            let closed = request(engine, ctx, writer, go, ask(writer, close, &path)).await?;
-            // Its rate headers are the pacer's to hear, with the submit's answer.
-            written.receipt.rate_headers = closed.receipt.rate_headers;
+            steps.step(self, || ask(self.writer, close, &path)).await?;
         }
         Ok(written)
     }
 
     /// Aborts the job after its submit failed, if the rule says how: one paced call, its
     /// answer heard; a failure is logged, and the submit's own answer stands.
-    async fn abort(&self, shape: &JobShape, requests: &mut u32) {
-        let (engine, ctx, writer) = (self.engine, self.ctx, self.writer);
+    async fn abort(&self, shape: &JobShape, steps: &mut Steps) {
         let Some(abort) = &shape.abort else { return };
-        let (go, paced) = match slot::slot(engine, ctx).await {
-            Ok(granted) => granted,
-            Err(e) => {
-                tracing::warn!(job = self.id, error = %e, "no slot to abort a job whose submit failed");
-                return;
-            }
-        };
-        *requests += 1;
         let path = abort.path(self.id);
-        let aborted = request(engine, ctx, writer, go, ask(writer, abort, &path)).await;
-        hear_ok(engine, ctx, writer, &aborted, go, paced).await;
+        let aborted = steps.step(self, || ask(self.writer, abort, &path)).await;
         if let Err(e) = aborted {
             tracing::warn!(job = self.id, error = %e, "a job whose submit failed could not be aborted");
         }
@@ -157,47 +195,10 @@ async fn ask(writer: &dyn Writer, step: &Step, path: &str) -> Result<Written, Wr
     answer.map(|r| Written::all(r, 0))
 }
 
-/// One request of the submit, leaving at `go`: the pacer told when it left and returned,
-/// its answer sealed.
-async fn request(
-    engine: &Engine,
-    ctx: &JobContext,
-    writer: &dyn Writer,
-    go: DateTime<Utc>,
-    send: impl Future<Output = Result<Written, WriteError>>,
-) -> Result<Written, WriteError> {
-    let key = &ctx.connection.budget_key;
-    engine.pacer.left(key, go, engine.clock.now());
-    let answer = send.await;
-    let trip = (engine.clock.now() - go).to_std().unwrap_or_default();
-    engine.pacer.returned(key, go, trip);
-    writer.secrets().seal(answer)
-}
-
-/// A 2xx answer of a call before the submit's last, heard by the pacer as any call's (what
-/// it says of the budget counts now); an error ends the submit and is heard with its answer.
-async fn hear_ok(
-    engine: &Engine,
-    ctx: &JobContext,
-    writer: &dyn Writer,
-    result: &Result<Written, WriteError>,
-    sent: DateTime<Utc>,
-    paced: f64,
-) {
-    if result.is_ok() {
-        let answer = classify::budget_answer(result, writer.rate_signals(), sent, paced);
-        let at = engine.clock.now();
-        engine
-            .pacer
-            .hear(&ctx.connection.budget_key, answer, at)
-            .await;
-    }
-}
-
 /// A slot not granted mid-submit: the records go again later.
-fn no_slot(e: &crate::ratelimit::pacer::PacerError) -> WriteError {
+fn no_slot(e: &NotSent) -> WriteError {
     WriteError::Transient {
         status: None,
-        message: format!("no request slot for the job's next call ({e}); sent again"),
+        message: format!("no request slot for the job's next call ({e:?}); sent again"),
     }
 }
