@@ -169,6 +169,17 @@ async fn slot(engine: &Engine, budget: Budget<'_>) -> Result<(DateTime<Utc>, f64
     }
 }
 
+/// Whether a call's answer shows the target answering: any answer does, even a 4xx; a
+/// 5xx, a timeout or a refused connection does not; a call the writer refused before
+/// sending says nothing.
+pub fn reachable(result: &Result<Written, WriteError>) -> Option<bool> {
+    match result {
+        Ok(_) => Some(true),
+        Err(WriteError::Permanent { status: None, .. }) => None,
+        Err(e) => Some(e.proves_reachable()),
+    }
+}
+
 /// How the target answered, as the budget hears it.
 pub fn answered(result: &Result<Written, WriteError>) -> Answered {
     match result {

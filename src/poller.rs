@@ -1,9 +1,11 @@
 //! The poller: a loop in every worker process that polls the target's asynchronous jobs
 //! ([`crate::jobs`]) when each falls due, and settles a job's records when it reports. A
 //! poll and each page of errors is a call like any other ([`paced::call`]): a slot from
-//! the rule's budget, in fair turn with the other rules, its answer heard by the pacer and
+//! the rule's budget (or the job's own poll budget), in fair turn with the other rules, its answer heard by the pacer and
 //! its verdict written as a delivery call's is (a 429 or a spent budget blocks it, the
-//! breaker hears it); while the connection's circuit is open, no job is polled. The wait between polls doubles from the rule's first poll up to its
+//! breaker hears it); while the connection's circuit is open, no job is polled. A job is
+//! polled from what its own row and its rule say, never from the run that submitted it:
+//! the poller reads nothing of the chain. The wait between polls doubles from the rule's first poll up to its
 //! most (a job taking an hour is not polled every second). No transaction is open while the
 //! target is called: a job is leased to one process (another takes it over when the lease
 //! lapses, or sooner when the rescuer's rule finds that process dead), and its records' outcomes are committed in one transaction with its end.
@@ -11,24 +13,25 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgListener;
+use sqlx::{PgPool, postgres::PgListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    chain::{
-        classify,
-        context::{self, JobContext},
-    },
+    breaker, catalog,
     engine::Engine,
     jobs::{self, Due, Ended},
     ledger::{self, Entry, Outcome},
+    model::Connection,
     paced::{self, Heard},
-    profile::RuleProfile,
-    ratelimit::blocks,
-    retry::Retry,
+    profile::{self, ProfileError, RuleProfile},
+    ratelimit::{
+        blocks,
+        limits::{self, Limit},
+    },
+    retry::{Retry, RetryPolicy},
     writer::{
         self, Receipt, WriteError, Writer, Written,
-        job::{ErrorsFile, JobShape, JobState, PollBudget, RecordError, Records},
+        job::{ErrorsFile, JobShape, JobState, RecordError, Records},
     },
 };
 
@@ -129,9 +132,9 @@ impl Poller {
     async fn poll(&self, job: Due) -> Result<(), sqlx::Error> {
         let e = &self.engine;
         let now = e.clock.now();
-        let Some(ctx) = context::load(&e.pool, job.run_id, now).await? else {
-            // The rule is gone (its jobs go with it) or the run was removed by retention.
-            let found = ended(Ended::Overdue, "its run is gone", None);
+        let Some(ctx) = JobRule::load(&e.pool, &job, now).await? else {
+            // The rule is gone: its jobs and records go with it.
+            let found = ended(Ended::Overdue, "its rule is gone", None);
             return self.settle(&job, None, None, found).await;
         };
         let (profile, shape) = match &ctx.profile {
@@ -187,7 +190,7 @@ impl Poller {
     /// Polls the job at the target and, once it is complete, reads its errors.
     async fn ask(
         &self,
-        ctx: &JobContext,
+        ctx: &JobRule,
         writer: &dyn Writer,
         shape: &JobShape,
         job: &Due,
@@ -235,7 +238,7 @@ impl Poller {
     /// reason, and is never listed again.
     async fn errors(
         &self,
-        ctx: &JobContext,
+        ctx: &JobRule,
         writer: &dyn Writer,
         shape: &JobShape,
         job: &Due,
@@ -340,24 +343,11 @@ impl Poller {
     /// it did not answer with a 2xx.
     async fn read(
         &self,
-        ctx: &JobContext,
+        ctx: &JobRule,
         writer: &dyn Writer,
         path: &str,
     ) -> Result<Result<Receipt, String>, sqlx::Error> {
         let e = &self.engine;
-        let own;
-        let ctx = match ctx
-            .profile
-            .as_ref()
-            .ok()
-            .and_then(|p| p.job.as_ref()?.poll_budget.as_ref())
-        {
-            Some(b) => {
-                own = polling_context(ctx, b);
-                &own
-            }
-            None => ctx,
-        };
         let send = || async {
             let answer = writer.ask(reqwest::Method::GET, path, None).await;
             answer.map(|receipt| Written::all(receipt, 0))
@@ -367,13 +357,13 @@ impl Poller {
             Err(err) => return Ok(Err(format!("no request slot: {err:?}"))),
         };
         let mut heard = Heard::default();
-        heard.heard(&called.verdict, classify::reachable(&called.result));
+        heard.heard(&called.verdict, paced::reachable(&called.result));
         if let Err(err) = &called.result {
             heard.last_error = Some(err.to_string());
         }
         let at = e.clock.now();
         let cause = blocks::Cause {
-            budget_key: &ctx.connection.budget_key,
+            budget_key: &ctx.budget_key,
             connection_id: ctx.connection.id,
             rule_id: ctx.rule_id,
             run_id: ctx.run_id,
@@ -396,7 +386,7 @@ impl Poller {
     async fn settle(
         &self,
         job: &Due,
-        ctx: Option<&JobContext>,
+        ctx: Option<&JobRule>,
         profile: Option<&RuleProfile>,
         found: Found,
     ) -> Result<(), sqlx::Error> {
@@ -484,12 +474,89 @@ fn ended(ended: Ended, said: &str, error: Option<String>) -> Found {
     }
 }
 
-/// `ctx` spending from the job's own poll budget `b`.
-fn polling_context(ctx: &JobContext, b: &PollBudget) -> JobContext {
-    let mut own = ctx.clone();
-    own.connection.budget_key = b.key.clone();
-    own.limits = crate::ratelimit::limits::check(b.limits.clone()).unwrap_or_default();
-    own
+/// What a job is polled with, read from its own row's rule and that rule's connection,
+/// never from the run that submitted it (which is named only in the ledger rows its
+/// records' outcomes add).
+struct JobRule {
+    /// The rule.
+    rule_id: i64,
+    /// Its name (for metrics).
+    rule_name: String,
+    /// The run that submitted the job.
+    run_id: i64,
+    /// Its share of its budget against other rules.
+    weight: i32,
+    /// What its calls are, or why its stored profile cannot be used.
+    profile: Result<RuleProfile, ProfileError>,
+    /// Attempts and backoff.
+    retry: RetryPolicy,
+    /// The connection.
+    connection: Connection,
+    /// The budget polls spend from: the job's own poll budget where the rule names one,
+    /// else the connection's.
+    budget_key: String,
+    /// That budget's limits.
+    limits: Vec<Limit>,
+    /// Whether the connection's circuit lets a call through now.
+    circuit_admits: bool,
+}
+
+impl JobRule {
+    /// Job `job`'s rule, its connection and circuit at `now`; `None` when the rule is gone.
+    async fn load(
+        pool: &PgPool,
+        job: &Due,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Self>, sqlx::Error> {
+        let Some((rule, connection)) = catalog::rule_with_connection(pool, job.rule_id).await?
+        else {
+            return Ok(None);
+        };
+        let (_, circuit_admits) = breaker::for_run(pool, connection.id, job.run_id, now).await?;
+        let profile = RuleProfile::parse(profile::Stored {
+            writer: &connection.writer,
+            path: &rule.path,
+            records_per_call: rule.records_per_call,
+            request: rule.request.as_ref(),
+            answer: rule.answer.as_ref(),
+            job: rule.job.as_ref(),
+        });
+        let own = profile
+            .as_ref()
+            .ok()
+            .and_then(|p| p.job.as_ref()?.poll_budget.clone());
+        let (budget_key, limits) = match own {
+            Some(b) => (b.key, limits::check(b.limits).unwrap_or_default()),
+            None => (connection.budget_key.clone(), connection.declared_limits()),
+        };
+        Ok(Some(JobRule {
+            rule_id: rule.id,
+            rule_name: rule.name,
+            run_id: job.run_id,
+            weight: rule.weight,
+            profile,
+            retry: RetryPolicy {
+                max_attempts: rule.max_attempts,
+                backoff_base_ms: rule.backoff_base_ms,
+                backoff_max_ms: rule.backoff_max_ms,
+            },
+            connection,
+            budget_key,
+            limits,
+            circuit_admits,
+        }))
+    }
+
+    /// The budget its polls spend from.
+    fn budget(&self) -> paced::Budget<'_> {
+        paced::Budget {
+            key: &self.budget_key,
+            limits: &self.limits,
+            reserve: self.connection.reserve(),
+            rule_id: self.rule_id,
+            weight: self.weight.max(1) as u32,
+        }
+    }
 }
 
 /// The longest wait between polls, in milliseconds.
@@ -543,7 +610,7 @@ fn outcomes(
 /// The outcomes of a job that failed (or was cancelled, or is overdue and its rule resends):
 /// each record `failed`, due again after its backoff, or `exhausted` on its last attempt.
 fn failed(
-    ctx: &JobContext,
+    ctx: &JobRule,
     accepted: &[(i64, i32)],
     error: Option<&str>,
     now: DateTime<Utc>,

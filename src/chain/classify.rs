@@ -104,17 +104,6 @@ fn accepted(
     })
 }
 
-/// Whether a call's answer shows the target answering: any answer does, even a 4xx; a
-/// 5xx, a timeout or a refused connection does not; a call the writer refused before
-/// sending says nothing.
-pub fn reachable(result: &Result<Written, WriteError>) -> Option<bool> {
-    match result {
-        Ok(_) => Some(true),
-        Err(WriteError::Permanent { status: None, .. }) => None,
-        Err(e) => Some(e.proves_reachable()),
-    }
-}
-
 /// Judges the answer `result` to a call that carried `records` (in the call's order),
 /// took `elapsed` and ended at `at`; `jitter` draws each backoff's random part (0..=1).
 /// A 429 is not judged here: its records stay pending and the budget hears it.
@@ -129,7 +118,7 @@ pub fn judge<'c>(
     let mut judgement = Judgement {
         entries: Vec::new(),
         undecided: Vec::new(),
-        reachable: reachable(result),
+        reachable: crate::paced::reachable(result),
     };
     for (j, d) in records.enumerate() {
         let item = match result {
