@@ -2,7 +2,7 @@
 //! ([`crate::writer::job`]) leaves its records `accepted` and the job here, in the same
 //! transaction; the [poller](crate::poller) polls each job when it is due, one process at a
 //! time (a lease on the row), and settles its records when it reports. Every statement on
-//! the table is here.
+//! the table is here (retention removes ended jobs through [`remove_ended`]).
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
@@ -272,4 +272,26 @@ pub async fn tally(db: impl PgExecutor<'_>) -> Result<Tally, sqlx::Error> {
     )
     .fetch_one(db)
     .await
+}
+
+/// Removes up to `limit` jobs that ended (complete, failed, overdue) before `before` and
+/// that no ledger row names (an overdue job's records stay `accepted`, with their rows, so
+/// it stays); returns how many.
+pub async fn remove_ended(
+    db: impl PgExecutor<'_>,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query!(
+        "DELETE FROM target_jobs WHERE id IN (
+             SELECT t.id FROM target_jobs t
+             WHERE t.status <> 'submitted' AND t.finished_at < $1
+               AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.target_job = t.id)
+             LIMIT $2)",
+        before,
+        limit
+    )
+    .execute(db)
+    .await?
+    .rows_affected())
 }

@@ -171,18 +171,7 @@ impl<'a> Retention<'a> {
     /// One batch of target jobs that ended (complete, failed, overdue) and that no ledger
     /// row names: an overdue job's records stay `accepted`, with their rows, so it stays.
     async fn target_jobs(&self, before: DateTime<Utc>) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query!(
-            "DELETE FROM target_jobs WHERE id IN (
-                 SELECT t.id FROM target_jobs t
-                 WHERE t.status <> 'submitted' AND t.finished_at < $1
-                   AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.target_job = t.id)
-                 LIMIT $2)",
-            before,
-            self.batch
-        )
-        .execute(&self.engine.pool)
-        .await?
-        .rows_affected())
+        crate::jobs::remove_ended(&self.engine.pool, before, self.batch).await
     }
 
     /// One batch of finished chain-queue jobs no active run names.
