@@ -568,14 +568,20 @@ impl Job<'_> {
     }
 }
 
-/// A commit's result from its task; a commit that panicked is a failed one.
+/// A commit's result from its task. A commit that panicked is a failed one, said as a
+/// panic (a fault of courier's, which no retry mends), never as a database outage; one
+/// cancelled (the runtime shutting down) is as if the database went away mid-commit.
 fn joined(
     result: Result<Result<bool, sqlx::Error>, tokio::task::JoinError>,
 ) -> Result<bool, sqlx::Error> {
-    result.unwrap_or_else(|e| {
-        Err(sqlx::Error::Protocol(format!(
-            "a commit's task failed: {e}"
-        )))
+    result.unwrap_or_else(|e| match e.is_panic() {
+        true => {
+            tracing::error!(error = %e, "a commit's task panicked");
+            Err(sqlx::Error::AnyDriverError(
+                format!("a commit's task panicked: {e}").into(),
+            ))
+        }
+        false => Err(sqlx::Error::WorkerCrashed),
     })
 }
 
@@ -599,5 +605,22 @@ impl Called {
             Next::Continue
         };
         (cursor, next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicked_commit_is_a_failure_and_not_an_outage() {
+        let panicked = tokio::spawn(async { panic!("a bug in a commit") }).await;
+        let e = joined(panicked.map(|()| Ok(true))).unwrap_err();
+        assert!(!crate::health::is_outage(&e), "{e}");
+        assert!(e.to_string().contains("panicked"), "{e}");
+        let cancelled = tokio::spawn(std::future::pending::<()>());
+        cancelled.abort();
+        let e = joined(cancelled.await.map(|()| Ok(true))).unwrap_err();
+        assert!(crate::health::is_outage(&e), "{e}");
     }
 }
