@@ -21,14 +21,19 @@
 //! one when they carry a `;w=` parameter (`100;w=60`, as the older drafts allowed), else
 //! the limit alone says no rate and the statement has no quota.
 //!
+//! A 429's wait is read here too ([`rate_limit_wait`]): `Retry-After` (seconds or an
+//! HTTP-date), else a reset header.
+//!
 //! Malformed, negative, huge or non-UTF-8 values are ignored field by field, never a panic:
 //! a quota or remaining count must fit a `u32`, a window must lie within [`MAX_WINDOW`],
 //! a reset within [`MAX_RESET`] (an epoch reset in the past reads as zero).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
+
+use super::signals::RateSignals;
 
 use super::limits::{Limit, MAX_RATE_LIMIT_WAIT, MAX_WINDOW, MIN_WINDOW};
 /// The longest reset read: the cap a 429's wait has too. A longer one is ignored.
@@ -247,14 +252,15 @@ fn window(raw: &str) -> Option<Duration> {
     (secs > 0 && w <= MAX_WINDOW).then_some(w)
 }
 
-/// Non-negative seconds, whole or fractional, up to `max`.
+/// Non-negative seconds, whole or fractional, up to `max` (any, for [`Duration::MAX`]).
 fn seconds(raw: &str, max: Duration) -> Option<f64> {
     let s = raw.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         return None;
     }
     let secs: f64 = s.parse().ok()?;
-    (secs.is_finite() && secs >= 0.0 && secs <= max.as_secs_f64()).then_some(secs)
+    let within = max == Duration::MAX || secs <= max.as_secs_f64();
+    (secs.is_finite() && secs >= 0.0 && within).then_some(secs)
 }
 
 /// A delta reset: seconds from now, up to [`MAX_RESET`].
@@ -408,10 +414,192 @@ fn unquote(raw: &str) -> String {
     }
 }
 
+/// The standard header a 429's wait is read from when `Retry-After` is absent: the IETF
+/// draft's `RateLimit-Reset` (delta seconds); a connection's signals may name more.
+pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
+
+/// The wait a 429 asks for, in this order: `Retry-After` as seconds, `Retry-After` as an
+/// HTTP-date, then `RateLimit-Reset` and each reset header of the connection's `signals`
+/// (seconds); an unparsable header falls through
+/// to the next. Returns the wait (capped at one day) and the raw value it came from;
+/// when only garbage was sent, `(None, Some(raw))`.
+pub fn rate_limit_wait(
+    headers: &HeaderMap,
+    signals: &RateSignals,
+    now: SystemTime,
+) -> (Option<Duration>, Option<String>) {
+    let raw_of = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    // The first header that parses wins; a garbage one does not hide a later good one,
+    // but is still reported when nothing parses.
+    let mut garbage = None;
+    if let Some(raw) = raw_of("retry-after") {
+        match parse_retry_after(&raw, now) {
+            Some(wait) => return (Some(wait), Some(raw)),
+            None => garbage = Some(raw),
+        }
+    }
+    for name in RESET_HEADERS
+        .iter()
+        .copied()
+        .chain(signals.reset_seconds_headers())
+    {
+        if let Some(raw) = raw_of(name) {
+            match parse_seconds(&raw) {
+                Some(wait) => return (Some(wait), Some(raw)),
+                None => garbage = garbage.or(Some(raw)),
+            }
+        }
+    }
+    (None, garbage)
+}
+
+/// Parses a `Retry-After` value: delta-seconds or an HTTP-date.
+pub fn parse_retry_after(raw: &str, now: SystemTime) -> Option<Duration> {
+    parse_seconds(raw).or_else(|| {
+        let at = httpdate::parse_http_date(raw.trim()).ok()?;
+        Some(
+            at.duration_since(now)
+                .unwrap_or(Duration::ZERO)
+                .min(MAX_RATE_LIMIT_WAIT),
+        )
+    })
+}
+
+/// Parses whole or fractional non-negative seconds, capped at one day.
+pub fn parse_seconds(raw: &str) -> Option<Duration> {
+    let secs = seconds(raw, Duration::MAX)?;
+    Some(Duration::from_secs_f64(
+        secs.min(MAX_RATE_LIMIT_WAIT.as_secs_f64()),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
+    #[test]
+    fn retry_after_forms() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(parse_retry_after("0", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after("1.5", now),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(parse_retry_after("86401", now), Some(MAX_RATE_LIMIT_WAIT));
+        assert_eq!(
+            parse_retry_after("99999999999999999999999999", now),
+            Some(MAX_RATE_LIMIT_WAIT)
+        );
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("ｓ５", now), None);
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&date, now), Some(Duration::from_secs(30)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+    }
+
+    /// Signals naming `x-sib-ratelimit-reset` (seconds), as Brevo's preset does.
+    fn sib() -> RateSignals {
+        RateSignals::parse(Some(&serde_json::json!({
+            "quotas": [{"remaining": "x-sib-ratelimit-remaining", "reset": "x-sib-ratelimit-reset"}]
+        })))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_reset_header_the_signals_name_is_a_fallback() {
+        let mut h = HeaderMap::new();
+        h.insert("x-sib-ratelimit-reset", HeaderValue::from_static("12"));
+        let now = SystemTime::now();
+        assert_eq!(
+            rate_limit_wait(&h, &sib(), now),
+            (Some(Duration::from_secs(12)), Some("12".into()))
+        );
+        h.insert("retry-after", HeaderValue::from_static("3"));
+        assert_eq!(
+            rate_limit_wait(&h, &sib(), now).0,
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            rate_limit_wait(&h, &RateSignals::default(), now).0,
+            Some(Duration::from_secs(3))
+        );
+        h.remove("retry-after");
+        assert_eq!(
+            rate_limit_wait(&h, &RateSignals::default(), now),
+            (None, None)
+        );
+        assert_eq!(
+            rate_limit_wait(&HeaderMap::new(), &sib(), now),
+            (None, None)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parser_never_panics_nor_exceeds_a_day(raw in "\\PC{0,40}") {
+            if let Some(d) = parse_retry_after(&raw, SystemTime::now()) {
+                proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
+            }
+        }
+
+        #[test]
+        fn negative_numbers_name_no_wait(n in 1u64..u64::MAX) {
+            proptest::prop_assert_eq!(parse_retry_after(&format!("-{n}"), SystemTime::now()), None);
+        }
+
+        #[test]
+        fn huge_numbers_are_capped(digits in "[1-9][0-9]{5,60}(\\.[0-9]{0,5})?") {
+            // At least 100,000 seconds: always above the cap, so exactly the cap.
+            let d = parse_retry_after(&digits, SystemTime::now());
+            proptest::prop_assert_eq!(d, Some(MAX_RATE_LIMIT_WAIT));
+        }
+
+        #[test]
+        fn any_http_date_is_capped(at in 0u64..253_402_300_799, now in 0u64..4_102_444_800) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now);
+            let date = httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_secs(at));
+            let d = parse_retry_after(&date, now).expect("a valid HTTP-date");
+            proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
+        }
+
+        #[test]
+        fn raw_header_bytes_never_panic_nor_exceed_a_day(
+            retry in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..48)),
+            reset in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..48)),
+        ) {
+            let mut h = HeaderMap::new();
+            // Bytes a header value cannot hold (controls) are refused by `from_bytes`; every
+            // other byte, including non-ASCII ones, reaches the parser.
+            if let Some(v) = retry.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
+                h.insert("retry-after", v);
+            }
+            if let Some(v) = reset.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
+                h.insert("x-sib-ratelimit-reset", v);
+            }
+            let (wait, raw) = rate_limit_wait(&h, &sib(), SystemTime::now());
+            if let Some(d) = wait {
+                proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
+                proptest::prop_assert!(raw.is_some());
+            }
+            proptest::prop_assert_eq!(raw.is_some(), !h.is_empty());
+        }
+
+        #[test]
+        fn whole_seconds_round_trip(n in 0u64..=86_400) {
+            proptest::prop_assert_eq!(
+                parse_retry_after(&n.to_string(), SystemTime::now()),
+                Some(Duration::from_secs(n))
+            );
+        }
+    }
+
     use proptest::prelude::*;
     use reqwest::header::HeaderValue;
 
