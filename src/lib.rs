@@ -24,7 +24,10 @@
 //! - [`apply`]: `courier apply`, a catalog file saved in one transaction.
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
 //! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON and User.com writers,
-//!   one record or several per call (`Writer::group`, `Writer::write_many`).
+//!   one record or several per call (`Writer::group`, `Writer::write_many`); `JobCalls`
+//!   for what a writer running a target's jobs does besides.
+//! - [`paced`]: one paced call, the way every request to a target goes, and what its
+//!   verdict leaves to write (blocks, the breaker's record, the calls made).
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).
 //! - [`ratelimit`]: a target's limits in one place: the limits a connection declares, the
 //!   budget's shared state (table `budgets`) and the pacer handing out request slots, fair
@@ -37,6 +40,9 @@
 //! - [`chain`]: one chain job in stages: the throttle layer (wait out a block or
 //!   throttle), admit, claim, triage, call, classify, settle.
 //! - [`dispatcher`]: starts runs for rules with due deliveries.
+//! - [`jobs`]: a target's asynchronous jobs (table `target_jobs`), whose records stay
+//!   `accepted` until the job reports; [`poller`] polls each when due, from its own row
+//!   and its rule, and settles its records.
 //! - [`maintenance`]: the background loops: the heartbeat
 //!   (this process's beat), the rescuer (resumes dead processes' work), the reaper
 //!   (last-resort staleness), the pruner (old call counts and beats), retention (old
@@ -60,6 +66,8 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod dispatcher;
+#[cfg(test)]
+mod doc_examples;
 pub mod engine;
 pub mod enqueue;
 pub mod health;

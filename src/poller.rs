@@ -30,7 +30,7 @@ use crate::{
     },
     retry::{Retry, RetryPolicy},
     writer::{
-        self, Receipt, WriteError, Writer, Written,
+        self, Receipt, WriteError, Writer, Written, contract,
         job::{ErrorsFile, JobShape, JobState, RecordError, Records},
     },
 };
@@ -262,10 +262,11 @@ impl Poller {
         let mut listed = 0;
         loop {
             let page = match (file.take(), next.take()) {
-                (Some(url), _) => writer
-                    .fetch(&url)
-                    .await
-                    .map_err(|e| seal(&format!("its errors file: {e}"))),
+                (Some(url), _) => match writer.jobs() {
+                    Some(jobs) => jobs.fetch(&url).await,
+                    None => Err(contract::no_jobs()),
+                }
+                .map_err(|e| seal(&format!("its errors file: {e}"))),
                 (None, Some(path)) => self.read(ctx, writer, &path).await?,
                 (None, None) => break,
             };
@@ -348,8 +349,11 @@ impl Poller {
         path: &str,
     ) -> Result<Result<Receipt, String>, sqlx::Error> {
         let e = &self.engine;
+        let Some(jobs) = writer.jobs() else {
+            return Ok(Err(contract::no_jobs().to_string()));
+        };
         let send = || async {
-            let answer = writer.ask(reqwest::Method::GET, path, None).await;
+            let answer = jobs.ask(reqwest::Method::GET, path, None).await;
             answer.map(|receipt| Written::all(receipt, 0))
         };
         let called = match paced::call(e, ctx.budget(), writer, Some(&e.shutdown), send).await {

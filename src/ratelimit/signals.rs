@@ -5,15 +5,15 @@
 //! never seen is described the same way, without Rust. The IETF and `X-RateLimit-*` forms
 //! ([`super::headers`]) are read for every connection.
 //!
+//! A connection's `rate_signals`:
+//!
 //! ```json
-//! "rate_signals": {
-//!   "quotas": [{"limit": "X-HubSpot-RateLimit-Max",
-//!               "window": "X-HubSpot-RateLimit-Interval-Milliseconds", "window_unit": "ms",
-//!               "remaining": "X-HubSpot-RateLimit-Remaining"}],
-//!   "usage": [{"header": "Sforce-Limit-Info", "pattern": "api-usage={used}/{limit}",
-//!              "window_seconds": 86400}],
-//!   "limited": [{"status": 403, "body_contains": "REQUEST_LIMIT_EXCEEDED"}]
-//! }
+//! {"quotas": [{"limit": "X-HubSpot-RateLimit-Max",
+//!              "window": "X-HubSpot-RateLimit-Interval-Milliseconds", "window_unit": "ms",
+//!              "remaining": "X-HubSpot-RateLimit-Remaining"}],
+//!  "usage": [{"header": "Sforce-Limit-Info", "pattern": "api-usage={used}/{limit}",
+//!             "window_seconds": 86400}],
+//!  "limited": [{"status": 403, "body_contains": "REQUEST_LIMIT_EXCEEDED"}]}
 //! ```
 
 use std::time::Duration;
@@ -371,6 +371,13 @@ fn usage(headers: &HeaderMap, u: &UsageHeader) -> Option<(u32, u32)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_documented_example_is_signals_courier_takes() {
+        let examples = crate::doc_examples::of(include_str!("signals.rs"));
+        assert_eq!(examples.len(), 1);
+        super::RateSignals::parse(Some(&examples[0])).unwrap();
+    }
+
     use serde_json::json;
 
     use super::*;

@@ -1,7 +1,7 @@
-//! The writer's contract: what one call carries ([`Call`]) and what every writer does
-//! ([`Writer`]).
+//! The writer's contract: what one call carries ([`Call`]), what every writer does
+//! ([`Writer`]) and what a writer that runs a target's jobs does besides ([`JobCalls`]).
 
-use futures::{FutureExt, future::BoxFuture};
+use futures::future::BoxFuture;
 
 use super::wire::{Outgoing, Receipt, WriteError, Written};
 use super::{answer, request, secrets};
@@ -32,9 +32,6 @@ pub trait Writer: Send + Sync {
     /// What the target says about its rate beyond the standard headers (the connection's
     /// `rate_signals`), read by the pacer from every answer.
     fn rate_signals(&self) -> &RateSignals;
-    /// Delivers one record. Each call is exactly one request to the target.
-    fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>>;
-
     /// Puts the records of a batch (their payloads, in the batch's order) into calls of at
     /// most `per_call` records each, as indexes into `payloads`; every record is in exactly
     /// one call. By default, in order, `per_call` at a time.
@@ -52,6 +49,20 @@ pub trait Writer: Send + Sync {
             .collect()
     }
 
+    /// Delivers the records of one call made by [`Writer::group`]: exactly one request to
+    /// the target. An error is the answer of the whole call; [`WriteError::Permanent`] for
+    /// several records means some of them are bad, which the caller finds by splitting.
+    fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>>;
+
+    /// What the writer does for a target's asynchronous jobs, if it runs any.
+    fn jobs(&self) -> Option<&dyn JobCalls> {
+        None
+    }
+}
+
+/// What only a writer that runs a target's asynchronous jobs does: the job's own requests,
+/// and the files its answers name.
+pub trait JobCalls: Send + Sync {
     /// Sends one request of a job (its open and close, a poll, a page of its errors) to
     /// `path` (under the connection's base URL, or an absolute URL at the same origin) with
     /// the connection's credentials, `body` as JSON; the receipt holds the answer's body.
@@ -60,45 +71,18 @@ pub trait Writer: Send + Sync {
         method: reqwest::Method,
         path: &'a str,
         body: Option<&'a serde_json::Value>,
-    ) -> BoxFuture<'a, Result<Receipt, WriteError>> {
-        let _ = (method, path, body);
-        futures::future::ready(Err(WriteError::Permanent {
-            status: None,
-            message: "this writer reads no job".into(),
-        }))
-        .boxed()
-    }
+    ) -> BoxFuture<'a, Result<Receipt, WriteError>>;
 
     /// Reads a file the target named at `url` (a job's errors file, at an origin its rule
     /// allows) with a GET carrying none of the connection's credentials or headers; the
     /// receipt holds its text.
-    fn fetch<'a>(&'a self, url: &'a reqwest::Url) -> BoxFuture<'a, Result<Receipt, WriteError>> {
-        let _ = url;
-        futures::future::ready(Err(WriteError::Permanent {
-            status: None,
-            message: "this writer reads no file".into(),
-        }))
-        .boxed()
-    }
+    fn fetch<'a>(&'a self, url: &'a reqwest::Url) -> BoxFuture<'a, Result<Receipt, WriteError>>;
+}
 
-    /// Delivers the records of one call made by [`Writer::group`]: exactly one request to
-    /// the target. An error is the answer of the whole call; [`WriteError::Permanent`] for
-    /// several records means some of them are bad, which the caller finds by splitting.
-    /// By default a call carries one record, written by [`Writer::write`].
-    fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
-        match call.records {
-            [one] => self
-                .write(*one)
-                .map(|r| r.map(|receipt| Written::all(receipt, 1)))
-                .boxed(),
-            _ => futures::future::ready(Err(WriteError::Permanent {
-                status: None,
-                message: format!(
-                    "this writer sends one record per call, not {}",
-                    call.records.len()
-                ),
-            }))
-            .boxed(),
-        }
+/// The error of a job's request to a writer that runs no job.
+pub fn no_jobs() -> WriteError {
+    WriteError::Permanent {
+        status: None,
+        message: "this connection's writer runs no asynchronous job".into(),
     }
 }

@@ -16,7 +16,7 @@ use futures::{FutureExt, future::BoxFuture};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::answer;
-use super::contract::{Call, Writer};
+use super::contract::{Call, JobCalls, Writer};
 use super::request::{self, RequestShape};
 use super::secrets::{Secrets, is_secret_header};
 use super::wire::{
@@ -43,8 +43,8 @@ pub const MAX_RECORDS_PER_CALL: usize = 1000;
 pub const MAX_RECORDS_PER_JOB: usize = 10_000;
 
 /// What every HTTP writer takes from its connection: the shared client, the headers
-/// (the connection's own plus authorization), the timeout, the declared rate and the
-/// in-flight bound; and how it sends a request and maps the answer.
+/// (the connection's own plus authorization), the timeout and the in-flight bound; and
+/// how it sends a request and maps the answer.
 pub struct Endpoint {
     /// The connection's name: log lines about its credentials name it.
     pub connection: String,
@@ -283,24 +283,80 @@ impl Writer for HttpJsonWriter {
         &self.endpoint.signals
     }
 
-    fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+    fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
         async move {
-            let records = [out];
-            let call = Call {
-                records: &records,
-                bulk: false,
-                answer: None,
-                request: None,
+            let n = call.records.len();
+            let Some(first) = call.records.first() else {
+                return Ok(Written::all(Receipt::default(), 0));
             };
-            let written = self.write_many(call).await?;
-            match written.items.into_iter().next().flatten() {
-                Some(e) => Err(e),
-                None => Ok(written.receipt),
+            let shape = call.request.unwrap_or(&PLAIN);
+            // Each record as sent; one whose payload lacks a field its template names is
+            // refused alone, the others of the call go on.
+            let mut items: Vec<Option<WriteError>> = vec![None; n];
+            let mut sent: Vec<(usize, serde_json::Value)> = Vec::with_capacity(n);
+            for (i, r) in call.records.iter().enumerate() {
+                match shape
+                    .item(record(r))
+                    .and_then(|item| shape.sendable(&item).map(|()| item))
+                {
+                    Ok(item) => sent.push((i, item)),
+                    Err(e) => items[i] = Some(refused(e)),
+                }
             }
+            if sent.is_empty() {
+                return Ok(Written {
+                    receipt: Receipt::default(),
+                    items,
+                });
+            }
+            let path = match request::fill_path(first.path, record(first)) {
+                Ok(p) => p,
+                Err(e) => return Err(refused(e)),
+            };
+            let path = path.trim_start_matches('/');
+            // A URL that cannot be built is the record's, never a transient failure.
+            url(&self.base_url, path).map_err(refused)?;
+            let ids: Vec<String> = sent
+                .iter()
+                .map(|(i, _)| call.records[*i].delivery_id.to_string())
+                .collect();
+            let outgoing: Vec<Outgoing<'_>> = sent.iter().map(|(i, _)| call.records[*i]).collect();
+            let body = match call.bulk {
+                true => shape.encode(sent.into_iter().map(|(_, v)| v).collect()),
+                false => serde_json::to_vec(&sent.pop().map(|(_, v)| v).unwrap_or_default())
+                    .expect("JSON serializes"),
+            };
+            let key = format!("courier-{}", ids.join(","));
+            let make = |base: &str, token: Option<&str>| {
+                let request = self
+                    .endpoint
+                    .client
+                    .request(shape.method(), format!("{base}{path}"))
+                    .header("Idempotency-Key", &key)
+                    .header(reqwest::header::CONTENT_TYPE, shape.content_type())
+                    .body(body.clone());
+                match token {
+                    Some(t) => request.bearer_auth(t),
+                    None => request,
+                }
+            };
+            let receipt = self.send(make, call.bulk).await?;
+            let answered = answered(&call, &outgoing, &receipt).into_iter();
+            // The records sent are those not refused before sending, in the same order.
+            for (slot, fate) in items.iter_mut().filter(|s| s.is_none()).zip(answered) {
+                *slot = fate;
+            }
+            Ok(Written { receipt, items })
         }
         .boxed()
     }
 
+    fn jobs(&self) -> Option<&dyn JobCalls> {
+        Some(self)
+    }
+}
+
+impl JobCalls for HttpJsonWriter {
     fn ask<'a>(
         &'a self,
         method: reqwest::Method,
@@ -393,74 +449,6 @@ impl Writer for HttpJsonWriter {
                 body,
                 ..Receipt::default()
             })
-        }
-        .boxed()
-    }
-
-    fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
-        async move {
-            let n = call.records.len();
-            let Some(first) = call.records.first() else {
-                return Ok(Written::all(Receipt::default(), 0));
-            };
-            let shape = call.request.unwrap_or(&PLAIN);
-            // Each record as sent; one whose payload lacks a field its template names is
-            // refused alone, the others of the call go on.
-            let mut items: Vec<Option<WriteError>> = vec![None; n];
-            let mut sent: Vec<(usize, serde_json::Value)> = Vec::with_capacity(n);
-            for (i, r) in call.records.iter().enumerate() {
-                match shape
-                    .item(record(r))
-                    .and_then(|item| shape.sendable(&item).map(|()| item))
-                {
-                    Ok(item) => sent.push((i, item)),
-                    Err(e) => items[i] = Some(refused(e)),
-                }
-            }
-            if sent.is_empty() {
-                return Ok(Written {
-                    receipt: Receipt::default(),
-                    items,
-                });
-            }
-            let path = match request::fill_path(first.path, record(first)) {
-                Ok(p) => p,
-                Err(e) => return Err(refused(e)),
-            };
-            let path = path.trim_start_matches('/');
-            // A URL that cannot be built is the record's, never a transient failure.
-            url(&self.base_url, path).map_err(refused)?;
-            let ids: Vec<String> = sent
-                .iter()
-                .map(|(i, _)| call.records[*i].delivery_id.to_string())
-                .collect();
-            let outgoing: Vec<Outgoing<'_>> = sent.iter().map(|(i, _)| call.records[*i]).collect();
-            let body = match call.bulk {
-                true => shape.encode(sent.into_iter().map(|(_, v)| v).collect()),
-                false => serde_json::to_vec(&sent.pop().map(|(_, v)| v).unwrap_or_default())
-                    .expect("JSON serializes"),
-            };
-            let key = format!("courier-{}", ids.join(","));
-            let make = |base: &str, token: Option<&str>| {
-                let request = self
-                    .endpoint
-                    .client
-                    .request(shape.method(), format!("{base}{path}"))
-                    .header("Idempotency-Key", &key)
-                    .header(reqwest::header::CONTENT_TYPE, shape.content_type())
-                    .body(body.clone());
-                match token {
-                    Some(t) => request.bearer_auth(t),
-                    None => request,
-                }
-            };
-            let receipt = self.send(make, call.bulk).await?;
-            let answered = answered(&call, &outgoing, &receipt).into_iter();
-            // The records sent are those not refused before sending, in the same order.
-            for (slot, fate) in items.iter_mut().filter(|s| s.is_none()).zip(answered) {
-                *slot = fate;
-            }
-            Ok(Written { receipt, items })
         }
         .boxed()
     }

@@ -14,8 +14,9 @@
 //!           "complete": ["complete"], "failed": ["cancelled", "failed"]},
 //!  "errors": {"path": "profile-bulk-import-jobs/{id}/import-errors", "items": "/data",
 //!             "next": "/links/next",
-//!             "record": {"pointer": "/source/pointer", "prefix": "/data/attributes/profiles/data/"},
-//!             "message": "/detail"},
+//!             "record": {"pointer": {"pointer": "/attributes/source/pointer",
+//!                                    "prefix": "/data/attributes/profiles/data/"}},
+//!             "message": "/attributes/detail"},
 //!  "first_poll_seconds": 2, "max_poll_seconds": 60, "overdue_after_seconds": 3600}
 //! ```
 
@@ -753,6 +754,13 @@ fn encode(id: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_documented_example_is_a_job_shape_courier_takes() {
+        let examples = crate::doc_examples::of(include_str!("job.rs"));
+        assert_eq!(examples.len(), 1);
+        super::JobShape::parse(&examples[0]).unwrap();
+    }
+
     use serde_json::json;
 
     use super::*;

@@ -1,6 +1,8 @@
-//! Writers deliver records to one target. A writer declares the rate it may be called at
-//! and how many calls it may have in flight; `write` answers with a [`Receipt`] or a typed
-//! [`WriteError`] that says whether to retry and whether the target proved reachable.
+//! Writers deliver records to one target. A writer says how many calls it may have in
+//! flight (the rate is its budget's, [`crate::ratelimit`]); each call answers with a
+//! [`Written`] or a typed [`WriteError`] that says whether to retry and whether the target
+//! proved reachable. A writer that runs a target's asynchronous jobs does more through
+//! [`JobCalls`] (a job's own requests, the files its answers name).
 //!
 //! A call may carry several records of one rule (the rule's `records_per_call`, up to
 //! what [`WriterKind::max_records_per_call`] allows): the writer puts a batch's records into calls
@@ -13,7 +15,7 @@
 //! One file per target: [`http`] is the generic HTTP JSON writer and holds the response
 //! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace. What
 //! they share lives in files of its own, so no file here imports this one: [`wire`] (what
-//! a call carries and gets back), [`contract`] (the [`Writer`] trait), [`auth`] (where
+//! a call carries and gets back), [`contract`] (the [`Writer`] and [`JobCalls`] traits), [`auth`] (where
 //! credentials may go).
 
 pub mod answer;
@@ -31,7 +33,7 @@ pub mod wire;
 use std::sync::Arc;
 
 pub use auth::check_base_url;
-pub use contract::{Call, Writer};
+pub use contract::{Call, JobCalls, Writer};
 pub use wire::*;
 
 use crate::model::Connection;

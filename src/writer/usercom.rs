@@ -386,23 +386,9 @@ impl UserComWriter {
     }
 }
 
-impl Writer for UserComWriter {
-    fn secrets(&self) -> &super::secrets::Secrets {
-        &self.endpoint.secrets
-    }
-
-    fn max_in_flight(&self) -> usize {
-        self.endpoint.max_in_flight
-    }
-
-    /// User.com documents no `X-RateLimit-*` headers (its 429 carries `retry-after` only):
-    /// should it send a reset, it is read as a delta, and an epoch would be far beyond the
-    /// longest reset read, so ignored rather than misread.
-    fn rate_signals(&self) -> &RateSignals {
-        &self.endpoint.signals
-    }
-
-    fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
+impl UserComWriter {
+    /// Delivers one record: exactly one request to the target.
+    pub fn write<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Result<Receipt, WriteError>> {
         async move {
             let permanent = |message: String| WriteError::Permanent {
                 status: None,
@@ -419,6 +405,23 @@ impl Writer for UserComWriter {
             self.endpoint.send(builder).await
         }
         .boxed()
+    }
+}
+
+impl Writer for UserComWriter {
+    fn secrets(&self) -> &super::secrets::Secrets {
+        &self.endpoint.secrets
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.endpoint.max_in_flight
+    }
+
+    /// User.com documents no `X-RateLimit-*` headers (its 429 carries `retry-after` only):
+    /// should it send a reset, it is read as a delta, and an epoch would be far beyond the
+    /// longest reset read, so ignored rather than misread.
+    fn rate_signals(&self) -> &RateSignals {
+        &self.endpoint.signals
     }
 
     fn group(&self, path: &str, payloads: &[&Value], per_call: usize) -> Vec<Vec<usize>> {

@@ -9,7 +9,7 @@ use courier::{
     catalog::{self, Connection, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
     writer::{
-        Outgoing, WriteError, Writer,
+        Outgoing, WriteError,
         usercom::{ACCEPT_VERSION_2, UserComWriter},
     },
 };
