@@ -33,8 +33,6 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 
-use super::signals::RateSignals;
-
 use super::limits::{Limit, MAX_RATE_LIMIT_WAIT, MAX_WINDOW, MIN_WINDOW};
 /// The longest reset read: the cap a 429's wait has too. A longer one is ignored.
 pub const MAX_RESET: Duration = MAX_RATE_LIMIT_WAIT;
@@ -419,13 +417,13 @@ fn unquote(raw: &str) -> String {
 pub const RESET_HEADERS: &[&str] = &["ratelimit-reset"];
 
 /// The wait a 429 asks for, in this order: `Retry-After` as seconds, `Retry-After` as an
-/// HTTP-date, then `RateLimit-Reset` and each reset header of the connection's `signals`
+/// HTTP-date, then `RateLimit-Reset` and each of `reset_headers` (the connection's signals')
 /// (seconds); an unparsable header falls through
 /// to the next. Returns the wait (capped at one day) and the raw value it came from;
 /// when only garbage was sent, `(None, Some(raw))`.
-pub fn rate_limit_wait(
+pub fn rate_limit_wait<'r>(
     headers: &HeaderMap,
-    signals: &RateSignals,
+    reset_headers: impl IntoIterator<Item = &'r str>,
     now: SystemTime,
 ) -> (Option<Duration>, Option<String>) {
     let raw_of = |name: &str| {
@@ -442,11 +440,7 @@ pub fn rate_limit_wait(
             None => garbage = Some(raw),
         }
     }
-    for name in RESET_HEADERS
-        .iter()
-        .copied()
-        .chain(signals.reset_seconds_headers())
-    {
+    for name in RESET_HEADERS.iter().copied().chain(reset_headers) {
         if let Some(raw) = raw_of(name) {
             match parse_seconds(&raw) {
                 Some(wait) => return (Some(wait), Some(raw)),
@@ -504,12 +498,9 @@ mod tests {
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
     }
 
-    /// Signals naming `x-sib-ratelimit-reset` (seconds), as Brevo's preset does.
-    fn sib() -> RateSignals {
-        RateSignals::parse(Some(&serde_json::json!({
-            "quotas": [{"remaining": "x-sib-ratelimit-remaining", "reset": "x-sib-ratelimit-reset"}]
-        })))
-        .unwrap()
+    /// The reset header Brevo's preset's signals name (`x-sib-ratelimit-reset`, seconds).
+    fn sib() -> [&'static str; 1] {
+        ["x-sib-ratelimit-reset"]
     }
 
     #[test]
@@ -518,27 +509,18 @@ mod tests {
         h.insert("x-sib-ratelimit-reset", HeaderValue::from_static("12"));
         let now = SystemTime::now();
         assert_eq!(
-            rate_limit_wait(&h, &sib(), now),
+            rate_limit_wait(&h, sib(), now),
             (Some(Duration::from_secs(12)), Some("12".into()))
         );
         h.insert("retry-after", HeaderValue::from_static("3"));
         assert_eq!(
-            rate_limit_wait(&h, &sib(), now).0,
+            rate_limit_wait(&h, sib(), now).0,
             Some(Duration::from_secs(3))
         );
-        assert_eq!(
-            rate_limit_wait(&h, &RateSignals::default(), now).0,
-            Some(Duration::from_secs(3))
-        );
+        assert_eq!(rate_limit_wait(&h, [], now).0, Some(Duration::from_secs(3)));
         h.remove("retry-after");
-        assert_eq!(
-            rate_limit_wait(&h, &RateSignals::default(), now),
-            (None, None)
-        );
-        assert_eq!(
-            rate_limit_wait(&HeaderMap::new(), &sib(), now),
-            (None, None)
-        );
+        assert_eq!(rate_limit_wait(&h, [], now), (None, None));
+        assert_eq!(rate_limit_wait(&HeaderMap::new(), sib(), now), (None, None));
     }
 
     proptest::proptest! {
@@ -583,7 +565,7 @@ mod tests {
             if let Some(v) = reset.and_then(|b| HeaderValue::from_bytes(&b).ok()) {
                 h.insert("x-sib-ratelimit-reset", v);
             }
-            let (wait, raw) = rate_limit_wait(&h, &sib(), SystemTime::now());
+            let (wait, raw) = rate_limit_wait(&h, sib(), SystemTime::now());
             if let Some(d) = wait {
                 proptest::prop_assert!(d <= MAX_RATE_LIMIT_WAIT);
                 proptest::prop_assert!(raw.is_some());

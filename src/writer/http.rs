@@ -642,8 +642,11 @@ pub async fn classify_response(
         // An HTTP-date is on the target's clock: read against its answer's `Date`.
         let answered = crate::ratelimit::headers::answered_at(response.headers())
             .map_or_else(SystemTime::now, SystemTime::from);
-        let (wait, raw) =
-            crate::ratelimit::headers::rate_limit_wait(response.headers(), signals, answered);
+        let (wait, raw) = crate::ratelimit::headers::rate_limit_wait(
+            response.headers(),
+            signals.reset_seconds_headers(),
+            answered,
+        );
         return Err(WriteError::RateLimited {
             wait,
             raw,
