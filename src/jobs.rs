@@ -229,6 +229,77 @@ pub async fn in_flight(db: impl PgExecutor<'_>) -> Result<Vec<InFlight>, sqlx::E
     .await
 }
 
+/// One target job, for status and the dashboard: in flight, or ended lately.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct JobLine {
+    /// The rule.
+    pub rule: String,
+    /// The target's id for it.
+    pub target_id: String,
+    /// `submitted` (in flight), `complete`, `failed` or `overdue`.
+    pub status: String,
+    /// Records it carries.
+    pub records: i64,
+    /// When it was submitted.
+    pub submitted_at: DateTime<Utc>,
+    /// Polls so far.
+    pub polls: i32,
+    /// What the target said at the last poll.
+    pub last_said: Option<String>,
+    /// When it is polled next (in flight).
+    pub next_poll_at: Option<DateTime<Utc>>,
+    /// When it ended.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Its records the job reported delivered.
+    pub delivered: i64,
+    /// Its records the job reported refused.
+    pub rejected: i64,
+    /// Its records whose fate the job did not tell.
+    pub unconfirmed: i64,
+    /// Its records sent again (failed or exhausted) after the job failed.
+    pub failed: i64,
+}
+
+/// Every job in flight, oldest first, and the `ended` latest to end, newest first.
+pub async fn lines(
+    db: &mut PgConnection,
+    ended: i64,
+) -> Result<(Vec<JobLine>, Vec<JobLine>), sqlx::Error> {
+    let in_flight = sqlx::query_as!(
+        JobLine,
+        r#"SELECT r.name AS "rule!", j.target_id, j.status,
+                  cardinality(j.delivery_ids)::bigint AS "records!", j.submitted_at, j.polls,
+                  j.last_said, j.next_poll_at AS "next_poll_at?", j.finished_at,
+                  0::bigint AS "delivered!", 0::bigint AS "rejected!", 0::bigint AS "unconfirmed!",
+                  0::bigint AS "failed!"
+           FROM target_jobs j JOIN rules r ON r.id = j.rule_id
+           WHERE j.status = 'submitted' ORDER BY j.submitted_at, j.id"#
+    )
+    .fetch_all(&mut *db)
+    .await?;
+    let ended = sqlx::query_as!(
+        JobLine,
+        r#"SELECT r.name AS "rule!", j.target_id, j.status,
+                  cardinality(j.delivery_ids)::bigint AS "records!", j.submitted_at, j.polls,
+                  j.last_said, NULL::timestamptz AS "next_poll_at?", j.finished_at,
+                  count(l.id) FILTER (WHERE l.outcome = 'delivered') AS "delivered!",
+                  count(l.id) FILTER (WHERE l.outcome = 'rejected') AS "rejected!",
+                  count(l.id) FILTER (WHERE l.outcome = 'unconfirmed') AS "unconfirmed!",
+                  count(l.id) FILTER (WHERE l.outcome IN ('failed', 'exhausted')) AS "failed!"
+           FROM (SELECT * FROM target_jobs WHERE status <> 'submitted'
+                 ORDER BY finished_at DESC, id DESC LIMIT $1) j
+           JOIN rules r ON r.id = j.rule_id
+           LEFT JOIN ledger l ON l.target_job = j.id AND l.outcome <> 'accepted'
+           GROUP BY r.name, j.id, j.target_id, j.status, j.delivery_ids, j.submitted_at, j.polls,
+                    j.last_said, j.finished_at
+           ORDER BY j.finished_at DESC, j.id DESC"#,
+        ended
+    )
+    .fetch_all(&mut *db)
+    .await?;
+    Ok((in_flight, ended))
+}
+
 /// The value at JSON `pointer` in each of `delivery_ids`' payloads, as text (absent:
 /// `None`), in their order: the keys a job's errors name its records by.
 pub async fn payload_keys(

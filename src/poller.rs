@@ -29,6 +29,7 @@ use crate::{
         limits::{self, Limit},
     },
     retry::{Retry, RetryPolicy},
+    runs,
     writer::{
         self, Receipt, WriteError, Writer, Written, contract,
         job::{ErrorsFile, JobShape, JobState, RecordError, Records},
@@ -443,10 +444,17 @@ impl Poller {
                 now,
             )
             .await?;
+            // What the job reported counts in the run that handed it the records (its
+            // `accepted` already counts them as handed over).
+            let mut reported = runs::Counters::default();
             for entry in &entries {
                 e.metrics
                     .outcomes(&ctx.rule_name, entry.outcome.as_str(), 1);
+                if entry.outcome != Outcome::Unconfirmed {
+                    reported.count(entry.outcome);
+                }
             }
+            runs::add_reported(&mut *tx, job.run_id, &reported).await?;
         }
         tx.commit().await?;
         tracing::info!(job = job.id, target_id = %job.target_id, ended = ?ended, records = entries.len(), "a target's job ended");

@@ -397,6 +397,59 @@ pub async fn add_progress(
     Ok(updated.is_some())
 }
 
+/// Adds the outcomes a target's job reported to run `run_id`, which handed the job its
+/// records, whatever its status now.
+pub async fn add_reported(
+    db: impl PgExecutor<'_>,
+    run_id: i64,
+    c: &Counters,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE runs SET
+            delivered = delivered + $2, failed = failed + $3, exhausted = exhausted + $4,
+            rejected = rejected + $5
+         WHERE id = $1",
+        run_id,
+        c.delivered,
+        c.failed,
+        c.exhausted,
+        c.rejected
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Each rule's outcomes over the runs still kept, by rule id: what its runs and the
+/// target's jobs they handed records to recorded.
+pub async fn totals(
+    db: impl PgExecutor<'_>,
+) -> Result<std::collections::HashMap<i64, Counters>, sqlx::Error> {
+    Ok(sqlx::query!(
+        r#"SELECT rule_id, sum(delivered)::int AS "delivered!", sum(accepted)::int AS "accepted!",
+                  sum(failed)::int AS "failed!", sum(exhausted)::int AS "exhausted!",
+                  sum(rejected)::int AS "rejected!", sum(suppressed)::int AS "suppressed!",
+                  sum(held)::int AS "held!"
+           FROM runs GROUP BY rule_id"#
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| {
+        let c = Counters {
+            delivered: r.delivered,
+            accepted: r.accepted,
+            failed: r.failed,
+            exhausted: r.exhausted,
+            rejected: r.rejected,
+            suppressed: r.suppressed,
+            held: r.held,
+        };
+        (r.rule_id, c)
+    })
+    .collect())
+}
+
 /// Wakes dispatchers: a finished run may leave its rule with more due work.
 pub async fn wake(db: impl PgExecutor<'_>) -> Result<(), sqlx::Error> {
     sqlx::query!("SELECT pg_notify($1, 'run')", WAKE_CHANNEL)
@@ -435,6 +488,8 @@ pub struct RunLine {
     pub status: String,
     /// Counters.
     pub delivered: i32,
+    /// Records handed to the target's jobs (or taken unreported).
+    pub accepted: i32,
     /// Transient failures retried.
     pub failed: i32,
     /// Exhausted deliveries.
@@ -457,7 +512,7 @@ pub struct RunLine {
 pub async fn recent(db: impl PgExecutor<'_>, n: i64) -> Result<Vec<RunLine>, sqlx::Error> {
     sqlx::query_as!(
         RunLine,
-        r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.failed, x.exhausted, x.rejected,
+        r#"SELECT x.id, r.name AS rule, x.status, x.delivered, x.accepted, x.failed, x.exhausted, x.rejected,
                 x.suppressed, x.held, courier_ts(x.started_at) AS "started_at!",
                 courier_ts(x.heartbeat_at) AS "heartbeat_at!", courier_ts(x.finished_at) AS finished_at
          FROM runs x JOIN rules r ON r.id = x.rule_id ORDER BY x.id DESC LIMIT $1"#,

@@ -98,7 +98,7 @@ impl Metrics {
         let deliveries = Family::<RuleOutcome, Counter>::default();
         registry.register(
             "deliveries",
-            "Outcomes recorded by this process, by rule and outcome (delivered, failed, exhausted, rejected, suppressed, held)",
+            "Outcomes recorded by this process, by rule and outcome (delivered, accepted, unconfirmed, failed, exhausted, rejected, suppressed, held), those the target's jobs reported among them",
             deliveries.clone(),
         );
         let calls = Family::<ConnectionClass, Counter>::default();
@@ -158,6 +158,40 @@ impl Metrics {
             pacer_wait,
             records_per_call,
             splits,
+        }
+    }
+
+    /// Puts every series of the known rules, connections and budgets in the exposition at
+    /// zero, so each family is there from the start and an alert has a series to compare
+    /// before the first event.
+    pub fn known(&self, rules: &[String], connections: &[String], budgets: &[String]) {
+        for rule in rules {
+            for outcome in OUTCOMES {
+                let _ = self.deliveries.get_or_create(&RuleOutcome {
+                    rule: rule.clone(),
+                    outcome: outcome.to_owned(),
+                });
+            }
+            let label = RuleLabel { rule: rule.clone() };
+            let _ = self.delivery_latency.get_or_create(&label);
+            let _ = self.records_per_call.get_or_create(&label);
+            let _ = self.splits.get_or_create(&label);
+        }
+        for connection in connections {
+            for class in CLASSES {
+                let _ = self.calls.get_or_create(&ConnectionClass {
+                    connection: connection.clone(),
+                    class: class.to_owned(),
+                });
+            }
+        }
+        for budget in budgets {
+            let label = BudgetLabel {
+                budget: budget.clone(),
+            };
+            let _ = self.rate_limited.get_or_create(&label);
+            let _ = self.blocks_set.get_or_create(&label);
+            let _ = self.pacer_wait.get_or_create(&label);
         }
     }
 
@@ -251,6 +285,21 @@ fn wait_histogram() -> Histogram {
     // 1 ms .. about 4 min.
     Histogram::new(exponential_buckets(0.001, 4.0, 10))
 }
+
+/// Every outcome a process records (`courier_deliveries_total`'s `outcome`).
+pub const OUTCOMES: [&str; 8] = [
+    "delivered",
+    "accepted",
+    "unconfirmed",
+    "failed",
+    "exhausted",
+    "rejected",
+    "suppressed",
+    "held",
+];
+
+/// Every class of a call's answer (`courier_calls_total`'s `class`).
+const CLASSES: [&str; 6] = ["2xx", "3xx", "4xx", "5xx", "other", "none"];
 
 /// `2xx`, `3xx`, `4xx`, `5xx`, or `none` (no answer: a timeout, a refused connection, a
 /// payload refused before sending).

@@ -2,10 +2,7 @@
 //! shared by every process (backlog, runs by status, budgets, blocks, circuits), read with a
 //! few bulk statements under a short statement timeout.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    time::Duration,
-};
+use std::{collections::HashMap, time::Duration};
 
 use chrono::{DateTime, Utc};
 use prometheus_client::{
@@ -17,8 +14,8 @@ use sqlx::PgPool;
 
 use crate::{
     breaker, catalog, ledger,
-    ratelimit::{blocks, pacer},
     runs::{self, RunStatus},
+    status::BudgetStatus,
 };
 
 use super::*;
@@ -54,12 +51,20 @@ pub struct Shared {
     pub backlog: Vec<(String, i64, i64)>,
     /// `(status, runs)`.
     pub runs: Vec<(String, i64)>,
-    /// `(budget, declared and effective requests per minute, block end if blocked)`.
-    pub budgets: Vec<(String, i64, f64, Option<DateTime<Utc>>)>,
+    /// Every budget, as `courier status` shows it.
+    pub budgets: Vec<BudgetStatus>,
     /// `(connection, circuit state)`.
     pub circuits: Vec<(String, String)>,
     /// The target's jobs in flight per rule.
     pub jobs: Vec<crate::jobs::InFlight>,
+    /// The rules left alone as unusable now.
+    pub unusable: Vec<String>,
+    /// Worker processes alive.
+    pub workers_live: i64,
+    /// Every rule's name.
+    pub rules: Vec<String>,
+    /// Every connection's name.
+    pub connections: Vec<String>,
 }
 
 /// Reads [`Shared`] in one read-only transaction whose statements may run at most
@@ -82,7 +87,13 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
     let runs = runs::count_by_status(&mut *tx).await?;
     let jobs = crate::jobs::in_flight(&mut *tx).await?;
     let connections = catalog::list_connections(&mut *tx).await?;
-    let budgets = budgets(&mut tx, &connections, now).await?;
+    let budgets = crate::status::budgets::lines(&mut tx, &connections, &rules, now).await?;
+    let unusable = (catalog::unusable_rules(&mut *tx, now).await?)
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect();
+    let window = chrono::Duration::seconds(crate::config::DEFAULT_WORKER_DEAD_AFTER_SECS as i64);
+    let workers_live = crate::workers::live(&mut *tx, now, window).await?.len() as i64;
     let mut circuits: HashMap<i64, String> = (breaker::lines(&mut *tx).await?)
         .into_iter()
         .map(|l| (l.connection_id, l.state))
@@ -98,51 +109,11 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
         budgets,
         circuits,
         jobs,
+        unusable,
+        workers_live,
+        rules: rules.into_iter().map(|r| r.name).collect(),
+        connections: connections.into_iter().map(|c| c.name).collect(),
     })
-}
-
-/// Each budget's declared and effective requests per minute and its block's end, if
-/// blocked; connections sharing a budget declare the least of their rates.
-async fn budgets(
-    tx: &mut sqlx::PgConnection,
-    connections: &[catalog::Connection],
-    now: DateTime<Utc>,
-) -> Result<Vec<(String, i64, f64, Option<DateTime<Utc>>)>, sqlx::Error> {
-    let states = pacer::states(&mut *tx).await?;
-    let blocks: HashMap<String, DateTime<Utc>> = (blocks::current(&mut *tx, now).await?)
-        .into_iter()
-        .map(|b| (b.budget_key, b.until))
-        .collect();
-    let mut sharing: BTreeMap<&str, Vec<&catalog::Connection>> = BTreeMap::new();
-    for c in connections {
-        sharing.entry(c.budget_key.as_str()).or_default().push(c);
-    }
-    Ok(sharing
-        .into_iter()
-        .map(|(key, sharing)| {
-            let conn = catalog::Connection {
-                requests_per_minute: sharing.iter().map(|c| c.rpm()).min().map(|x| x as i32),
-                limits: sharing
-                    .iter()
-                    .map(|c| &c.limits)
-                    .min()
-                    .cloned()
-                    .unwrap_or_default(),
-                reserve_percent: sharing.iter().map(|c| c.reserve_percent).max().unwrap_or(0),
-                ..Default::default()
-            };
-            let state = states.get(key).cloned().unwrap_or_default();
-            let pace =
-                crate::status::budget_pace(&state, &conn.declared_limits(), conn.reserve(), now);
-            let blocked_until = blocks.get(key).copied();
-            (
-                key.to_owned(),
-                i64::from(conn.rpm()),
-                pace.effective_rpm,
-                blocked_until,
-            )
-        })
-        .collect())
 }
 
 /// Each rule's backlog, as gauges: pending deliveries and those due now.
@@ -160,7 +131,8 @@ fn register_backlog(gauges: &mut Registry, backlog: &[(String, i64, i64)]) {
 
 /// The target's jobs in flight per rule, as gauges: jobs, records accepted, the oldest's age.
 fn register_jobs(gauges: &mut Registry, in_flight: &[crate::jobs::InFlight], now: DateTime<Utc>) {
-    let (jobs, accepted, oldest) = (
+    let (jobs, accepted, oldest, overdue) = (
+        Family::<RuleLabel, Gauge>::default(),
         Family::<RuleLabel, Gauge>::default(),
         Family::<RuleLabel, Gauge>::default(),
         Family::<RuleLabel, Gauge>::default(),
@@ -173,6 +145,7 @@ fn register_jobs(gauges: &mut Registry, in_flight: &[crate::jobs::InFlight], now
         accepted.get_or_create(&label).set(j.records);
         let age = j.oldest.map_or(0, |at| (now - at).num_seconds().max(0));
         oldest.get_or_create(&label).set(age);
+        overdue.get_or_create(&label).set(j.overdue);
     }
     gauges.register(
         "jobs_in_flight",
@@ -190,6 +163,11 @@ fn register_jobs(gauges: &mut Registry, in_flight: &[crate::jobs::InFlight], now
         Unit::Seconds,
         oldest,
     );
+    gauges.register(
+        "jobs_overdue",
+        "The target's jobs that never reported within the rule's bound, their records still accepted, by rule",
+        overdue,
+    );
 }
 
 /// The whole exposition: this process's counters, then the database's figures as gauges.
@@ -199,9 +177,45 @@ pub async fn render(
     now: DateTime<Utc>,
 ) -> Result<String, ScrapeError> {
     let shared = read_shared(pool, now).await?;
+    let budget_keys: Vec<String> = shared.budgets.iter().map(|b| b.key.clone()).collect();
+    metrics.known(&shared.rules, &shared.connections, &budget_keys);
     let mut gauges = Registry::with_prefix("courier");
+    // Every rule's gauges at zero before its first job or backlog.
+    let in_flight: Vec<crate::jobs::InFlight> = (shared.rules.iter())
+        .map(|rule| {
+            let found = shared.jobs.iter().find(|j| &j.rule == rule);
+            found.cloned().unwrap_or(crate::jobs::InFlight {
+                rule: rule.clone(),
+                jobs: 0,
+                records: 0,
+                oldest: None,
+                last_poll: None,
+                last_said: None,
+                overdue: 0,
+            })
+        })
+        .collect();
     register_backlog(&mut gauges, &shared.backlog);
-    register_jobs(&mut gauges, &shared.jobs, now);
+    register_jobs(&mut gauges, &in_flight, now);
+    let unusable = Family::<RuleLabel, Gauge>::default();
+    for rule in &shared.rules {
+        let label = RuleLabel { rule: rule.clone() };
+        unusable
+            .get_or_create(&label)
+            .set(i64::from(shared.unusable.contains(rule)));
+    }
+    gauges.register(
+        "rule_unusable",
+        "1 while the rule is left alone because its last run could not use it (see courier status), 0 otherwise",
+        unusable,
+    );
+    let live = Gauge::<i64>::default();
+    live.set(shared.workers_live);
+    gauges.register(
+        "workers_live",
+        "Worker processes alive, by their beats",
+        live,
+    );
     let runs = Family::<StatusLabel, Gauge>::default();
     // Every status, so a status with no run reads 0 rather than vanishing.
     for status in RunStatus::ALL {
@@ -216,22 +230,30 @@ pub async fn render(
         .set(n);
     }
     gauges.register("runs", "Runs in the database, by status", runs);
-    let declared = Family::<BudgetLabel, Gauge>::default();
+    let declared = Family::<BudgetLabel, FloatGauge>::default();
     let effective = Family::<BudgetLabel, FloatGauge>::default();
     let block_left = Family::<BudgetLabel, FloatGauge>::default();
-    for (budget, rpm, rate, until) in &shared.budgets {
+    let used = Family::<BudgetLabel, Gauge>::default();
+    for b in &shared.budgets {
         let label = BudgetLabel {
-            budget: budget.clone(),
+            budget: b.key.clone(),
         };
-        declared.get_or_create(&label).set(*rpm);
-        effective.get_or_create(&label).set(*rate);
+        declared.get_or_create(&label).set(b.declared_rpm);
+        effective.get_or_create(&label).set(b.effective_rpm);
+        let until = b.blocked_until;
         let left = until.map_or(0.0, |u| (u - now).num_milliseconds().max(0) as f64 / 1000.0);
         block_left.get_or_create(&label).set(left);
+        used.get_or_create(&label).set(b.used_last_minute);
     }
     gauges.register(
         "budget_declared_requests_per_minute",
-        "Requests per minute the budget's connections declare",
+        "Requests per minute of the budget's shortest declared limit (a connection's, a rule's own, a job's polls')",
         declared,
+    );
+    gauges.register(
+        "budget_calls_last_minute",
+        "Calls made against the budget in the last 60 s by every process (429s included)",
+        used,
     );
     gauges.register(
         "budget_effective_requests_per_minute",

@@ -5,8 +5,11 @@
 use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
-use courier::status::{
-    ConnectionStatus, JobsLine, Problem, Report, RuleStatus, RunLine, WorkerLine,
+use courier::{
+    jobs::JobLine,
+    status::{
+        BudgetStatus, ConnectionStatus, LimitUse, Problem, Report, RuleStatus, RunLine, WorkerLine,
+    },
 };
 
 /// Renders rows as aligned columns under `headers`.
@@ -44,10 +47,10 @@ fn rate(rpm: Option<f64>) -> String {
     rpm.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
 }
 
-/// A connection's declared limits with their use: `10/s, 2/3 of 3/h` or, spent,
+/// A budget's declared limits with their use: `10/s, 2/3 of 3/h` or, spent,
 /// `3/h spent, frees 10:15:02` (`time` formats the moment).
-pub fn limits_cell(c: &ConnectionStatus, time: fn(Option<DateTime<Utc>>) -> String) -> String {
-    c.limits
+pub fn limits_cell(limits: &[LimitUse], time: fn(Option<DateTime<Utc>>) -> String) -> String {
+    limits
         .iter()
         .map(|l| match (l.used, l.spent) {
             (_, true) => format!("{} spent, frees {}", l.limit, time(l.frees_at)),
@@ -69,12 +72,11 @@ pub fn drain(secs: Option<f64>) -> String {
 }
 
 /// The columns of a rule's line in `courier status` and on the dashboard.
-pub const RULE_HEADERS: [&str; 13] = [
+pub const RULE_HEADERS: [&str; 14] = [
     "rule",
     "connection",
+    "budget",
     "per call",
-    "enabled",
-    "paused",
     "pending",
     "due",
     "on dep",
@@ -82,24 +84,31 @@ pub const RULE_HEADERS: [&str; 13] = [
     "state",
     "until",
     "blocked by",
+    "in jobs",
+    "delivered",
     "last run",
 ];
 
-/// A rule's cells under [`RULE_HEADERS`], `time` formatting the "until" column.
+/// A rule's cells under [`RULE_HEADERS`], `time` formatting the "until" column. Its state
+/// says whether it is disabled or paused (by itself or its connection).
 pub fn rule_cells(r: &RuleStatus, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
     vec![
         r.name.clone(),
         r.connection.clone(),
+        r.budget_key.clone(),
         r.records_per_call.to_string(),
-        r.enabled.to_string(),
-        r.paused.clone().unwrap_or_else(|| "-".into()),
         r.pending.to_string(),
         r.due.to_string(),
         r.waiting_on_dependency.to_string(),
         drain(r.drain_secs),
-        r.state.clone(),
+        match &r.paused {
+            Some(by) if r.state == "paused" => format!("paused ({by})"),
+            _ => r.state.clone(),
+        },
         time(r.resume_at.or(r.blocked_until)),
         r.blocked_by_rule.clone().unwrap_or_else(|| "-".into()),
+        in_jobs(r),
+        r.totals.delivered.to_string(),
         match (&r.last_run, &r.last_run_status) {
             (Some(id), Some(s)) => format!("#{id} {s}"),
             _ => "-".into(),
@@ -107,11 +116,21 @@ pub fn rule_cells(r: &RuleStatus, time: fn(Option<DateTime<Utc>>) -> String) -> 
     ]
 }
 
-/// A run's counters as cells: delivered, failed, exhausted, rejected, suppressed, held
-/// (the order of `courier status` and the dashboard).
-pub fn run_counts(r: &RunLine) -> [String; 6] {
+/// What a rule has in the target's jobs: `40000 accepted in 4 jobs`, or `-`.
+pub fn in_jobs(r: &RuleStatus) -> String {
+    match r.jobs_in_flight {
+        0 => "-".into(),
+        1 => format!("{} accepted in 1 job", r.accepted),
+        n => format!("{} accepted in {n} jobs", r.accepted),
+    }
+}
+
+/// A run's counters as cells: delivered, accepted (handed to the target's jobs), failed,
+/// exhausted, rejected, suppressed, held (the order of `courier status` and the dashboard).
+pub fn run_counts(r: &RunLine) -> [String; 7] {
     [
         r.delivered,
+        r.accepted,
         r.failed,
         r.exhausted,
         r.rejected,
@@ -125,6 +144,8 @@ pub fn run_counts(r: &RunLine) -> [String; 6] {
 pub fn status(report: &Report) -> String {
     let mut out = String::from("CONNECTIONS\n");
     out += &connections(&report.connections);
+    out += "\nBUDGETS (each paced on its own: a connection's, a rule's own, a job's polls')\n";
+    out += &budgets(&report.budgets);
     out += "\nRULES\n";
     let rules: Vec<Vec<String>> = report.rules.iter().map(|r| rule_cells(r, time)).collect();
     out += &table(&RULE_HEADERS, &rules);
@@ -132,9 +153,23 @@ pub fn status(report: &Report) -> String {
         out += "\nPROBLEMS (left alone until changed or the time given)\n";
         out += &problems(&report.problems);
     }
-    if !report.jobs.is_empty() {
-        out += "\nJOBS (the target's, in flight: their records accepted, outcomes pending)\n";
-        out += &jobs(&report.jobs);
+    if !report.jobs_in_flight.is_empty() {
+        out += "\nJOBS IN FLIGHT (the target's: their records accepted, outcomes pending)\n";
+        let rows: Vec<Vec<String>> = report
+            .jobs_in_flight
+            .iter()
+            .map(|j| job_cells(j, time))
+            .collect();
+        out += &table(&JOB_HEADERS, &rows);
+    }
+    if !report.jobs_ended.is_empty() {
+        out += "\nJOBS ENDED LATELY\n";
+        let rows: Vec<Vec<String>> = report
+            .jobs_ended
+            .iter()
+            .map(|j| ended_job_cells(j, time))
+            .collect();
+        out += &table(&ENDED_JOB_HEADERS, &rows);
     }
     out += "\nWORKERS (live)\n";
     out += &workers(&report.workers);
@@ -179,17 +214,9 @@ fn connections(connections: &[ConnectionStatus]) -> String {
                 c.name.clone(),
                 c.writer.clone(),
                 c.budget_key.clone(),
-                limits_cell(c, time),
-                rate(c.learned_rpm),
-                rate(c.advertised_rpm),
-                format!("{:.0}", c.effective_rpm),
-                c.used_last_minute.to_string(),
                 c.circuit.clone(),
                 time(c.open_until),
                 c.consecutive_failures.to_string(),
-                time(c.blocked_until),
-                c.blocked_by.clone().unwrap_or_else(|| "-".into()),
-                c.retry_after_raw.clone().unwrap_or_else(|| "-".into()),
                 if c.paused { "yes" } else { "-" }.into(),
             ]
         })
@@ -199,51 +226,116 @@ fn connections(connections: &[ConnectionStatus]) -> String {
             "name",
             "writer",
             "budget",
-            "limits",
-            "learned",
-            "advertised",
-            "pace/min",
-            "used/min",
             "circuit",
             "open until",
             "failures",
-            "blocked until",
-            "by rule",
-            "retry-after",
             "paused",
         ],
         &rows,
     )
 }
 
-/// The jobs in flight per rule, as cells (the order of `courier status` and the dashboard).
-pub fn job_cells(j: &JobsLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
+/// The headers of [`budget_cells`].
+pub const BUDGET_HEADERS: [&str; 13] = [
+    "budget",
+    "connection",
+    "kind",
+    "limits",
+    "learned",
+    "advertised",
+    "pace/min",
+    "used/min",
+    "last 429",
+    "blocked until",
+    "by rule",
+    "why",
+    "rules",
+];
+
+/// A budget's cells under [`BUDGET_HEADERS`].
+pub fn budget_cells(b: &BudgetStatus, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
+    vec![
+        b.key.clone(),
+        b.connection.clone(),
+        b.kind.to_owned(),
+        limits_cell(&b.limits, time),
+        rate(b.learned_rpm),
+        rate(b.advertised_rpm),
+        format!("{:.0}", b.effective_rpm),
+        b.used_last_minute.to_string(),
+        time(b.last_429_at),
+        time(b.blocked_until),
+        b.blocked_by.clone().unwrap_or_else(|| "-".into()),
+        b.block_reason.clone().unwrap_or_else(|| "-".into()),
+        match b.rules.is_empty() {
+            true => "-".into(),
+            false => b.rules.join(", "),
+        },
+    ]
+}
+
+fn budgets(budgets: &[BudgetStatus]) -> String {
+    let rows: Vec<Vec<String>> = budgets.iter().map(|b| budget_cells(b, time)).collect();
+    table(&BUDGET_HEADERS, &rows)
+}
+
+/// A job in flight's cells under [`JOB_HEADERS`].
+pub fn job_cells(j: &JobLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
     vec![
         j.rule.clone(),
-        j.jobs.to_string(),
+        j.target_id.clone(),
         j.records.to_string(),
-        time(j.oldest),
-        time(j.last_poll),
+        time(Some(j.submitted_at)),
+        j.polls.to_string(),
         j.last_said.clone().unwrap_or_else(|| "-".into()),
-        j.overdue.to_string(),
+        time(j.next_poll_at),
     ]
 }
 
 /// The headers of [`job_cells`].
 pub const JOB_HEADERS: [&str; 7] = [
     "rule",
-    "jobs",
+    "target's id",
     "records",
-    "oldest submitted",
-    "last poll",
+    "submitted",
+    "polls",
     "target said",
-    "overdue",
+    "next poll",
 ];
 
-fn jobs(jobs: &[JobsLine]) -> String {
-    let rows: Vec<Vec<String>> = jobs.iter().map(|j| job_cells(j, time)).collect();
-    table(&JOB_HEADERS, &rows)
+/// An ended job's cells under [`ENDED_JOB_HEADERS`].
+pub fn ended_job_cells(j: &JobLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
+    let took = j.finished_at.map_or_else(
+        || "-".into(),
+        |f| drain(Some((f - j.submitted_at).as_seconds_f64())),
+    );
+    vec![
+        j.rule.clone(),
+        j.target_id.clone(),
+        j.status.clone(),
+        j.records.to_string(),
+        j.delivered.to_string(),
+        j.rejected.to_string(),
+        j.unconfirmed.to_string(),
+        j.failed.to_string(),
+        took,
+        time(j.finished_at),
+    ]
 }
+
+/// The headers of [`ended_job_cells`].
+pub const ENDED_JOB_HEADERS: [&str; 10] = [
+    "rule",
+    "target's id",
+    "outcome",
+    "records",
+    "delivered",
+    "rejected",
+    "unconfirmed",
+    "sent again",
+    "took",
+    "ended",
+];
 
 fn problems(problems: &[Problem]) -> String {
     let rows: Vec<Vec<String>> = problems
@@ -253,23 +345,33 @@ fn problems(problems: &[Problem]) -> String {
     table(&["what", "until", "reason"], &rows)
 }
 
+/// The headers of [`run_cells`].
+pub const RUN_HEADERS: [&str; 12] = [
+    "run",
+    "rule",
+    "status",
+    "delivered",
+    "to jobs",
+    "failed",
+    "exhausted",
+    "rejected",
+    "suppressed",
+    "held",
+    "started",
+    "finished",
+];
+
+/// A run's cells under [`RUN_HEADERS`].
+pub fn run_cells(r: &RunLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
+    let mut row = vec![format!("#{}", r.id), r.rule.clone(), r.status.clone()];
+    row.extend(run_counts(r));
+    row.extend([time(Some(r.started_at)), time(r.finished_at)]);
+    row
+}
+
 fn runs(runs: &[RunLine]) -> String {
-    let rows: Vec<Vec<String>> = runs
-        .iter()
-        .map(|r| {
-            let mut row = vec![r.id.to_string(), r.rule.clone(), r.status.clone()];
-            row.extend(run_counts(r));
-            row.extend([time(Some(r.started_at)), time(r.finished_at)]);
-            row
-        })
-        .collect();
-    table(
-        &[
-            "run", "rule", "status", "deliv", "fail", "exh", "rej", "supp", "held", "started",
-            "finished",
-        ],
-        &rows,
-    )
+    let rows: Vec<Vec<String>> = runs.iter().map(|r| run_cells(r, time)).collect();
+    table(&RUN_HEADERS, &rows)
 }
 
 #[cfg(test)]

@@ -11,9 +11,6 @@
   const time = (t) => t ? new Date(t).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "-";
   const dash = (v) => v === null || v === undefined ? "-" : String(v);
   const rate = (r) => r.toFixed(1) + "/s";
-  // A backlog's drain time, as courier status writes it (tables::drain).
-  const drain = (s) => s == null ? "-" : s < 120 ? Math.round(s) + " s"
-    : s < 7200 ? Math.round(s / 60) + " min" : (s / 3600).toFixed(1) + " h";
   function table(headers, rows) {
     const t = el("table"), head = el("thead"), tr = el("tr"), body = el("tbody");
     headers.forEach((h) => tr.appendChild(el("th", h)));
@@ -63,16 +60,17 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  function chart(svg, c, s) {
+  function chart(svg, b, s) {
     const W = 640, H = 160, L = 40, R = 10, T = 10, B = 22;
     const now = Date.parse(s.now) / 1000, start = now - s.chart_window;
-    const byBucket = new Map(c.series.map(([t, v]) => [t, v]));
+    const byBucket = new Map(b.series.map(([t, v]) => [t, v]));
     const points = [];
     // Whole buckets inside the window; the current one is still filling and is left out.
     for (let t = Math.ceil(start / s.chart_step) * s.chart_step; t + s.chart_step <= now; t += s.chart_step) {
       points.push([t, byBucket.get(t) || 0]);
     }
-    const top = Math.max(c.declared_per_second * 1.25, ...points.map((p) => p[1]), 1);
+    // The frame holds every line drawn: the calls, the declared and the effective pace.
+    const top = Math.max(b.declared_per_second * 1.25, b.effective_per_second * 1.25, ...points.map((p) => p[1]), 1);
     const x = (t) => L + (t - start) / s.chart_window * (W - L - R);
     const y = (v) => H - B - v / top * (H - T - B);
     const parts = [
@@ -82,55 +80,61 @@
       svgEl("text", { x: 2, y: H - B }, "0"),
       svgEl("text", { x: L, y: H - 6 }, "-" + Math.round(s.chart_window / 60) + " min"),
       svgEl("text", { x: W - R - 24, y: H - 6 }, "now"),
-      svgEl("line", { x1: L, x2: W - R, y1: y(c.declared_per_second), y2: y(c.declared_per_second), class: "declared" }),
-      svgEl("line", { x1: L, x2: W - R, y1: y(c.effective_per_second), y2: y(c.effective_per_second), class: "effective" }),
+      svgEl("line", { x1: L, x2: W - R, y1: y(b.declared_per_second), y2: y(b.declared_per_second), class: "declared" }),
+      svgEl("line", { x1: L, x2: W - R, y1: y(b.effective_per_second), y2: y(b.effective_per_second), class: "effective" }),
       svgEl("polyline", { class: "calls", points: points.map(([t, v]) => x(t).toFixed(1) + "," + y(v).toFixed(1)).join(" ") }),
-      svgEl("text", { x: L + 8, y: T + 12 }, "calls/s (blue), declared " + rate(c.declared_per_second) + " (green), effective " + rate(c.effective_per_second) + " (red)"),
+      svgEl("text", { x: L + 8, y: T + 12 }, "calls/s (blue), declared " + rate(b.declared_per_second) + " (green), paced " + rate(b.effective_per_second) + " (red)"),
     ];
     svg.replaceChildren(...parts);
   }
+  // A table the server laid out, each row with its action buttons, if any.
+  function laidOut(t, actionsOf) {
+    const headers = t.headers.concat(actionsOf ? [""] : []);
+    return table(headers, t.rows.map((row, i) => actionsOf ? row.concat([actionsOf(i)]) : row));
+  }
   function draw(s) {
     const conns = s.connections.map((c) => [
-      c.name, c.writer, c.budget_key, c.limits_text, rate(c.effective_per_second),
-      String(c.used_last_minute), c.circuit, c.paused ? "paused" : "-", c.blocked_until ? "blocked until " + time(c.blocked_until) : "-",
+      c.name, c.writer, c.budget_key, c.circuit, c.paused ? "paused" : "-",
     ].concat(actions ? [buttons([
       ["pause", "/api/connections/" + encodeURIComponent(c.name) + "/pause"],
       ["resume", "/api/connections/" + encodeURIComponent(c.name) + "/resume"],
       ["lift block", "/api/connections/" + encodeURIComponent(c.name) + "/unblock"],
     ])] : []));
+    put("connections", table(["connection", "writer", "budget", "circuit", "paused"]
+      .concat(actions ? [""] : []), conns));
     const charts = el("div", undefined, "charts");
-    s.connections.forEach((c) => {
+    s.budgets.filter((b) => b.busy).forEach((b) => {
       const fig = el("figure", undefined, "chart");
-      fig.dataset.connection = c.name;
-      fig.appendChild(el("figcaption", c.name + ": calls per second (last " + Math.round(s.chart_window / 60) + " min)"));
+      fig.dataset.budget = b.key;
+      fig.appendChild(el("figcaption", b.key + ": calls per second (last " + Math.round(s.chart_window / 60) + " min)"));
       const svg = svgEl("svg", { viewBox: "0 0 640 160", role: "img" });
       fig.appendChild(svg);
-      chart(svg, c, s);
+      chart(svg, b, s);
       charts.appendChild(fig);
     });
-    put("connections", table(["connection", "writer", "budget", "limits", "effective", "calls last min", "circuit", "paused", "block"]
-      .concat(actions ? [""] : []), conns), charts);
-    const blocked = s.connections.filter((c) => c.blocked_until);
+    put("budgets", laidOut(s.tables.budgets), charts);
+    const blocked = s.budgets.filter((b) => b.blocked_until);
     put("blocks", blocked.length === 0 ? el("p", "No rate-limit block in force.", "none") :
-      table(["budget", "connection", "until", "set by rule", "retry-after"],
-        blocked.map((c) => [c.budget_key, c.name, time(c.blocked_until), dash(c.blocked_by), dash(c.retry_after_raw)])));
+      table(["budget", "connection", "until", "set by rule", "why"],
+        blocked.map((b) => [b.key, b.connection, time(b.blocked_until), dash(b.blocked_by), dash(b.block_reason)])));
     put("circuits", table(["connection", "circuit", "failures in a row", "open until"],
       s.connections.map((c) => [c.name, c.circuit, String(c.consecutive_failures), time(c.open_until)])));
-    put("rules", table(["rule", "connection", "per call", "enabled", "paused", "pending", "due", "on dep", "drain", "state", "until", "blocked by", "last run"]
-      .concat(actions ? [""] : []),
-      s.rules.map((r) => [r.name, r.connection, String(r.records_per_call), String(r.enabled), dash(r.paused), String(r.pending), String(r.due),
-        String(r.waiting_on_dependency), drain(r.drain_secs), r.state, time(r.resume_at || r.blocked_until), dash(r.blocked_by_rule),
-        r.last_run ? "#" + r.last_run + " " + r.last_run_status : "-"].concat(actions ? [buttons([
-        ["retry exhausted", "/api/rules/" + encodeURIComponent(r.name) + "/retry?outcome=exhausted"],
-        ["retry rejected", "/api/rules/" + encodeURIComponent(r.name) + "/retry?outcome=rejected"],
-        ["pause", "/api/rules/" + encodeURIComponent(r.name) + "/pause"],
-        ["resume", "/api/rules/" + encodeURIComponent(r.name) + "/resume"],
-      ])] : []))));
+    put("rules", laidOut(s.tables.rules, actions ? (i) => {
+      const name = encodeURIComponent(s.rules[i].name);
+      return buttons([
+        ["retry exhausted", "/api/rules/" + name + "/retry?outcome=exhausted"],
+        ["retry rejected", "/api/rules/" + name + "/retry?outcome=rejected"],
+        ["pause", "/api/rules/" + name + "/pause"],
+        ["resume", "/api/rules/" + name + "/resume"],
+      ]);
+    } : undefined));
     put("problems", ...(s.problems.length === 0 ? [] : [table(["what", "left alone until", "reason"],
       s.problems.map((p) => [p.what, time(p.until), p.reason]))]));
-    put("runs", table(["run", "rule", "status", "delivered", "failed", "exhausted", "rejected", "suppressed", "held", "started", "finished"],
-      s.runs.map((r) => ["#" + r.id, r.rule, r.status, String(r.delivered), String(r.failed), String(r.exhausted),
-        String(r.rejected), String(r.suppressed), String(r.held), time(r.started_at), time(r.finished_at)])));
+    put("jobs", el("h3", "In flight"),
+      s.jobs_in_flight.length === 0 ? el("p", "No job in flight.", "none") : laidOut(s.tables.jobs_in_flight),
+      el("h3", "Ended lately"),
+      s.jobs_ended.length === 0 ? el("p", "No job ended.", "none") : laidOut(s.tables.jobs_ended));
+    put("runs", laidOut(s.tables.runs));
     document.getElementById("updated").textContent = "as of " + time(s.now);
     // Whether the page fits its window's width, nothing cut off at the right edge (read by
     // the browser test, and by anyone inspecting the page).

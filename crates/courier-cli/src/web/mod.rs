@@ -12,7 +12,7 @@
 mod page;
 mod state;
 
-pub use state::{CHART_STEP_SECS, CHART_WINDOW_SECS, ConnectionView, DashboardState, read_state};
+pub use state::{BudgetView, CHART_STEP_SECS, CHART_WINDOW_SECS, DashboardState, read_state};
 
 use std::{net::SocketAddr, sync::Arc};
 

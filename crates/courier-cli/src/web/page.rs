@@ -5,8 +5,7 @@ use std::fmt::Write;
 
 use courier::ops::HistoryEntry;
 
-use super::state::{DashboardState, time};
-use crate::tables;
+use super::state::{DashboardState, Table, time};
 
 const STYLE: &str = include_str!("dashboard.css");
 const SCRIPT: &str = include_str!("dashboard.js");
@@ -43,56 +42,47 @@ fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
     out.push_str("</tbody></table>");
 }
 
-fn rate(per_second: f64) -> String {
-    format!("{per_second:.1}/s")
+/// A table laid out on the server ([`Table`]).
+fn laid_out(t: &Table) -> String {
+    let mut out = String::new();
+    table(&mut out, &t.headers, &t.rows);
+    out
 }
 
-/// The connections' table (the charts are drawn by the script).
+/// The connections' table.
 fn connections(s: &DashboardState) -> String {
-    let mut out = String::new();
     let rows: Vec<Vec<String>> = s
         .connections
         .iter()
         .map(|c| {
             vec![
-                c.status.name.clone(),
-                c.status.writer.clone(),
-                c.status.budget_key.clone(),
-                c.limits_text.clone(),
-                rate(c.effective_per_second),
-                c.status.used_last_minute.to_string(),
-                c.status.circuit.clone(),
-                if c.status.paused { "paused" } else { "-" }.into(),
-                if c.status.blocked_until.is_some() {
-                    format!("blocked until {}", time(c.status.blocked_until))
-                } else {
-                    "-".into()
-                },
+                c.name.clone(),
+                c.writer.clone(),
+                c.budget_key.clone(),
+                c.circuit.clone(),
+                if c.paused { "paused" } else { "-" }.into(),
             ]
         })
         .collect();
+    let mut out = String::new();
     table(
         &mut out,
-        &[
-            "connection",
-            "writer",
-            "budget",
-            "limits",
-            "effective",
-            "calls last min",
-            "circuit",
-            "paused",
-            "block",
-        ],
+        &["connection", "writer", "budget", "circuit", "paused"],
         &rows,
     );
+    out
+}
+
+/// Every budget's table, and a chart for each busy one (drawn by the script).
+fn budgets(s: &DashboardState) -> String {
+    let mut out = laid_out(&s.tables.budgets);
     out.push_str("<div class=\"charts\">");
-    for c in &s.connections {
+    for b in s.budgets.iter().filter(|b| b.busy) {
         let _ = write!(
             out,
-            "<figure class=\"chart\" data-connection=\"{0}\"><figcaption>{0}: calls per second \
+            "<figure class=\"chart\" data-budget=\"{0}\"><figcaption>{0}: calls per second \
              (last {1} min)</figcaption><svg viewBox=\"0 0 640 160\" role=\"img\"></svg></figure>",
-            esc(&c.status.name),
+            esc(&b.status.key),
             s.chart_window / 60
         );
     }
@@ -102,19 +92,17 @@ fn connections(s: &DashboardState) -> String {
 
 fn blocks(s: &DashboardState) -> String {
     let rows: Vec<Vec<String>> = s
-        .connections
+        .budgets
         .iter()
-        .filter(|c| c.status.blocked_until.is_some())
-        .map(|c| {
+        .map(|b| &b.status)
+        .filter(|b| b.blocked_until.is_some())
+        .map(|b| {
             vec![
-                c.status.budget_key.clone(),
-                c.status.name.clone(),
-                time(c.status.blocked_until),
-                c.status.blocked_by.clone().unwrap_or_else(|| "-".into()),
-                c.status
-                    .retry_after_raw
-                    .clone()
-                    .unwrap_or_else(|| "-".into()),
+                b.key.clone(),
+                b.connection.clone(),
+                time(b.blocked_until),
+                b.blocked_by.clone().unwrap_or_else(|| "-".into()),
+                b.block_reason.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
@@ -124,13 +112,7 @@ fn blocks(s: &DashboardState) -> String {
     let mut out = String::new();
     table(
         &mut out,
-        &[
-            "budget",
-            "connection",
-            "until",
-            "set by rule",
-            "retry-after",
-        ],
+        &["budget", "connection", "until", "set by rule", "why"],
         &rows,
     );
     out
@@ -142,10 +124,10 @@ fn circuits(s: &DashboardState) -> String {
         .iter()
         .map(|c| {
             vec![
-                c.status.name.clone(),
-                c.status.circuit.clone(),
-                c.status.consecutive_failures.to_string(),
-                time(c.status.open_until),
+                c.name.clone(),
+                c.circuit.clone(),
+                c.consecutive_failures.to_string(),
+                time(c.open_until),
             ]
         })
         .collect();
@@ -158,60 +140,18 @@ fn circuits(s: &DashboardState) -> String {
     out
 }
 
-fn rules(s: &DashboardState) -> String {
-    let rows: Vec<Vec<String>> = s
-        .rules
-        .iter()
-        .map(|r| tables::rule_cells(r, time))
-        .collect();
-    let mut out = String::new();
-    table(&mut out, &tables::RULE_HEADERS, &rows);
-    out
-}
-
-fn runs(s: &DashboardState) -> String {
-    let rows: Vec<Vec<String>> = s
-        .runs
-        .iter()
-        .map(|r| {
-            let mut row = vec![format!("#{}", r.id), r.rule.clone(), r.status.clone()];
-            row.extend(tables::run_counts(r));
-            row.extend([time(Some(r.started_at)), time(r.finished_at)]);
-            row
-        })
-        .collect();
-    let mut out = String::new();
-    table(
-        &mut out,
-        &[
-            "run",
-            "rule",
-            "status",
-            "delivered",
-            "failed",
-            "exhausted",
-            "rejected",
-            "suppressed",
-            "held",
-            "started",
-            "finished",
-        ],
-        &rows,
-    );
-    out
-}
-
+/// The target's jobs in flight, then those that ended lately.
 fn jobs(s: &DashboardState) -> String {
-    if s.jobs.is_empty() {
-        return "<p class=\"none\">No job in flight.</p>".into();
+    let mut out = String::from("<h3>In flight</h3>");
+    match s.jobs_in_flight.is_empty() {
+        true => out.push_str("<p class=\"none\">No job in flight.</p>"),
+        false => out.push_str(&laid_out(&s.tables.jobs_in_flight)),
     }
-    let rows: Vec<Vec<String>> = s
-        .jobs
-        .iter()
-        .map(|j| crate::tables::job_cells(j, time))
-        .collect();
-    let mut out = String::new();
-    table(&mut out, &crate::tables::JOB_HEADERS, &rows);
+    out.push_str("<h3>Ended lately</h3>");
+    match s.jobs_ended.is_empty() {
+        true => out.push_str("<p class=\"none\">No job ended.</p>"),
+        false => out.push_str(&laid_out(&s.tables.jobs_ended)),
+    }
     out
 }
 
@@ -294,11 +234,12 @@ pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntr
 <header><h1>courier</h1><span id="updated">as of {now}</span></header>
 {actions}
 <section id="connections"><h2>Connections</h2><div class="body">{connections}</div></section>
+<section id="budgets"><h2>Budgets</h2><div class="body">{budgets}</div></section>
 <section id="blocks"><h2>Rate-limit blocks</h2><div class="body">{blocks}</div></section>
 <section id="circuits"><h2>Circuits</h2><div class="body">{circuits}</div></section>
 <section id="rules"><h2>Rules</h2><div class="body">{rules}</div></section>
 <section id="problems"><div class="body">{problems}</div></section>
-<section id="jobs"><h2>Jobs in flight</h2><div class="body">{jobs}</div></section>
+<section id="jobs"><h2>The target's jobs</h2><div class="body">{jobs}</div></section>
 <section id="runs"><h2>Recent runs</h2><div class="body">{runs}</div></section>
 <section id="history"><h2>History of a record</h2>
 <form id="history-form" method="get" action="/"><input id="history-key" name="key" size="32" placeholder="record key, e.g. customer:123" value="{key}"> <button type="submit">Show</button></form>
@@ -309,12 +250,13 @@ pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntr
         actions_flag = s.actions,
         now = time(Some(s.now)),
         connections = connections(s),
+        budgets = budgets(s),
         blocks = blocks(s),
         circuits = circuits(s),
-        rules = rules(s),
+        rules = laid_out(&s.tables.rules),
         problems = problems(s),
         jobs = jobs(s),
-        runs = runs(s),
+        runs = laid_out(&s.tables.runs),
         key = esc(key.unwrap_or("")),
     )
 }

@@ -134,9 +134,14 @@ async fn the_dashboard_shows_connection_block_and_backlog_in_a_real_browser() {
     };
     let connections = section("connections");
     assert!(connections.contains("<td>shop</td>"), "{connections}");
+    let budgets = section("budgets");
     assert!(
-        connections.contains("<polyline"),
-        "the chart was not drawn: {connections}"
+        budgets.contains("<td>connection:1</td><td>shop</td><td>connection</td>"),
+        "{budgets}"
+    );
+    assert!(
+        budgets.contains("data-budget=\"connection:1\"") && budgets.contains("<polyline"),
+        "the busy budget's chart was not drawn: {budgets}"
     );
     let blocks = section("blocks");
     let until_text = until.format("%Y-%m-%d %H:%M:%S UTC").to_string();
@@ -150,7 +155,7 @@ async fn the_dashboard_shows_connection_block_and_backlog_in_a_real_browser() {
     let rules = section("rules");
     for (name, pending) in [("prices", 9), ("customers", 4)] {
         let row = format!(
-            "<td>{name}</td><td>shop</td><td>1</td><td>true</td><td>-</td><td>{pending}</td>"
+            "<td>{name}</td><td>shop</td><td>connection:1</td><td>1</td><td>{pending}</td>"
         );
         assert!(rules.contains(&row), "{row} not in {rules}");
     }
@@ -391,5 +396,137 @@ async fn actions_need_the_token_and_call_the_operations() {
         assert!(!dom.contains("t0ken-s3cret"));
     }
     engine.shutdown.cancel();
+    server.task.await.unwrap();
+}
+
+/// Loads `url` in headless Chromium and returns the DOM the script leaves, after at least
+/// one redraw from `/api/state`.
+async fn dom_of(exe: &std::path::Path, url: &str) -> String {
+    let profile =
+        std::env::temp_dir().join(format!("courier-chromium-{:016x}", rand::random::<u64>()));
+    let (exe, profile2, url) = (exe.to_path_buf(), profile.clone(), url.to_owned());
+    let dom = tokio::task::spawn_blocking(move || browse(&exe, &profile2, &["--dump-dom"], &url))
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(
+        !dom.contains("data-refreshes=\"0\""),
+        "the script never redrew the page:\n{dom}"
+    );
+    dom
+}
+
+/// A section of the page, by id.
+fn section(dom: &str, id: &str) -> String {
+    let start = dom
+        .find(&format!("<section id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no section {id}:\n{dom}"));
+    let end = dom[start..].find("</section>").unwrap() + start;
+    dom[start..end].to_owned()
+}
+
+/// The Klaviyo preset's bulk import (a job rule on a budget of its own, polled on another)
+/// and its events rule (a budget of its own) through a real worker into `courier target`'s
+/// Klaviyo: the page in Chromium shows each budget's row with its rules and a chart of each
+/// busy one, the job that ended with what it reported, the run that handed it the records,
+/// and the rules' delivered totals counting what the job reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_every_budget_and_the_targets_jobs_in_a_real_browser() {
+    let Some(exe) = chromium() else {
+        eprintln!(
+            "SKIPPED the_dashboard_shows_every_budget_and_the_targets_jobs_in_a_real_browser: \
+             no Chromium at /usr/bin/chromium (run scripts/install-chromium)"
+        );
+        return;
+    };
+    let db = TestDb::new().await;
+    let target = courier_target::Target::start(0).await.unwrap();
+    let preset = courier::presets::find("klaviyo").unwrap();
+    let mut file = preset_rule(preset, "klaviyo-profiles-bulk", &target.url());
+    let events = preset_rule(preset, "klaviyo-events", &target.url());
+    file["rules"]
+        .as_array_mut()
+        .unwrap()
+        .push(events["rules"][0].clone());
+    courier::apply::apply_file(&db.pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
+    let profiles = (0..300).map(|i| {
+        let p = serde_json::json!({"email": format!("p{i}@example.com")});
+        enqueue::NewDelivery::new(format!("profile:{i}"), p)
+    });
+    enqueue::enqueue_many(&db.pool, "klaviyo-profiles-bulk", profiles.collect())
+        .await
+        .unwrap();
+    let events = (0..40).map(|i| {
+        let p = serde_json::json!({"email": format!("p{i}@example.com"), "metric": "Placed Order",
+                                   "properties": {"value": i}});
+        enqueue::NewDelivery::new(format!("event:{i}"), p)
+    });
+    enqueue::enqueue_many(&db.pool, "klaviyo-events", events.collect())
+        .await
+        .unwrap();
+    let engine = Arc::new(worker::Engine::new(db.pool.clone(), settings(&db.url)));
+    let server = web::start(engine.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let run = tokio::spawn(worker::run(engine.clone()));
+    let pool = db.pool.clone();
+    eventually("every record delivered, the job reported", || {
+        let pool = pool.clone();
+        async move { delivered(&pool).await == 340 }
+    })
+    .await;
+    let url = format!("http://{}/", server.addr);
+    let dom = dom_of(&exe, &url).await;
+    let budgets = section(&dom, "budgets");
+    for row in [
+        "<td>klaviyo:events</td><td>klaviyo</td><td>rule</td>",
+        "<td>klaviyo:profile-bulk-import-jobs</td><td>klaviyo</td><td>rule</td>",
+        "<td>klaviyo:profile-bulk-import-jobs:read</td><td>klaviyo</td><td>polls</td>",
+    ] {
+        assert!(budgets.contains(row), "{row} not in {budgets}");
+    }
+    assert!(
+        budgets.contains("<td>klaviyo-profiles-bulk (polls)</td>"),
+        "{budgets}"
+    );
+    // The events budget was called: its row counts the calls, and it has a chart.
+    assert!(
+        budgets.contains("data-budget=\"klaviyo:events\""),
+        "{budgets}"
+    );
+    let jobs = section(&dom, "jobs");
+    assert!(
+        jobs.contains("<td>klaviyo-profiles-bulk</td>")
+            && jobs.contains("<td>complete</td><td>300</td><td>300</td><td>0</td><td>0</td>"),
+        "the ended job and what it reported: {jobs}"
+    );
+    let runs = section(&dom, "runs");
+    assert!(
+        runs.contains("<td>klaviyo-profiles-bulk</td><td>completed</td><td>300</td><td>300</td>"),
+        "the run that handed the job its records, with what the job reported: {runs}"
+    );
+    let rules = section(&dom, "rules");
+    assert!(
+        rules.contains("<td>klaviyo:profile-bulk-import-jobs</td>"),
+        "a rule's row names its budget: {rules}"
+    );
+    if let Ok(keep) = std::env::var("COURIER_DASHBOARD_JOBS_SCREENSHOT") {
+        let profile =
+            std::env::temp_dir().join(format!("courier-chromium-{:016x}", rand::random::<u64>()));
+        let shot = profile.join("dashboard.png");
+        let arg = format!("--screenshot={}", shot.display());
+        let (exe, p2) = (exe.clone(), profile.clone());
+        tokio::task::spawn_blocking(move || {
+            browse(&exe, &p2, &[&arg, "--window-size=1280,1500"], &url)
+        })
+        .await
+        .unwrap();
+        std::fs::copy(&shot, &keep).unwrap();
+        let _ = std::fs::remove_dir_all(&profile);
+    }
+    engine.shutdown.cancel();
+    run.await.unwrap().unwrap();
     server.task.await.unwrap();
 }

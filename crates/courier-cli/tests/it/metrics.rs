@@ -41,7 +41,8 @@ async fn metrics_move_as_a_real_worker_delivers_and_meets_a_429() {
 
     let before = scrape(&url).await;
     let delivered = r#"courier_deliveries_total{rule="customers",outcome="delivered"}"#;
-    assert_eq!(sample(&before, delivered), None, "{before}");
+    // Every family is there from the start, at zero.
+    assert_eq!(sample(&before, delivered), Some(0.0), "{before}");
     assert_eq!(
         sample(&before, r#"courier_backlog_pending{rule="customers"}"#),
         Some(0.0)
@@ -173,11 +174,115 @@ async fn metrics_move_as_a_real_worker_delivers_and_meets_a_429() {
             &text,
             r#"courier_deliveries_total{rule="prices",outcome="failed"}"#
         ),
-        None
+        Some(0.0)
     );
 
     engine.shutdown.cancel();
     run.await.unwrap().unwrap();
+    server.task.await.unwrap();
+}
+
+/// Every metric name the shipped alert rules use (`deploy/prometheus/courier.rules.yml`).
+fn alert_metrics() -> std::collections::BTreeSet<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/prometheus/courier.rules.yml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("courier_") {
+        let name: String = text[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        names.insert(name);
+    }
+    names
+}
+
+/// An idle worker serves every family from the start, at zero for the rules, connections
+/// and budgets it knows (a rule's own budget and a job's poll budget among them), so an
+/// alert has a series to compare before the first event; every metric the shipped alert
+/// rules name is one it serves; and the dashboard's figures are the scrape's.
+#[tokio::test]
+async fn every_family_is_served_from_the_start_and_every_alert_names_one() {
+    let (db, _target) = shop(&["customers"], 50, 8).await;
+    sqlx::query(
+        "UPDATE rules SET budget_key = 'shop:customers', limits = '{5/s}',
+                          job = '{\"id\": \"/id\", \"poll\": {\"path\": \"jobs/{id}\", \"status\": \"/state\",
+                                  \"complete\": [\"done\"], \"failed\": []},
+                                  \"poll_budget\": {\"key\": \"shop:polls\", \"limits\": [\"1/s\"]}}',
+                          records_per_call = 10",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let engine = Arc::new(worker::Engine::new(db.pool.clone(), settings(&db.url)));
+    let server = web::start(engine.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = scrape(&format!("http://{}/metrics", server.addr)).await;
+    let served: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    for series in [
+        r#"courier_deliveries_total{rule="customers",outcome="exhausted"}"#,
+        r#"courier_deliveries_total{rule="customers",outcome="accepted"}"#,
+        r#"courier_calls_total{connection="shop",class="5xx"}"#,
+        r#"courier_rate_limited_total{budget="shop:customers"}"#,
+        r#"courier_blocks_set_total{budget="shop:polls"}"#,
+        r#"courier_calls_split_total{rule="customers"}"#,
+        r#"courier_delivery_latency_seconds_count{rule="customers"}"#,
+        r#"courier_pacer_wait_seconds_count{budget="shop:customers"}"#,
+        r#"courier_jobs_in_flight{rule="customers"}"#,
+        r#"courier_jobs_overdue{rule="customers"}"#,
+        r#"courier_rule_unusable{rule="customers"}"#,
+        r#"courier_block_remaining_seconds{budget="shop:polls"}"#,
+        r#"courier_budget_calls_last_minute{budget="shop:customers"}"#,
+    ] {
+        assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
+    }
+    // The rule's own budget at its own limit (5/s), the poll budget at its own (1/s).
+    for (budget, rpm) in [("shop:customers", 300.0), ("shop:polls", 60.0)] {
+        let series = format!(r#"courier_budget_declared_requests_per_minute{{budget="{budget}"}}"#);
+        assert_eq!(sample(&text, &series), Some(rpm), "{series}");
+    }
+    assert_eq!(
+        sample(&text, "courier_workers_live"),
+        Some(0.0),
+        "no worker beats yet"
+    );
+    for name in alert_metrics() {
+        assert!(
+            served.contains(name.as_str()),
+            "the alert rules name {name}, which /metrics does not serve:\n{text}"
+        );
+    }
+    // The dashboard reads the same figures.
+    let state: serde_json::Value = reqwest::get(format!("http://{}/api/state", server.addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for b in state["budgets"].as_array().unwrap() {
+        let key = b["key"].as_str().unwrap();
+        let effective =
+            format!(r#"courier_budget_effective_requests_per_minute{{budget="{key}"}}"#);
+        assert_eq!(
+            sample(&text, &effective),
+            b["effective_rpm"].as_f64(),
+            "{key}"
+        );
+        let used = format!(r#"courier_budget_calls_last_minute{{budget="{key}"}}"#);
+        assert_eq!(
+            sample(&text, &used),
+            b["used_last_minute"].as_f64(),
+            "{key}"
+        );
+    }
+    assert_eq!(state["budgets"].as_array().unwrap().len(), 3, "{state}");
+    engine.shutdown.cancel();
     server.task.await.unwrap();
 }
 

@@ -17,12 +17,14 @@ use crate::{
     ratelimit::{
         blocks::{self, BlockLine},
         budget::BudgetState,
-        controller::PARAMS,
-        limits::{Limit, usable_quota},
         pacer,
     },
     runs,
 };
+
+pub mod budgets;
+
+pub use budgets::{BudgetStatus, LimitUse, Pace, budget_pace};
 
 /// One connection's line.
 #[derive(Debug, Serialize)]
@@ -63,22 +65,6 @@ pub struct ConnectionStatus {
     pub paused: bool,
 }
 
-/// A declared limit's use.
-#[derive(Debug, Serialize)]
-pub struct LimitUse {
-    /// The limit (`N/window`).
-    pub limit: String,
-    /// What the budget may spend of it (its quota less the reserve).
-    pub quota: u32,
-    /// Calls counted in the window ending now; `None` for the shortest window, which is
-    /// paced (its slots never exceed it) rather than counted.
-    pub used: Option<u32>,
-    /// Whether it is spent.
-    pub spent: bool,
-    /// When a spent window frees (its oldest calls leave it).
-    pub frees_at: Option<DateTime<Utc>>,
-}
-
 /// One rule's line.
 #[derive(Debug, Serialize)]
 pub struct RuleStatus {
@@ -116,6 +102,13 @@ pub struct RuleStatus {
     pub last_run: Option<i64>,
     /// The latest run's status.
     pub last_run_status: Option<String>,
+    /// Records in the target's jobs in flight, their outcomes pending.
+    pub accepted: i64,
+    /// The target's jobs in flight holding them.
+    pub jobs_in_flight: i64,
+    /// Its outcomes over the runs kept: what its runs recorded and the target's jobs they
+    /// handed records to reported (`accepted`: records handed to jobs, or taken unreported).
+    pub totals: runs::Counters,
 }
 
 pub use crate::{jobs::InFlight as JobsLine, runs::RunLine, workers::WorkerLine};
@@ -125,6 +118,8 @@ pub use crate::{jobs::InFlight as JobsLine, runs::RunLine, workers::WorkerLine};
 pub struct Report {
     /// Connections.
     pub connections: Vec<ConnectionStatus>,
+    /// Every budget courier paces, one line each: connections', rules' own, jobs' polls'.
+    pub budgets: Vec<BudgetStatus>,
     /// Rules.
     pub rules: Vec<RuleStatus>,
     /// The live worker processes, oldest first.
@@ -133,6 +128,10 @@ pub struct Report {
     pub recent_runs: Vec<RunLine>,
     /// The target's asynchronous jobs in flight (and overdue) per rule.
     pub jobs: Vec<JobsLine>,
+    /// Each of the target's jobs in flight, oldest first.
+    pub jobs_in_flight: Vec<crate::jobs::JobLine>,
+    /// The target's jobs that ended lately, newest first, with what each reported.
+    pub jobs_ended: Vec<crate::jobs::JobLine>,
     /// Connections and rules left alone because they cannot be used, and why.
     pub problems: Vec<Problem>,
 }
@@ -164,23 +163,29 @@ pub async fn report_with(
 ) -> Result<Report, sqlx::Error> {
     let window = chrono::Duration::from_std(worker_dead_after).unwrap_or(chrono::Duration::MAX);
     let listed = catalog::list_connections(pool).await?;
+    let rules = catalog::list_rules(pool).await?;
+    let mut conn = pool.acquire().await?;
+    let budgets = budgets::lines(&mut conn, &listed, &rules, now).await?;
+    let (jobs_in_flight, jobs_ended) = crate::jobs::lines(&mut conn, RECENT_JOBS).await?;
+    drop(conn);
+    let jobs = crate::jobs::in_flight(pool).await?;
     let read = Catalog {
         by_id: (listed.iter().enumerate())
             .map(|(i, c)| (c.id, i))
             .collect(),
         connections: listed,
-        rules: (catalog::list_rules(pool).await?)
-            .into_iter()
-            .map(|r| (r.id, r))
-            .collect(),
+        rules: rules.into_iter().map(|r| (r.id, r)).collect(),
         budgets: pacer::states(pool).await?,
     };
     Ok(Report {
         connections: connections(pool, &read, now).await?,
-        rules: rules(pool, &read, now).await?,
+        rules: self::rules(pool, &read, &budgets, &jobs, now).await?,
+        budgets,
+        jobs_in_flight,
+        jobs_ended,
         workers: crate::workers::live(pool, now, window).await?,
         recent_runs: runs::recent(pool, RECENT_RUNS).await?,
-        jobs: crate::jobs::in_flight(pool).await?,
+        jobs,
         problems: problems(pool, &read, now).await?,
     })
 }
@@ -270,71 +275,10 @@ impl Catalog {
     }
 }
 
-/// Where a budget's pace stands (see [`budget_pace`]).
-pub struct Pace {
-    /// Each declared limit's use.
-    pub limits: Vec<LimitUse>,
-    /// The learned rate (requests per minute), while below the declared pace.
-    pub learned_rpm: Option<f64>,
-    /// The advertised rate, while its statement holds.
-    pub advertised_rpm: Option<f64>,
-    /// The rate paced at.
-    pub effective_rpm: f64,
-}
-
-/// A budget's pace at `now` from its shared state: what each limit has used in its window
-/// and when that frees, the learned and the effective rate. Status and metrics read it
-/// from here alone.
-pub fn budget_pace(
-    state: &BudgetState,
-    declared: &[Limit],
-    reserve: u8,
-    now: DateTime<Utc>,
-) -> Pace {
-    let limits = state.limits(declared);
-    let pace = limits.first().map_or(f64::MAX, Limit::per_second);
-    let effective = state.rate(declared, &PARAMS, now);
-    let uses = limits
-        .iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let quota = usable_quota(l, reserve);
-            // The shortest window is paced, not counted (its slots never exceed it).
-            let (used, frees_at) = match state.spent.iter().find(|s| s.limit == *l) {
-                Some(s) => s.used(now),
-                None => (0, None),
-            };
-            let spent = i > 0 && used >= quota;
-            LimitUse {
-                limit: l.to_string(),
-                quota,
-                used: (i > 0).then_some(used.min(quota)),
-                spent,
-                frees_at: frees_at.filter(|_| spent),
-            }
-        })
-        .collect();
-    Pace {
-        limits: uses,
-        // As the pace applies it (never under its floor).
-        learned_rpm: state
-            .learned
-            .rate(&PARAMS, pace, now)
-            .map(|_| state.learned.pace(&PARAMS, pace, now) * 60.0),
-        advertised_rpm: state
-            .advertised()
-            .iter()
-            .map(|l| l.per_second() * 60.0)
-            .reduce(f64::min),
-        effective_rpm: effective * 60.0,
-    }
-}
-
 /// A rule's state for [`rules`], as the view `rule_states` reads it.
 struct RuleState {
     rule_id: i64,
     name: String,
-    connection_id: i64,
     connection: String,
     enabled: bool,
     budget_key: String,
@@ -353,31 +297,45 @@ struct RuleRow {
     weight: i32,
     records_per_call: i32,
     backlog: Backlog,
+    accepted: i64,
+    jobs_in_flight: i64,
+    totals: runs::Counters,
 }
 
 /// Each rule with its backlog, state, last run and estimated drain time.
 async fn rules(
     pool: &PgPool,
     read: &Catalog,
+    budgets: &[BudgetStatus],
+    jobs: &[JobsLine],
     now: DateTime<Utc>,
 ) -> Result<Vec<RuleStatus>, sqlx::Error> {
     let backlog = ledger::backlog(pool, now).await?;
+    let totals = runs::totals(pool).await?;
     let rows: Vec<RuleRow> = rule_states(pool)
         .await?
         .into_iter()
         .filter_map(|state| {
             let rule = read.rules.get(&state.rule_id)?;
+            let in_jobs = jobs.iter().find(|j| j.rule == rule.name);
             Some(RuleRow {
                 weight: rule.weight,
                 records_per_call: rule.records_per_call,
                 backlog: backlog.get(&rule.id).copied().unwrap_or_default(),
+                accepted: in_jobs.map_or(0, |j| j.records),
+                jobs_in_flight: in_jobs.map_or(0, |j| j.jobs),
+                totals: totals.get(&rule.id).copied().unwrap_or_default(),
                 state,
             })
         })
         .collect();
     // Each rule's budget's pace (requests per second), and the weight of the rules with a
     // backlog on each budget: a rule's share of the pace.
-    let paces: Vec<f64> = rows.iter().map(|r| r.budget_rate(read, now)).collect();
+    let pace_of = |key: &str| {
+        let line = budgets.iter().find(|b| b.key == key);
+        line.map_or(0.0, |b| b.effective_rpm / 60.0)
+    };
+    let paces: Vec<f64> = rows.iter().map(|r| pace_of(&r.state.budget_key)).collect();
     let mut busy_weight: HashMap<&str, i64> = HashMap::new();
     for r in rows.iter().filter(|r| r.backlog.pending > 0) {
         *busy_weight.entry(&r.state.budget_key).or_default() += i64::from(r.weight);
@@ -396,8 +354,7 @@ async fn rules(
 async fn rule_states(pool: &PgPool) -> Result<Vec<RuleState>, sqlx::Error> {
     sqlx::query_as!(
         RuleState,
-        r#"SELECT s.rule_id AS "rule_id!", s.rule AS "name!", s.connection_id AS "connection_id!",
-                  s.connection AS "connection!", s.enabled AS "enabled!",
+        r#"SELECT s.rule_id AS "rule_id!", s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
                   s.budget_key AS "budget_key!",
                   CASE WHEN s.rule_paused AND s.connection_paused THEN 'rule, connection'
                        WHEN s.rule_paused THEN 'rule'
@@ -413,16 +370,6 @@ async fn rule_states(pool: &PgPool) -> Result<Vec<RuleState>, sqlx::Error> {
 }
 
 impl RuleRow {
-    /// Its budget's pace at `now` (requests per second), from the limits its connection
-    /// declares and the budget's shared state.
-    fn budget_rate(&self, read: &Catalog, now: DateTime<Utc>) -> f64 {
-        let Some(conn) = read.connection(self.state.connection_id) else {
-            return 0.0;
-        };
-        let state = read.budget(&self.state.budget_key);
-        budget_pace(&state, &conn.declared_limits(), conn.reserve(), now).effective_rpm / 60.0
-    }
-
     /// Its line, given its budget's pace (requests per second) and the weight of the rules
     /// with a backlog on that budget.
     fn status(&self, pace: f64, busy_weight: i64, now: DateTime<Utc>) -> RuleStatus {
@@ -454,6 +401,9 @@ impl RuleRow {
             blocked_by_rule: s.blocked_by_rule.clone(),
             last_run: s.last_run,
             last_run_status: s.last_run_status.clone(),
+            accepted: self.accepted,
+            jobs_in_flight: self.jobs_in_flight,
+            totals: self.totals,
         }
     }
 }
@@ -493,27 +443,7 @@ async fn problems(
 
 /// How many of the most recent runs the report shows.
 const RECENT_RUNS: i64 = 15;
+/// How many of the target's jobs that ended lately the report shows.
+const RECENT_JOBS: i64 = 10;
 
 pub use crate::ratelimit::pacer::{RatePoint, rate_series};
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_learned_rate_shown_is_the_one_paced_never_under_its_floor() {
-        let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let declared = [Limit::new(10, 1)];
-        let mut state = BudgetState::default();
-        // Twenty deep cuts in a row: far below 5% of the declared 10/s.
-        for i in 0..20 {
-            let t = at + chrono::Duration::seconds(i);
-            let paced = state.learned.rate(&PARAMS, 10.0, t).unwrap_or(10.0);
-            state.refused(&PARAMS, paced, t, t, t + chrono::Duration::seconds(1));
-        }
-        let now = at + chrono::Duration::seconds(21);
-        let pace = budget_pace(&state, &declared, 0, now);
-        assert_eq!(pace.learned_rpm, Some(pace.effective_rpm));
-        assert!((pace.effective_rpm - 10.0 * PARAMS.floor * 60.0).abs() < 1e-9);
-    }
-}
