@@ -282,16 +282,17 @@ pub async fn lines(
         r#"SELECT r.name AS "rule!", j.target_id, j.status,
                   cardinality(j.delivery_ids)::bigint AS "records!", j.submitted_at, j.polls,
                   j.last_said, NULL::timestamptz AS "next_poll_at?", j.finished_at,
-                  count(l.id) FILTER (WHERE l.outcome = 'delivered') AS "delivered!",
-                  count(l.id) FILTER (WHERE l.outcome = 'rejected') AS "rejected!",
-                  count(l.id) FILTER (WHERE l.outcome = 'unconfirmed') AS "unconfirmed!",
-                  count(l.id) FILTER (WHERE l.outcome IN ('failed', 'exhausted')) AS "failed!"
+                  c.delivered AS "delivered!", c.rejected AS "rejected!",
+                  c.unconfirmed AS "unconfirmed!", c.failed AS "failed!"
            FROM (SELECT * FROM target_jobs WHERE status <> 'submitted'
                  ORDER BY finished_at DESC, id DESC LIMIT $1) j
            JOIN rules r ON r.id = j.rule_id
-           LEFT JOIN ledger l ON l.target_job = j.id AND l.outcome <> 'accepted'
-           GROUP BY r.name, j.id, j.target_id, j.status, j.delivery_ids, j.submitted_at, j.polls,
-                    j.last_said, j.finished_at
+           CROSS JOIN LATERAL (
+               SELECT count(*) FILTER (WHERE l.outcome = 'delivered') AS delivered,
+                      count(*) FILTER (WHERE l.outcome = 'rejected') AS rejected,
+                      count(*) FILTER (WHERE l.outcome = 'unconfirmed') AS unconfirmed,
+                      count(*) FILTER (WHERE l.outcome IN ('failed', 'exhausted')) AS failed
+               FROM ledger l WHERE l.target_job = j.id) c
            ORDER BY j.finished_at DESC, j.id DESC"#,
         ended
     )

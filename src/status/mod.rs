@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::{
     breaker::{self, CircuitLine},
@@ -162,47 +162,53 @@ pub async fn report_with(
     worker_dead_after: std::time::Duration,
 ) -> Result<Report, sqlx::Error> {
     let window = chrono::Duration::from_std(worker_dead_after).unwrap_or(chrono::Duration::MAX);
-    let listed = catalog::list_connections(pool).await?;
-    let rules = catalog::list_rules(pool).await?;
-    let mut conn = pool.acquire().await?;
-    let budgets = budgets::lines(&mut conn, &listed, &rules, now).await?;
-    let (jobs_in_flight, jobs_ended) = crate::jobs::lines(&mut conn, RECENT_JOBS).await?;
-    drop(conn);
-    let jobs = crate::jobs::in_flight(pool).await?;
+    // One snapshot: every figure of the report as of one moment.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let db: &mut PgConnection = &mut tx;
+    let listed = catalog::list_connections(&mut *db).await?;
+    let rules = catalog::list_rules(&mut *db).await?;
+    let budgets = budgets::lines(db, &listed, &rules, now).await?;
+    let (jobs_in_flight, jobs_ended) = crate::jobs::lines(db, RECENT_JOBS).await?;
+    let jobs = crate::jobs::in_flight(&mut *db).await?;
     let read = Catalog {
         by_id: (listed.iter().enumerate())
             .map(|(i, c)| (c.id, i))
             .collect(),
         connections: listed,
         rules: rules.into_iter().map(|r| (r.id, r)).collect(),
-        budgets: pacer::states(pool).await?,
+        budgets: pacer::states(&mut *db).await?,
     };
-    Ok(Report {
-        connections: connections(pool, &read, now).await?,
-        rules: self::rules(pool, &read, &budgets, &jobs, now).await?,
+    let report = Report {
+        connections: connections(db, &read, now).await?,
+        rules: self::rules(db, &read, &budgets, &jobs, now).await?,
         budgets,
         jobs_in_flight,
         jobs_ended,
-        workers: crate::workers::live(pool, now, window).await?,
-        recent_runs: runs::recent(pool, RECENT_RUNS).await?,
+        workers: crate::workers::live(&mut *db, now, window).await?,
+        recent_runs: runs::recent(&mut *db, RECENT_RUNS).await?,
         jobs,
-        problems: problems(pool, &read, now).await?,
-    })
+        problems: problems(db, &read, now).await?,
+    };
+    tx.commit().await?;
+    Ok(report)
 }
 
 /// Each connection with its budget, circuit and block.
 async fn connections(
-    pool: &PgPool,
+    db: &mut PgConnection,
     read: &Catalog,
     now: DateTime<Utc>,
 ) -> Result<Vec<ConnectionStatus>, sqlx::Error> {
-    let circuits: HashMap<i64, CircuitLine> = breaker::lines(pool)
+    let circuits: HashMap<i64, CircuitLine> = breaker::lines(&mut *db)
         .await?
         .into_iter()
         .map(|c| (c.connection_id, c))
         .collect();
-    let blocks = blocks_by_key(pool, now).await?;
-    let used = pacer::calls_last_minute(pool, now).await?;
+    let blocks = blocks_by_key(&mut *db, now).await?;
+    let used = pacer::calls_last_minute(&mut *db, now).await?;
     Ok(read
         .connections
         .iter()
@@ -236,10 +242,10 @@ async fn connections(
 
 /// The blocks in force at `now`, by budget key.
 async fn blocks_by_key(
-    pool: &PgPool,
+    db: &mut PgConnection,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, BlockLine>, sqlx::Error> {
-    Ok(blocks::current(pool, now)
+    Ok(blocks::current(&mut *db, now)
         .await?
         .into_iter()
         .map(|b| (b.budget_key.clone(), b))
@@ -304,15 +310,15 @@ struct RuleRow {
 
 /// Each rule with its backlog, state, last run and estimated drain time.
 async fn rules(
-    pool: &PgPool,
+    db: &mut PgConnection,
     read: &Catalog,
     budgets: &[BudgetStatus],
     jobs: &[JobsLine],
     now: DateTime<Utc>,
 ) -> Result<Vec<RuleStatus>, sqlx::Error> {
-    let backlog = ledger::backlog(pool, now).await?;
-    let totals = runs::totals(pool).await?;
-    let rows: Vec<RuleRow> = rule_states(pool)
+    let backlog = ledger::backlog(&mut *db, now).await?;
+    let totals = runs::totals(&mut *db).await?;
+    let rows: Vec<RuleRow> = rule_states(&mut *db)
         .await?
         .into_iter()
         .filter_map(|state| {
@@ -351,7 +357,7 @@ async fn rules(
 }
 
 /// Each rule's state, in the order of their names.
-async fn rule_states(pool: &PgPool) -> Result<Vec<RuleState>, sqlx::Error> {
+async fn rule_states(db: &mut PgConnection) -> Result<Vec<RuleState>, sqlx::Error> {
     sqlx::query_as!(
         RuleState,
         r#"SELECT s.rule_id AS "rule_id!", s.rule AS "name!", s.connection AS "connection!", s.enabled AS "enabled!",
@@ -365,7 +371,7 @@ async fn rule_states(pool: &PgPool) -> Result<Vec<RuleState>, sqlx::Error> {
            FROM rule_states s
            ORDER BY s.rule"#
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *db)
     .await
 }
 
@@ -410,32 +416,32 @@ impl RuleRow {
 
 /// Connections and rules left alone as unusable, until when, and why.
 async fn problems(
-    pool: &PgPool,
+    db: &mut PgConnection,
     read: &Catalog,
     now: DateTime<Utc>,
 ) -> Result<Vec<Problem>, sqlx::Error> {
-    let connections = breaker::unusable(pool, now)
-        .await?
-        .into_iter()
-        .map(|(id, reason, until)| {
-            let name = read
-                .connection(id)
-                .map_or_else(|| id.to_string(), |c| c.name.clone());
-            Problem {
-                what: format!("connection {name}"),
-                reason,
-                until,
-            }
-        });
-    let rules =
-        catalog::unusable_rules(pool, now)
+    let connections =
+        breaker::unusable(&mut *db, now)
             .await?
             .into_iter()
-            .map(|(name, reason, until)| Problem {
-                what: format!("rule {name}"),
-                reason,
-                until,
+            .map(|(id, reason, until)| {
+                let name = read
+                    .connection(id)
+                    .map_or_else(|| id.to_string(), |c| c.name.clone());
+                Problem {
+                    what: format!("connection {name}"),
+                    reason,
+                    until,
+                }
             });
+    let rules = catalog::unusable_rules(&mut *db, now)
+        .await?
+        .into_iter()
+        .map(|(name, reason, until)| Problem {
+            what: format!("rule {name}"),
+            reason,
+            until,
+        });
     let mut problems: Vec<Problem> = connections.chain(rules).collect();
     problems.sort_by(|a, b| a.what.cmp(&b.what));
     Ok(problems)

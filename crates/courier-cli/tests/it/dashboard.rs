@@ -5,7 +5,8 @@
 //! backlog. Skipped, saying so, when no Chromium is installed.
 //!
 //! `COURIER_DASHBOARD_SCREENSHOT=docs/dashboard.png` also saves a screenshot there (how the
-//! README's picture is made).
+//! README's picture is made); `COURIER_DASHBOARD_JOBS_SCREENSHOT=docs/dashboard-jobs.png`
+//! the Klaviyo shop's (docs/operating.md).
 
 use std::{path::PathBuf, process::Command, sync::Arc};
 
