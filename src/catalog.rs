@@ -78,7 +78,7 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
             redact_url(&c.base_url)
         ))
     })?;
-    writer::http::header_map(&serde_json::Value::Object(c.headers.clone())).map_err(invalid)?;
+    writer::endpoint::header_map(&serde_json::Value::Object(c.headers.clone())).map_err(invalid)?;
     if c.auth.is_some() && !kind.shaped_by_profile() {
         return Err(invalid(format!(
             "auth is for the http_json writer only, not {kind}"

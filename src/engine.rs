@@ -3,7 +3,7 @@
 //! stop signal.
 //! Every other part borrows it; it depends on none of them but the pieces it holds.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -13,8 +13,13 @@ use crate::{
     config::Settings,
     health::{Health, is_outage},
     metrics::Metrics,
+    model::Connection,
     ratelimit::{blocks::Blocks, pacer::Pacer},
+    writer::{self, Writer, WriterConfigError},
 };
+
+/// A connection's writer, and the connection (as JSON) it was built from.
+type Built = (String, Arc<dyn Writer>);
 
 /// What every part of a worker process shares.
 pub struct Engine {
@@ -38,6 +43,9 @@ pub struct Engine {
     pub health: Health,
     /// This process's Prometheus counters (served by the binary at `/metrics`).
     pub metrics: Arc<Metrics>,
+    /// Each connection's writer, built once and kept while the connection is unchanged
+    /// (by its id: a changed connection's writer, its OAuth token with it, is replaced).
+    writers: std::sync::Mutex<HashMap<i64, Built>>,
     /// Where this process serves its metrics and dashboard, once the binary has bound the
     /// address (set before the first beat, which records it in the `workers` row so that
     /// `courier status` lists it).
@@ -72,6 +80,21 @@ impl Engine {
         }
     }
 
+    /// `conn`'s writer: the one built for it while it is unchanged, else a new one (which
+    /// replaces the old, and its OAuth token with it).
+    pub fn writer(&self, conn: &Connection) -> Result<Arc<dyn Writer>, WriterConfigError> {
+        let print = serde_json::to_string(conn).unwrap_or_default();
+        let mut writers = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seen, w)) = writers.get(&conn.id)
+            && *seen == print
+        {
+            return Ok(w.clone());
+        }
+        let w = writer::build(conn, &self.http)?;
+        writers.insert(conn.id, (print, w.clone()));
+        Ok(w)
+    }
+
     /// An engine on `pool` with the system clock and a fresh unique worker name.
     pub fn new(pool: PgPool, settings: Settings) -> Self {
         Self::with_clock(pool, settings, Clock::system())
@@ -86,6 +109,7 @@ impl Engine {
             health: Health::new(clock.clone()),
             metrics: Arc::new(Metrics::new()),
             http_addr: std::sync::OnceLock::new(),
+            writers: Default::default(),
             pool,
             settings,
             clock,

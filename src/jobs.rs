@@ -242,6 +242,8 @@ pub struct JobLine {
     pub records: i64,
     /// When it was submitted.
     pub submitted_at: DateTime<Utc>,
+    /// Its age when read (in flight), or how long it took (ended), in seconds.
+    pub age_secs: f64,
     /// Polls so far.
     pub polls: i32,
     /// What the target said at the last poll.
@@ -260,28 +262,35 @@ pub struct JobLine {
     pub failed: i64,
 }
 
-/// Every job in flight, oldest first, and the `ended` latest to end, newest first.
+/// Every job in flight, oldest first, and the `ended` latest to end, newest first, as of
+/// `now`.
 pub async fn lines(
     db: &mut PgConnection,
     ended: i64,
+    now: DateTime<Utc>,
 ) -> Result<(Vec<JobLine>, Vec<JobLine>), sqlx::Error> {
     let in_flight = sqlx::query_as!(
         JobLine,
         r#"SELECT r.name AS "rule!", j.target_id, j.status,
-                  cardinality(j.delivery_ids)::bigint AS "records!", j.submitted_at, j.polls,
-                  j.last_said, j.next_poll_at AS "next_poll_at?", j.finished_at,
+                  cardinality(j.delivery_ids)::bigint AS "records!", j.submitted_at,
+                  greatest(extract(epoch FROM $1::timestamptz - j.submitted_at), 0)::float8
+                      AS "age_secs!",
+                  j.polls, j.last_said, j.next_poll_at AS "next_poll_at?", j.finished_at,
                   0::bigint AS "delivered!", 0::bigint AS "rejected!", 0::bigint AS "unconfirmed!",
                   0::bigint AS "failed!"
            FROM target_jobs j JOIN rules r ON r.id = j.rule_id
-           WHERE j.status = 'submitted' ORDER BY j.submitted_at, j.id"#
+           WHERE j.status = 'submitted' ORDER BY j.submitted_at, j.id"#,
+        now
     )
     .fetch_all(&mut *db)
     .await?;
     let ended = sqlx::query_as!(
         JobLine,
         r#"SELECT r.name AS "rule!", j.target_id, j.status,
-                  cardinality(j.delivery_ids)::bigint AS "records!", j.submitted_at, j.polls,
-                  j.last_said, NULL::timestamptz AS "next_poll_at?", j.finished_at,
+                  cardinality(j.delivery_ids)::bigint AS "records!", j.submitted_at,
+                  greatest(extract(epoch FROM j.finished_at - j.submitted_at), 0)::float8
+                      AS "age_secs!",
+                  j.polls, j.last_said, NULL::timestamptz AS "next_poll_at?", j.finished_at,
                   c.delivered AS "delivered!", c.rejected AS "rejected!",
                   c.unconfirmed AS "unconfirmed!", c.failed AS "failed!"
            FROM (SELECT * FROM target_jobs WHERE status <> 'submitted'

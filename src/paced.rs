@@ -20,7 +20,7 @@ use crate::{
         answer::{Answer, Answered, Verdict},
         blocks,
         limits::Limit,
-        pacer::{self, PacerError},
+        pacer::PacerError,
     },
     writer::{WriteError, Writer, Written},
 };
@@ -271,7 +271,7 @@ impl Heard {
             now,
         )
         .await?;
-        pacer::record_calls(&mut *tx, cause.budget_key, self.calls, now).await?;
+        crate::ratelimit::report::record_calls(&mut *tx, cause.budget_key, self.calls, now).await?;
         let mut blocked = None;
         if let Some((until, raw)) = &self.rate_limited {
             blocked = Some(blocks::block(&mut *tx, cause, *until, raw.as_deref(), now).await?);

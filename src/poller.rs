@@ -31,7 +31,7 @@ use crate::{
     retry::{Retry, RetryPolicy},
     runs,
     writer::{
-        self, Receipt, WriteError, Writer, Written, contract,
+        Receipt, WriteError, Writer, Written, contract,
         job::{ErrorsFile, JobShape, JobState, RecordError, Records},
     },
 };
@@ -154,7 +154,7 @@ impl Poller {
                 return self.settle(&job, Some(&ctx), None, found).await;
             }
         };
-        let found = match writer::build(&ctx.connection, &e.http) {
+        let found = match e.writer(&ctx.connection) {
             // An open circuit: the target is down; the job waits as the runs do.
             Ok(_) if !ctx.circuit_admits => Found::Again {
                 said: "the connection's circuit is open: not polled".into(),

@@ -156,7 +156,7 @@ impl RuleProfile {
     /// Whether `r` can be sent as the rule's requests shape it; one that cannot is refused
     /// alone before any call.
     pub fn sendable(&self, r: &Outgoing<'_>) -> bool {
-        let record = crate::writer::request::Record {
+        let record = crate::writer::template::Record {
             delivery_id: r.delivery_id,
             record_key: r.record_key,
             payload: r.payload,

@@ -45,7 +45,7 @@ use crate::{
     queue,
     ratelimit::answer::Verdict,
     runs::RunStatus,
-    writer::{self, Writer},
+    writer::Writer,
 };
 
 /// How long a job waits before trying again when another job holds its rule's lease.
@@ -131,7 +131,7 @@ fn admit<'c>(
     if !ctx.circuit_admits {
         return Err(Next::finish(RunStatus::CircuitOpen));
     }
-    let writer = writer::build(&ctx.connection, &engine.http).map_err(|e| {
+    let writer = engine.writer(&ctx.connection).map_err(|e| {
         tracing::error!(error = %e, "cannot build the connection's writer; leaving it alone until it changes");
         Next::Unusable(Unusable::Connection, e.to_string())
     })?;
@@ -452,7 +452,7 @@ impl Job<'_> {
         let tx = feeding.tx.as_ref().expect("fed while open");
         let record = |g: usize| {
             let d = &claimed[offset + sorted.to_send[g]];
-            crate::writer::request::Record {
+            crate::writer::template::Record {
                 delivery_id: d.id,
                 record_key: &d.record_key,
                 payload: &d.payload,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{engine::Engine, ratelimit::pacer};
+use crate::engine::Engine;
 
 /// How long call counts, and the rows of dead processes, are kept.
 pub const KEEP_CALLS: Duration = Duration::from_secs(3600);
@@ -29,7 +29,7 @@ impl<'a> Pruner<'a> {
     pub async fn run_once(&self) -> Result<u64, sqlx::Error> {
         let before =
             self.engine.clock.now() - chrono::Duration::from_std(KEEP_CALLS).expect("fits");
-        let calls = pacer::prune_calls(&self.engine.pool, before).await?;
+        let calls = crate::ratelimit::report::prune_calls(&self.engine.pool, before).await?;
         let workers = crate::workers::forget_dead(&self.engine.pool, before).await?;
         Ok(calls + workers)
     }

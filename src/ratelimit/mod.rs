@@ -15,6 +15,7 @@ pub mod controller;
 pub mod headers;
 pub mod limits;
 pub mod pacer;
+pub mod report;
 pub mod signals;
 #[cfg(test)]
 mod sim;

@@ -17,7 +17,6 @@ use crate::{
         budget::BudgetState,
         controller::PARAMS,
         limits::{self, Limit, usable_quota},
-        pacer,
     },
     writer::job::JobShape,
 };
@@ -196,12 +195,12 @@ pub async fn lines(
     rules: &[Rule],
     now: DateTime<Utc>,
 ) -> Result<Vec<BudgetStatus>, sqlx::Error> {
-    let states = pacer::states(&mut *db).await?;
+    let states = crate::ratelimit::report::states(&mut *db).await?;
     let blocks: HashMap<String, blocks::BlockLine> = (blocks::current(&mut *db, now).await?)
         .into_iter()
         .map(|b| (b.budget_key.clone(), b))
         .collect();
-    let used = pacer::calls_last_minute(&mut *db, now).await?;
+    let used = crate::ratelimit::report::calls_last_minute(&mut *db, now).await?;
     let rule_name = |id: Option<i64>| {
         let id = id?;
         rules.iter().find(|r| r.id == id).map(|r| r.name.clone())

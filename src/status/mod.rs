@@ -17,7 +17,6 @@ use crate::{
     ratelimit::{
         blocks::{self, BlockLine},
         budget::BudgetState,
-        pacer,
     },
     runs,
 };
@@ -171,7 +170,7 @@ pub async fn report_with(
     let listed = catalog::list_connections(&mut *db).await?;
     let rules = catalog::list_rules(&mut *db).await?;
     let budgets = budgets::lines(db, &listed, &rules, now).await?;
-    let (jobs_in_flight, jobs_ended) = crate::jobs::lines(db, RECENT_JOBS).await?;
+    let (jobs_in_flight, jobs_ended) = crate::jobs::lines(db, RECENT_JOBS, now).await?;
     let jobs = crate::jobs::in_flight(&mut *db).await?;
     let read = Catalog {
         by_id: (listed.iter().enumerate())
@@ -179,7 +178,7 @@ pub async fn report_with(
             .collect(),
         connections: listed,
         rules: rules.into_iter().map(|r| (r.id, r)).collect(),
-        budgets: pacer::states(&mut *db).await?,
+        budgets: crate::ratelimit::report::states(&mut *db).await?,
     };
     let report = Report {
         connections: connections(db, &read, now).await?,
@@ -208,7 +207,7 @@ async fn connections(
         .map(|c| (c.connection_id, c))
         .collect();
     let blocks = blocks_by_key(&mut *db, now).await?;
-    let used = pacer::calls_last_minute(&mut *db, now).await?;
+    let used = crate::ratelimit::report::calls_last_minute(&mut *db, now).await?;
     Ok(read
         .connections
         .iter()
@@ -452,4 +451,4 @@ const RECENT_RUNS: i64 = 15;
 /// How many of the target's jobs that ended lately the report shows.
 const RECENT_JOBS: i64 = 10;
 
-pub use crate::ratelimit::pacer::{RatePoint, rate_series};
+pub use crate::ratelimit::report::{RatePoint, rate_series};

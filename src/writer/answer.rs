@@ -21,6 +21,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::endpoint::snippet;
 use super::wire::{Body, Outgoing, WriteError};
 
 /// The longest error text kept from an answer item.
@@ -566,6 +567,41 @@ fn text(item: &Value, message: Option<&str>) -> String {
     s
 }
 
+/// What one item of a per-item answer says of its record: its `status` is an HTTP status
+/// (absent: 200), and an `error` field makes it a failure classified like that status (a
+/// 2xx with an error counts as 422). 5xx, 408 and 429 are transient, other 4xx
+/// permanent; anything else delivered.
+pub fn item_outcome(answer_status: u16, item: &serde_json::Value) -> Option<WriteError> {
+    if !item.is_object() {
+        return unaccounted(answer_status, 1, "an answer item that is no object")
+            .pop()
+            .flatten();
+    }
+    let status = item
+        .get("status")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok());
+    let error = item.get("error").filter(|e| !e.is_null());
+    let status = match (status, error) {
+        (Some(s), None) if (200..400).contains(&s) => return None,
+        (None, None) => return None,
+        (Some(s), Some(_)) if (200..400).contains(&s) => 422,
+        (None, Some(_)) => 422,
+        (Some(s), _) => s,
+    };
+    let message = match error {
+        Some(serde_json::Value::String(e)) => snippet(e),
+        Some(e) => snippet(&e.to_string()),
+        None => format!("the target answered {status} for this record"),
+    };
+    let status = Some(status);
+    if status >= Some(500) || matches!(status, Some(408 | 429)) {
+        Some(WriteError::Transient { status, message })
+    } else {
+        Some(WriteError::Permanent { status, message })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -813,5 +849,37 @@ mod tests {
             assert_eq!(map.read(202, &body, &[one, one]), [None, None], "{body:?}");
         }
         assert!(AnswerMap::parse(&json!({"kind": "unreported", "errors": "/e"})).is_err());
+    }
+
+    #[test]
+    fn per_item_answers_read_status_and_error() {
+        use serde_json::json;
+        let status = |item| {
+            item_outcome(200, &item)
+                .map(|e| (e.http_status(), matches!(e, WriteError::Transient { .. })))
+        };
+        assert_eq!(status(json!({"status": 200})), None);
+        assert_eq!(status(json!({})), None);
+        assert_eq!(status(json!({"status": 201, "error": null})), None);
+        assert_eq!(status(json!({"status": 400})), Some((Some(400), false)));
+        assert_eq!(
+            status(json!({"status": 200, "error": "bad"})),
+            Some((Some(422), false))
+        );
+        assert_eq!(
+            status(json!({"error": {"field": "x"}})),
+            Some((Some(422), false))
+        );
+        assert_eq!(
+            status(json!({"status": 503, "error": "later"})),
+            Some((Some(503), true))
+        );
+        assert_eq!(status(json!({"status": 429})), Some((Some(429), true)));
+        assert!(matches!(
+            item_outcome(200, &json!("ok")),
+            Some(WriteError::Unaccounted { .. })
+        ));
+        let e = item_outcome(200, &json!({"status": 409, "error": "duplicate sku"})).unwrap();
+        assert!(e.to_string().contains("duplicate sku"), "{e}");
     }
 }

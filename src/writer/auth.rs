@@ -139,13 +139,9 @@ impl Auth {
         }))
     }
 
-    /// Where an OAuth connection's tokens come from (`None` for the other kinds), for
-    /// connection `connection` with `key` as the client secret.
-    pub fn token_source(
-        &self,
-        connection: &str,
-        key: &str,
-    ) -> Result<Option<super::oauth::TokenSource>, String> {
+    /// Where an OAuth connection's tokens come from (`None` for the other kinds), with
+    /// `key` as the client secret.
+    pub fn token_source(&self, key: &str) -> Result<Option<super::oauth::TokenSource>, String> {
         let Auth::Oauth {
             token_url,
             client_id_env,
@@ -159,13 +155,14 @@ impl Auth {
         let client_id = std::env::var(client_id_env)
             .map_err(|_| format!("the variable {client_id_env} (auth client_id_env) is not set"))?;
         Ok(Some(super::oauth::TokenSource {
-            key: format!("{connection}\u{0}{token_url}\u{0}{client_id}"),
             token_url: token_url.clone(),
             client_id,
             client_secret: key.to_owned(),
             scope: scope.clone(),
             use_instance_url: *instance_url,
             instance_hosts: instance_hosts.clone(),
+            held: Default::default(),
+            fetching: Default::default(),
         }))
     }
 }

@@ -21,12 +21,14 @@
 pub mod answer;
 pub mod auth;
 pub mod contract;
+pub mod endpoint;
 pub mod filters;
 pub mod http;
 pub mod job;
 pub mod oauth;
 pub mod request;
 pub mod secrets;
+pub mod template;
 pub mod usercom;
 pub mod wire;
 

@@ -1,6 +1,7 @@
 //! OAuth 2 client credentials (a connection's auth kind `oauth`): a token fetched from the
-//! connection's token URL with its client id and the key as the client secret, kept in
-//! this process's memory until shortly before it expires (never stored, never logged),
+//! connection's token URL with its client id and the key as the client secret, kept with
+//! the connection's writer in this process's memory (the engine keeps a writer while its
+//! connection is unchanged) until shortly before it expires (never stored, never logged),
 //! fetched again once when the target answers 401. An answer may also name the instance's
 //! URL (Salesforce does), which then takes the place of the base URL's origin when the
 //! connection asks for it (`instance_url`).
@@ -12,9 +13,8 @@
 //! tokens one at a time, so one slow endpoint holds back no other connection.
 
 use std::{
-    collections::HashMap,
     net::IpAddr,
-    sync::{Arc, LazyLock, Mutex},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -34,8 +34,6 @@ const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Where a connection's tokens come from.
 #[derive(Clone, Debug)]
 pub struct TokenSource {
-    /// Whose tokens these are: the connection and its client (the cache's key).
-    pub key: String,
     /// The token endpoint.
     pub token_url: String,
     /// The client id.
@@ -49,6 +47,11 @@ pub struct TokenSource {
     /// The hosts an instance URL may name (`.example.com`: it and its subdomains); empty:
     /// the token URL's host and the subdomains of its parent domain.
     pub instance_hosts: Vec<String>,
+    /// The token in force, shared by the writer's calls; it goes with the writer (which
+    /// the engine keeps while its connection is unchanged).
+    pub held: Arc<Mutex<Option<Token>>>,
+    /// Held while a token is fetched, so calls that find none wait for one fetch.
+    pub fetching: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A token in force.
@@ -63,13 +66,6 @@ pub struct Token {
     until: Instant,
 }
 
-/// Every connection's token in force, in this process only.
-static TOKENS: LazyLock<Mutex<HashMap<String, Token>>> = LazyLock::new(Default::default);
-/// One lock per token source, held while its token is fetched, so calls that find none
-/// wait for one fetch, and no other connection waits for it.
-static FETCHING: LazyLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> =
-    LazyLock::new(Default::default);
-
 impl TokenSource {
     /// The token in force, fetched when there is none, it is about to expire, or it is
     /// `refused` (the target answered 401 to it). Calls in flight at once share one fetch.
@@ -81,30 +77,20 @@ impl TokenSource {
         if let Some(t) = self.cached(refused) {
             return Ok(t);
         }
-        let lock = FETCHING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(self.key.clone())
-            .or_default()
-            .clone();
-        let _one = lock.lock().await;
+        let _one = self.fetching.lock().await;
         // Another call may have fetched one meanwhile.
         if let Some(t) = self.cached(refused) {
             return Ok(t);
         }
         let token = self.fetch(client).await?;
-        TOKENS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.key.clone(), token.clone());
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(token.clone());
         Ok(token)
     }
 
     /// The cached token, unless expired or the one `refused`.
     fn cached(&self, refused: Option<&str>) -> Option<Token> {
-        let tokens = TOKENS.lock().unwrap_or_else(|e| e.into_inner());
-        tokens
-            .get(&self.key)
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref()
             .filter(|t| t.until > Instant::now() && Some(t.access.as_str()) != refused)
             .cloned()
     }
@@ -120,7 +106,7 @@ impl TokenSource {
         }
         let body = form
             .iter()
-            .map(|(k, v)| format!("{k}={}", super::request::encode(v)))
+            .map(|(k, v)| format!("{k}={}", super::template::encode(v)))
             .collect::<Vec<_>>()
             .join("&");
         let answer = client
@@ -342,13 +328,14 @@ mod tests {
     #[test]
     fn an_instance_url_is_an_https_origin_without_credentials() {
         let source = TokenSource {
-            key: "k".into(),
             token_url: "https://login.salesforce.com/services/oauth2/token".into(),
             client_id: "id".into(),
             client_secret: "s".into(),
             scope: None,
             use_instance_url: true,
             instance_hosts: Vec::new(),
+            held: Default::default(),
+            fetching: Default::default(),
         };
         assert_eq!(
             source

@@ -27,7 +27,7 @@ use reqwest::{
 use serde_json::{Map, Value};
 
 use super::contract::{Call, Writer};
-use super::http::{Endpoint, invalid};
+use super::endpoint::{Endpoint, invalid};
 use super::wire::{Body, Outgoing, Receipt, WriteError, WriterConfigError, Written};
 use crate::{model::Connection, ratelimit::signals::RateSignals};
 

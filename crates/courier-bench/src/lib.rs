@@ -324,7 +324,7 @@ async fn watch(
 
 /// The least effective rate (requests per minute) of the budgets, as status computes it.
 async fn effective_rpm(pool: &PgPool) -> anyhow::Result<Option<f64>> {
-    let budgets = pacer::paced(pool).await?;
+    let budgets = courier::ratelimit::report::paced(pool).await?;
     let now = chrono::Utc::now();
     Ok(budgets
         .iter()

@@ -61,7 +61,7 @@ pub fn limits_cell(limits: &[LimitUse], time: fn(Option<DateTime<Utc>>) -> Strin
         .join(", ")
 }
 
-/// A backlog's estimated drain time: `45 s`, `12 min`, `3.5 h`.
+/// A duration (a backlog's drain time, a job's age): `45 s`, `12 min`, `3.5 h`.
 pub fn drain(secs: Option<f64>) -> String {
     match secs {
         None => "-".into(),
@@ -285,7 +285,7 @@ pub fn job_cells(j: &JobLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<
         j.rule.clone(),
         j.target_id.clone(),
         j.records.to_string(),
-        time(Some(j.submitted_at)),
+        drain(Some(j.age_secs)),
         j.polls.to_string(),
         j.last_said.clone().unwrap_or_else(|| "-".into()),
         time(j.next_poll_at),
@@ -297,7 +297,7 @@ pub const JOB_HEADERS: [&str; 7] = [
     "rule",
     "target's id",
     "records",
-    "submitted",
+    "age",
     "polls",
     "target said",
     "next poll",
@@ -305,10 +305,6 @@ pub const JOB_HEADERS: [&str; 7] = [
 
 /// An ended job's cells under [`ENDED_JOB_HEADERS`].
 pub fn ended_job_cells(j: &JobLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<String> {
-    let took = j.finished_at.map_or_else(
-        || "-".into(),
-        |f| drain(Some((f - j.submitted_at).as_seconds_f64())),
-    );
     vec![
         j.rule.clone(),
         j.target_id.clone(),
@@ -318,7 +314,7 @@ pub fn ended_job_cells(j: &JobLine, time: fn(Option<DateTime<Utc>>) -> String) -
         j.rejected.to_string(),
         j.unconfirmed.to_string(),
         j.failed.to_string(),
-        took,
+        drain(Some(j.age_secs)),
         time(j.finished_at),
     ]
 }
