@@ -305,26 +305,7 @@ impl Poller {
                 .map(|said| shape.next_page(&job.target_id, said))
                 .filter(|link| items > 0 && seen.insert(link.clone()));
         }
-        if unmatched > 0 {
-            tracing::warn!(
-                job = job.id,
-                unmatched,
-                "errors of a job name no record of it"
-            );
-            read.errors.extend(unnamed(&records, unmatched));
-        }
-        if stray > 0 {
-            tracing::warn!(
-                job = job.id,
-                stray,
-                "errors of a job name keys no record has"
-            );
-            read.unconfirmed = Some(format!(
-                "the job reported {stray} error(s) naming a record by a key none of its \
-                 records has: which records failed is unknown"
-            ));
-        }
-        Ok(Ok(read))
+        Ok(Ok(unplaced(job, &records, read, unmatched, stray)))
     }
 
     /// The job's records as its errors name them: by position, or by a key of each.
@@ -462,6 +443,32 @@ impl Poller {
     }
 }
 
+/// A complete job's errors read whole, with those it could not place: errors that may name
+/// a record without saying which (`unmatched`) reject the records they may name; errors
+/// naming keys no record has (`stray`) leave the rest unconfirmed.
+fn unplaced(job: &Due, records: &Records, mut read: Read, unmatched: usize, stray: usize) -> Read {
+    if unmatched > 0 {
+        tracing::warn!(
+            job = job.id,
+            unmatched,
+            "errors of a job name no record of it"
+        );
+        read.errors.extend(unnamed(records, unmatched));
+    }
+    if stray > 0 {
+        tracing::warn!(
+            job = job.id,
+            stray,
+            "errors of a job name keys no record has"
+        );
+        read.unconfirmed = Some(format!(
+            "the job reported {stray} error(s) naming a record by a key none of its \
+             records has: which records failed is unknown"
+        ));
+    }
+    read
+}
+
 /// The records a complete job's `unmatched` errors may name, as the errors name records by
 /// key: those without a key of their own, whose fate the target told but courier cannot
 /// read. Rejected, never read as delivered.
@@ -525,14 +532,7 @@ impl JobRule {
             return Ok(None);
         };
         let (_, circuit_admits) = breaker::for_run(pool, connection.id, job.run_id, now).await?;
-        let profile = RuleProfile::parse(profile::Stored {
-            writer: &connection.writer,
-            path: &rule.path,
-            records_per_call: rule.records_per_call,
-            request: rule.request.as_ref(),
-            answer: rule.answer.as_ref(),
-            job: rule.job.as_ref(),
-        });
+        let profile = RuleProfile::parse(profile::Stored::of(&rule, &connection));
         let own = profile
             .as_ref()
             .ok()

@@ -68,6 +68,20 @@ pub struct Stored<'a> {
     pub job: Option<&'a Value>,
 }
 
+impl<'a> Stored<'a> {
+    /// Stored rule `rule`'s profile, on its connection `connection`.
+    pub fn of(rule: &'a crate::model::Rule, connection: &'a crate::model::Connection) -> Self {
+        Stored {
+            writer: &connection.writer,
+            path: &rule.path,
+            records_per_call: rule.records_per_call,
+            request: rule.request.as_ref(),
+            answer: rule.answer.as_ref(),
+            job: rule.job.as_ref(),
+        }
+    }
+}
+
 impl RuleProfile {
     /// Parses a stored profile, checking each field against the writer; the error names
     /// the first field at fault.

@@ -84,14 +84,7 @@ pub async fn load(
         return Ok(None);
     };
     let (circuit, circuit_admits) = breaker::for_run(pool, connection.id, run_id, now).await?;
-    let profile = RuleProfile::parse(profile::Stored {
-        writer: &connection.writer,
-        path: &rule.path,
-        records_per_call: rule.records_per_call,
-        request: rule.request.as_ref(),
-        answer: rule.answer.as_ref(),
-        job: rule.job.as_ref(),
-    });
+    let profile = RuleProfile::parse(profile::Stored::of(&rule, &connection));
     Ok(Some(JobContext {
         run_id,
         run_status: run.status,

@@ -180,8 +180,23 @@ pub async fn render(
     let budget_keys: Vec<String> = shared.budgets.iter().map(|b| b.key.clone()).collect();
     metrics.known(&shared.rules, &shared.connections, &budget_keys);
     let mut gauges = Registry::with_prefix("courier");
-    // Every rule's gauges at zero before its first job or backlog.
-    let in_flight: Vec<crate::jobs::InFlight> = (shared.rules.iter())
+    register_backlog(&mut gauges, &shared.backlog);
+    register_jobs(&mut gauges, &every_rules_jobs(&shared), now);
+    register_rules(&mut gauges, &shared);
+    register_runs(&mut gauges, &shared.runs);
+    register_budgets(&mut gauges, &shared.budgets, now);
+    register_circuits(&mut gauges, &shared.circuits);
+    let mut out = String::new();
+    text::encode_registry(&mut out, &metrics.registry)?;
+    text::encode_registry(&mut out, &gauges)?;
+    text::encode_eof(&mut out)?;
+    Ok(out)
+}
+
+/// Each rule's jobs in flight, at zero for a rule with none (its series there before its
+/// first job).
+fn every_rules_jobs(shared: &Shared) -> Vec<crate::jobs::InFlight> {
+    (shared.rules.iter())
         .map(|rule| {
             let found = shared.jobs.iter().find(|j| &j.rule == rule);
             found.cloned().unwrap_or(crate::jobs::InFlight {
@@ -194,9 +209,11 @@ pub async fn render(
                 overdue: 0,
             })
         })
-        .collect();
-    register_backlog(&mut gauges, &shared.backlog);
-    register_jobs(&mut gauges, &in_flight, now);
+        .collect()
+}
+
+/// Whether each rule is left alone as unusable, and the workers alive.
+fn register_rules(gauges: &mut Registry, shared: &Shared) {
     let unusable = Family::<RuleLabel, Gauge>::default();
     for rule in &shared.rules {
         let label = RuleLabel { rule: rule.clone() };
@@ -216,11 +233,13 @@ pub async fn render(
         "Worker processes alive, by their beats",
         live,
     );
+}
+
+/// Runs by status, every status (one with no run reads 0 rather than vanishing).
+fn register_runs(gauges: &mut Registry, counted: &[(String, i64)]) {
     let runs = Family::<StatusLabel, Gauge>::default();
-    // Every status, so a status with no run reads 0 rather than vanishing.
     for status in RunStatus::ALL {
-        let n = shared
-            .runs
+        let n = counted
             .iter()
             .find(|(s, _)| s == status.as_str())
             .map_or(0, |(_, n)| *n);
@@ -230,11 +249,15 @@ pub async fn render(
         .set(n);
     }
     gauges.register("runs", "Runs in the database, by status", runs);
+}
+
+/// Each budget's declared and paced rate, its calls of the last minute and its block.
+fn register_budgets(gauges: &mut Registry, budgets: &[BudgetStatus], now: DateTime<Utc>) {
     let declared = Family::<BudgetLabel, FloatGauge>::default();
     let effective = Family::<BudgetLabel, FloatGauge>::default();
     let block_left = Family::<BudgetLabel, FloatGauge>::default();
     let used = Family::<BudgetLabel, Gauge>::default();
-    for b in &shared.budgets {
+    for b in budgets {
         let label = BudgetLabel {
             budget: b.key.clone(),
         };
@@ -266,10 +289,14 @@ pub async fn render(
         Unit::Seconds,
         block_left,
     );
-    let circuits = Family::<ConnectionState, Gauge>::default();
-    for (connection, state) in &shared.circuits {
+}
+
+/// Each connection's circuit: 1 for its state, 0 for the others.
+fn register_circuits(gauges: &mut Registry, circuits: &[(String, String)]) {
+    let family = Family::<ConnectionState, Gauge>::default();
+    for (connection, state) in circuits {
         for s in CIRCUIT_STATES {
-            circuits
+            family
                 .get_or_create(&ConnectionState {
                     connection: connection.clone(),
                     state: s.as_str().to_owned(),
@@ -280,11 +307,6 @@ pub async fn render(
     gauges.register(
         "circuit_state",
         "1 for the connection's circuit state (closed, open, half_open), 0 for the others",
-        circuits,
+        family,
     );
-    let mut out = String::new();
-    text::encode_registry(&mut out, &metrics.registry)?;
-    text::encode_registry(&mut out, &gauges)?;
-    text::encode_eof(&mut out)?;
-    Ok(out)
 }

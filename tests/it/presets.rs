@@ -177,14 +177,7 @@ async fn every_presets_customer_rule_creates_a_new_customer_and_updates_a_known_
             .unwrap();
         let engine = engine(&db.pool, settings(&db.url));
         drive(&engine).await;
-        let got: Vec<(String, Option<String>)> = sqlx::query_as(
-            "SELECT d.status, (SELECT l.error FROM ledger l WHERE l.delivery_id = d.id
-                               ORDER BY l.id DESC LIMIT 1)
-             FROM deliveries d ORDER BY d.id",
-        )
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+        let got: Vec<(String, Option<String>)> = status_and_last_error(&db.pool).await;
         let cell = format!("{}/{rule}", preset.name);
         assert!(
             got.iter().all(|(s, _)| s == "delivered"),

@@ -190,14 +190,7 @@ async fn the_klaviyo_presets_requests_pass_klaviyos_own_spec() {
             .unwrap();
         let engine = engine(&db.pool, settings(&db.url));
         drive(&engine).await;
-        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
-            "SELECT d.status, (SELECT l.error FROM ledger l WHERE l.delivery_id = d.id
-                               ORDER BY l.id DESC LIMIT 1)
-             FROM deliveries d ORDER BY d.id",
-        )
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+        let rows: Vec<(String, Option<String>)> = status_and_last_error(&db.pool).await;
         // A bulk job's 202 takes the records and says nothing of each.
         let want = match mine["rules"][0]["answer"]["kind"] == "unreported" {
             true => "unconfirmed",
@@ -317,14 +310,7 @@ async fn the_brevo_contacts_rules_pass_brevos_own_spec() {
             .unwrap();
         let engine = engine(&db.pool, settings(&db.url));
         drive(&engine).await;
-        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
-            "SELECT d.status, (SELECT l.error FROM ledger l WHERE l.delivery_id = d.id
-                               ORDER BY l.id DESC LIMIT 1)
-             FROM deliveries d ORDER BY d.id",
-        )
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+        let rows: Vec<(String, Option<String>)> = status_and_last_error(&db.pool).await;
         assert!(
             rows.iter().all(|(s, _)| s == "delivered"),
             "{rule}: {rows:?}"

@@ -142,14 +142,8 @@ pub fn batch_sink(
             serde_json::json!({"detail": "expected a JSON array of records, or an object with one array field"}),
         ));
     };
-    if let Some(field) = &endpoint.strings
-        && let Some(j) = items.iter().position(|i| !strings_only(i.pointer(field)))
-    {
-        let message = format!("inputs[{j}]{field}: every value must be a string");
-        return Some(match &endpoint.bad_request {
-            Some(a) => BatchReply::refusal(a.status, fill_message(a, &message)),
-            None => BatchReply::refusal(400, serde_json::json!({"message": message})),
-        });
+    if let Some(refused) = malformed(endpoint, items) {
+        return Some(refused);
     }
     let (keys, ids) = record_keys(headers, items.len(), "batch");
     let people = endpoint.contacts.as_ref();
@@ -165,23 +159,23 @@ pub fn batch_sink(
                 .and_then(|(c, k)| book.id(&c.store, k))
         })
         .collect();
-    let mut b = Batch {
+    let mut b = Batch::of(
         items,
-        keys,
-        invalid: items.iter().map(invalid).collect(),
-        vars: serde_json::Map::new(),
-        refused_page: None,
-        trace: (0..items.len())
-            .map(|j| {
-                items[j]
-                    .get("objectWriteTraceId")
-                    .cloned()
-                    .or_else(|| ids.get(j).map(|id| Value::from(*id)))
-                    .unwrap_or_else(|| Value::from(j.to_string()))
-            })
-            .collect(),
-        people: Vec::new(),
-    };
+        &items.iter().map(invalid).collect::<Vec<_>>(),
+        Default::default(),
+        None,
+    );
+    b.keys = keys;
+    // Each record's trace: its own objectWriteTraceId, else its delivery id.
+    b.trace = (0..items.len())
+        .map(|j| {
+            items[j]
+                .get("objectWriteTraceId")
+                .cloned()
+                .or_else(|| ids.get(j).map(|id| Value::from(*id)))
+                .unwrap_or_else(|| Value::from(j.to_string()))
+        })
+        .collect();
     if let Some(refused) = people.and_then(|c| refused_people(c, body, &b, &known)) {
         return Some(refused);
     }
@@ -213,6 +207,18 @@ pub fn batch_sink(
             .map(|j| b.keys[j].clone())
             .collect(),
         stored,
+    })
+}
+
+/// The endpoint's refusal of a call it takes for malformed: a record whose field the
+/// endpoint wants strings only holds something else.
+fn malformed(endpoint: &Endpoint, items: &[Value]) -> Option<BatchReply> {
+    let field = endpoint.strings.as_ref()?;
+    let j = items.iter().position(|i| !strings_only(i.pointer(field)))?;
+    let message = format!("inputs[{j}]{field}: every value must be a string");
+    Some(match &endpoint.bad_request {
+        Some(a) => BatchReply::refusal(a.status, fill_message(a, &message)),
+        None => BatchReply::refusal(400, serde_json::json!({"message": message})),
     })
 }
 

@@ -304,6 +304,18 @@ pub async fn drive(engine: &Arc<Engine>) -> Vec<JobOutcome> {
     panic!("chain did not end");
 }
 
+/// Each delivery's status and its last ledger row's error, in the order enqueued.
+pub async fn status_and_last_error(pool: &PgPool) -> Vec<(String, Option<String>)> {
+    sqlx::query_as(
+        "SELECT d.status, (SELECT l.error FROM ledger l WHERE l.delivery_id = d.id
+                           ORDER BY l.id DESC LIMIT 1)
+         FROM deliveries d ORDER BY d.id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
 /// How many deliveries are delivered.
 pub async fn delivered(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'delivered'")
