@@ -73,7 +73,8 @@ pub struct Contacts {
     /// What it does with a person the store does not have.
     pub unknown: Unknown,
     /// Its answer when `unknown` is `refuse` and a record names such a person: the whole
-    /// call refused (`{{unknown_indexes}}`: their positions, `3,4`).
+    /// call refused (`{{unknown_indexes}}`: their positions, `3,4`); absent, a 404 naming
+    /// them.
     #[serde(default)]
     pub refused: Option<Answer>,
     /// A field of the body that must be `true` for a known person to be updated (Brevo's

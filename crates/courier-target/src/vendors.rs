@@ -252,9 +252,16 @@ fn refused_people(
         .map(|j| j.to_string())
         .collect();
     if c.unknown == Unknown::Refuse && !unknown.is_empty() {
-        let a = c.refused.as_ref()?;
+        let indexes = unknown.join(",");
+        let Some(a) = &c.refused else {
+            let detail = format!("no such contact at indexes {indexes}");
+            return Some(BatchReply::refusal(
+                404,
+                serde_json::json!({"detail": detail}),
+            ));
+        };
         let mut vars = serde_json::Map::new();
-        vars.insert("unknown_indexes".into(), unknown.join(",").into());
+        vars.insert("unknown_indexes".into(), indexes.into());
         let filled = Batch::of(b.items, &b.invalid, vars, None);
         return Some(BatchReply::refusal(
             a.status,
@@ -540,6 +547,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn an_update_only_endpoint_refuses_a_call_naming_someone_unknown() {
+        let c = Contacts {
+            store: "crm".into(),
+            key: "/email".into(),
+            unknown: Unknown::Refuse,
+            refused: None,
+            update_flag: None,
+            duplicate: None,
+        };
+        let items = [json!({"email": "known@x"}), json!({"email": "new@x"})];
+        let b = Batch::of(&items, &[false, false], Default::default(), None);
+        let reply = refused_people(&c, &json!({}), &b, &[Some(1), None]).unwrap();
+        assert_eq!(reply.status, 404);
+        assert_eq!(reply.body["detail"], "no such contact at indexes 1");
+        assert!(reply.accepted.is_empty() && reply.stored.is_empty());
+        assert!(refused_people(&c, &json!({}), &b, &[Some(1), Some(2)]).is_none());
     }
 
     #[test]
