@@ -14,10 +14,6 @@ use crate::{
     breaker::{self, CircuitLine},
     catalog::{self, Connection, Rule},
     ledger::{self, Backlog},
-    ratelimit::{
-        blocks::{self, BlockLine},
-        budget::BudgetState,
-    },
     runs,
 };
 
@@ -178,10 +174,9 @@ pub async fn report_with(
             .collect(),
         connections: listed,
         rules: rules.into_iter().map(|r| (r.id, r)).collect(),
-        budgets: crate::ratelimit::report::states(&mut *db).await?,
     };
     let report = Report {
-        connections: connections(db, &read, now).await?,
+        connections: connections(db, &read, &budgets).await?,
         rules: self::rules(db, &read, &budgets, &jobs, now).await?,
         budgets,
         jobs_in_flight,
@@ -195,63 +190,47 @@ pub async fn report_with(
     Ok(report)
 }
 
-/// Each connection with its budget, circuit and block.
+/// Each connection with its circuit, and its budget as its line in `budgets` reads.
 async fn connections(
     db: &mut PgConnection,
     read: &Catalog,
-    now: DateTime<Utc>,
+    budgets: &[BudgetStatus],
 ) -> Result<Vec<ConnectionStatus>, sqlx::Error> {
     let circuits: HashMap<i64, CircuitLine> = breaker::lines(&mut *db)
         .await?
         .into_iter()
         .map(|c| (c.connection_id, c))
         .collect();
-    let blocks = blocks_by_key(&mut *db, now).await?;
-    let used = crate::ratelimit::report::calls_last_minute(&mut *db, now).await?;
     Ok(read
         .connections
         .iter()
         .map(|c| {
-            let state = read.budget(&c.budget_key);
-            let pace = budget_pace(&state, &c.declared_limits(), c.reserve(), now);
             let circuit = circuits.get(&c.id);
-            let block = blocks.get(&c.budget_key);
+            let budget = budgets.iter().find(|b| b.key == c.budget_key);
             ConnectionStatus {
                 name: c.name.clone(),
                 writer: c.writer.clone(),
                 budget_key: c.budget_key.clone(),
                 requests_per_minute: c.rpm() as i32,
-                limits: pace.limits,
-                used_last_minute: used.get(&c.budget_key).copied().unwrap_or(0),
-                learned_rpm: pace.learned_rpm,
-                advertised_rpm: pace.advertised_rpm,
-                effective_rpm: pace.effective_rpm,
-                last_429_at: state.learned.last_429,
+                limits: budget.map(|b| b.limits.clone()).unwrap_or_default(),
+                used_last_minute: budget.map_or(0, |b| b.used_last_minute),
+                learned_rpm: budget.and_then(|b| b.learned_rpm),
+                advertised_rpm: budget.and_then(|b| b.advertised_rpm),
+                effective_rpm: budget.map_or(0.0, |b| b.effective_rpm),
+                last_429_at: budget.and_then(|b| b.last_429_at),
                 circuit: circuit.map_or_else(|| "closed".to_owned(), |c| c.state.clone()),
                 open_until: circuit.and_then(|c| c.open_until),
                 consecutive_failures: circuit.map_or(0, |c| c.consecutive_failures),
-                blocked_until: block.map(|b| b.until),
-                blocked_by: block.and_then(|b| read.rule_name(b.rule_id)),
-                retry_after_raw: block.and_then(|b| b.retry_after_raw.clone()),
+                blocked_until: budget.and_then(|b| b.blocked_until),
+                blocked_by: budget.and_then(|b| b.blocked_by.clone()),
+                retry_after_raw: budget.and_then(|b| b.block_reason.clone()),
                 paused: c.paused,
             }
         })
         .collect())
 }
 
-/// The blocks in force at `now`, by budget key.
-async fn blocks_by_key(
-    db: &mut PgConnection,
-    now: DateTime<Utc>,
-) -> Result<HashMap<String, BlockLine>, sqlx::Error> {
-    Ok(blocks::current(&mut *db, now)
-        .await?
-        .into_iter()
-        .map(|b| (b.budget_key.clone(), b))
-        .collect())
-}
-
-/// What the report reads once: the catalog and every budget's shared state.
+/// What the report reads once: the catalog.
 struct Catalog {
     /// The connections, by name.
     connections: Vec<Connection>,
@@ -259,21 +238,9 @@ struct Catalog {
     by_id: HashMap<i64, usize>,
     /// The rules, by id.
     rules: HashMap<i64, Rule>,
-    /// Each budget's shared state, by key.
-    budgets: HashMap<String, BudgetState>,
 }
 
 impl Catalog {
-    /// Budget `key`'s shared state (the default when it has none yet).
-    fn budget(&self, key: &str) -> BudgetState {
-        self.budgets.get(key).cloned().unwrap_or_default()
-    }
-
-    /// The name of rule `id`, if it exists.
-    fn rule_name(&self, id: Option<i64>) -> Option<String> {
-        self.rules.get(&id?).map(|r| r.name.clone())
-    }
-
     /// Connection `id`.
     fn connection(&self, id: i64) -> Option<&Connection> {
         self.by_id.get(&id).map(|&i| &self.connections[i])

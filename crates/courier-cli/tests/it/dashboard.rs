@@ -126,13 +126,7 @@ async fn the_dashboard_shows_connection_block_and_backlog_in_a_real_browser() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no refresh counter in the DOM:\n{dom}"));
     assert!(refreshes >= 1, "the script never redrew the page:\n{dom}");
-    let section = |id: &str| -> String {
-        let start = dom
-            .find(&format!("<section id=\"{id}\""))
-            .unwrap_or_else(|| panic!("no section {id}:\n{dom}"));
-        let end = dom[start..].find("</section>").unwrap() + start;
-        dom[start..end].to_owned()
-    };
+    let section = |id: &str| section(&dom, id);
     let connections = section("connections");
     assert!(connections.contains("<td>shop</td>"), "{connections}");
     let budgets = section("budgets");
