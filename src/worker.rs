@@ -25,7 +25,7 @@ use tower::{Service, ServiceBuilder};
 pub use crate::engine::{Engine, unique_worker_name};
 use crate::{
     chain::{
-        self, JobOutcome,
+        self, ChainOutcome,
         throttle::{Admitted, ThrottleLayer},
     },
     dispatcher::Dispatcher,
@@ -44,9 +44,9 @@ pub struct ChainService {
 }
 
 impl Service<Task<serde_json::Value>> for ChainService {
-    type Response = JobOutcome;
+    type Response = ChainOutcome;
     type Error = BoxDynError;
-    type Future = BoxFuture<'static, Result<JobOutcome, BoxDynError>>;
+    type Future = BoxFuture<'static, Result<ChainOutcome, BoxDynError>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxDynError>> {
         Poll::Ready(Ok(()))
@@ -95,9 +95,9 @@ pub fn chain_service(
     engine: Arc<Engine>,
 ) -> impl Service<
     Task<serde_json::Value>,
-    Response = JobOutcome,
+    Response = ChainOutcome,
     Error = BoxDynError,
-    Future = BoxFuture<'static, Result<JobOutcome, BoxDynError>>,
+    Future = BoxFuture<'static, Result<ChainOutcome, BoxDynError>>,
 > + Clone
 + Send
 + 'static {

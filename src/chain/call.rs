@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{claim::Claimed, context::JobContext};
+use super::{claim::Claimed, context::ChainContext};
 use crate::{
     engine::Engine,
     paced::{self, NotSent},
@@ -80,7 +80,7 @@ pub type Group = Vec<(usize, Arc<Claimed>)>;
 /// source does and every call has answered.
 pub fn calls<'a>(
     engine: &'a Engine,
-    ctx: &'a JobContext,
+    ctx: &'a ChainContext,
     profile: &'a RuleProfile,
     writer: &'a dyn Writer,
     source: impl Stream<Item = Group> + 'a,
@@ -95,7 +95,7 @@ pub fn calls<'a>(
 /// any call refused as a whole (after a 429, the rest are not made).
 fn call_group<'a>(
     engine: &'a Engine,
-    ctx: &'a JobContext,
+    ctx: &'a ChainContext,
     profile: &'a RuleProfile,
     writer: &'a dyn Writer,
     group: Group,
@@ -183,7 +183,7 @@ fn refuses_content(e: &WriteError, refusals: &[Refusal]) -> bool {
 /// slot).
 async fn call_once(
     engine: &Engine,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     profile: &RuleProfile,
     writer: &dyn Writer,
     group: &[(usize, Arc<Claimed>)],
@@ -248,7 +248,7 @@ fn not_sent<T>(stop: &Stop, called: Result<T, NotSent>) -> Option<T> {
 }
 
 /// A call of `n` records answered `result`, in the process's metrics.
-fn counted(engine: &Engine, ctx: &JobContext, result: &Result<Written, WriteError>, n: usize) {
+fn counted(engine: &Engine, ctx: &ChainContext, result: &Result<Written, WriteError>, n: usize) {
     let status = match result {
         Ok(written) => written.receipt.http_status,
         Err(e) => e.http_status(),

@@ -16,7 +16,7 @@ use crate::{
 
 /// A run and everything its next job needs.
 #[derive(Clone, Debug)]
-pub struct JobContext {
+pub struct ChainContext {
     /// The run.
     pub run_id: i64,
     /// Its status when read: only an active run does anything.
@@ -37,7 +37,7 @@ pub struct JobContext {
     /// The rule's path (the writer's operation).
     pub path: String,
     /// Deliveries claimed per batch (at least a call's worth per call in flight: see
-    /// [`JobContext::claim_limit`]).
+    /// [`ChainContext::claim_limit`]).
     pub batch_size: i32,
     /// What the rule's calls are, parsed once here; or why its stored profile cannot be
     /// used (the run then ends with the rule unusable, its backlog untouched).
@@ -76,7 +76,7 @@ pub async fn load(
     pool: &PgPool,
     run_id: i64,
     now: DateTime<Utc>,
-) -> Result<Option<JobContext>, sqlx::Error> {
+) -> Result<Option<ChainContext>, sqlx::Error> {
     let Some(run) = runs::get(pool, run_id).await? else {
         return Ok(None);
     };
@@ -85,7 +85,7 @@ pub async fn load(
     };
     let (circuit, circuit_admits) = breaker::for_run(pool, connection.id, run_id, now).await?;
     let profile = RuleProfile::parse(profile::Stored::of(&rule, &connection));
-    Ok(Some(JobContext {
+    Ok(Some(ChainContext {
         run_id,
         run_status: run.status,
         rule_id: run.rule_id,
@@ -113,7 +113,7 @@ pub async fn load(
 /// The most deliveries one claim takes.
 pub const MAX_CLAIM: i32 = 10_000;
 
-impl JobContext {
+impl ChainContext {
     /// The budget the rule's calls spend from, and the rule's turn in it.
     pub fn budget(&self) -> crate::paced::Budget<'_> {
         crate::paced::Budget {

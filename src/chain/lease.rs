@@ -6,7 +6,7 @@
 use chrono::{DateTime, Duration, Utc};
 use sqlx::{PgExecutor, PgPool};
 
-use super::context::JobContext;
+use super::context::ChainContext;
 use crate::runs;
 
 /// The owner of a lease taken by job `task_id` of process `worker`: the job's own (a retry
@@ -22,7 +22,7 @@ pub fn owner(worker: &str, task_id: &str) -> String {
 /// another job, the lease is not taken either.
 pub async fn acquire(
     pool: &PgPool,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     task_id: &str,
     owner: &str,
     now: DateTime<Utc>,
@@ -53,7 +53,7 @@ pub async fn acquire(
 /// are never claimed again. Returns false when the run is over or carried by another job.
 pub async fn renew(
     pool: &PgPool,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     task_id: &str,
     owner: &str,
     until: DateTime<Utc>,

@@ -23,7 +23,7 @@ mod submit;
 pub mod throttle;
 pub mod triage;
 
-pub use settle::JobOutcome;
+pub use settle::ChainOutcome;
 
 use chrono::Duration;
 use futures::StreamExt;
@@ -34,7 +34,7 @@ use std::sync::Arc;
 use self::{
     call::Stop,
     claim::{ClaimScope, Claimed},
-    context::JobContext,
+    context::ChainContext,
     settle::{Next, Tally, Unusable},
     triage::DependencyTimeout,
 };
@@ -63,9 +63,9 @@ pub enum ChainError {
 /// by the throttle layer). `task_id` is the apalis job's id, used to re-schedule it.
 pub async fn execute(
     engine: &Arc<Engine>,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     task_id: &str,
-) -> Result<JobOutcome, ChainError> {
+) -> Result<ChainOutcome, ChainError> {
     let now = engine.clock.now();
     // The lease belongs to this job; the next job of the chain, even in this process,
     // waits for it.
@@ -82,7 +82,7 @@ pub async fn execute(
         let at = now + LEASE_BUSY_RETRY;
         queue::snooze(&engine.pool, task_id, at).await?;
         queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);
-        return Ok(JobOutcome::Rescheduled(at));
+        return Ok(ChainOutcome::Rescheduled(at));
     }
     let span = tracing::info_span!("chain", run = ctx.run_id, rule = ctx.rule_id, connection = %ctx.connection.name);
     let result = run_batch(engine, ctx, task_id, &owner)
@@ -94,7 +94,7 @@ pub async fn execute(
 
 /// Gives back the rule's lease this job holds (after its outcome is committed, or after
 /// it failed); a lease left behind only expires.
-pub async fn release_lease(engine: &Engine, ctx: &JobContext, task_id: &str) {
+pub async fn release_lease(engine: &Engine, ctx: &ChainContext, task_id: &str) {
     let owner = lease::owner(&engine.worker_name, task_id);
     if let Err(e) = lease::release(&engine.pool, ctx.rule_id, &owner).await {
         tracing::warn!(rule = ctx.rule_id, error = %e, "could not release the rule's lease; it expires");
@@ -110,7 +110,7 @@ fn lease_length(engine: &Engine) -> Duration {
 /// profile, or how the run ends instead.
 fn admit<'c>(
     engine: &Engine,
-    ctx: &'c JobContext,
+    ctx: &'c ChainContext,
 ) -> Result<(Arc<dyn Writer>, &'c RuleProfile), Next> {
     if !ctx.rule_enabled {
         return Err(Next::Finish {
@@ -150,10 +150,10 @@ fn admit<'c>(
 
 async fn run_batch(
     engine: &Arc<Engine>,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     task_id: &str,
     owner: &str,
-) -> Result<JobOutcome, ChainError> {
+) -> Result<ChainOutcome, ChainError> {
     let settle = |tally, cursor, next| settle::settle(engine, ctx, task_id, tally, cursor, next);
     let now = engine.clock.now();
     let (writer, profile) = match admit(engine, ctx) {
@@ -204,7 +204,7 @@ fn committed(active: bool, called: &mut Called, stop: &Stop) {
 /// The job at hand, for the stages that need all of it.
 struct Job<'a> {
     engine: &'a Arc<Engine>,
-    ctx: &'a JobContext,
+    ctx: &'a ChainContext,
     profile: &'a RuleProfile,
     task_id: &'a str,
     owner: &'a str,
@@ -590,7 +590,7 @@ impl Called {
     /// attempted keep the cursor below them, so the run (or the next one) visits them
     /// again; a 429 met here was settled as a block, which the next job meets in the
     /// throttle layer.
-    fn next_step(&self, ctx: &JobContext) -> (i64, Next) {
+    fn next_step(&self, ctx: &ChainContext) -> (i64, Next) {
         let cursor = match self.not_attempted.iter().min() {
             Some(min) => min - 1,
             None => self.last_claimed.unwrap_or(ctx.cursor_id),

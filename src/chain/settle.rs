@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use super::context::JobContext;
+use super::context::ChainContext;
 use crate::{
     breaker, catalog,
     engine::Engine,
@@ -24,7 +24,7 @@ use crate::{
 
 /// What a chain job did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JobOutcome {
+pub enum ChainOutcome {
     /// It handled a batch and enqueued the next job.
     Continued,
     /// It ended the run with this status.
@@ -123,7 +123,7 @@ impl Tally {
         &self,
         tx: &mut PgConnection,
         engine: &Engine,
-        ctx: &JobContext,
+        ctx: &ChainContext,
         now: DateTime<Utc>,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
         let conn = &ctx.connection;
@@ -154,7 +154,7 @@ impl Tally {
 /// job: the batch should stop calling.
 pub async fn flush(
     engine: &Engine,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     task_id: &str,
     tally: Tally,
 ) -> Result<bool, sqlx::Error> {
@@ -169,7 +169,7 @@ pub async fn flush(
 
 async fn commit_progress(
     engine: &Engine,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     task_id: &str,
     tally: &Tally,
 ) -> Result<(Option<DateTime<Utc>>, bool), sqlx::Error> {
@@ -231,12 +231,12 @@ impl Next {
 /// retrying).
 pub async fn settle(
     engine: &Engine,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     task_id: &str,
     tally: Tally,
     cursor_id: i64,
     next: Next,
-) -> Result<JobOutcome, sqlx::Error> {
+) -> Result<ChainOutcome, sqlx::Error> {
     let next_job = matches!(next, Next::Continue).then(queue::new_job_id);
     let step = Step {
         task_id,
@@ -250,7 +250,7 @@ pub async fn settle(
     if let Some(until) = blocked {
         note_block(engine, ctx, until);
     }
-    if let JobOutcome::Waiting(t) = outcome {
+    if let ChainOutcome::Waiting(t) = outcome {
         queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), t);
     }
     Ok(outcome)
@@ -258,7 +258,7 @@ pub async fn settle(
 
 /// Records a block this job set in the process's copy; a new block (not an extension of
 /// one this process knew) is logged once, here, and its end once by the throttle layer.
-fn note_block(engine: &Engine, ctx: &JobContext, until: DateTime<Utc>) {
+fn note_block(engine: &Engine, ctx: &ChainContext, until: DateTime<Utc>) {
     let key = &ctx.connection.budget_key;
     let now = engine.clock.now();
     if engine.blocks.announce(key, until, now) {
@@ -278,10 +278,10 @@ struct Step<'a> {
 
 async fn commit_job(
     engine: &Engine,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     tally: &Tally,
     step: &Step<'_>,
-) -> Result<(Option<DateTime<Utc>>, JobOutcome), sqlx::Error> {
+) -> Result<(Option<DateTime<Utc>>, ChainOutcome), sqlx::Error> {
     let now = engine.clock.now();
     let mut tx = engine.pool.begin().await?;
     let blocked = tally.write(&mut tx, engine, ctx, now).await?;
@@ -313,24 +313,24 @@ async fn commit_job(
         rule_id: ctx.rule_id,
     };
     let outcome = match (step.next, step.next_job) {
-        _ if !active => JobOutcome::Skipped,
+        _ if !active => ChainOutcome::Skipped,
         (Next::Continue, Some(id)) => {
             queue::push(&mut tx, &[(job, id.to_owned())]).await?;
-            JobOutcome::Continued
+            ChainOutcome::Continued
         }
         (Next::WaitUntil(t), _) => {
             queue::snooze(&mut *tx, step.task_id, *t).await?;
-            JobOutcome::Waiting(*t)
+            ChainOutcome::Waiting(*t)
         }
-        (_, _) => JobOutcome::Finished(status),
+        (_, _) => ChainOutcome::Finished(status),
     };
-    if !matches!(outcome, JobOutcome::Continued | JobOutcome::Waiting(_)) {
+    if !matches!(outcome, ChainOutcome::Continued | ChainOutcome::Waiting(_)) {
         // A finished run may leave its rule with more due work.
         runs::wake(&mut *tx).await?;
     }
     tx.commit().await?;
     // The one line a run writes at `info` (its start and batches are `debug`).
-    if let (JobOutcome::Finished(status), Some(c)) = (&outcome, totals) {
+    if let (ChainOutcome::Finished(status), Some(c)) = (&outcome, totals) {
         tracing::info!(
             run = ctx.run_id,
             rule = ctx.rule_id,
@@ -351,7 +351,7 @@ async fn commit_job(
 /// Records why a connection or rule cannot be used, and until when it is left alone.
 async fn mark_unusable(
     tx: &mut PgConnection,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     what: Unusable,
     error: &str,
     now: DateTime<Utc>,

@@ -10,7 +10,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::context::JobContext;
+use super::context::ChainContext;
 use crate::{
     engine::Engine,
     paced::{self, Called, NotSent},
@@ -33,7 +33,7 @@ pub(super) struct Stepped {
 /// the first did not go (`stop`, a shutdown, no slot).
 pub(super) async fn in_steps(
     engine: &Engine,
-    ctx: &JobContext,
+    ctx: &ChainContext,
     profile: &RuleProfile,
     (shape, open): (&JobShape, &Step),
     writer: &dyn Writer,
@@ -149,7 +149,7 @@ impl Steps {
 /// A job opened at the target, the rest of its submit to make.
 struct Opened<'a> {
     engine: &'a Engine,
-    ctx: &'a JobContext,
+    ctx: &'a ChainContext,
     profile: &'a RuleProfile,
     writer: &'a dyn Writer,
     id: &'a str,

@@ -19,8 +19,8 @@ use tower::{Layer, Service};
 
 use crate::{
     chain::{
-        JobOutcome,
-        context::{self, JobContext},
+        ChainOutcome,
+        context::{self, ChainContext},
         settle::{self, Next, Tally},
     },
     engine::Engine,
@@ -62,7 +62,7 @@ pub const PACING_SNOOZE_AFTER: chrono::Duration = chrono::Duration::seconds(2);
 #[derive(Clone, Debug)]
 pub struct Admitted {
     /// The run, its rule, connection and circuit.
-    pub ctx: Arc<JobContext>,
+    pub ctx: Arc<ChainContext>,
     /// The apalis job's id (to snooze it).
     pub task_id: String,
 }
@@ -100,15 +100,15 @@ pub struct Throttle<S> {
 
 impl<S> Service<Task<serde_json::Value>> for Throttle<S>
 where
-    S: Service<Task<serde_json::Value>, Response = JobOutcome, Error = BoxDynError>
+    S: Service<Task<serde_json::Value>, Response = ChainOutcome, Error = BoxDynError>
         + Clone
         + Send
         + 'static,
     S::Future: Send,
 {
-    type Response = JobOutcome;
+    type Response = ChainOutcome;
     type Error = BoxDynError;
-    type Future = BoxFuture<'static, Result<JobOutcome, BoxDynError>>;
+    type Future = BoxFuture<'static, Result<ChainOutcome, BoxDynError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -135,12 +135,12 @@ enum Gate {
     /// The job may call: hand it on.
     Pass(Admitted),
     /// The throttle (or a gone run) decided the job: this is what it did.
-    Done(JobOutcome),
+    Done(ChainOutcome),
 }
 
 /// Whether this job carries run `ctx`: the run is active, names this job, and is of the
 /// rule the payload names; a job that does not does nothing (said in the log).
-fn carries(ctx: &JobContext, job: &ChainJob, task_id: &str) -> bool {
+fn carries(ctx: &ChainContext, job: &ChainJob, task_id: &str) -> bool {
     if !ctx.run_status.is_active() {
         tracing::info!(run = job.run_id, status = ?ctx.run_status, "late job of a finished run: nothing to do");
         return false;
@@ -183,7 +183,7 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
         .retry_outage(|| context::load(&engine.pool, job.run_id, engine.clock.now()))
         .await?;
     let Some(ctx) = loaded.filter(|ctx| carries(ctx, &job, &task_id)) else {
-        return Ok(Gate::Done(JobOutcome::Skipped));
+        return Ok(Gate::Done(ChainOutcome::Skipped));
     };
     engine
         .blocks
@@ -217,7 +217,7 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
                 let at = free - PACING_SNOOZE_AFTER / 2;
                 queue::snooze(&engine.pool, &task_id, at).await?;
                 queue::wake_fetchers_at(engine.pool.clone(), engine.clock.clone(), at);
-                return Ok(Gate::Done(JobOutcome::Rescheduled(at)));
+                return Ok(Gate::Done(ChainOutcome::Rescheduled(at)));
             }
             return Ok(Gate::Pass(Admitted {
                 ctx: Arc::new(ctx),

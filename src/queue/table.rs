@@ -183,7 +183,7 @@ pub async fn done_in(db: impl PgExecutor<'_>, queue: &str) -> Result<i64, sqlx::
 
 /// How a row of apalis' table stands, as apalis (or the quarantine) left it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct JobState {
+pub struct ChainRow {
     /// apalis' status (`Pending`, `Running`, `Done`, `Failed`, `Killed`, …).
     pub status: String,
     /// Attempts apalis counted.
@@ -194,9 +194,9 @@ pub struct JobState {
 
 /// How the row with id `id` stands, if it is there (whatever its queue, and whether or
 /// not apalis can read it).
-pub async fn job_state(db: impl PgExecutor<'_>, id: &str) -> Result<Option<JobState>, sqlx::Error> {
+pub async fn chain_row(db: impl PgExecutor<'_>, id: &str) -> Result<Option<ChainRow>, sqlx::Error> {
     sqlx::query_as!(
-        JobState,
+        ChainRow,
         "SELECT status, attempts, last_result FROM apalis.jobs WHERE id = $1",
         id
     )

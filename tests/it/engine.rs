@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use crate::common::*;
 use chrono::Duration as Span;
 use courier::{
-    chain::JobOutcome,
+    chain::ChainOutcome,
     config::BreakerSettings,
     enqueue::{self, EnqueueError, NewDelivery},
     runs::RunStatus,
@@ -346,9 +346,9 @@ async fn two_jobs_of_one_rule_never_execute_at_once() {
     });
     assert!(matches!(
         ra.unwrap(),
-        JobOutcome::Finished(RunStatus::Completed)
+        ChainOutcome::Finished(RunStatus::Completed)
     ));
-    assert!(matches!(rb.unwrap(), JobOutcome::Rescheduled(_)));
+    assert!(matches!(rb.unwrap(), ChainOutcome::Rescheduled(_)));
     assert_eq!(target.counters().requests, 5);
 }
 
@@ -408,7 +408,10 @@ async fn breaker_opens_skips_and_recovers_through_half_open() {
     target.respond_with(503, None);
 
     let outcomes = drive(&engine).await;
-    assert_eq!(outcomes, vec![JobOutcome::Finished(RunStatus::CircuitOpen)]);
+    assert_eq!(
+        outcomes,
+        vec![ChainOutcome::Finished(RunStatus::CircuitOpen)]
+    );
     let circuit: String = sqlx::query_scalar("SELECT state FROM circuits")
         .fetch_one(&db.pool)
         .await
@@ -442,7 +445,10 @@ async fn breaker_opens_skips_and_recovers_through_half_open() {
     // Cooled down: one probing run; it fails, and the circuit reopens for twice as long.
     engine.clock.advance(Span::seconds(2));
     let outcomes = drive(&engine).await;
-    assert_eq!(outcomes, vec![JobOutcome::Finished(RunStatus::CircuitOpen)]);
+    assert_eq!(
+        outcomes,
+        vec![ChainOutcome::Finished(RunStatus::CircuitOpen)]
+    );
     let (state, until): (String, chrono::DateTime<chrono::Utc>) =
         sqlx::query_as("SELECT state, open_until FROM circuits")
             .fetch_one(&db.pool)
@@ -509,7 +515,7 @@ async fn a_stale_run_is_reaped_and_its_late_job_does_nothing() {
 
     assert_eq!(
         try_run_job(&engine, &late).await.unwrap(),
-        JobOutcome::Skipped
+        ChainOutcome::Skipped
     );
     assert_eq!(target.counters().requests, 0);
     // The rule is free again: a new run delivers everything.
@@ -610,7 +616,7 @@ async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
         .unwrap();
     assert_eq!(
         drive(&engine).await,
-        vec![JobOutcome::Finished(RunStatus::Failed)]
+        vec![ChainOutcome::Finished(RunStatus::Failed)]
     );
     let error: String = sqlx::query_scalar("SELECT error FROM runs")
         .fetch_one(&db.pool)
@@ -636,7 +642,7 @@ async fn a_missing_api_key_fails_the_run_naming_the_variable_only() {
     engine.clock.advance(Span::minutes(5));
     assert_eq!(
         drive(&engine).await,
-        vec![JobOutcome::Finished(RunStatus::Failed)]
+        vec![ChainOutcome::Finished(RunStatus::Failed)]
     );
     sqlx::query("UPDATE connections SET api_key_env = NULL")
         .execute(&db.pool)
@@ -671,7 +677,7 @@ async fn a_rule_path_its_writer_cannot_serve_fails_the_run_and_keeps_the_backlog
         .unwrap();
     assert_eq!(
         drive(&engine).await,
-        vec![JobOutcome::Finished(RunStatus::Failed)]
+        vec![ChainOutcome::Finished(RunStatus::Failed)]
     );
     let error: String = sqlx::query_scalar("SELECT error FROM runs")
         .fetch_one(&db.pool)
@@ -839,7 +845,7 @@ async fn a_slow_batch_keeps_its_run_alive_and_its_lease() {
     assert!(Reaper::new(&engine).run_once().await.unwrap().is_empty());
     assert!(matches!(
         running.await.unwrap().unwrap(),
-        JobOutcome::Finished(RunStatus::Completed)
+        ChainOutcome::Finished(RunStatus::Completed)
     ));
     assert_eq!(target.counters().requests, 2);
 }
@@ -993,7 +999,7 @@ async fn a_run_whose_job_failed_for_good_gets_a_new_job_and_the_old_one_can_neve
         rescuer.run_once().await.unwrap().resumed,
         vec![old.job.run_id]
     );
-    assert_eq!(run_job(&engine, &old).await, JobOutcome::Skipped);
+    assert_eq!(run_job(&engine, &old).await, ChainOutcome::Skipped);
     let new = take_due_jobs(&db.pool, engine.clock.now()).await.remove(0);
     assert_ne!(new.id, old.id);
     assert_eq!(new.job, old.job);

@@ -3,7 +3,7 @@
 
 use crate::common::*;
 use chrono::Duration as Span;
-use courier::{chain::JobOutcome, enqueue, status};
+use courier::{chain::ChainOutcome, enqueue, status};
 
 #[tokio::test]
 async fn a_spent_long_window_stops_the_batch_and_status_says_when_it_frees() {
@@ -24,7 +24,7 @@ async fn a_spent_long_window_stops_the_batch_and_status_says_when_it_frees() {
     assert!(
         outcomes
             .iter()
-            .any(|o| matches!(o, JobOutcome::Rescheduled(t) if *t > hour)),
+            .any(|o| matches!(o, ChainOutcome::Rescheduled(t) if *t > hour)),
         "{outcomes:?}"
     );
     let report = status::report(&db.pool, engine.clock.now()).await.unwrap();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::common::*;
 use chrono::Duration as Span;
 use courier::{
-    chain::JobOutcome,
+    chain::ChainOutcome,
     clock::Clock,
     dispatcher::Dispatcher,
     enqueue::{self, NewDelivery},
@@ -101,7 +101,7 @@ async fn a_run_under_way_stops_at_its_next_batch_and_keeps_its_backlog() {
         .unwrap();
     Dispatcher::new(&engine).run_once().await.unwrap();
     let first = take_jobs(&engine).await.remove(0);
-    assert_eq!(run_job(&engine, &first).await, JobOutcome::Continued);
+    assert_eq!(run_job(&engine, &first).await, ChainOutcome::Continued);
     assert_eq!(count(&db.pool, "delivered").await, per_job);
     // A claim made once the rule is paused takes nothing (a job stops between batches).
     ops::set_rule_paused(&db.pool, "customers", true)
@@ -127,7 +127,7 @@ async fn a_run_under_way_stops_at_its_next_batch_and_keeps_its_backlog() {
     let next = take_jobs(&engine).await.remove(0);
     assert_eq!(
         run_job(&engine, &next).await,
-        JobOutcome::Finished(RunStatus::Paused)
+        ChainOutcome::Finished(RunStatus::Paused)
     );
     let (status, error): (String, Option<String>) =
         sqlx::query_as("SELECT status, error FROM runs ORDER BY id DESC LIMIT 1")
@@ -453,7 +453,7 @@ async fn unblocking_wakes_a_run_waiting_out_the_block() {
     target.respond_with(429, Some("120"));
     let outcomes = drive(&engine).await;
     assert!(
-        matches!(outcomes.last(), Some(JobOutcome::Waiting(_))),
+        matches!(outcomes.last(), Some(ChainOutcome::Waiting(_))),
         "{outcomes:?}"
     );
     target.respond_with(200, None);

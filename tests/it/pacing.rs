@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use crate::common::*;
 use chrono::{DateTime, Duration as Span, SubsecRound, Utc};
-use courier::chain::JobOutcome;
+use courier::chain::ChainOutcome;
 use courier::ratelimit::{
     answer::{Answer, Answered, Verdict},
     limits::Limit,
@@ -527,7 +527,7 @@ async fn a_budget_booked_far_ahead_by_other_processes_makes_the_job_wait_in_the_
         .unwrap();
     let job = take_jobs(&engine).await.remove(0);
     let outcome = run_job(&engine, &job).await;
-    let JobOutcome::Rescheduled(at) = outcome else {
+    let ChainOutcome::Rescheduled(at) = outcome else {
         panic!("expected the job to wait in the queue, got {outcome:?}");
     };
     assert!(at > engine.clock.now() + Span::seconds(25), "{at}");
@@ -555,13 +555,13 @@ async fn one_job_claims_the_next_batch_while_the_tail_is_in_flight() {
         .await
         .unwrap();
     let job = take_jobs(&engine).await.remove(0);
-    assert_eq!(run_job(&engine, &job).await, JobOutcome::Continued);
+    assert_eq!(run_job(&engine, &job).await, ChainOutcome::Continued);
     assert_eq!(delivered(&db.pool).await, 10 * batches as i64);
     assert_eq!(target.counters().requests, 10 * batches as u64);
     let outcomes = drive(&engine).await;
     assert_eq!(
         outcomes,
-        vec![JobOutcome::Finished(courier::runs::RunStatus::Completed)]
+        vec![ChainOutcome::Finished(courier::runs::RunStatus::Completed)]
     );
     assert_eq!(delivered(&db.pool).await, 10 * batches as i64 + 5);
 }

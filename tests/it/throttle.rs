@@ -4,7 +4,7 @@
 use crate::common::*;
 use chrono::Duration as Span;
 use courier::{
-    chain::JobOutcome,
+    chain::ChainOutcome,
     enqueue::{self, NewDelivery},
     runs::RunStatus,
     status,
@@ -28,7 +28,7 @@ async fn a_429_blocks_the_connection_and_costs_the_delivery_nothing() {
     // The job that met the 429 only records the block and continues the chain; the
     // throttle layer makes the next job (the same apalis row from then on) wait it out.
     assert!(
-        matches!(outcomes[..], [JobOutcome::Continued, JobOutcome::Waiting(t)] if (t - resume).num_milliseconds().abs() < 1),
+        matches!(outcomes[..], [ChainOutcome::Continued, ChainOutcome::Waiting(t)] if (t - resume).num_milliseconds().abs() < 1),
         "{outcomes:?}"
     );
     for &id in &ids {
@@ -182,7 +182,7 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     engine.blocks.refresh(&db.pool, &key).await.unwrap();
     engine.clock.advance(Span::seconds(11));
     let outcomes = drive(&engine).await;
-    assert_eq!(outcomes, vec![JobOutcome::Finished(RunStatus::Throttled)]);
+    assert_eq!(outcomes, vec![ChainOutcome::Finished(RunStatus::Throttled)]);
     let (status, throttled_until): (String, Option<At>) =
         sqlx::query_as("SELECT status, throttled_until FROM runs")
             .fetch_one(&db.pool)
@@ -285,7 +285,7 @@ async fn the_throttle_layer_snoozes_the_same_apalis_job_and_marks_the_run_waitin
         async move { engine.blocks.until(&key) == Some(until) }
     })
     .await;
-    assert_eq!(run_job(&engine, &job).await, JobOutcome::Waiting(until));
+    assert_eq!(run_job(&engine, &job).await, ChainOutcome::Waiting(until));
     assert_eq!(
         target.counters().requests,
         0,
@@ -354,6 +354,6 @@ async fn a_chain_job_is_bound_to_its_run_not_to_its_payload() {
     // Run A's job claiming to be rule B's.
     let mut forged = jobs[0].clone();
     forged.job.rule_id = jobs[1].job.rule_id;
-    assert_eq!(run_job(&engine, &forged).await, JobOutcome::Skipped);
+    assert_eq!(run_job(&engine, &forged).await, ChainOutcome::Skipped);
     assert_eq!(target.counters().requests, 0);
 }

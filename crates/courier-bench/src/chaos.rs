@@ -1397,9 +1397,9 @@ impl Harness {
         let (lines_after, restarts_after) = workers.log_lines();
         record.log_lines = lines_after.saturating_sub(lines_before);
         record.worker_restarts = restarts_after.saturating_sub(restarts_before);
-        let row = retry(|| queue::job_state(&self.pool, UNREADABLE_JOB)).await?;
+        let row = retry(|| queue::chain_row(&self.pool, UNREADABLE_JOB)).await?;
         record.row = match row {
-            Some(queue::JobState {
+            Some(queue::ChainRow {
                 status,
                 attempts,
                 last_result,
@@ -1605,7 +1605,7 @@ enum Injection {
 /// Fault injection: writes (or deletes) a row of the chain queue whose id is not a ULID
 /// straight into apalis' table, as a hostile writer of the queue would, behind its owner
 /// (`courier::queue::table`) on purpose: the fault the apalis phase measures. What became
-/// of the row is read back through the owner ([`queue::job_state`]).
+/// of the row is read back through the owner ([`queue::chain_row`]).
 async fn unreadable_job(
     pool: &PgPool,
     injection: Injection,

@@ -14,7 +14,7 @@ use apalis::prelude::{Task, TaskBuilder, TaskId};
 use chrono::Utc;
 use courier::{
     catalog::{self, NewConnection, NewRule},
-    chain::JobOutcome,
+    chain::ChainOutcome,
     clock::Clock,
     config::Settings,
     db,
@@ -272,7 +272,7 @@ pub fn task(job: &Job) -> Task<serde_json::Value> {
 }
 
 /// Runs `job` through the worker's own service stack (throttle layer and chain job).
-pub async fn run_job(engine: &Arc<Engine>, job: &Job) -> JobOutcome {
+pub async fn run_job(engine: &Arc<Engine>, job: &Job) -> ChainOutcome {
     try_run_job(engine, job).await.expect("chain job runs")
 }
 
@@ -280,7 +280,7 @@ pub async fn run_job(engine: &Arc<Engine>, job: &Job) -> JobOutcome {
 pub async fn try_run_job(
     engine: &Arc<Engine>,
     job: &Job,
-) -> Result<JobOutcome, apalis::prelude::BoxDynError> {
+) -> Result<ChainOutcome, apalis::prelude::BoxDynError> {
     worker::chain_service(engine.clone())
         .ready()
         .await?
@@ -289,7 +289,7 @@ pub async fn try_run_job(
 }
 
 /// One dispatcher pass, then every chain job until none is left; returns their outcomes.
-pub async fn drive(engine: &Arc<Engine>) -> Vec<JobOutcome> {
+pub async fn drive(engine: &Arc<Engine>) -> Vec<ChainOutcome> {
     Dispatcher::new(engine).run_once().await.unwrap();
     let mut outcomes = Vec::new();
     for _ in 0..10_000 {
