@@ -78,14 +78,16 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
             redact_url(&c.base_url)
         ))
     })?;
-    writer::endpoint::header_map(&serde_json::Value::Object(c.headers.clone())).map_err(invalid)?;
+    writer::endpoint::header_map(&serde_json::Value::Object(c.headers.clone()))
+        .map_err(|e| invalid(e.reason))?;
     if c.auth.is_some() && !kind.shaped_by_profile() {
         return Err(invalid(format!(
             "auth is for the http_json writer only, not {kind}"
         )));
     }
-    let auth = writer::auth::Auth::parse(c.auth.as_ref()).map_err(invalid)?;
-    crate::ratelimit::signals::RateSignals::parse(c.rate_signals.as_ref()).map_err(invalid)?;
+    let auth = writer::auth::Auth::parse(c.auth.as_ref()).map_err(|e| invalid(e.reason))?;
+    crate::ratelimit::signals::RateSignals::parse(c.rate_signals.as_ref())
+        .map_err(|e| invalid(e.reason))?;
     if matches!(auth, writer::auth::Auth::Oauth { .. }) && c.api_key_env.is_none() {
         return Err(invalid(
             "auth kind oauth needs api_key_env (the variable holding the client secret)".into(),

@@ -12,14 +12,19 @@ use crate::{
     clock::Clock,
     config::Settings,
     health::{Health, is_outage},
+    invalid::Invalid,
     metrics::Metrics,
-    model::Connection,
+    model::{Connection, Rule},
+    profile::{self, RuleProfile},
     ratelimit::{blocks::Blocks, pacer::Pacer},
     writer::{self, Writer, WriterConfigError},
 };
 
 /// A connection's writer, and the connection (as JSON) it was built from.
 type Built = (String, Arc<dyn Writer>);
+
+/// A rule's profile as parsed, and what it was parsed from (as JSON).
+type Parsed = (String, Result<Arc<RuleProfile>, Invalid>);
 
 /// What every part of a worker process shares.
 pub struct Engine {
@@ -46,6 +51,9 @@ pub struct Engine {
     /// Each connection's writer, built once and kept while the connection is unchanged
     /// (by its id: a changed connection's writer, its OAuth token with it, is replaced).
     writers: std::sync::Mutex<HashMap<i64, Built>>,
+    /// Each rule's profile, parsed once and kept while what it is parsed from (the rule's
+    /// profile columns and its connection's writer) is unchanged.
+    profiles: std::sync::Mutex<HashMap<i64, Parsed>>,
     /// Where this process serves its metrics and dashboard, once the binary has bound the
     /// address (set before the first beat, which records it in the `workers` row so that
     /// `courier status` lists it).
@@ -95,6 +103,26 @@ impl Engine {
         Ok(w)
     }
 
+    /// Rule `rule`'s profile on `connection`: the one parsed while neither changed what it
+    /// is parsed from, else parsed anew (replacing the old).
+    pub fn profile(
+        &self,
+        rule: &Rule,
+        connection: &Connection,
+    ) -> Result<Arc<RuleProfile>, Invalid> {
+        let stored = profile::Stored::of(rule, connection);
+        let print = stored.fingerprint();
+        let mut profiles = self.profiles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seen, parsed)) = profiles.get(&rule.id)
+            && *seen == print
+        {
+            return parsed.clone();
+        }
+        let parsed = RuleProfile::parse(stored).map(Arc::new);
+        profiles.insert(rule.id, (print, parsed.clone()));
+        parsed
+    }
+
     /// An engine on `pool` with the system clock and a fresh unique worker name.
     pub fn new(pool: PgPool, settings: Settings) -> Self {
         Self::with_clock(pool, settings, Clock::system())
@@ -110,6 +138,7 @@ impl Engine {
             metrics: Arc::new(Metrics::new()),
             http_addr: std::sync::OnceLock::new(),
             writers: Default::default(),
+            profiles: Default::default(),
             pool,
             settings,
             clock,

@@ -3,6 +3,7 @@
 //! functions below for Rust applications, and `courier enqueue` reading NDJSON.
 //! Every door inserts in bulk and all-or-nothing.
 
+use crate::invalid::Invalid;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sqlx::{PgExecutor, PgPool};
@@ -80,40 +81,41 @@ fn render(errors: &[LineError]) -> String {
 /// not blank, and its `depends_on`, when given, must not be blank nor the delivery's own
 /// key (a delivery cannot wait for itself). The table's check constraints refuse the same
 /// for plain SQL.
-pub fn check_delivery(d: &NewDelivery) -> Result<(), String> {
+pub fn check_delivery(d: &NewDelivery) -> Result<(), Invalid> {
+    const NUL: &str = "holds a NUL character (\\u0000), which PostgreSQL cannot store";
     // PostgreSQL's text and jsonb cannot hold U+0000: say where it is, before the
     // database refuses the whole statement without saying which row.
     if d.record_key.contains('\0') {
-        return Err(
-            "record_key holds a NUL character (\\u0000), which PostgreSQL cannot store".into(),
-        );
+        return Err(Invalid::new("record_key", format!("record_key {NUL}")));
     }
     if d.depends_on.as_deref().is_some_and(|k| k.contains('\0')) {
-        return Err(
-            "depends_on holds a NUL character (\\u0000), which PostgreSQL cannot store".into(),
-        );
+        return Err(Invalid::new("depends_on", format!("depends_on {NUL}")));
     }
     if let Some(at) = nul_in(&d.payload, "payload") {
-        return Err(format!(
-            "{at} holds a NUL character (\\u0000), which PostgreSQL cannot store"
-        ));
+        return Err(Invalid::new("payload", format!("{at} {NUL}")));
     }
     if d.record_key.trim().is_empty() {
-        return Err(if d.record_key.is_empty() {
-            "record_key is empty".into()
-        } else {
-            "record_key is blank (it must hold a character that is not blank)".into()
-        });
+        return Err(Invalid::new(
+            "record_key",
+            if d.record_key.is_empty() {
+                "record_key is empty"
+            } else {
+                "record_key is blank (it must hold a character that is not blank)"
+            },
+        ));
     }
+    let key = &d.record_key;
     match d.depends_on.as_deref() {
-        Some(dep) if dep.trim().is_empty() => Err(format!(
-            "record_key {:?}: depends_on is blank (leave it out for no dependency)",
-            d.record_key
+        Some(dep) if dep.trim().is_empty() => Err(Invalid::new(
+            "depends_on",
+            format!("record_key {key:?}: depends_on is blank (leave it out for no dependency)"),
         )),
-        Some(dep) if dep == d.record_key => Err(format!(
-            "record_key {:?}: depends_on names the delivery's own key (a delivery cannot \
-             wait for itself)",
-            d.record_key
+        Some(dep) if dep == key => Err(Invalid::new(
+            "depends_on",
+            format!(
+                "record_key {key:?}: depends_on names the delivery's own key (a delivery \
+                 cannot wait for itself)"
+            ),
         )),
         _ => Ok(()),
     }
@@ -149,9 +151,9 @@ pub async fn enqueue_many(
         .iter()
         .enumerate()
         .filter_map(|(i, d)| {
-            check_delivery(d).err().map(|reason| LineError {
+            check_delivery(d).err().map(|e| LineError {
                 line: i + 1,
-                reason,
+                reason: e.reason,
             })
         })
         .collect();
@@ -277,7 +279,7 @@ pub fn parse_ndjson(input: &str) -> Result<Vec<NewDelivery>, EnqueueError> {
         if line.is_empty() {
             continue;
         }
-        match parse_line(line).and_then(|d| check_delivery(&d).map(|()| d)) {
+        match parse_line(line).and_then(|d| check_delivery(&d).map(|()| d).map_err(|e| e.reason)) {
             Ok(d) => out.push(d),
             Err(reason) => errors.push(LineError {
                 line: i + 1,

@@ -19,7 +19,10 @@
 //! - [`clock`]: the engine's notion of "now", injectable so tests control time.
 //! - [`db`]: connecting, creating the database, applying courier's and apalis' migrations.
 //! - [`model`]: a connection and a rule as given and as stored.
-//! - [`profile`]: a rule's typed profile, parsed once (writer kind, request, answer).
+//! - [`invalid`]: why a stated value cannot be used (the field and what is wrong), and
+//!   why a target's answer cannot be read as a rule says.
+//! - [`profile`]: a rule's typed profile, parsed once per change of the rule (writer kind,
+//!   request, answer, job).
 //! - [`catalog`]: connections and rules (tables `connections`, `rules`).
 //! - [`apply`]: `courier apply`, a catalog file saved in one transaction.
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
@@ -71,6 +74,7 @@ mod doc_examples;
 pub mod engine;
 pub mod enqueue;
 pub mod health;
+pub mod invalid;
 pub mod jobs;
 pub mod ledger;
 pub mod maintenance;

@@ -13,17 +13,18 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, postgres::PgListener};
+use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     breaker, catalog,
     engine::Engine,
+    invalid::Invalid,
     jobs::{self, Due, Ended},
     ledger::{self, Entry, Outcome},
     model::Connection,
     paced::{self, Heard},
-    profile::{self, ProfileError, RuleProfile},
+    profile::RuleProfile,
     ratelimit::{
         blocks,
         limits::{self, Limit},
@@ -133,7 +134,7 @@ impl Poller {
     async fn poll(&self, job: Due) -> Result<(), sqlx::Error> {
         let e = &self.engine;
         let now = e.clock.now();
-        let Some(ctx) = JobRule::load(&e.pool, &job, now).await? else {
+        let Some(ctx) = JobRule::load(e, &job, now).await? else {
             // The rule is gone: its jobs and records go with it.
             let found = ended(Ended::Overdue, "its rule is gone", None);
             return self.settle(&job, None, None, found).await;
@@ -277,11 +278,11 @@ impl Poller {
             };
             let body = match shape.errors_answer(&page.body) {
                 Ok(body) => body,
-                Err(why) => return Ok(Err(seal(&why))),
+                Err(why) => return Ok(Err(seal(&why.0))),
             };
             let found = match shape.errors_page(&body, &records) {
                 Ok(found) => found,
-                Err(why) => return Ok(Err(seal(&why))),
+                Err(why) => return Ok(Err(seal(&why.0))),
             };
             let items = found.errors.len() + found.unmatched + found.stray;
             listed += items;
@@ -506,7 +507,7 @@ struct JobRule {
     /// Its share of its budget against other rules.
     weight: i32,
     /// What its calls are, or why its stored profile cannot be used.
-    profile: Result<RuleProfile, ProfileError>,
+    profile: Result<Arc<RuleProfile>, Invalid>,
     /// Attempts and backoff.
     retry: RetryPolicy,
     /// The connection.
@@ -523,16 +524,17 @@ struct JobRule {
 impl JobRule {
     /// Job `job`'s rule, its connection and circuit at `now`; `None` when the rule is gone.
     async fn load(
-        pool: &PgPool,
+        engine: &Engine,
         job: &Due,
         now: DateTime<Utc>,
     ) -> Result<Option<Self>, sqlx::Error> {
+        let pool = &engine.pool;
         let Some((rule, connection)) = catalog::rule_with_connection(pool, job.rule_id).await?
         else {
             return Ok(None);
         };
         let (_, circuit_admits) = breaker::for_run(pool, connection.id, job.run_id, now).await?;
-        let profile = RuleProfile::parse(profile::Stored::of(&rule, &connection));
+        let profile = engine.profile(&rule, &connection);
         let own = profile
             .as_ref()
             .ok()

@@ -5,6 +5,7 @@
 //! `courier rule add --preset` take one entry as the defaults of a new one; `courier
 //! preset show NAME` prints it to copy and change for a target courier has never seen.
 
+use crate::invalid::Invalid;
 use serde_json::{Map, Value};
 
 /// One ready target.
@@ -24,7 +25,11 @@ const fn preset(name: &'static str, text: &'static str) -> Preset {
 }
 
 /// The preset named `name`; the error lists the known ones.
-pub fn find(name: &str) -> Result<&'static Preset, String> {
+pub fn find(name: &str) -> Result<&'static Preset, Invalid> {
+    find_or_why(name).map_err(Invalid::at("preset"))
+}
+
+fn find_or_why(name: &str) -> Result<&'static Preset, String> {
     PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
         let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
         format!("no preset {name:?} (presets: {})", names.join(", "))
@@ -67,7 +72,11 @@ impl Preset {
     }
 
     /// Its rule `rule` (`None`: the first), with the fields of `over` (those set) over it.
-    pub fn rule(&self, rule: Option<&str>, over: &Value) -> Result<Map<String, Value>, String> {
+    pub fn rule(&self, rule: Option<&str>, over: &Value) -> Result<Map<String, Value>, Invalid> {
+        self.rule_or_why(rule, over).map_err(Invalid::at("rule"))
+    }
+
+    fn rule_or_why(&self, rule: Option<&str>, over: &Value) -> Result<Map<String, Value>, String> {
         let rules = self.entries("rules");
         let mut r = match rule {
             None => rules.into_iter().next(),
@@ -155,12 +164,14 @@ mod tests {
         assert!(
             find("hubspt")
                 .unwrap_err()
+                .reason
                 .contains("presets: braze, brevo")
         );
         assert!(
             hubspot
                 .rule(Some("deals"), &Value::Null)
                 .unwrap_err()
+                .reason
                 .contains("hubspot-contacts")
         );
     }

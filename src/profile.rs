@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 
+use crate::invalid::Invalid;
 use crate::writer::{
     Call, Outgoing, WriterKind,
     answer::{self, AnswerMap, Refusal},
@@ -31,24 +32,6 @@ pub struct RuleProfile {
     /// How it delivers through the target's asynchronous jobs; `None`: its calls are
     /// synchronous.
     pub job: Option<JobShape>,
-}
-
-/// Why a rule's profile cannot be used: the field, and what is wrong with it in words that
-/// name the field and never a secret.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}")]
-pub struct ProfileError {
-    /// The field at fault: `writer`, `path`, `records_per_call`, `request`, `answer` or
-    /// `job`.
-    pub field: &'static str,
-    /// What is wrong.
-    pub reason: String,
-}
-
-impl ProfileError {
-    fn at(field: &'static str) -> impl FnOnce(String) -> Self {
-        move |reason| Self { field, reason }
-    }
 }
 
 /// A rule's profile as stored: its connection's writer and the rule's own columns.
@@ -82,19 +65,34 @@ impl<'a> Stored<'a> {
     }
 }
 
+impl Stored<'_> {
+    /// What the profile is parsed from, as one text: equal texts parse alike.
+    pub fn fingerprint(&self) -> String {
+        serde_json::json!([
+            self.writer,
+            self.path,
+            self.records_per_call,
+            self.request,
+            self.answer,
+            self.job
+        ])
+        .to_string()
+    }
+}
+
 impl RuleProfile {
     /// Parses a stored profile, checking each field against the writer; the error names
     /// the first field at fault.
-    pub fn parse(s: Stored<'_>) -> Result<Self, ProfileError> {
-        let writer = WriterKind::parse(s.writer).map_err(ProfileError::at("writer"))?;
+    pub fn parse(s: Stored<'_>) -> Result<Self, Invalid> {
+        let writer = WriterKind::parse(s.writer).map_err(Invalid::at("writer"))?;
         check_path(s.path)
             .and_then(|()| writer.check_path(s.path))
-            .map_err(ProfileError::at("path"))?;
+            .map_err(Invalid::at("path"))?;
         let job = match (writer.shaped_by_profile(), s.job) {
             (_, None) => None,
-            (true, Some(j)) => Some(JobShape::parse(j).map_err(ProfileError::at("job"))?),
+            (true, Some(j)) => Some(JobShape::parse(j)?),
             (false, Some(_)) => {
-                return Err(ProfileError {
+                return Err(Invalid {
                     field: "job",
                     reason: format!("job is for the http_json writer only, not {writer}"),
                 });
@@ -107,7 +105,7 @@ impl RuleProfile {
         let records_per_call = usize::try_from(s.records_per_call)
             .ok()
             .filter(|n| (1..=max).contains(n))
-            .ok_or_else(|| ProfileError {
+            .ok_or_else(|| Invalid {
                 field: "records_per_call",
                 reason: format!(
                     "records_per_call {} is outside 1..={max} ({why})",
@@ -116,20 +114,20 @@ impl RuleProfile {
             })?;
         let bulk = records_per_call > 1;
         if job.is_some() && !bulk {
-            return Err(ProfileError {
+            return Err(Invalid {
                 field: "records_per_call",
                 reason: "a job rule submits its records in bulk: records_per_call must be above 1"
                     .into(),
             });
         }
-        let only_profiled = |field: &'static str| ProfileError {
+        let only_profiled = |field: &'static str| Invalid {
             field,
             reason: format!("{field} is for the http_json writer only, not {writer}"),
         };
         // A job opened before its records are sent names itself in their call's path.
         let opened = job.as_ref().is_some_and(|j| j.open.is_some());
         if opened && !s.path.contains("{id}") {
-            return Err(ProfileError {
+            return Err(Invalid {
                 field: "path",
                 reason: "a job with an open call names its {id} in the rule's path".into(),
             });
@@ -140,14 +138,14 @@ impl RuleProfile {
         };
         let request = match (writer.shaped_by_profile(), s.request) {
             (true, request) => {
-                RequestShape::parse(request, &path, bulk).map_err(ProfileError::at("request"))?
+                RequestShape::parse(request, &path, bulk).map_err(Invalid::at("request"))?
             }
             (false, None) => RequestShape::default(),
             (false, Some(_)) => return Err(only_profiled("request")),
         };
         let (answer, refusals) = match (writer.shaped_by_profile(), s.answer) {
             (_, None) => (None, Vec::new()),
-            (true, Some(a)) => answer::parse_rule(a).map_err(ProfileError::at("answer"))?,
+            (true, Some(a)) => answer::parse_rule(a)?,
             (false, Some(_)) => return Err(only_profiled("answer")),
         };
         Ok(Self {

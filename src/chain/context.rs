@@ -2,13 +2,16 @@
 //! connection, the connection's circuit. Rule and connection come from the run, never
 //! from the job's payload.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 
 use crate::{
     breaker::{self, Circuit},
     catalog::{self, Connection},
-    profile::{self, ProfileError, RuleProfile},
+    engine::Engine,
+    invalid::Invalid,
+    profile::RuleProfile,
     ratelimit::limits::Limit,
     retry::RetryPolicy,
     runs::{self, RunStatus},
@@ -39,9 +42,9 @@ pub struct ChainContext {
     /// Deliveries claimed per batch (at least a call's worth per call in flight: see
     /// [`ChainContext::claim_limit`]).
     pub batch_size: i32,
-    /// What the rule's calls are, parsed once here; or why its stored profile cannot be
+    /// What the rule's calls are, parsed once per change of the rule (`Engine::profile`); or why its stored profile cannot be
     /// used (the run then ends with the rule unusable, its backlog untouched).
-    pub profile: Result<RuleProfile, ProfileError>,
+    pub profile: Result<Arc<RuleProfile>, Invalid>,
     /// Attempts and backoff.
     pub retry: RetryPolicy,
     /// The connection the rule delivers into.
@@ -73,10 +76,11 @@ fn paused(rule: bool, connection: bool) -> Option<&'static str> {
 /// connection's circuit (whether it admits the run at `now`); `None` when the run or its
 /// rule is gone.
 pub async fn load(
-    pool: &PgPool,
+    engine: &Engine,
     run_id: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<ChainContext>, sqlx::Error> {
+    let pool = &engine.pool;
     let Some(run) = runs::get(pool, run_id).await? else {
         return Ok(None);
     };
@@ -84,7 +88,7 @@ pub async fn load(
         return Ok(None);
     };
     let (circuit, circuit_admits) = breaker::for_run(pool, connection.id, run_id, now).await?;
-    let profile = RuleProfile::parse(profile::Stored::of(&rule, &connection));
+    let profile = engine.profile(&rule, &connection);
     Ok(Some(ChainContext {
         run_id,
         run_status: run.status,

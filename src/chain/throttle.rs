@@ -180,7 +180,7 @@ async fn gate(engine: &Engine, task: &Task<serde_json::Value>) -> Result<Gate, B
     // Like every statement a job needs to keep its place, this rides out a database
     // restart: the job goes on a moment after the database answers again.
     let loaded = engine
-        .retry_outage(|| context::load(&engine.pool, job.run_id, engine.clock.now()))
+        .retry_outage(|| context::load(engine, job.run_id, engine.clock.now()))
         .await?;
     let Some(ctx) = loaded.filter(|ctx| carries(ctx, &job, &task_id)) else {
         return Ok(Gate::Done(ChainOutcome::Skipped));

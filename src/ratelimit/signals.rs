@@ -16,6 +16,7 @@
 //!  "limited": [{"status": 403, "body_contains": "REQUEST_LIMIT_EXCEEDED"}]}
 //! ```
 
+use crate::invalid::Invalid;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -123,7 +124,11 @@ pub struct LimitedAnswer {
 impl RateSignals {
     /// Parses a connection's `rate_signals` (absent: none beyond the standard headers).
     /// The error names the field and what is wrong.
-    pub fn parse(value: Option<&serde_json::Value>) -> Result<RateSignals, String> {
+    pub fn parse(value: Option<&serde_json::Value>) -> Result<RateSignals, Invalid> {
+        Self::parse_or_why(value).map_err(Invalid::at("rate_signals"))
+    }
+
+    fn parse_or_why(value: Option<&serde_json::Value>) -> Result<RateSignals, String> {
         let Some(value) = value.filter(|v| !v.is_null()) else {
             return Ok(RateSignals::default());
         };
@@ -421,7 +426,8 @@ mod tests {
             (json!({"reset": "weekly"}), "unknown variant `weekly`"),
         ] {
             let e = RateSignals::parse(Some(&value)).unwrap_err();
-            assert!(e.contains(says), "{value}: {e}");
+            assert!(e.reason.contains(says), "{value}: {e}");
+            assert_eq!(e.field, "rate_signals");
         }
         assert_eq!(RateSignals::parse(None).unwrap(), RateSignals::default());
     }

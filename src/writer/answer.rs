@@ -18,6 +18,7 @@
 //! must not vanish. Re-sending is what a batch upsert is made for; a record that did go
 //! through is then delivered again, which the ledger shows.
 
+use crate::invalid::Invalid;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -132,7 +133,11 @@ impl Refusal {
 
 /// Reads a rule's `answer` (JSON): its map (a `kind` and the fields of that kind), and the
 /// error answers that refuse records rather than the request (`refusals`), either alone.
-pub fn parse_rule(value: &Value) -> Result<(Option<AnswerMap>, Vec<Refusal>), String> {
+pub fn parse_rule(value: &Value) -> Result<(Option<AnswerMap>, Vec<Refusal>), Invalid> {
+    parse_rule_or_why(value).map_err(Invalid::at("answer"))
+}
+
+fn parse_rule_or_why(value: &Value) -> Result<(Option<AnswerMap>, Vec<Refusal>), String> {
     let mut fields = value.as_object().cloned().unwrap_or_default();
     let refusals = match fields.remove("refusals") {
         None => Vec::new(),
@@ -145,7 +150,7 @@ pub fn parse_rule(value: &Value) -> Result<(Option<AnswerMap>, Vec<Refusal>), St
     }
     let map = match fields.is_empty() && !refusals.is_empty() {
         true => None,
-        false => Some(AnswerMap::parse(&Value::Object(fields))?),
+        false => Some(AnswerMap::parse_or_why(&Value::Object(fields))?),
     };
     Ok((map, refusals))
 }
@@ -153,7 +158,11 @@ pub fn parse_rule(value: &Value) -> Result<(Option<AnswerMap>, Vec<Refusal>), St
 impl AnswerMap {
     /// Reads a rule's `answer` (JSON), checking every pointer; the error names what is
     /// wrong.
-    pub fn parse(value: &Value) -> Result<Self, String> {
+    pub fn parse(value: &Value) -> Result<Self, Invalid> {
+        Self::parse_or_why(value).map_err(Invalid::at("answer"))
+    }
+
+    fn parse_or_why(value: &Value) -> Result<Self, String> {
         let map: AnswerMap = serde_json::from_value(value.clone()).map_err(|e| {
             format!(
                 "answer: {e} (kinds: positional, keyed, indexed; see docs/enqueue-and-ledger.md)"
@@ -749,17 +758,20 @@ mod tests {
     #[test]
     fn a_map_that_cannot_be_read_is_refused_naming_what_is_wrong() {
         let e = AnswerMap::parse(&json!({"kind": "keyed", "errors": "/errors"})).unwrap_err();
-        assert!(e.contains("missing field `key`"), "{e}");
+        assert!(e.reason.contains("missing field `key`"), "{e}");
         let e = AnswerMap::parse(&json!({"kind": "indexed", "errors": "errors", "index": "/i"}))
             .unwrap_err();
-        assert!(e.contains("errors \"errors\" is not a JSON pointer"), "{e}");
+        assert!(
+            e.reason.contains("errors \"errors\" is not a JSON pointer"),
+            "{e}"
+        );
         let e = AnswerMap::parse(
             &json!({"kind": "indexed", "errors": "/e", "index": "/i", "colour": 1}),
         )
         .unwrap_err();
-        assert!(e.contains("unknown field `colour`"), "{e}");
+        assert!(e.reason.contains("unknown field `colour`"), "{e}");
         let e = AnswerMap::parse(&json!({"kind": "sorted"})).unwrap_err();
-        assert!(e.contains("unknown variant `sorted`"), "{e}");
+        assert!(e.reason.contains("unknown variant `sorted`"), "{e}");
     }
 
     #[test]

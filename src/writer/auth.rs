@@ -1,6 +1,7 @@
 //! How a connection's key is presented (its `auth`): the key itself is read from the
 //! variable `api_key_env` names, never stored, and marked sensitive wherever it goes.
 
+use crate::invalid::Invalid;
 use reqwest::header::{AUTHORIZATION, HeaderName};
 use serde::{Deserialize, Serialize};
 
@@ -54,7 +55,11 @@ pub enum Auth {
 
 impl Auth {
     /// Reads a connection's `auth` (JSON; `None`: bearer); the error names what is wrong.
-    pub fn parse(value: Option<&serde_json::Value>) -> Result<Self, String> {
+    pub fn parse(value: Option<&serde_json::Value>) -> Result<Self, Invalid> {
+        Self::parse_or_why(value).map_err(Invalid::at("auth"))
+    }
+
+    fn parse_or_why(value: Option<&serde_json::Value>) -> Result<Self, String> {
         let Some(value) = value else {
             return Ok(Auth::Bearer);
         };
@@ -112,7 +117,11 @@ impl Auth {
     /// The header carrying `key`: its name and value (`None` for OAuth, whose token is
     /// fetched per call). Basic reads its user from the environment when told to; the
     /// error names the variable, never a value.
-    pub fn header(&self, key: &str) -> Result<Option<(HeaderName, String)>, String> {
+    pub fn header(&self, key: &str) -> Result<Option<(HeaderName, String)>, Invalid> {
+        self.header_or_why(key).map_err(Invalid::at("auth"))
+    }
+
+    fn header_or_why(&self, key: &str) -> Result<Option<(HeaderName, String)>, String> {
         use base64::Engine as _;
         Ok(Some(match self {
             Auth::Oauth { .. } => return Ok(None),
@@ -141,7 +150,11 @@ impl Auth {
 
     /// Where an OAuth connection's tokens come from (`None` for the other kinds), with
     /// `key` as the client secret.
-    pub fn token_source(&self, key: &str) -> Result<Option<super::oauth::TokenSource>, String> {
+    pub fn token_source(&self, key: &str) -> Result<Option<super::oauth::TokenSource>, Invalid> {
+        self.token_source_or_why(key).map_err(Invalid::at("auth"))
+    }
+
+    fn token_source_or_why(&self, key: &str) -> Result<Option<super::oauth::TokenSource>, String> {
         let Auth::Oauth {
             token_url,
             client_id_env,
@@ -224,7 +237,11 @@ fn check_scheme(scheme: &str) -> Result<(), String> {
 /// and no blank, line break or control character anywhere (the URL parser would quietly
 /// drop some of them). The error says what is wrong; it never repeats the URL, which may
 /// carry a password.
-pub fn check_base_url(url: &str) -> Result<(), String> {
+pub fn check_base_url(url: &str) -> Result<(), Invalid> {
+    check_base_url_or_why(url).map_err(Invalid::at("base_url"))
+}
+
+fn check_base_url_or_why(url: &str) -> Result<(), String> {
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err("must start with http:// or https://".into());
     }
@@ -282,33 +299,34 @@ mod tests {
     #[test]
     fn an_auth_courier_cannot_use_is_refused_naming_what_is_wrong() {
         let e = Auth::parse(Some(&json!({"kind": "saml"}))).unwrap_err();
-        assert!(e.contains("unknown variant `saml`"), "{e}");
+        assert!(e.reason.contains("unknown variant `saml`"), "{e}");
+        assert_eq!(e.field, "auth");
         let e = Auth::parse(Some(&json!({"kind": "oauth", "client_id_env": "ID"}))).unwrap_err();
-        assert!(e.contains("missing field `token_url`"), "{e}");
+        assert!(e.reason.contains("missing field `token_url`"), "{e}");
         let e = Auth::parse(Some(&json!({"kind": "header", "name": "bad name"}))).unwrap_err();
-        assert!(e.contains("not a valid HTTP header name"), "{e}");
+        assert!(e.reason.contains("not a valid HTTP header name"), "{e}");
         let e = Auth::parse(Some(&json!({"kind": "basic"}))).unwrap_err();
-        assert!(e.contains("one of user and user_env"), "{e}");
+        assert!(e.reason.contains("one of user and user_env"), "{e}");
         let e = Auth::parse(Some(
             &json!({"kind": "basic", "user": "u", "password": "p"}),
         ))
         .unwrap_err();
-        assert!(e.contains("unknown field `password`"), "{e}");
+        assert!(e.reason.contains("unknown field `password`"), "{e}");
     }
 
     #[test]
     fn an_unknown_field_is_refused_for_every_kind_bearer_too() {
         let e = Auth::parse(Some(&json!({"kind": "bearer", "colour": 1}))).unwrap_err();
-        assert!(e.contains("unknown field `colour`"), "{e}");
+        assert!(e.reason.contains("unknown field `colour`"), "{e}");
         let e =
             Auth::parse(Some(&json!({"kind": "header", "name": "X", "shceme": "y"}))).unwrap_err();
-        assert!(e.contains("unknown field `shceme`"), "{e}");
+        assert!(e.reason.contains("unknown field `shceme`"), "{e}");
         let e = Auth::parse(Some(&json!({
             "kind": "oauth", "token_url": "https://t.example.com/", "client_id_env": "ID",
             "scopes": "a"
         })))
         .unwrap_err();
-        assert!(e.contains("unknown field `scopes`"), "{e}");
+        assert!(e.reason.contains("unknown field `scopes`"), "{e}");
         assert_eq!(
             Auth::parse(Some(&json!({"kind": "bearer"}))).unwrap(),
             Auth::Bearer
@@ -330,8 +348,11 @@ mod tests {
                 &json!({"kind": "header", "name": "Authorization", "scheme": scheme}),
             ))
             .unwrap_err();
-            assert!(e.contains("scheme") && e.contains(what), "{e}");
-            assert!(!e.contains("SECRET"), "{e}");
+            assert!(
+                e.reason.contains("scheme") && e.reason.contains(what),
+                "{e}"
+            );
+            assert!(!e.reason.contains("SECRET"), "{e}");
         }
         Auth::parse(Some(
             &json!({"kind": "header", "name": "Authorization", "scheme": "Klaviyo-API-Key"}),
@@ -350,15 +371,15 @@ mod tests {
         ] {
             let e = Auth::parse(Some(&auth)).unwrap_err();
             assert!(
-                (e.contains("user_env") || e.contains("client_id_env"))
-                    && e.contains("not the name of an environment variable"),
+                (e.reason.contains("user_env") || e.reason.contains("client_id_env"))
+                    && e.reason.contains("not the name of an environment variable"),
                 "{e}"
             );
-            assert!(!e.contains("SECRET"), "{e}");
+            assert!(!e.reason.contains("SECRET"), "{e}");
         }
         let e = Auth::parse(Some(&json!({"kind": "basic", "user": "SECRET:x"}))).unwrap_err();
         assert!(
-            e.contains("user holds a colon") && !e.contains("SECRET"),
+            e.reason.contains("user holds a colon") && !e.reason.contains("SECRET"),
             "{e}"
         );
         Auth::parse(Some(&json!({"kind": "basic", "user_env": "_CIO_SITE_2"}))).unwrap();
@@ -376,7 +397,7 @@ mod tests {
             "idempotency-key",
         ] {
             let e = Auth::parse(Some(&json!({"kind": "header", "name": name}))).unwrap_err();
-            assert!(e.contains("cannot carry the key"), "{name}: {e}");
+            assert!(e.reason.contains("cannot carry the key"), "{name}: {e}");
         }
         Auth::parse(Some(&json!({"kind": "header", "name": "api-key"}))).unwrap();
     }

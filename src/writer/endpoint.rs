@@ -4,6 +4,7 @@
 //! response names; 400, 401, 403, 404 and 422 (and other 4xx) permanent; 5xx, timeouts and
 //! connection errors transient; a redirect is never followed.
 
+use crate::invalid::Invalid;
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -49,8 +50,9 @@ impl Endpoint {
         key: Option<&str>,
     ) -> Result<Self, WriterConfigError> {
         let invalid = |reason: String| invalid(conn, reason);
-        let mut headers = header_map(&conn.headers).map_err(invalid)?;
-        let signals = RateSignals::parse(conn.rate_signals.as_ref()).map_err(invalid)?;
+        let mut headers = header_map(&conn.headers).map_err(|e| invalid(e.reason))?;
+        let signals =
+            RateSignals::parse(conn.rate_signals.as_ref()).map_err(|e| invalid(e.reason))?;
         let secrets = Secrets::default();
         if let Some(key) = key {
             secrets.add(key);
@@ -110,7 +112,11 @@ impl Endpoint {
 /// marked sensitive. A header courier or HTTP sets itself ([`super::auth::OWNED_HEADERS`]:
 /// `Idempotency-Key`, `Content-Type`, `Host`, ...) is refused, and so is one named twice in
 /// different case (`X-Dup` and `x-dup`: the second would silently replace the first).
-pub fn header_map(headers: &serde_json::Value) -> Result<HeaderMap, String> {
+pub fn header_map(headers: &serde_json::Value) -> Result<HeaderMap, Invalid> {
+    header_map_or_why(headers).map_err(Invalid::at("headers"))
+}
+
+fn header_map_or_why(headers: &serde_json::Value) -> Result<HeaderMap, String> {
     let map = headers
         .as_object()
         .ok_or("headers must be a JSON object of names and string values")?;

@@ -55,16 +55,17 @@ impl HttpJsonWriter {
         if !base_url.ends_with('/') {
             base_url.push('/');
         }
-        let auth = super::auth::Auth::parse(conn.auth.as_ref()).map_err(|e| invalid(conn, e))?;
+        let auth =
+            super::auth::Auth::parse(conn.auth.as_ref()).map_err(|e| invalid(conn, e.reason))?;
         let authorization = key
             .as_deref()
             .map(|k| auth.header(k))
             .transpose()
-            .map_err(|e| invalid(conn, e))?
+            .map_err(|e| invalid(conn, e.reason))?
             .flatten();
         let oauth = match (&key, &auth) {
             (Some(k), super::auth::Auth::Oauth { .. }) => {
-                auth.token_source(k).map_err(|e| invalid(conn, e))?
+                auth.token_source(k).map_err(|e| invalid(conn, e.reason))?
             }
             (None, super::auth::Auth::Oauth { .. }) => {
                 return Err(invalid(

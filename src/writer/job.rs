@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::wire::{Body, Receipt};
+use crate::invalid::{Invalid, Unread};
 
 /// The `id` that names a job by the answer's `Location` header.
 const LOCATION: &str = "Location";
@@ -386,8 +387,13 @@ fn pointer_ok(name: &str, p: &str) -> Result<(), String> {
 }
 
 impl JobShape {
-    /// Reads a rule's `job`, checking every pointer and path; the error names the field.
-    pub fn parse(value: &Value) -> Result<Self, String> {
+    /// Reads a rule's `job`, checking every pointer and path; the error names the field
+    /// within `job`.
+    pub fn parse(value: &Value) -> Result<Self, Invalid> {
+        Self::read(value).map_err(Invalid::at("job"))
+    }
+
+    fn read(value: &Value) -> Result<Self, String> {
         let shape: JobShape = serde_json::from_value(value.clone())
             .map_err(|e| format!("job: {e} (see docs/catalog.md, \"Asynchronous jobs\")"))?;
         if shape.id != LOCATION {
@@ -470,7 +476,7 @@ impl JobShape {
     }
 
     /// The job's id in the submit's answer, or why it names none.
-    pub fn target_id(&self, answer: &Receipt) -> Result<String, String> {
+    pub fn target_id(&self, answer: &Receipt) -> Result<String, Unread> {
         if self.id == LOCATION {
             let segment = answer.location.as_deref().and_then(|l| {
                 let path = l.split(['?', '#']).next()?;
@@ -485,12 +491,15 @@ impl JobShape {
         match found {
             Some(Value::String(s)) if !s.is_empty() && s.len() <= 200 => Ok(s.clone()),
             Some(Value::Number(n)) => Ok(n.to_string()),
-            Some(other) => Err(format!(
+            Some(other) => Err(Unread(format!(
                 "the answer's job id at {:?} is not a usable id ({})",
                 self.id,
                 kind(other)
-            )),
-            None => Err(format!("the answer names no job id at {:?}", self.id)),
+            ))),
+            None => Err(Unread(format!(
+                "the answer names no job id at {:?}",
+                self.id
+            ))),
         }
     }
 
@@ -536,16 +545,15 @@ impl JobShape {
 
     /// An errors answer as JSON: the body's JSON, or its CSV rows as objects (each header
     /// name to the row's text).
-    pub fn errors_answer(&self, body: &Body) -> Result<Value, String> {
+    pub fn errors_answer(&self, body: &Body) -> Result<Value, Unread> {
         let format = self.errors.as_ref().map_or(Format::Json, |e| e.format);
         match (format, body) {
             (Format::Json, Body::Json(v)) => Ok(v.clone()),
-            (Format::Json, Body::Text(t)) => {
-                serde_json::from_str(t).map_err(|e| format!("an errors file is not JSON ({e})"))
-            }
-            (Format::Csv, Body::Text(t)) => csv_rows(t),
+            (Format::Json, Body::Text(t)) => serde_json::from_str(t)
+                .map_err(|e| Unread(format!("an errors file is not JSON ({e})"))),
+            (Format::Csv, Body::Text(t)) => csv_rows(t).map_err(Unread),
             (Format::Csv, Body::Empty) => Ok(Value::Array(Vec::new())),
-            (_, Body::Unreadable(why)) => Err(why.clone()),
+            (_, Body::Unreadable(why)) => Err(Unread(why.clone())),
             (Format::Json, _) => Err("an errors page is not JSON".into()),
             (Format::Csv, _) => Err("an errors answer is not CSV (text/csv)".into()),
         }
@@ -573,7 +581,7 @@ impl JobShape {
     /// One errors page: the records it names, those it may name (by a key several records
     /// share, or past the records), those it names by a key no record has, and the next
     /// page's link.
-    pub fn errors_page(&self, page: &Value, records: &Records) -> Result<ErrorsPage, String> {
+    pub fn errors_page(&self, page: &Value, records: &Records) -> Result<ErrorsPage, Unread> {
         let mut out = ErrorsPage::default();
         let Some(e) = &self.errors else {
             return Ok(out);
@@ -581,7 +589,7 @@ impl JobShape {
         let items = page
             .pointer(&e.items)
             .and_then(Value::as_array)
-            .ok_or_else(|| format!("an errors page holds no list at {:?}", e.items))?;
+            .ok_or_else(|| Unread(format!("an errors page holds no list at {:?}", e.items)))?;
         for item in items {
             let index = match &e.record {
                 ErrorRecord::Index(p) => {
@@ -791,7 +799,7 @@ mod tests {
             Ok("01J".into())
         );
         let e = shape.target_id(&answer(json!({"data": {}}))).unwrap_err();
-        assert!(e.contains("no job id at \"/data/id\""), "{e}");
+        assert!(e.0.contains("no job id at \"/data/id\""), "{e}");
         assert!(shape.target_id(&Receipt::default()).is_err());
         // A 202 naming its status monitor in Location.
         let mut located = shape.clone();
@@ -887,7 +895,7 @@ mod tests {
             "no failed rows: an empty answer"
         );
         let e = shape.errors_answer(&Body::Json(json!([]))).unwrap_err();
-        assert!(e.contains("not CSV"), "{e}");
+        assert!(e.0.contains("not CSV"), "{e}");
         for (job, words) in [
             (
                 json!({"open": {"path": "j/{id}"}, "id": "/id", "poll": {"path": "j/{id}", "status": "/s", "complete": ["ok"], "failed": []}}),
@@ -912,7 +920,7 @@ mod tests {
             ),
         ] {
             let e = JobShape::parse(&job).unwrap_err();
-            assert!(e.contains(words), "{job}: {e}");
+            assert!(e.reason.contains(words), "{job}: {e}");
         }
     }
 
@@ -1043,7 +1051,7 @@ mod tests {
             ),
         ] {
             let e = job(errors.clone()).unwrap_err();
-            assert!(e.contains(words), "{errors}: {e}");
+            assert!(e.reason.contains(words), "{errors}: {e}");
         }
     }
 
@@ -1088,7 +1096,7 @@ mod tests {
             (json!({"id": "/id", "pol": {}}), "unknown field"),
         ] {
             let e = JobShape::parse(&job).unwrap_err();
-            assert!(e.contains(words), "{job}: {e}");
+            assert!(e.reason.contains(words), "{job}: {e}");
         }
     }
 }

@@ -239,7 +239,7 @@ mod tests {
             ("https://good@crm.example.com/", "user or password"),
         ] {
             let e = check_base_url(bad).unwrap_err();
-            assert!(e.contains(why), "{bad:?}: {e}");
+            assert!(e.reason.contains(why), "{bad:?}: {e}");
         }
     }
 

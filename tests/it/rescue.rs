@@ -212,7 +212,7 @@ async fn a_process_whose_session_is_gone_is_dead_two_beats_after_its_last() {
 #[tokio::test]
 async fn a_job_whose_run_moved_on_leaves_the_lease_free() {
     let (db, target, engine, job) = one_run_with_its_job().await;
-    let ctx = courier::chain::context::load(&db.pool, job.job.run_id, engine.clock.now())
+    let ctx = courier::chain::context::load(&engine, job.job.run_id, engine.clock.now())
         .await
         .unwrap()
         .unwrap();

@@ -745,3 +745,41 @@ async fn a_catalog_saved_in_bulk_is_refused_as_one_saved_row_by_row() {
     assert_eq!(writers, ["http_json"], "nothing of a refused call is kept");
     assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 1);
 }
+
+#[tokio::test]
+async fn a_rules_profile_is_parsed_once_and_anew_when_the_rule_changes() {
+    let db = TestDb::new().await;
+    let shop = NewConnection {
+        name: "shop".into(),
+        writer: "http_json".into(),
+        base_url: "https://crm.example/v1/".into(),
+        ..Default::default()
+    };
+    catalog::upsert_connection(&db.pool, &shop).await.unwrap();
+    let mut r = rule("customers", "shop", "contacts");
+    r.request = Some(json!({"item": {"email": "{{payload/email}}"}}));
+    let id = catalog::upsert_rule(&db.pool, &r).await.unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    let load = || async {
+        let (rule, conn) = catalog::rule_with_connection(&db.pool, id)
+            .await
+            .unwrap()
+            .unwrap();
+        engine.profile(&rule, &conn).unwrap()
+    };
+    let first = load().await;
+    let again = load().await;
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &again),
+        "an unchanged rule's profile is the one parsed before"
+    );
+    r.request = Some(json!({"item": {"mail": "{{payload/email}}"}}));
+    catalog::upsert_rule(&db.pool, &r).await.unwrap();
+    let changed = load().await;
+    assert!(!std::sync::Arc::ptr_eq(&first, &changed));
+    assert_eq!(
+        changed.request.item,
+        Some(json!({"mail": "{{payload/email}}"})),
+        "the changed rule's request is parsed anew"
+    );
+}
