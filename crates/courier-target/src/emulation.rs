@@ -1,8 +1,9 @@
 //! The emulation files: how each target answers, as data. The sink's own styles
 //! (`crates/courier-target/styles.json`) and, beside each preset of the engine,
 //! `presets/<name>.target.json`, built in ([`EMULATIONS`]) and parsed once. A file lists
-//! batch endpoints (answered by [`crate::vendors`]) and asynchronous jobs (run by
-//! [`crate::jobs`]).
+//! batch endpoints (answered by [`crate::vendors`]), asynchronous jobs (run by
+//! [`crate::jobs`]) and the rate-limit headers the target states (by
+//! [`crate::limiter::rate_headers`], for a workspace set to the file's name).
 
 use std::sync::LazyLock;
 
@@ -24,6 +25,51 @@ pub struct Emulation {
     /// Its asynchronous jobs ([`crate::jobs`]).
     #[serde(default)]
     pub jobs: Vec<JobEmulation>,
+    /// The rate-limit headers the vendor states what is left in, if it has its own.
+    #[serde(default)]
+    pub rate_headers: Option<RateHeaderNames>,
+}
+
+/// Rate-limit headers of three fields: the limit, what is left, and when it resets or how
+/// long the window is. Names are matched in lower case, as HTTP/2 sends them.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateHeaderNames {
+    /// Where the vendor documents them.
+    pub source: String,
+    /// The header stating the requests allowed per window.
+    pub limit: String,
+    /// The header stating the requests left in it.
+    pub remaining: String,
+    /// The header stating when the budget is back, if the vendor sends one.
+    #[serde(default)]
+    pub reset: Option<Timed>,
+    /// The header stating the window's length, if the vendor sends one.
+    #[serde(default)]
+    pub window: Option<Timed>,
+}
+
+/// A header stating a time.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timed {
+    /// Its name.
+    pub header: String,
+    /// How it states the time.
+    pub unit: TimeUnit,
+}
+
+/// How a header states a time: a span (a reset from now, or a window) in whole seconds or
+/// milliseconds, rounded up, or a moment as a UTC epoch second (rounded up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeUnit {
+    /// Whole seconds.
+    Seconds,
+    /// Whole milliseconds.
+    Milliseconds,
+    /// The UTC epoch second of the moment (a reset only).
+    EpochSeconds,
 }
 
 /// One batch endpoint.
@@ -138,6 +184,14 @@ static PARSED: LazyLock<Vec<(&'static str, Emulation)>> = LazyLock::new(|| {
 /// The emulations built in, parsed.
 pub fn emulations() -> &'static [(&'static str, Emulation)] {
     &PARSED
+}
+
+/// The emulation built in under `name`, with the name as it is kept.
+pub fn named(name: &str) -> Option<(&'static str, &'static Emulation)> {
+    emulations()
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(n, e)| (*n, e))
 }
 
 /// How one vendor runs a kind of job: its calls, its states' names, its answers.

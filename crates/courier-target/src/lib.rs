@@ -7,7 +7,8 @@
 //!   has its own rate limiter ([`limiter`], default 10 requests/s: a fixed or sliding
 //!   window, GCRA with no burst, or a token bucket) answering 429 with `retry-after` in
 //!   whole seconds rounded up (or an HTTP-date, or no header), optionally states what it
-//!   has left in rate-limit headers ([`RateHeaders`]: the IETF draft's or `X-RateLimit-*`),
+//!   has left in rate-limit headers ([`RateHeaders`]: the IETF draft's, `X-RateLimit-*`, or
+//!   those an emulation file names),
 //!   and keeps the state of the User.com endpoints ([`usercom`]).
 //! - The **limit changes while running**, as when another client starts using the
 //!   workspace: on a schedule ([`TargetConfig::limit_schedule`]), from Rust

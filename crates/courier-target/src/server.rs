@@ -467,7 +467,10 @@ fn workspace_call(s: &TargetState, name: &str, call: WorkspaceCall<'_>) -> Respo
         )
     };
     for (name, value) in stated {
-        if let Ok(value) = axum::http::HeaderValue::try_from(value) {
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::try_from(name),
+            axum::http::HeaderValue::try_from(value),
+        ) {
             response.headers_mut().insert(name, value);
         }
     }

@@ -540,6 +540,7 @@ mod tests {
             assert!(!e.about.is_empty() && serves, "{name}");
             let sources = e.endpoints.iter().map(|ep| &ep.source);
             let sources = sources.chain(e.jobs.iter().map(|j| &j.source));
+            let sources = sources.chain(e.rate_headers.iter().map(|r| &r.source));
             for source in sources {
                 assert!(
                     source.len() > 20,
