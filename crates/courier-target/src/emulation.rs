@@ -230,6 +230,21 @@ pub struct JobEmulation {
     pub required: Option<String>,
     /// The body of an error answer.
     pub error: Value,
+    /// The limits of each of its calls, each call limited on its own, when the target is
+    /// told to enforce them ([`crate::jobs::JobsConfig::limited`]).
+    #[serde(default)]
+    pub limits: Option<CallLimits>,
+}
+
+/// Limits on each call of a job, fixed windows answered 429 with `Retry-After` in whole
+/// seconds when spent.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallLimits {
+    /// Where the vendor states them.
+    pub source: String,
+    /// Each limit, `N/s`, `N/min` or `N/h`: every one must admit a call.
+    pub each_call: Vec<String>,
 }
 
 /// A job's states, by the vendor's names.

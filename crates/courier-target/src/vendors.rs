@@ -540,6 +540,11 @@ mod tests {
             assert!(!e.about.is_empty() && serves, "{name}");
             let sources = e.endpoints.iter().map(|ep| &ep.source);
             let sources = sources.chain(e.jobs.iter().map(|j| &j.source));
+            let sources = sources.chain(
+                e.jobs
+                    .iter()
+                    .filter_map(|j| Some(&j.limits.as_ref()?.source)),
+            );
             let sources = sources.chain(e.rate_headers.iter().map(|r| &r.source));
             for source in sources {
                 assert!(
