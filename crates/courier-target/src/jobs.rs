@@ -766,7 +766,7 @@ mod tests {
     #[test]
     fn every_job_emulation_names_its_calls_and_their_states() {
         let all: Vec<&JobEmulation> = emulations().iter().flat_map(|(_, e)| &e.jobs).collect();
-        assert!(all.len() >= 2, "the Klaviyo and Salesforce jobs");
+        assert!(all.len() >= 2, "two vendors run jobs, at least");
         for e in all {
             let uploads = e.upload.as_ref().and_then(|u| u.records.as_ref());
             let carried = matches!(

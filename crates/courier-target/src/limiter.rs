@@ -88,7 +88,7 @@ pub struct Budget {
 pub struct Limiter {
     /// Requests allowed per period.
     limit: u32,
-    /// The period (1 s for User.com).
+    /// The period.
     period: Duration,
     /// The limiter kind.
     window: Window,
@@ -289,7 +289,7 @@ impl Limiter {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(into = "String")]
 pub enum RateHeaders {
-    /// None, as User.com documents.
+    /// None.
     #[default]
     None,
     /// The IETF draft's (-10/-11) `RateLimit-Policy: "default";q=L;w=W` and
@@ -451,7 +451,7 @@ fn in_unit(span: Duration, unit: TimeUnit, now: std::time::SystemTime) -> String
 }
 
 /// Limits on the paths a pattern matches, outside any workspace (as a vendor limits each
-/// endpoint: Klaviyo's events 350/s and 3,500/min), each a fixed window, as Klaviyo's are.
+/// endpoint, e.g. 350/s and 3,500/min), each a fixed window.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PathLimit {
     /// The paths: segments, `*` for one, `**` for any number.
