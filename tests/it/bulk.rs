@@ -649,8 +649,12 @@ async fn consent_changes_go_as_mass_updates_grouped_by_attribute_and_value() {
     const KEY_VAR: &str = "COURIER_TEST_MASS_KEY";
     unsafe { std::env::set_var(KEY_VAR, "tok") };
     assert_eq!(
-        courier::writer::usercom::MAX_IDS_PER_CALL,
-        courier_target::usercom::MAX_MASS_UPDATE_IDS
+        Some(courier::writer::usercom::MAX_IDS_PER_CALL),
+        courier_target::operations::max_items(
+            "PUT",
+            "users-by-id/mass_update_custom_attributes/",
+            "ids"
+        )
     );
     let db = TestDb::new().await;
     let target = Target::start_with(TargetConfig {
@@ -732,9 +736,9 @@ async fn consent_changes_go_as_mass_updates_grouped_by_attribute_and_value() {
     }
     let ws = &target.counters().workspaces["shop"];
     let data = target.workspace_data("shop").unwrap();
-    assert_eq!(data.users["c10"]["email_consent"], json!(true));
-    assert_eq!(data.users["c200"]["email_consent"], json!(false));
-    assert_eq!(data.users["c0"]["sms_consent"], json!(true));
+    assert_eq!(data.store("users")["c10"]["email_consent"], json!(true));
+    assert_eq!(data.store("users")["c200"]["email_consent"], json!(false));
+    assert_eq!(data.store("users")["c0"]["sms_consent"], json!(true));
     assert_eq!(ws.duplicates, 0);
     let mass = target
         .requests()

@@ -72,7 +72,7 @@ async fn shop_ending(end: JobEnd) -> (crate::common::TestDb, courier_target::Tar
     target.set_jobs(JobsConfig {
         complete_after: std::time::Duration::ZERO,
         end,
-        limits: None,
+        limited: false,
     });
     (db, target)
 }

@@ -848,10 +848,9 @@ async fn vendors_rate_limit_headers_are_heard_through_a_chain_job() {
     const TOKEN: &str = "dialect-token";
     // SAFETY: set before any worker of this test reads it; no other test names it.
     unsafe { std::env::set_var(KEY_VAR, TOKEN) };
-    for mode in [
-        courier_target::RateHeaders::HubSpot,
-        courier_target::RateHeaders::Brevo,
-    ] {
+    for preset in ["hubspot", "brevo"] {
+        // The vendor's headers as its emulation file names them.
+        let mode: courier_target::RateHeaders = preset.parse().unwrap();
         let db = TestDb::new().await;
         // 4 requests a minute, stated in the vendor's own headers with every answer.
         let target = Target::start_with(courier_target::TargetConfig {
@@ -866,19 +865,15 @@ async fn vendors_rate_limit_headers_are_heard_through_a_chain_job() {
         .unwrap();
         usercom_shop_with(&db, &target, KEY_VAR, 6).await;
         // The vendor's headers are named by its preset's signals.
-        let preset = match mode {
-            courier_target::RateHeaders::HubSpot => "hubspot",
-            _ => "brevo",
-        };
         use_preset_signals(&db.pool, preset).await;
         let engine = engine(&db.pool, settings(&db.url));
         drive(&engine).await;
         let counters = target.counters();
         let report = status::report(&db.pool, engine.clock.now()).await.unwrap();
-        match mode {
+        match preset {
             // HubSpot states its quota (the window in milliseconds) but no reset: the
             // quota is the advertised rate, which paces the budget from then on.
-            courier_target::RateHeaders::HubSpot => {
+            "hubspot" => {
                 assert_eq!(report.connections[0].advertised_rpm, Some(4.0), "{mode:?}");
                 assert!(counters.throttled <= 1, "{mode:?}: {counters:?}");
             }

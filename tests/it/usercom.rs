@@ -149,12 +149,12 @@ async fn each_operation_sends_its_request() {
         assert_eq!(sent.body, body, "{op}");
     }
     let data = t.workspace_data("shop").unwrap();
-    assert_eq!(data.users["c1"]["email"], "ann@example.com");
-    assert_eq!(data.users["c1"]["sms_consent"], true);
-    assert_eq!(data.users["c1"]["vip"], 2);
-    assert_eq!(data.events.len(), 1);
-    assert_eq!(data.products["sku 7"]["price"], 19.9);
-    assert_eq!(data.deals["order-9"]["value"], 99);
+    assert_eq!(data.store("users")["c1"]["email"], "ann@example.com");
+    assert_eq!(data.store("users")["c1"]["sms_consent"], true);
+    assert_eq!(data.store("users")["c1"]["vip"], 2);
+    assert_eq!(data.log("events").len(), 1);
+    assert_eq!(data.store("products")["sku 7"]["price"], 19.9);
+    assert_eq!(data.store("deals")["order-9"]["value"], 99);
     assert_eq!(t.accepted("event:4"), 1);
     assert_eq!(t.accepted("product_event:5"), 1);
 }
@@ -429,5 +429,5 @@ async fn the_engine_delivers_through_a_usercom_connection() {
         assert_eq!(t.accepted(&format!("product_event:{id}")), 1);
     }
     let c = t.counters();
-    assert_eq!((c.workspaces["shop"].users, c.duplicates), (3, 0));
+    assert_eq!((c.workspaces["shop"].stored["users"], c.duplicates), (3, 0));
 }

@@ -132,7 +132,7 @@ async fn consents(config: &BenchConfig, n: usize, per_call: i32) -> anyhow::Resu
     })
     .await?;
     // The users exist: the import changes their consent.
-    target.seed_users("bench", (0..n).map(|i| format!("c{i}")));
+    target.seed_records("bench", "users", (0..n).map(|i| format!("c{i}")));
     let rpm = (REAL_PER_SECOND * 60) as i32;
     connection(
         &pool,

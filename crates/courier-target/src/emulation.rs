@@ -1,10 +1,11 @@
 //! The emulation files: how each target answers, as data. The sink's own styles
 //! (`crates/courier-target/styles.json`) and, beside each preset of the engine,
 //! `presets/<name>.target.json`, built in ([`EMULATIONS`]) and parsed once. A file lists
-//! batch endpoints (answered by [`crate::vendors`]) and asynchronous jobs (run by
-//! [`crate::jobs`]).
+//! batch endpoints (answered by [`crate::vendors`]), asynchronous jobs (run by
+//! [`crate::jobs`]) and the rate-limit headers the target states (by
+//! [`crate::limiter::rate_headers`], for a workspace set to the file's name).
 
-use std::sync::LazyLock;
+use std::{collections::BTreeMap, sync::LazyLock};
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -24,6 +25,286 @@ pub struct Emulation {
     /// Its asynchronous jobs ([`crate::jobs`]).
     #[serde(default)]
     pub jobs: Vec<JobEmulation>,
+    /// The rate-limit headers the vendor states what is left in, if it has its own.
+    #[serde(default)]
+    pub rate_headers: Option<RateHeaderNames>,
+    /// The API a workspace serves, if the vendor's API is one per workspace
+    /// ([`crate::operations`]).
+    #[serde(default)]
+    pub workspace: Option<WorkspaceApi>,
+}
+
+/// What a workspace serves under its prefix: its stores, its logs and the operations on
+/// them, each as the vendor's reference describes it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceApi {
+    /// Where the vendor describes its API as a whole (base URL, errors).
+    pub source: String,
+    /// The path of the API inside a workspace (`api/public/`).
+    pub prefix: String,
+    /// Records kept by key, by the store's name.
+    pub stores: BTreeMap<String, Store>,
+    /// Entries appended in arrival order, by the log's name.
+    #[serde(default)]
+    pub logs: Vec<String>,
+    /// Its error answers.
+    pub errors: Errors,
+    /// Its operations, tried in order.
+    pub operations: Vec<Operation>,
+}
+
+/// A store of records, each an object under its key.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Store {
+    /// The field holding a record's key (written by the target).
+    pub key: String,
+    /// A field holding a number the target gives each new record (one sequence for all
+    /// the workspace's stores), kept whatever a call writes.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Fields a record has without the workspace declaring them; the workspace's
+    /// declared fields ([`crate::WorkspaceConfig::custom_attributes`]) are the others.
+    #[serde(default)]
+    pub standard: Vec<String>,
+}
+
+/// How a workspace's API answers an error. Templates take `{{field}}`, `{{message}}` and
+/// `{{method}}`, in keys as in values.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Errors {
+    /// A call without the workspace's token (`Authorization: Token <token>`).
+    pub missing_token: Answer,
+    /// A call with another token, or another scheme.
+    pub invalid_token: Answer,
+    /// A call past the workspace's limit (`{{seconds}}` the wait in whole seconds,
+    /// rounded up; `{{plural_s}}` an `s` unless it is 1).
+    pub throttled: Answer,
+    /// A body that is not JSON.
+    pub not_json: Answer,
+    /// A field refused: its answer.
+    pub field: Answer,
+    /// A record or path it does not have.
+    pub not_found: Answer,
+    /// A path it serves, called with another method.
+    pub method: Answer,
+    /// The message of a required field missing.
+    pub required: String,
+    /// A body that is not an object: the field and message it is refused with.
+    pub not_object: (String, String),
+}
+
+/// One operation of a workspace's API.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Operation {
+    /// Where the vendor describes it.
+    pub source: String,
+    /// Its method.
+    pub method: String,
+    /// Its path under the prefix: segments, `{key}` one taken as a record's key
+    /// (percent-decoded); a trailing slash or none.
+    pub path: String,
+    /// What the call must satisfy, checked in order; the first broken answers.
+    #[serde(default)]
+    pub checks: Vec<Check>,
+    /// What it does.
+    pub action: Action,
+    /// Its answer (templates: `{{key}}`, `{{id}}`, `{{created}}`, `{{updated_count}}`,
+    /// `{{not_found}}`).
+    pub ok: Answer,
+    /// The target's own key for each record it writes, counted per key to find
+    /// duplicates (not the vendor's: `{{key}}`, `{{attribute}}`, `{{delivery_id}}` the
+    /// courier delivery id an appended entry carries in `data`, else `#<position>`).
+    pub accepted: String,
+}
+
+/// A condition on a call; field names are the body's top-level fields.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Check {
+    /// The body is an object.
+    Object,
+    /// A field is present, of this kind.
+    Required {
+        /// The field.
+        field: String,
+        /// What it must hold.
+        kind: Kind,
+    },
+    /// String fields hold at most `max` characters.
+    MaxChars {
+        /// The fields.
+        fields: Vec<String>,
+        /// The most characters.
+        max: usize,
+        /// The message (`{{max}}`).
+        message: String,
+    },
+    /// A list field holds at most `max` items.
+    MaxItems {
+        /// The field.
+        field: String,
+        /// The most items.
+        max: usize,
+        /// The message (`{{max}}`).
+        message: String,
+    },
+    /// A string field holds one of these values.
+    OneOf {
+        /// The field.
+        field: String,
+        /// The values allowed.
+        values: Vec<String>,
+        /// The message (`{{value}}`).
+        message: String,
+    },
+    /// Field names a store's records have: standard or declared by the workspace.
+    Declared {
+        /// The store.
+        store: String,
+        /// The names: the body's fields (`""`), or the one a string field holds.
+        names: String,
+        /// The message (`{{name}}`), refused under that name.
+        message: String,
+    },
+    /// The record of the path's `{key}` exists, else `not_found`.
+    Exists {
+        /// Its store.
+        store: String,
+    },
+    /// The call names a record of a store, by the first of these fields present.
+    Reference {
+        /// The store.
+        store: String,
+        /// The fields that may name it.
+        by: Vec<RefField>,
+        /// The field named when none is present.
+        required: String,
+        /// Whether the record must exist.
+        must_exist: bool,
+    },
+}
+
+/// What a required field must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A key: a non-empty string or a number.
+    Key,
+    /// A non-empty string.
+    Text,
+    /// Any string.
+    String,
+    /// A list.
+    List,
+    /// Anything.
+    Any,
+}
+
+/// A field naming a record.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefField {
+    /// The field.
+    pub field: String,
+    /// What it holds: the record's key (`key`) or its number (`id`).
+    pub by: RefBy,
+    /// The message when the record does not exist (`{{value}}`).
+    pub unknown: String,
+}
+
+/// What a reference holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefBy {
+    /// The record's key.
+    Key,
+    /// The record's number.
+    Id,
+}
+
+/// What an operation does.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Action {
+    /// Writes the body's fields into a record, created if new.
+    Upsert {
+        /// The store.
+        store: String,
+        /// Where its key is: a body field, or `{key}` the path's.
+        key: String,
+    },
+    /// Sets one field to one value in many records; those it does not have are named in
+    /// `{{not_found}}` (as given).
+    SetMany {
+        /// The store.
+        store: String,
+        /// The list field naming the records.
+        ids: String,
+        /// What they are named by.
+        by: RefBy,
+        /// The field naming the field to set.
+        attribute: String,
+        /// The field holding the value.
+        value: String,
+    },
+    /// Appends the body to a log, with `add` fields (templates, `{{key}}` the path's).
+    Append {
+        /// The log.
+        log: String,
+        /// Fields added to the entry.
+        #[serde(default)]
+        add: Map<String, Value>,
+        /// A store whose record of the path's `{key}` takes the fields of this object
+        /// field of the body (created if new; courier's delivery id left out).
+        #[serde(default)]
+        merge: Option<(String, String)>,
+    },
+}
+
+/// Rate-limit headers of three fields: the limit, what is left, and when it resets or how
+/// long the window is. Names are matched in lower case, as HTTP/2 sends them.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateHeaderNames {
+    /// Where the vendor documents them.
+    pub source: String,
+    /// The header stating the requests allowed per window.
+    pub limit: String,
+    /// The header stating the requests left in it.
+    pub remaining: String,
+    /// The header stating when the budget is back, if the vendor sends one.
+    #[serde(default)]
+    pub reset: Option<Timed>,
+    /// The header stating the window's length, if the vendor sends one.
+    #[serde(default)]
+    pub window: Option<Timed>,
+}
+
+/// A header stating a time.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timed {
+    /// Its name.
+    pub header: String,
+    /// How it states the time.
+    pub unit: TimeUnit,
+}
+
+/// How a header states a time: a span (a reset from now, or a window) in whole seconds or
+/// milliseconds, rounded up, or a moment as a UTC epoch second (rounded up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeUnit {
+    /// Whole seconds.
+    Seconds,
+    /// Whole milliseconds.
+    Milliseconds,
+    /// The UTC epoch second of the moment (a reset only).
+    EpochSeconds,
 }
 
 /// One batch endpoint.
@@ -43,7 +324,7 @@ pub struct Endpoint {
     /// or new.
     #[serde(default)]
     pub contacts: Option<Contacts>,
-    /// A field of each record whose values must all be strings (HubSpot's `properties`);
+    /// A field of each record whose values must all be strings (e.g. a CRM's `properties`);
     /// a call breaking it gets `bad_request`.
     #[serde(default)]
     pub strings: Option<String>,
@@ -65,7 +346,7 @@ pub struct Endpoint {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Contacts {
-    /// The store's name (one per vendor: `brevo`).
+    /// The store's name (one per vendor).
     pub store: String,
     /// Where a record names its person (a JSON pointer: `/email`), matched whatever its
     /// case.
@@ -77,7 +358,7 @@ pub struct Contacts {
     /// them.
     #[serde(default)]
     pub refused: Option<Answer>,
-    /// A field of the body that must be `true` for a known person to be updated (Brevo's
+    /// A field of the body that must be `true` for a known person to be updated (e.g.
     /// `updateEnabled`); without it, such a call gets `duplicate`.
     #[serde(default)]
     pub update_flag: Option<String>,
@@ -140,6 +421,14 @@ pub fn emulations() -> &'static [(&'static str, Emulation)] {
     &PARSED
 }
 
+/// The emulation built in under `name`, with the name as it is kept.
+pub fn named(name: &str) -> Option<(&'static str, &'static Emulation)> {
+    emulations()
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(n, e)| (*n, e))
+}
+
 /// How one vendor runs a kind of job: its calls, its states' names, its answers.
 /// Templates are those of the batch sink ([`crate::vendors`]), with `{{id}}` (`{{number}}`
 /// its number alone), `{{state}}`,
@@ -176,6 +465,21 @@ pub struct JobEmulation {
     pub required: Option<String>,
     /// The body of an error answer.
     pub error: Value,
+    /// The limits of each of its calls, each call limited on its own, when the target is
+    /// told to enforce them ([`crate::jobs::JobsConfig::limited`]).
+    #[serde(default)]
+    pub limits: Option<CallLimits>,
+}
+
+/// Limits on each call of a job, fixed windows answered 429 with `Retry-After` in whole
+/// seconds when spent.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallLimits {
+    /// Where the vendor states them.
+    pub source: String,
+    /// Each limit, `N/s`, `N/min` or `N/h`: every one must admit a call.
+    pub each_call: Vec<String>,
 }
 
 /// A job's states, by the vendor's names.
@@ -257,7 +561,7 @@ pub struct ErrorsStep {
     /// field of it), then the uploaded ones.
     #[serde(default)]
     pub csv: Option<Vec<(String, String)>>,
-    /// Served as a file by another host than the API's (Brevo's import reports): at the
+    /// Served as a file by another host than the API's (a vendor's import reports): at the
     /// other name of loopback (`localhost` for `127.0.0.1`, and back), its URL in the
     /// status answer's `{{report}}` once the job is complete with failed records (null
     /// before, and when none failed).

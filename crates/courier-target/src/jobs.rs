@@ -26,7 +26,7 @@ use serde_json::{Map, Value, json};
 use crate::{
     Limiter, RetryAfterMode, TargetState, Window,
     emulation::{JobEmulation, Records, States, Step, emulations},
-    lock,
+    limiter, lock,
     server::{accept, json_reply, throttled_response},
     vendors::{Batch, invalid, record_keys},
 };
@@ -52,10 +52,10 @@ pub struct JobsConfig {
     pub complete_after: Duration,
     /// How a job ends.
     pub end: JobEnd,
-    /// Each endpoint's limits (create, upload, close, status, errors: each its own, as
-    /// Klaviyo's), requests per second and per minute on fixed windows, answered 429
-    /// with `Retry-After` in whole seconds; `None`: no limit.
-    pub limits: Option<(u32, u32)>,
+    /// Whether each call (create, upload, close, status, errors: each on its own) is
+    /// limited as its emulation's `limits` say, on fixed windows, answered 429 with
+    /// `Retry-After` in whole seconds; `false`: no limit.
+    pub limited: bool,
 }
 
 impl Default for JobsConfig {
@@ -63,14 +63,25 @@ impl Default for JobsConfig {
         Self {
             complete_after: Duration::from_secs(2),
             end: JobEnd::Complete,
-            limits: None,
+            limited: false,
         }
     }
 }
 
-/// Klaviyo's published limits of each `profile-bulk-import-jobs` endpoint: 10/s burst,
-/// 150/min steady.
-pub const KLAVIYO_LIMITS: (u32, u32) = (10, 150);
+/// The limits of each call of the jobs `emulation` runs (`presets/<name>.target.json`), as
+/// `(limit, period)`: empty when it states none (or has no jobs). A limit that does not
+/// parse fails the test reading every emulation.
+pub fn call_limits(emulation: &str) -> Vec<(u32, Duration)> {
+    let Some((_, e)) = crate::emulation::named(emulation) else {
+        return Vec::new();
+    };
+    e.jobs
+        .iter()
+        .filter_map(|j| j.limits.as_ref())
+        .flat_map(|l| &l.each_call)
+        .filter_map(|l| limiter::parse_rate(l).ok())
+        .collect()
+}
 
 /// Where in its life a job is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,8 +133,8 @@ pub(crate) struct Jobs {
     pub(crate) config: JobsConfig,
     by_id: HashMap<String, Job>,
     next: u64,
-    /// Each endpoint's per-second and per-minute limiters, made as first called.
-    limiters: HashMap<(usize, Role), (Limiter, Limiter)>,
+    /// Each endpoint's limiters, made as first called.
+    limiters: HashMap<(usize, Role), Vec<Limiter>>,
 }
 
 /// Which call of a job a request is.
@@ -138,17 +149,27 @@ enum Role {
 
 /// Whether `endpoint` may be called now under `config`'s limits; the wait when not.
 fn admitted(jobs: &mut Jobs, endpoint: (usize, Role), now: Instant) -> Result<(), Duration> {
-    let Some((per_second, per_minute)) = jobs.config.limits else {
+    if !jobs.config.limited {
         return Ok(());
-    };
-    let (second, minute) = jobs.limiters.entry(endpoint).or_insert_with(|| {
-        (
-            Limiter::new(per_second, Duration::from_secs(1), Window::Fixed),
-            Limiter::new(per_minute, Duration::from_secs(60), Window::Fixed),
-        )
+    }
+    let limiters = jobs.limiters.entry(endpoint).or_insert_with(|| {
+        emulation(endpoint.0)
+            .limits
+            .iter()
+            .flat_map(|l| &l.each_call)
+            .filter_map(|l| limiter::parse_rate(l).ok())
+            .map(|(n, period)| Limiter::new(n, period, Window::Fixed))
+            .collect()
     });
-    minute.check(now)?;
-    second.check(now)
+    // Every window must admit it; one that refuses counts nothing in the others.
+    let mut probe = limiters.clone();
+    match probe.iter_mut().filter_map(|l| l.check(now).err()).max() {
+        Some(wait) => Err(wait),
+        None => {
+            *limiters = probe;
+            Ok(())
+        }
+    }
 }
 
 /// The job id in `path` if it matches `pattern` (`**` first: any prefix; `*` one segment;
@@ -745,7 +766,7 @@ mod tests {
     #[test]
     fn every_job_emulation_names_its_calls_and_their_states() {
         let all: Vec<&JobEmulation> = emulations().iter().flat_map(|(_, e)| &e.jobs).collect();
-        assert!(all.len() >= 2, "the Klaviyo and Salesforce jobs");
+        assert!(all.len() >= 2, "two vendors run jobs, at least");
         for e in all {
             let uploads = e.upload.as_ref().and_then(|u| u.records.as_ref());
             let carried = matches!(
@@ -769,6 +790,62 @@ mod tests {
                 "{}: JSON or CSV errors",
                 e.id_prefix
             );
+            if let Some(l) = &e.limits {
+                assert!(
+                    l.source.len() > 20,
+                    "{}: limits name no source",
+                    e.id_prefix
+                );
+                assert!(!l.each_call.is_empty(), "{}", e.id_prefix);
+                for rate in &l.each_call {
+                    let parsed = limiter::parse_rate(rate);
+                    assert!(parsed.is_ok(), "{}: {rate}: {parsed:?}", e.id_prefix);
+                }
+            }
         }
+    }
+
+    #[test]
+    fn a_limited_jobs_call_is_refused_past_its_emulations_limits_each_on_its_own() {
+        let (i, limited) = emulations()
+            .iter()
+            .flat_map(|(_, e)| &e.jobs)
+            .enumerate()
+            .find(|(_, e)| e.limits.is_some())
+            .expect("an emulation limits its job calls");
+        let limits: Vec<(u32, Duration)> = limited
+            .limits
+            .as_ref()
+            .unwrap()
+            .each_call
+            .iter()
+            .map(|l| limiter::parse_rate(l).unwrap())
+            .collect();
+        let &(burst, period) = limits.iter().min_by_key(|(_, p)| *p).unwrap();
+        let t0 = Instant::now();
+        let mut jobs = Jobs::default();
+        for _ in 0..burst * 3 {
+            assert_eq!(
+                admitted(&mut jobs, (i, Role::Status), t0),
+                Ok(()),
+                "not limited"
+            );
+        }
+        jobs.config.limited = true;
+        for n in 0..burst {
+            assert_eq!(
+                admitted(&mut jobs, (i, Role::Status), t0),
+                Ok(()),
+                "call {n}"
+            );
+        }
+        let wait = admitted(&mut jobs, (i, Role::Status), t0).unwrap_err();
+        assert!(wait > Duration::ZERO && wait <= period, "{wait:?}");
+        // Another call of the same job has its own.
+        assert_eq!(admitted(&mut jobs, (i, Role::Errors), t0), Ok(()));
+        let name = emulations()
+            .iter()
+            .find(|(_, e)| e.jobs.iter().any(|j| std::ptr::eq(j, limited)));
+        assert_eq!(call_limits(name.unwrap().0), limits);
     }
 }

@@ -1,14 +1,16 @@
-//! `courier target`: a local HTTP server that behaves like User.com, for the demo, the
-//! tests and benchmarks. It binds to loopback by default.
+//! `courier target`: a local HTTP server that behaves like the CRM targets its emulation
+//! files describe (`presets/<name>.target.json`), for the demo, the tests and benchmarks.
+//! It binds to loopback by default.
 //!
-//! - **Workspaces** are told apart by the Host subdomain (`shop.localhost` serves
-//!   `/api/public/...` of workspace `shop`) or by a path prefix (`/ws/shop/api/public/...`).
-//!   Each checks `Authorization: Token <token>` (401 with a DRF `{"detail": ...}` body),
-//!   has its own rate limiter ([`limiter`], default 10 requests/s: a fixed or sliding
-//!   window, GCRA with no burst, or a token bucket) answering 429 with `retry-after` in
-//!   whole seconds rounded up (or an HTTP-date, or no header), optionally states what it
-//!   has left in rate-limit headers ([`RateHeaders`]: the IETF draft's or `X-RateLimit-*`),
-//!   and keeps the state of the User.com endpoints ([`usercom`]).
+//! - **Workspaces** (tenants) are told apart by the Host subdomain (`shop.localhost`
+//!   serves `/<prefix>...` of workspace `shop`) or by a path prefix (`/ws/shop/<prefix>...`),
+//!   where the prefix and the API are an emulation file's `workspace` ([`operations`]).
+//!   Each checks `Authorization: Token <token>` (401 as the API answers it), has its own
+//!   rate limiter ([`limiter`], default 10 requests/s: a fixed or sliding window, GCRA
+//!   with no burst, or a token bucket) answering 429 with `retry-after` in whole seconds
+//!   rounded up (or an HTTP-date, or no header), optionally states what it has left in
+//!   rate-limit headers ([`RateHeaders`]: the IETF draft's, `X-RateLimit-*`, or those an
+//!   emulation file names), and keeps what its API stored ([`workspace`]).
 //! - The **limit changes while running**, as when another client starts using the
 //!   workspace: on a schedule ([`TargetConfig::limit_schedule`]), from Rust
 //!   ([`Target::set_limit`]) or over HTTP (`POST /_limit` or `/ws/<name>/_limit` with
@@ -36,7 +38,8 @@
 //!   status), as a proxy in front of the app would add them.
 //! - [`limiter`]: the rate limiter kinds, the rate-limit headers and the peak meter, with
 //!   time as a parameter.
-//! - [`usercom`]: one workspace: its endpoints and their state.
+//! - [`workspace`]: one workspace: its token, limiter, counters and stored data.
+//! - [`operations`]: a workspace's API, answered as the emulation file's `workspace` says.
 //! - [`emulation`]: the emulation files' format (data), parsed once.
 //! - [`vendors`]: the batch sink, answering as the emulation files say.
 //! - [`jobs`]: asynchronous bulk jobs, run as the emulation files' `jobs` say.
@@ -45,9 +48,10 @@ pub mod emulation;
 pub mod faults;
 pub mod jobs;
 pub mod limiter;
+pub mod operations;
 mod server;
-pub mod usercom;
 pub mod vendors;
+pub mod workspace;
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -67,10 +71,11 @@ pub use faults::{Faults, parse_latency_ms};
 pub use limiter::{
     Budget, Limiter, PathLimit, PeakMeter, RateHeaders, Window, parse_limit_schedule,
 };
-pub use usercom::{DELIVERY_ID_FIELD, Reply, WorkspaceConfig, WorkspaceCounters, WorkspaceData};
+pub use operations::{DELIVERY_ID_FIELD, Reply, WorkspaceData};
 pub use vendors::{BatchReply, ContactBook, batch_sink};
+pub use workspace::{WorkspaceConfig, WorkspaceCounters};
 
-/// Requests per period a workspace allows unless configured: User.com's 10 per second.
+/// Requests per period a workspace allows unless configured (10 a second).
 pub const DEFAULT_RATE: u32 = 10;
 /// The limiter's period.
 pub const DEFAULT_PERIOD: Duration = Duration::from_secs(1);
@@ -86,7 +91,7 @@ pub const ACCEPTED_LOG_LIMIT: usize = 200_000;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RetryAfterMode {
-    /// `retry-after: N`, whole seconds rounded up (User.com, DRF).
+    /// `retry-after: N`, whole seconds rounded up (as Django REST Framework's throttle).
     #[default]
     Seconds,
     /// `retry-after: <HTTP-date>` of the moment the limiter admits again (rounded up).
@@ -117,7 +122,7 @@ pub struct TargetConfig {
     pub bind: IpAddr,
     /// Port (0 picks a free one).
     pub port: u16,
-    /// The User.com workspaces it serves.
+    /// The workspaces it serves.
     pub workspaces: Vec<WorkspaceConfig>,
     /// Requests per period each workspace allows.
     pub rate: u32,
@@ -228,7 +233,7 @@ pub struct TargetState {
 /// The parts of the state changed together.
 struct Inner {
     /// Workspaces by name.
-    workspaces: BTreeMap<String, usercom::Workspace>,
+    workspaces: BTreeMap<String, workspace::Workspace>,
     /// Peak rates over every request.
     peaks: PeakMeter,
     /// 429s answered (forced or by a limiter).
@@ -304,7 +309,7 @@ impl Target {
                             .iter()
                             .map(|&(after, limit)| (started + after, limit)),
                     );
-                let mut workspace = usercom::Workspace::new(w.clone(), limiter);
+                let mut workspace = workspace::Workspace::new(w.clone(), limiter);
                 workspace.rate_headers = config.rate_headers;
                 (w.name.clone(), workspace)
             })
@@ -352,9 +357,10 @@ impl Target {
         format!("http://{}/", self.addr)
     }
 
-    /// The User.com base URL of workspace `name` (path-prefix form).
+    /// The base URL of workspace `name`'s API (path-prefix form).
     pub fn workspace_url(&self, name: &str) -> String {
-        format!("http://{}/ws/{name}/api/public/", self.addr)
+        let prefix = operations::workspace_api().map_or("", |a| a.prefix.as_str());
+        format!("http://{}/ws/{name}/{prefix}", self.addr)
     }
 
     /// Answers every following request with `status` (429s carry `retry_after` if given);
@@ -365,18 +371,23 @@ impl Target {
         *lock(&self.state.retry_after) = retry_after.unwrap_or_default().to_owned();
     }
 
-    /// Stores users with these custom ids in `workspace` (with no attributes), as if
-    /// created earlier: the state a bulk attribute change starts from.
-    pub fn seed_users(&self, workspace: &str, custom_ids: impl IntoIterator<Item = String>) {
+    /// Keeps records of these keys in `store` of `workspace` (with no fields), as if
+    /// created earlier: the state a bulk change of existing records starts from.
+    pub fn seed_records(
+        &self,
+        workspace: &str,
+        store: &str,
+        keys: impl IntoIterator<Item = String>,
+    ) {
         let mut inner = lock(&self.state.inner);
         if let Some(w) = inner.workspaces.get_mut(workspace) {
-            for id in custom_ids {
-                w.add_user(&id);
+            for key in keys {
+                w.seed(store, &key);
             }
         }
     }
 
-    /// Keeps these people in a vendor's `store` (`brevo`), each by key (an e-mail), as if
+    /// Keeps these people in a vendor's `store` (an emulation's `contacts.store`), each by key (an e-mail), as if
     /// created earlier: a customer the target already knows.
     pub fn seed_contacts(&self, store: &str, keys: impl IntoIterator<Item = String>) {
         let mut book = lock(&self.state.contacts);

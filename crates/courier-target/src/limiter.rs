@@ -6,6 +6,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::emulation::{self, RateHeaderNames, TimeUnit, Timed};
+
 /// How the limiter counts requests against its budget (the limiter kind).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -86,7 +88,7 @@ pub struct Budget {
 pub struct Limiter {
     /// Requests allowed per period.
     limit: u32,
-    /// The period (1 s for User.com).
+    /// The period.
     period: Duration,
     /// The limiter kind.
     window: Window,
@@ -281,116 +283,175 @@ impl Limiter {
     }
 }
 
-/// Which rate-limit headers a workspace's answers carry.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Which rate-limit headers a workspace's answers carry: none, one of the two generic
+/// standards, or those an emulation file names (`presets/<name>.target.json`'s
+/// `rate_headers`, chosen by the file's name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(into = "String")]
 pub enum RateHeaders {
-    /// None, as User.com documents.
+    /// None.
     #[default]
-    #[serde(rename = "none")]
     None,
     /// The IETF draft's (-10/-11) `RateLimit-Policy: "default";q=L;w=W` and
     /// `RateLimit: "default";r=R;t=T`.
-    #[serde(rename = "ietf")]
     Ietf,
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` in seconds from
-    /// now.
-    #[serde(rename = "x-ratelimit")]
+    /// The common `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` in
+    /// seconds from now.
     XRateLimit,
     /// The same with `X-RateLimit-Reset` as the UTC epoch second (GitHub's form).
-    #[serde(rename = "x-ratelimit-epoch")]
     XRateLimitEpoch,
-    /// HubSpot's `X-HubSpot-RateLimit-Max`, `-Remaining` and `-Interval-Milliseconds`
-    /// (the window in milliseconds; no reset).
-    #[serde(rename = "hubspot")]
-    HubSpot,
-    /// Brevo's `x-sib-ratelimit-limit`, `-remaining` and `-reset` (seconds; its 429s carry
-    /// no `Retry-After`).
-    #[serde(rename = "brevo")]
-    Brevo,
+    /// Those the emulation file of this name states.
+    Emulated(&'static str),
+}
+
+/// The common `X-RateLimit-*` fields, with their reset in `unit`.
+fn x_ratelimit(unit: TimeUnit) -> RateHeaderNames {
+    RateHeaderNames {
+        source: "the common X-RateLimit-* fields".into(),
+        limit: "x-ratelimit-limit".into(),
+        remaining: "x-ratelimit-remaining".into(),
+        reset: Some(Timed {
+            header: "x-ratelimit-reset".into(),
+            unit,
+        }),
+        window: None,
+    }
+}
+
+impl RateHeaders {
+    /// The generic kinds, by the name the command line uses.
+    const GENERIC: [(&'static str, RateHeaders); 4] = [
+        ("none", RateHeaders::None),
+        ("ietf", RateHeaders::Ietf),
+        ("x-ratelimit", RateHeaders::XRateLimit),
+        ("x-ratelimit-epoch", RateHeaders::XRateLimitEpoch),
+    ];
+
+    /// The name the command line uses: a generic kind's, or the emulation file's.
+    pub fn name(self) -> &'static str {
+        match self {
+            RateHeaders::Emulated(name) => name,
+            kind => Self::GENERIC
+                .iter()
+                .find(|(_, k)| *k == kind)
+                .map_or("?", |(n, _)| n),
+        }
+    }
+
+    /// The three headers it states, unless it is none or the IETF draft's.
+    fn names(self) -> Option<RateHeaderNames> {
+        match self {
+            RateHeaders::None | RateHeaders::Ietf => None,
+            RateHeaders::XRateLimit => Some(x_ratelimit(TimeUnit::Seconds)),
+            RateHeaders::XRateLimitEpoch => Some(x_ratelimit(TimeUnit::EpochSeconds)),
+            RateHeaders::Emulated(name) => emulation::named(name)?.1.rate_headers.clone(),
+        }
+    }
+}
+
+impl From<RateHeaders> for String {
+    fn from(r: RateHeaders) -> String {
+        r.name().to_owned()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RateHeaders {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl std::str::FromStr for RateHeaders {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "none" => Ok(Self::None),
-            "ietf" => Ok(Self::Ietf),
-            "x-ratelimit" => Ok(Self::XRateLimit),
-            "x-ratelimit-epoch" => Ok(Self::XRateLimitEpoch),
-            "hubspot" => Ok(Self::HubSpot),
-            "brevo" => Ok(Self::Brevo),
-            other => Err(format!(
-                "rate headers must be none, ietf, x-ratelimit, x-ratelimit-epoch, hubspot or \
-                 brevo, not {other:?}"
-            )),
+        let s = s.trim();
+        if let Some((_, kind)) = Self::GENERIC.iter().find(|(n, _)| *n == s) {
+            return Ok(*kind);
+        }
+        match emulation::named(s) {
+            Some((name, e)) if e.rate_headers.is_some() => Ok(RateHeaders::Emulated(name)),
+            _ => {
+                let emulated: Vec<&str> = emulation::emulations()
+                    .iter()
+                    .filter(|(_, e)| e.rate_headers.is_some())
+                    .map(|(n, _)| *n)
+                    .collect();
+                Err(format!(
+                    "rate headers must be none, ietf, x-ratelimit, x-ratelimit-epoch or an \
+                     emulation stating its own ({}), not {s:?}",
+                    emulated.join(", ")
+                ))
+            }
         }
     }
 }
 
 /// The headers stating `budget` in `mode`; `now` is the wall-clock time an epoch reset is
-/// counted from. Seconds are whole, as the formats have them, and rounded up, so a client
+/// counted from. Times are whole, as the formats have them, and rounded up, so a client
 /// that waits the reset never comes back early. The policy's window is the period in whole
 /// seconds (at least one) and its quota the limit over that window.
 pub fn rate_headers(
     budget: &Budget,
     mode: RateHeaders,
     now: std::time::SystemTime,
-) -> Vec<(&'static str, String)> {
+) -> Vec<(String, String)> {
     let secs_up = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    let window = secs_up(budget.period).max(1);
-    let quota = (u128::from(budget.limit) * u128::from(window) * 1_000_000_000
-        / budget.period.as_nanos().max(1)) as u64;
-    let reset = secs_up(budget.reset);
-    match mode {
-        RateHeaders::None => Vec::new(),
-        RateHeaders::Ietf => vec![
+    let window = Duration::from_secs(secs_up(budget.period).max(1));
+    let quota =
+        (u128::from(budget.limit) * window.as_nanos() / budget.period.as_nanos().max(1)) as u64;
+    if mode == RateHeaders::Ietf {
+        return vec![
             (
-                "ratelimit-policy",
-                format!("\"default\";q={quota};w={window}"),
+                "ratelimit-policy".into(),
+                format!("\"default\";q={quota};w={}", window.as_secs()),
             ),
             (
-                "ratelimit",
-                format!("\"default\";r={};t={reset}", budget.remaining),
+                "ratelimit".into(),
+                format!(
+                    "\"default\";r={};t={}",
+                    budget.remaining,
+                    secs_up(budget.reset)
+                ),
             ),
-        ],
-        RateHeaders::XRateLimit | RateHeaders::XRateLimitEpoch => {
-            let reset = if mode == RateHeaders::XRateLimitEpoch {
-                secs_up(
-                    (now + budget.reset)
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap_or_default(),
-                )
-            } else {
-                reset
-            };
-            vec![
-                ("x-ratelimit-limit", quota.to_string()),
-                ("x-ratelimit-remaining", budget.remaining.to_string()),
-                ("x-ratelimit-reset", reset.to_string()),
-            ]
+        ];
+    }
+    let Some(names) = mode.names() else {
+        return Vec::new();
+    };
+    let mut stated = vec![
+        (names.limit.to_lowercase(), quota.to_string()),
+        (names.remaining.to_lowercase(), budget.remaining.to_string()),
+    ];
+    let timed = [(names.reset, budget.reset), (names.window, window)];
+    for (header, span) in timed.into_iter().filter_map(|(h, d)| Some((h?, d))) {
+        stated.push((
+            header.header.to_lowercase(),
+            in_unit(span, header.unit, now),
+        ));
+    }
+    stated
+}
+
+/// A span from `now` in `unit`, rounded up: whole seconds or milliseconds of the span, or
+/// the epoch second of its end.
+fn in_unit(span: Duration, unit: TimeUnit, now: std::time::SystemTime) -> String {
+    let up = |d: Duration, per: u128| d.as_nanos().div_ceil(1_000_000_000 / per);
+    match unit {
+        TimeUnit::Seconds => up(span, 1).to_string(),
+        TimeUnit::Milliseconds => up(span, 1_000).to_string(),
+        TimeUnit::EpochSeconds => {
+            let at = (now + span)
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            up(at, 1).to_string()
         }
-        RateHeaders::HubSpot => vec![
-            ("x-hubspot-ratelimit-max", quota.to_string()),
-            (
-                "x-hubspot-ratelimit-remaining",
-                budget.remaining.to_string(),
-            ),
-            (
-                "x-hubspot-ratelimit-interval-milliseconds",
-                (window * 1000).to_string(),
-            ),
-        ],
-        RateHeaders::Brevo => vec![
-            ("x-sib-ratelimit-limit", quota.to_string()),
-            ("x-sib-ratelimit-remaining", budget.remaining.to_string()),
-            ("x-sib-ratelimit-reset", reset.to_string()),
-        ],
     }
 }
 
 /// Limits on the paths a pattern matches, outside any workspace (as a vendor limits each
-/// endpoint: Klaviyo's events 350/s and 3,500/min), each a fixed window, as Klaviyo's are.
+/// endpoint, e.g. 350/s and 3,500/min), each a fixed window.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PathLimit {
     /// The paths: segments, `*` for one, `**` for any number.
@@ -407,24 +468,7 @@ impl PathLimit {
         let (pattern, limits) = s.split_once('=').ok_or_else(|| bad("no ="))?;
         let limits = limits
             .split(',')
-            .map(|l| {
-                let (n, unit) = l
-                    .trim()
-                    .split_once('/')
-                    .ok_or_else(|| bad("a limit is N/unit"))?;
-                let n: u32 = n
-                    .parse()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| bad("N must be a positive integer"))?;
-                let period = match unit {
-                    "s" => Duration::from_secs(1),
-                    "min" => Duration::from_secs(60),
-                    "h" => Duration::from_secs(3600),
-                    _ => return Err(bad("the unit is s, min or h")),
-                };
-                Ok((n, period))
-            })
+            .map(|l| parse_rate(l).map_err(|e| bad(&e)))
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Self {
             pattern: pattern.trim().to_owned(),
@@ -439,6 +483,26 @@ impl PathLimit {
             .map(|&(n, period)| Limiter::new(n, period, Window::Fixed))
             .collect()
     }
+}
+
+/// `N/s`, `N/min` or `N/h`: a limit of N requests per second, minute or hour.
+pub fn parse_rate(s: &str) -> Result<(u32, Duration), String> {
+    let (n, unit) = s
+        .trim()
+        .split_once('/')
+        .ok_or_else(|| format!("a limit is N/unit, not {s:?}"))?;
+    let n: u32 = n
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("N must be a positive integer, not {n:?}"))?;
+    let period = match unit {
+        "s" => Duration::from_secs(1),
+        "min" => Duration::from_secs(60),
+        "h" => Duration::from_secs(3600),
+        _ => return Err(format!("the unit is s, min or h, not {unit:?}")),
+    };
+    Ok((n, period))
 }
 
 /// Parses a schedule of limit changes, `AFTER:LIMIT[,AFTER:LIMIT...]`, where AFTER is a
@@ -773,15 +837,27 @@ mod tests {
             reset: ms(1_300),
         };
         assert!(rate_headers(&budget, RateHeaders::None, now).is_empty());
+        let owned = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
         assert_eq!(
             rate_headers(&budget, RateHeaders::Ietf, now),
-            [
-                ("ratelimit-policy", "\"default\";q=10;w=1".to_owned()),
-                ("ratelimit", "\"default\";r=0;t=2".to_owned()),
-            ]
+            owned(&[
+                ("ratelimit-policy", "\"default\";q=10;w=1"),
+                ("ratelimit", "\"default\";r=0;t=2"),
+            ])
         );
         let x = |mode| rate_headers(&budget, mode, now);
-        assert_eq!(x(RateHeaders::XRateLimit)[2].1, "2");
+        assert_eq!(
+            x(RateHeaders::XRateLimit),
+            owned(&[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "2"),
+            ])
+        );
         // 1_700_000_000.25 + 1.3 = 1_700_000_001.55, rounded up.
         assert_eq!(x(RateHeaders::XRateLimitEpoch)[2].1, "1700000002");
         assert_eq!(x(RateHeaders::XRateLimitEpoch)[0].1, "10");
@@ -796,17 +872,78 @@ mod tests {
             rate_headers(&odd, RateHeaders::Ietf, now)[0].1,
             "\"default\";q=4;w=2"
         );
-        for (name, mode) in [
-            ("none", RateHeaders::None),
-            ("ietf", RateHeaders::Ietf),
-            ("x-ratelimit", RateHeaders::XRateLimit),
-            ("x-ratelimit-epoch", RateHeaders::XRateLimitEpoch),
-            ("hubspot", RateHeaders::HubSpot),
-            ("brevo", RateHeaders::Brevo),
-        ] {
+        for (name, mode) in RateHeaders::GENERIC {
             assert_eq!(name.parse(), Ok(mode));
+            assert_eq!(mode.name(), name);
         }
-        assert!("X".parse::<RateHeaders>().unwrap_err().contains("ietf"));
+        // An emulation stating none is no kind of rate headers.
+        let e = "X".parse::<RateHeaders>().unwrap_err();
+        assert!(e.contains("ietf") && e.contains("\"X\""), "{e}");
+        assert!("styles".parse::<RateHeaders>().is_err());
+    }
+
+    #[test]
+    fn a_unit_states_a_span_rounded_up() {
+        let now = std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250);
+        let span = Duration::from_micros(1_300_001);
+        assert_eq!(in_unit(span, TimeUnit::Seconds, now), "2");
+        assert_eq!(in_unit(span, TimeUnit::Milliseconds, now), "1301");
+        assert_eq!(in_unit(ms(1_300), TimeUnit::Milliseconds, now), "1300");
+        assert_eq!(in_unit(span, TimeUnit::EpochSeconds, now), "1700000002");
+        assert_eq!(in_unit(Duration::ZERO, TimeUnit::Seconds, now), "0");
+    }
+
+    #[test]
+    fn emulated_rate_headers_are_named_by_their_file() {
+        let emulated: Vec<RateHeaders> = emulation::emulations()
+            .iter()
+            .filter(|(_, e)| e.rate_headers.is_some())
+            .map(|(n, _)| n.parse().unwrap())
+            .collect();
+        assert!(!emulated.is_empty(), "some emulation states rate headers");
+        let budget = Budget {
+            limit: 4,
+            period: Duration::from_secs(60),
+            remaining: 1,
+            reset: ms(20_500),
+        };
+        for mode in emulated {
+            let RateHeaders::Emulated(name) = mode else {
+                panic!("{mode:?}");
+            };
+            let names = emulation::named(name)
+                .unwrap()
+                .1
+                .rate_headers
+                .clone()
+                .unwrap();
+            assert!(names.source.len() > 20, "{name}: names no source");
+            let stated = rate_headers(&budget, mode, std::time::SystemTime::now());
+            let get = |h: &str| {
+                stated
+                    .iter()
+                    .find(|(k, _)| *k == h.to_lowercase())
+                    .map(|(_, v)| v.as_str())
+            };
+            assert_eq!(get(&names.limit), Some("4"), "{name}");
+            assert_eq!(get(&names.remaining), Some("1"), "{name}");
+            if let Some(w) = &names.window {
+                let window = in_unit(Duration::from_secs(60), w.unit, std::time::UNIX_EPOCH);
+                assert_eq!(get(&w.header), Some(window.as_str()), "{name}");
+                assert_ne!(w.unit, TimeUnit::EpochSeconds, "{name}: a window is a span");
+            }
+            if let Some(r) = names
+                .reset
+                .as_ref()
+                .filter(|r| r.unit != TimeUnit::EpochSeconds)
+            {
+                let reset = in_unit(ms(20_500), r.unit, std::time::UNIX_EPOCH);
+                assert_eq!(get(&r.header), Some(reset.as_str()), "{name}");
+            }
+            assert_eq!(mode.name().parse(), Ok(mode));
+            let json = serde_json::to_string(&mode).unwrap();
+            assert_eq!(serde_json::from_str::<RateHeaders>(&json).unwrap(), mode);
+        }
     }
 
     #[test]

@@ -160,7 +160,7 @@ enum Route {
     Counters(Option<String>),
     /// The limits of every workspace or of one.
     Limit(Option<String>),
-    /// A workspace's API: its name and the path after `api/public/`.
+    /// A workspace's API: its name and the path after the API's prefix.
     Workspace(String, String),
     /// `/ws/<name>/...` naming no workspace.
     UnknownWorkspace,
@@ -186,7 +186,8 @@ fn route(inner: &Inner, path: &str, host: Option<&str>) -> Route {
         if rest == "_limit" {
             return Route::Limit(Some(name.to_owned()));
         }
-        return match rest.strip_prefix("api/public/") {
+        let prefix = operations::workspace_api().map_or("", |a| a.prefix.as_str());
+        return match rest.strip_prefix(prefix).filter(|_| !prefix.is_empty()) {
             Some(api) => Route::Workspace(name.to_owned(), api.to_owned()),
             None => Route::Workspace(name.to_owned(), format!("/{rest}")),
         };
@@ -195,7 +196,9 @@ fn route(inner: &Inner, path: &str, host: Option<&str>) -> Route {
         .and_then(|h| h.split_once('.'))
         .map(|(first, _)| first)
         .filter(|name| inner.workspaces.contains_key(*name));
-    match (subdomain, path.strip_prefix("/api/public/")) {
+    let prefix = operations::workspace_api().map(|a| a.prefix.as_str());
+    let api = prefix.and_then(|p| path.strip_prefix('/')?.strip_prefix(p));
+    match (subdomain, api) {
         (Some(name), Some(api)) => Route::Workspace(name.to_owned(), api.to_owned()),
         _ => Route::Generic,
     }
@@ -216,8 +219,21 @@ fn throttled_detail(secs: u64) -> serde_json::Value {
 
 /// A 429 for a wait of `wait`, in the given mode.
 pub(crate) fn throttled_response(wait: Duration, mode: RetryAfterMode) -> Response {
+    let body = throttled_detail(limiter::whole_seconds_up(wait));
+    throttled_with(wait, mode, 429, body)
+}
+
+/// An answer of `status` and `body` to a call past a limit, for a wait of `wait`: its
+/// `retry-after` in the given mode.
+fn throttled_with(
+    wait: Duration,
+    mode: RetryAfterMode,
+    status: u16,
+    body: serde_json::Value,
+) -> Response {
     let secs = limiter::whole_seconds_up(wait);
-    let body = Json(throttled_detail(secs));
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let body = Json(body);
     let header = match mode {
         RetryAfterMode::Seconds => Some(secs.to_string()),
         RetryAfterMode::HttpDate => {
@@ -233,8 +249,8 @@ pub(crate) fn throttled_response(wait: Duration, mode: RetryAfterMode) -> Respon
         RetryAfterMode::None => None,
     };
     match header {
-        Some(v) => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", v)], body).into_response(),
-        None => (StatusCode::TOO_MANY_REQUESTS, body).into_response(),
+        Some(v) => (status, [("retry-after", v)], body).into_response(),
+        None => (status, body).into_response(),
     }
 }
 
@@ -421,7 +437,7 @@ struct WorkspaceCall<'a> {
 
 /// A workspace's answer: its token, then its limiter (the rate-limit headers state what
 /// it has left at the instant it admits or refuses, so they say exactly what the next
-/// request meets), then the batch sink or the User.com endpoint.
+/// request meets), then the batch sink or the workspace's API ([`operations`]).
 fn workspace_call(s: &TargetState, name: &str, call: WorkspaceCall<'_>) -> Response {
     let authorization = call
         .headers
@@ -448,7 +464,10 @@ fn workspace_call(s: &TargetState, name: &str, call: WorkspaceCall<'_>) -> Respo
     let mut response = if let Err(wait) = admitted {
         w.counters.throttled += 1;
         inner.throttled += 1;
-        throttled_response(wait, mode)
+        match w.throttled(limiter::whole_seconds_up(wait)) {
+            Some(reply) => throttled_with(wait, mode, reply.status, reply.body),
+            None => throttled_response(wait, mode),
+        }
     } else if let Some(batch) = call.body.and_then(|b| sink(s, call.api, b, call.headers)) {
         for key in &batch.accepted {
             *w.counters.accepted.entry(key.clone()).or_default() += 1;
@@ -461,13 +480,14 @@ fn workspace_call(s: &TargetState, name: &str, call: WorkspaceCall<'_>) -> Respo
         }
         json_reply(reply.status, reply.body)
     } else {
-        json_reply(
-            400,
-            serde_json::json!({"detail": "JSON parse error - the body is not JSON."}),
-        )
+        let reply = w.not_json();
+        json_reply(reply.status, reply.body)
     };
     for (name, value) in stated {
-        if let Ok(value) = axum::http::HeaderValue::try_from(value) {
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::try_from(name),
+            axum::http::HeaderValue::try_from(value),
+        ) {
             response.headers_mut().insert(name, value);
         }
     }

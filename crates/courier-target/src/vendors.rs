@@ -536,10 +536,19 @@ mod tests {
     fn every_emulation_reads_and_names_its_source() {
         assert!(emulations().len() > 1);
         for (name, e) in emulations() {
-            let serves = !e.endpoints.is_empty() || !e.jobs.is_empty();
+            let serves = !e.endpoints.is_empty() || !e.jobs.is_empty() || e.workspace.is_some();
             assert!(!e.about.is_empty() && serves, "{name}");
             let sources = e.endpoints.iter().map(|ep| &ep.source);
             let sources = sources.chain(e.jobs.iter().map(|j| &j.source));
+            let sources = sources.chain(
+                e.jobs
+                    .iter()
+                    .filter_map(|j| Some(&j.limits.as_ref()?.source)),
+            );
+            let sources = sources.chain(e.rate_headers.iter().map(|r| &r.source));
+            let sources = sources.chain(e.workspace.iter().map(|w| &w.source));
+            let ops = e.workspace.iter().flat_map(|w| &w.operations);
+            let sources = sources.chain(ops.map(|op| &op.source));
             for source in sources {
                 assert!(
                     source.len() > 20,

@@ -70,7 +70,7 @@ async fn each_window_kind_refuses_the_request_past_the_limit_with_a_rounded_up_w
         let c = t.counters();
         assert_eq!((c.throttled, c.workspaces["shop"].throttled), (1, 1));
         assert_eq!(
-            c.workspaces["shop"].users, 3,
+            c.workspaces["shop"].stored["users"], 3,
             "the refused write was not applied"
         );
     }
@@ -205,7 +205,7 @@ async fn workspaces_are_told_apart_by_path_prefix_and_host() {
     assert_eq!(
         t.workspace_data("other")
             .unwrap()
-            .users
+            .store("users")
             .keys()
             .collect::<Vec<_>>(),
         ["o1"]
@@ -213,7 +213,7 @@ async fn workspaces_are_told_apart_by_path_prefix_and_host() {
     assert_eq!(
         t.workspace_data("shop")
             .unwrap()
-            .users
+            .store("users")
             .keys()
             .collect::<Vec<_>>(),
         ["s1"]
@@ -326,7 +326,12 @@ async fn counters_are_served_as_json() {
         .unwrap();
     assert_eq!(shop, all.workspaces["shop"]);
     assert_eq!(
-        (shop.requests, shop.throttled, shop.users, shop.duplicates),
+        (
+            shop.requests,
+            shop.throttled,
+            shop.stored["users"],
+            shop.duplicates
+        ),
         (3, 1, 1, 1)
     );
     assert_eq!(shop.accepted["user:c1"], 2);
@@ -568,11 +573,18 @@ fn every_preset_endpoint_is_emulated_by_the_file_beside_it() {
             let e = emulation.unwrap_or_else(|| {
                 panic!("preset {preset}: rule {} calls a batch endpoint; presets/{preset}.target.json says how it answers", rule["name"])
             });
-            assert!(
-                e.endpoints.iter().any(|ep| ep
-                    .paths
+            // A workspace's operations serve their paths under its prefix.
+            let operations = e.workspace.iter().flat_map(|w| {
+                w.operations
                     .iter()
-                    .any(|p| courier_target::vendors::path_matches(p, rule_path))),
+                    .map(|op| format!("{}{}", w.prefix, op.path.replace("{key}", "*")))
+            });
+            let paths: Vec<String> = e.endpoints.iter().flat_map(|ep| ep.paths.clone()).collect();
+            assert!(
+                paths
+                    .into_iter()
+                    .chain(operations)
+                    .any(|p| courier_target::vendors::path_matches(&p, rule_path)),
                 "preset {preset}: no endpoint of {preset}.target.json serves {rule_path}"
             );
             checked += 1;

@@ -30,8 +30,9 @@ pub struct TargetArgs {
     #[arg(long)]
     limit_schedule: Option<String>,
     /// Rate-limit headers every answer carries: none, ietf (RateLimit-Policy and
-    /// RateLimit), x-ratelimit (reset in seconds), x-ratelimit-epoch, hubspot
-    /// (X-HubSpot-RateLimit-*, the window in milliseconds) or brevo (x-sib-ratelimit-*).
+    /// RateLimit), x-ratelimit (reset in seconds), x-ratelimit-epoch, or the name of an
+    /// emulation file stating its vendor's own (`rate_headers` in
+    /// presets/<name>.target.json: hubspot, brevo).
     #[arg(long, default_value = "none")]
     rate_headers: target::RateHeaders,
     /// What a 429 carries: seconds, http-date or none.

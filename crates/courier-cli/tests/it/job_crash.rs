@@ -72,7 +72,7 @@ async fn a_worker_killed_while_polling_its_jobs_loses_nothing_and_submits_nothin
     target.set_jobs(JobsConfig {
         complete_after: Duration::from_secs(12),
         end: JobEnd::Complete,
-        limits: None,
+        limited: false,
     });
     shop(&db.pool, &target.url()).await;
     let n = 300;
