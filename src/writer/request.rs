@@ -135,21 +135,7 @@ impl RequestShape {
         {
             return Err(format!("request: content_type {t:?} is not a header value"));
         }
-        for r in &shape.require {
-            if r.names().is_empty() || r.names().iter().any(|n| n.trim().is_empty()) {
-                return Err("request: require names an empty field, or an empty list".into());
-            }
-        }
-        if let Some(group) = &shape.group {
-            group.check()?;
-            if shape.csv.is_some() || shape.multipart.is_some() || shape.max_bytes.is_some() {
-                return Err(
-                    "request: group sends JSON bodies of its own: give no csv, multipart or \
-                     max_bytes beside it"
-                        .into(),
-                );
-            }
-        }
+        shape.check_require_and_group()?;
         // With a group, the rule's own shape sends one record per call.
         let bulk = bulk && shape.group.is_none();
         if let Some(item) = &shape.item {
@@ -203,6 +189,27 @@ impl RequestShape {
             ));
         }
         Ok(shape)
+    }
+
+    /// Checks `require` (no empty name or list) and `group` (its templates and path, and
+    /// no CSV, multipart or byte cut beside it).
+    fn check_require_and_group(&self) -> Result<(), String> {
+        for r in &self.require {
+            if r.names().is_empty() || r.names().iter().any(|n| n.trim().is_empty()) {
+                return Err("request: require names an empty field, or an empty list".into());
+            }
+        }
+        if let Some(group) = &self.group {
+            group.check()?;
+            if self.csv.is_some() || self.multipart.is_some() || self.max_bytes.is_some() {
+                return Err(
+                    "request: group sends JSON bodies of its own: give no csv, multipart or \
+                     max_bytes beside it"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The method.
@@ -676,6 +683,56 @@ mod tests {
         }
         let e = RequestShape::parse(Some(&json!({"csv": ["a"]})), "p", false).unwrap_err();
         assert!(e.contains("records_per_call above 1"), "{e}");
+    }
+
+    #[test]
+    fn required_fields_are_named_and_an_optional_one_left_out_when_absent() {
+        let shape = RequestShape::parse(
+            Some(&json!({"require": ["name", ["user_custom_id", "user_id"]],
+                         "item": {"...": "{{payload}}",
+                                  "data": {"...": "{{payload/data?}}",
+                                           "id": "{{delivery_id | number}}"}}})),
+            "events/",
+            false,
+        )
+        .unwrap();
+        let e = shape.item(record(&json!({"name": "n"}))).unwrap_err();
+        assert_eq!(
+            e,
+            "missing required field \"user_custom_id\" (or \"user_id\")"
+        );
+        let e = shape
+            .item(record(&json!({"name": " ", "user_id": 1})))
+            .unwrap_err();
+        assert_eq!(e, "missing required field \"name\"");
+        assert_eq!(
+            shape
+                .item(record(&json!({"name": "n", "user_id": 1})))
+                .unwrap(),
+            json!({"name": "n", "user_id": 1, "data": {"id": 42}})
+        );
+        assert_eq!(
+            shape
+                .item(record(
+                    &json!({"name": "n", "user_id": 1, "data": {"x": 1}})
+                ))
+                .unwrap()["data"],
+            json!({"x": 1, "id": 42})
+        );
+        for (request, words) in [
+            (
+                json!({"item": {"a": "x{{payload/a?}}"}}),
+                "only a payload field",
+            ),
+            (
+                json!({"item": {"a": "{{delivery_id?}}"}}),
+                "only a payload field",
+            ),
+            (json!({"require": [[]]}), "require names an empty"),
+        ] {
+            let e = RequestShape::parse(Some(&request), "p", false).unwrap_err();
+            assert!(e.contains(words), "{request}: {e}");
+        }
     }
 
     #[test]
