@@ -54,7 +54,7 @@ pub struct GroupShape {
 impl GroupShape {
     /// Checks every template and the path when the rule is saved; the error names the
     /// field (`request: group: ...`).
-    pub fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         check(&self.key, "group: key", Place::Item)?;
         if let Some(item) = &self.item {
             check(item, "group: item", Place::Item)?;
@@ -90,13 +90,13 @@ impl GroupShape {
     }
 
     /// The key of record `r`, and whether it can join a group (its item can be made).
-    pub fn key(&self, r: Record<'_>) -> Option<Value> {
+    pub(super) fn key(&self, r: Record<'_>) -> Option<Value> {
         let key = fill(&self.key, Scope::Record(r)).ok()?;
         self.item(r).ok().map(|_| key)
     }
 
     /// Record `r` as the group's call carries it.
-    pub fn item(&self, r: Record<'_>) -> Result<Value, String> {
+    pub(super) fn item(&self, r: Record<'_>) -> Result<Value, String> {
         match &self.item {
             Some(t) => fill(t, Scope::Record(r)),
             None => Ok(r.payload.clone()),
@@ -104,7 +104,7 @@ impl GroupShape {
     }
 
     /// The group's call's body: its `items` around the `key` they share.
-    pub fn body(&self, key: &Value, items: Vec<Value>) -> Result<Value, String> {
+    pub(super) fn body(&self, key: &Value, items: Vec<Value>) -> Result<Value, String> {
         let records = Value::Array(items);
         match &self.body {
             Some(t) => fill(
