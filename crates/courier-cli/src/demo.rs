@@ -193,17 +193,19 @@ async fn start_target(rate: u32) -> anyhow::Result<Target> {
 }
 
 /// The User.com preset's connection (pointed at the demo's workspace, declaring `rate`
-/// per second as a minute's budget) and its [`RULES`], applied as one catalog file.
+/// per second as requests per minute in place of the preset's limits) and its [`RULES`],
+/// applied as one catalog file.
 async fn catalog_for(pool: &sqlx::PgPool, target: &Target, rate: u32) -> anyhow::Result<()> {
     let preset = courier::presets::find("usercom").map_err(anyhow::Error::msg)?;
-    let connection = preset.connection(&serde_json::json!({
+    let mut connection = preset.connection(&serde_json::json!({
         "name": "demo-usercom",
         "base_url": target.workspace_url(WORKSPACE),
         "api_key_env": KEY_VAR,
-        "limits": [format!("{}/min", rate * 60)],
+        "requests_per_minute": rate * 60,
         "max_in_flight": rate.clamp(1, 16),
         "timeout_ms": 5_000,
     }));
+    connection.remove("limits");
     let rules = RULES
         .iter()
         .map(|(name, rule, per_call)| {
