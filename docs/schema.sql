@@ -203,7 +203,7 @@ CREATE TABLE public.connections (
     CONSTRAINT connections_requests_per_minute_check CHECK ((requests_per_minute > 0)),
     CONSTRAINT connections_reserve_range CHECK (((reserve_percent >= 0) AND (reserve_percent <= 90))),
     CONSTRAINT connections_timeout_ms_check CHECK (((timeout_ms >= 1) AND (timeout_ms <= 600000))),
-    CONSTRAINT connections_writer_check CHECK ((writer = ANY (ARRAY['http_json'::text, 'usercom'::text])))
+    CONSTRAINT connections_writer_check CHECK ((writer = 'http_json'::text))
 );
 
 CREATE FUNCTION public.courier_budget_key(c public.connections) RETURNS text

@@ -2,10 +2,10 @@
 //! them. What is saved here is checked first, so a mistake is refused with a message that
 //! names the connection or rule, the field and the problem, instead of failing later at
 //! delivery: a base URL must be an absolute http(s) URL with a host, headers real HTTP
-//! headers, a rule's path one its connection's writer can serve (for `usercom`, one of the
-//! User.com operations). SQL users may insert into both tables directly; check constraints
-//! there refuse what SQL can check cheaply (the URL's shape, the headers), and a rule path
-//! its writer cannot serve fails its run once with the reason, leaving its backlog pending.
+//! headers, a rule's profile (path, request shape, answer map) one that reads. SQL users
+//! may insert into both tables directly; check constraints there refuse what SQL can check
+//! cheaply (the URL's shape, the headers), and a rule whose profile does not read fails its
+//! run once with the reason, leaving its backlog pending.
 
 use chrono::{DateTime, Utc};
 use sqlx::{Acquire, PgConnection, PgExecutor, Postgres};
@@ -47,13 +47,13 @@ fn explain(e: sqlx::Error, what: &str) -> CatalogError {
     CatalogError::Sql(e)
 }
 
-/// Checks a connection before it is saved: its writer kind, its key variable's name (a
-/// `usercom` connection needs one), its base URL and its headers. The error names the
+/// Checks a connection before it is saved: its writer kind, its key variable's name, its
+/// base URL and its headers. The error names the
 /// connection, the field and the problem; it never repeats a header's value nor a password
 /// in the URL.
 pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
     let invalid = |what: String| CatalogError::Invalid(format!("connection {:?}: {what}", c.name));
-    let kind = WriterKind::parse(&c.writer).map_err(invalid)?;
+    WriterKind::parse(&c.writer).map_err(invalid)?;
     match c.api_key_env.as_deref() {
         // Not echoed: a key given in place of its variable's name would be.
         Some(var) if !is_variable_name(var) => {
@@ -63,11 +63,6 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
                  the key itself"
                     .into(),
             ));
-        }
-        None if kind.needs_key() => {
-            return Err(invalid(format!(
-                "a {kind} connection needs api_key_env (the variable holding its key)"
-            )));
         }
         _ => {}
     }
@@ -80,11 +75,6 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
     })?;
     writer::endpoint::header_map(&serde_json::Value::Object(c.headers.clone()))
         .map_err(|e| invalid(e.reason))?;
-    if c.auth.is_some() && !kind.shaped_by_profile() {
-        return Err(invalid(format!(
-            "auth is for the http_json writer only, not {kind}"
-        )));
-    }
     let auth = writer::auth::Auth::parse(c.auth.as_ref()).map_err(|e| invalid(e.reason))?;
     crate::ratelimit::signals::RateSignals::parse(c.rate_signals.as_ref())
         .map_err(|e| invalid(e.reason))?;
@@ -206,8 +196,7 @@ async fn check_rules_of(
 }
 
 /// Creates a rule, or updates the one with the same name; returns its id. Its profile is
-/// parsed against its connection's writer first ([`RuleProfile::parse`]): a `usercom`
-/// rule's path must name one of the User.com operations, an `http_json` rule's request and
+/// parsed against its connection's writer first ([`RuleProfile::parse`]): its request and
 /// answer must read.
 pub async fn upsert_rule<'c>(
     db: impl Acquire<'c, Database = Postgres>,

@@ -26,9 +26,10 @@
 //! - [`catalog`]: connections and rules (tables `connections`, `rules`).
 //! - [`apply`]: `courier apply`, a catalog file saved in one transaction.
 //! - [`enqueue`]: adding deliveries (table `deliveries`, inserts only), NDJSON input.
-//! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON and User.com writers,
-//!   one record or several per call (`Writer::group`, `Writer::write_many`); `JobCalls`
-//!   for what a writer running a target's jobs does besides.
+//! - [`writer`]: the `Writer` trait, its typed errors, the HTTP JSON writer whose targets
+//!   are data (request shapes, grouping records by a value, answer maps; User.com is a
+//!   preset like every vendor), one record or several per call (`Writer::write_many`);
+//!   `JobCalls` for what a writer running a target's jobs does besides.
 //! - [`paced`]: one paced call, the way every request to a target goes, and what its
 //!   verdict leaves to write (blocks, the breaker's record, the calls made).
 //! - [`breaker`]: the circuit breaker per connection (table `circuits`).

@@ -13,7 +13,7 @@ use crate::ratelimit::limits::{self, Limit};
 pub struct NewConnection {
     /// Unique name, used by rules and the CLI.
     pub name: String,
-    /// Writer kind: `http_json` or `usercom`.
+    /// Writer kind: `http_json`.
     pub writer: String,
     /// Base URL of the target account, e.g. `https://shop.user.com/api/public/`.
     pub base_url: String,
@@ -121,7 +121,7 @@ pub struct NewRule {
     pub name: String,
     /// Name of the connection it delivers into.
     pub connection: String,
-    /// Path appended to the connection's base URL (HTTP writer) or the operation (User.com).
+    /// Path appended to the connection's base URL.
     #[serde(default)]
     pub path: String,
     /// Deliveries per chain job.

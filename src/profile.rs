@@ -85,22 +85,11 @@ impl RuleProfile {
     /// the first field at fault.
     pub fn parse(s: Stored<'_>) -> Result<Self, Invalid> {
         let writer = WriterKind::parse(s.writer).map_err(Invalid::at("writer"))?;
-        check_path(s.path)
-            .and_then(|()| writer.check_path(s.path))
-            .map_err(Invalid::at("path"))?;
-        let job = match (writer.shaped_by_profile(), s.job) {
-            (_, None) => None,
-            (true, Some(j)) => Some(JobShape::parse(j)?),
-            (false, Some(_)) => {
-                return Err(Invalid {
-                    field: "job",
-                    reason: format!("job is for the http_json writer only, not {writer}"),
-                });
-            }
-        };
+        check_path(s.path).map_err(Invalid::at("path"))?;
+        let job = s.job.map(JobShape::parse).transpose()?;
         let (max, why) = match job {
             Some(_) => (MAX_RECORDS_PER_JOB, "a job takes at most that many records"),
-            None => writer.max_records_per_call(s.path),
+            None => writer.max_records_per_call(),
         };
         let records_per_call = usize::try_from(s.records_per_call)
             .ok()
@@ -120,10 +109,6 @@ impl RuleProfile {
                     .into(),
             });
         }
-        let only_profiled = |field: &'static str| Invalid {
-            field,
-            reason: format!("{field} is for the http_json writer only, not {writer}"),
-        };
         // A job opened before its records are sent names itself in their call's path.
         let opened = job.as_ref().is_some_and(|j| j.open.is_some());
         if opened && !s.path.contains("{id}") {
@@ -136,17 +121,19 @@ impl RuleProfile {
             true => s.path.replace("{id}", "id"),
             false => s.path.to_owned(),
         };
-        let request = match (writer.shaped_by_profile(), s.request) {
-            (true, request) => {
-                RequestShape::parse(request, &path, bulk).map_err(Invalid::at("request"))?
-            }
-            (false, None) => RequestShape::default(),
-            (false, Some(_)) => return Err(only_profiled("request")),
-        };
-        let (answer, refusals) = match (writer.shaped_by_profile(), s.answer) {
-            (_, None) => (None, Vec::new()),
-            (true, Some(a)) => answer::parse_rule(a)?,
-            (false, Some(_)) => return Err(only_profiled("answer")),
+        let request =
+            RequestShape::parse(s.request, &path, bulk).map_err(Invalid::at("request"))?;
+        if request.group.is_some() && job.is_some() {
+            return Err(Invalid {
+                field: "request",
+                reason: "request: group sends its calls itself, and a job rule submits its \
+                         records in bulk: give one or the other"
+                    .into(),
+            });
+        }
+        let (answer, refusals) = match s.answer {
+            None => (None, Vec::new()),
+            Some(a) => answer::parse_rule(a)?,
         };
         Ok(Self {
             writer,
@@ -164,7 +151,6 @@ impl RuleProfile {
         self.records_per_call > 1
     }
 
-    /// A call of `records` as the profile shapes it.
     /// Whether `r` can be sent as the rule's requests shape it; one that cannot is refused
     /// alone before any call.
     pub fn sendable(&self, r: &Outgoing<'_>) -> bool {
@@ -177,10 +163,38 @@ impl RuleProfile {
         item.is_ok_and(|i| self.request.sendable(&i).is_ok())
     }
 
+    /// Puts a batch's records (`n`, each given by `record`) into calls of at most
+    /// `records_per_call` each, as indexes; every record is in exactly one call. In order,
+    /// or, for a rule that groups its records ([`crate::writer::group`]), by their key.
+    pub fn calls<'a>(
+        &self,
+        n: usize,
+        record: impl Fn(usize) -> crate::writer::template::Record<'a>,
+    ) -> Vec<Vec<usize>> {
+        let per_call = self.records_per_call.max(1);
+        match &self.request.group {
+            Some(_) => {
+                crate::writer::group::calls(n, record, |r| self.request.group_key(r), per_call)
+            }
+            None => (0..n)
+                .collect::<Vec<_>>()
+                .chunks(per_call)
+                .map(<[usize]>::to_vec)
+                .collect(),
+        }
+    }
+
+    /// A call of `records` as the profile shapes it: of a rule that groups its records,
+    /// several records are a group's call, and one alone goes as the rule's own shape
+    /// sends one.
     pub fn call<'a>(&'a self, records: &'a [Outgoing<'a>]) -> Call<'a> {
+        let bulk = match self.request.group {
+            Some(_) => records.len() > 1,
+            None => self.bulk(),
+        };
         Call {
             records,
-            bulk: self.bulk(),
+            bulk,
             answer: self.answer.as_ref(),
             request: Some(&self.request),
         }
@@ -188,8 +202,7 @@ impl RuleProfile {
 }
 
 /// Refuses a path holding a line break, a tab or another control character: the URL parser
-/// would drop some of them quietly (and a User.com operation's name is trimmed), so what
-/// was saved would not be what is called. The error never repeats the path.
+/// would drop some of them quietly, so what was saved would not be what is called. The error never repeats the path.
 fn check_path(path: &str) -> Result<(), String> {
     if path.contains(['\r', '\n']) {
         return Err(
@@ -228,19 +241,19 @@ mod tests {
         let request = json!({"method": "GET"});
         let answer = json!({"kind": "telepathic"});
         for (s, field, words) in [
-            (
-                stored("ftp", "x", 1),
-                "writer",
-                "not one of http_json, usercom",
-            ),
+            (stored("ftp", "x", 1), "writer", "not one of http_json"),
+            (stored("usercom", "x", 1), "writer", "preset usercom"),
             (stored("http_json", "a\tb", 1), "path", "control character"),
-            (stored("usercom", "nonsense", 1), "path", "nonsense"),
             (
                 stored("http_json", "x", 0),
                 "records_per_call",
                 "outside 1..=",
             ),
-            (stored("usercom", "event", 2), "records_per_call", "1..=1"),
+            (
+                stored("http_json", "x", 1001),
+                "records_per_call",
+                "1..=1000",
+            ),
             (
                 Stored {
                     request: Some(&request),
@@ -248,14 +261,6 @@ mod tests {
                 },
                 "request",
                 "GET",
-            ),
-            (
-                Stored {
-                    request: Some(&request),
-                    ..stored("usercom", "event", 1)
-                },
-                "request",
-                "http_json writer only",
             ),
             (
                 Stored {
@@ -297,7 +302,7 @@ mod tests {
         }];
         let call = p.call(&records);
         assert!(call.bulk && call.answer.is_some() && call.request.is_some());
-        let plain = RuleProfile::parse(stored("usercom", "user_attributes", 1)).unwrap();
+        let plain = RuleProfile::parse(stored("http_json", "users/", 1)).unwrap();
         assert_eq!(plain.request, RequestShape::default());
         assert!(!plain.bulk());
     }

@@ -315,7 +315,7 @@ impl Job<'_> {
             // when one queued no call: all of it decided without one).
             let pulled = || pulled.load(std::sync::atomic::Ordering::Relaxed);
             while claiming.is_none() && feeding.tx.is_some() && pulled() == feeding.queued {
-                claiming = self.feed(writer, &mut feeding, &mut called, scope, &stop, tally);
+                claiming = self.feed(&mut feeding, &mut called, scope, &stop, tally);
             }
             // One commit at a time, while the calls go on: a task of its own, so its
             // transaction goes on whatever this loop awaits (a renewal, an answer's
@@ -332,7 +332,7 @@ impl Job<'_> {
                     claiming = None;
                     match batch? {
                         batch if batch.is_empty() || stop.stopped() => feeding.tx = None,
-                        batch => self.queue(writer, &mut feeding, &mut called, batch, scope, tally),
+                        batch => self.queue(&mut feeding, &mut called, batch, scope, tally),
                     }
                     continue;
                 }
@@ -371,7 +371,6 @@ impl Job<'_> {
     /// to await while the calls go on; or closes the source when there is none.
     fn feed(
         &self,
-        writer: &dyn Writer,
         feeding: &mut Feeding,
         called: &mut Called,
         scope: ClaimScope,
@@ -379,7 +378,7 @@ impl Job<'_> {
         tally: &mut Tally,
     ) -> Option<Claiming<'_>> {
         match self.next_batch(feeding, called, scope, stop) {
-            Feed::Batch(batch) => self.queue(writer, feeding, called, batch, scope, tally),
+            Feed::Batch(batch) => self.queue(feeding, called, batch, scope, tally),
             Feed::Claim(scope) => {
                 let (engine, now) = (self.engine, self.engine.clock.now());
                 let claim = engine.retry_outage(move || claim::claim(&engine.pool, scope, now));
@@ -416,10 +415,9 @@ impl Job<'_> {
     }
 
     /// Triages `batch` (what is decided without a call goes into `tally`), puts the rest
-    /// into calls as the writer groups them, and queues those.
+    /// into calls as the rule's profile groups them, and queues those.
     fn queue(
         &self,
-        writer: &dyn Writer,
         feeding: &mut Feeding,
         called: &mut Called,
         batch: Vec<Claimed>,
@@ -443,12 +441,6 @@ impl Job<'_> {
         let offset = feeding.claimed.len();
         feeding.claimed.extend(batch.into_iter().map(Arc::new));
         let claimed = &feeding.claimed;
-        let payloads: Vec<&serde_json::Value> = sorted
-            .to_send
-            .iter()
-            .map(|&i| &claimed[offset + i].payload)
-            .collect();
-        let per_call = self.profile.records_per_call;
         let tx = feeding.tx.as_ref().expect("fed while open");
         let record = |g: usize| {
             let d = &claimed[offset + sorted.to_send[g]];
@@ -459,7 +451,7 @@ impl Job<'_> {
             }
         };
         let request = &self.profile.request;
-        let groups = writer.group(&ctx.path, &payloads, per_call);
+        let groups = self.profile.calls(sorted.to_send.len(), record);
         for group in groups.into_iter().flat_map(|g| request.cut(g, record)) {
             let group = group
                 .into_iter()

@@ -59,6 +59,10 @@ pub enum AnswerMap {
         /// Where an error item's text is (absent: the whole item is quoted).
         #[serde(default)]
         message: Option<String>,
+        /// The HTTP status an error item stands for when it carries none (absent: 422, a
+        /// refusal of its content): User.com's `not_found` ids are 404s.
+        #[serde(default)]
+        status: Option<u16>,
     },
     /// A list of errors naming the failed records' positions (from 0); the rest went
     /// through.
@@ -200,6 +204,7 @@ impl AnswerMap {
                 key,
                 record,
                 message,
+                ..
             } => {
                 let mut out = vec![("errors", errors.as_str()), ("key", key.as_str())];
                 if let Some(r) = results {
@@ -264,6 +269,7 @@ impl AnswerMap {
                 key,
                 record,
                 message,
+                status: named,
             } => {
                 let keys: Vec<Option<String>> = records
                     .iter()
@@ -277,7 +283,12 @@ impl AnswerMap {
                     Err(why) => return unaccounted(status, n, &why),
                 };
                 let results = results.as_deref().map(|r| list(body, r, "results"));
-                keyed(status, (errors, results), key, &keys, message.as_deref())
+                let item = Item {
+                    key,
+                    message: message.as_deref(),
+                    status: *named,
+                };
+                keyed(status, (errors, results), item, &keys)
             }
             AnswerMap::Indexed {
                 errors,
@@ -336,11 +347,10 @@ fn positional(
 fn keyed(
     status: u16,
     (errors, results): (&[Value], Option<Result<&[Value], String>>),
-    key: &str,
+    item: Item<'_>,
     keys: &[Option<String>],
-    message: Option<&str>,
 ) -> Vec<Option<WriteError>> {
-    let named = |item: &Value| names(item.pointer(key));
+    let named = |i: &Value| names(i.pointer(item.key));
     // A results list that cannot be read: the errors still count, nobody else is known.
     let (results, unreadable) = match results {
         Some(Ok(r)) => (Some(r), None),
@@ -355,7 +365,7 @@ fn keyed(
             stray += 1;
         }
         for i in hit {
-            fates[i] = Fate::Failed(keyed_failure(e, message));
+            fates[i] = Fate::Failed(keyed_failure(e, item.message, item.status));
         }
     }
     for r in results.into_iter().flatten() {
@@ -384,7 +394,7 @@ fn indexed(
     for e in errors {
         match e.pointer(index).and_then(Value::as_u64) {
             Some(i) if (i as usize) < n => {
-                fates[i as usize] = Fate::Failed(keyed_failure(e, message));
+                fates[i as usize] = Fate::Failed(keyed_failure(e, message, None));
             }
             _ => stray += 1,
         }
@@ -536,14 +546,24 @@ fn item_failure(item: &Value, success: &Success, message: Option<&str>) -> Write
     failure(status, text(item, message))
 }
 
-/// A failure an error item names: by content (422) unless it carries a status field
-/// saying otherwise.
-fn keyed_failure(item: &Value, message: Option<&str>) -> WriteError {
+/// How a keyed answer's items are read: where an item names its record, where its text
+/// is, and the status an error item stands for when it carries none.
+#[derive(Clone, Copy, Debug)]
+struct Item<'a> {
+    key: &'a str,
+    message: Option<&'a str>,
+    status: Option<u16>,
+}
+
+/// A failure an error item names: by content (422, or the map's `status`) unless it
+/// carries a status field saying otherwise.
+fn keyed_failure(item: &Value, message: Option<&str>, named: Option<u16>) -> WriteError {
     let status = ["/status", "/statusCode", "/code"]
         .iter()
         .find_map(|p| item.pointer(p).and_then(Value::as_u64))
         .and_then(|s| u16::try_from(s).ok())
-        .filter(|s| (400..600).contains(s));
+        .filter(|s| (400..600).contains(s))
+        .or(named);
     failure(status, text(item, message))
 }
 

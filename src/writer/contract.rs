@@ -7,13 +7,15 @@ use super::wire::{Outgoing, Receipt, WriteError, Written};
 use super::{answer, request, secrets};
 use crate::ratelimit::signals::RateSignals;
 
-/// What one call carries: records of one rule, made a call by [`Writer::group`].
+/// What one call carries: records of one rule, made a call by its profile
+/// ([`crate::profile::RuleProfile::calls`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Call<'a> {
     /// The records, at least one.
     pub records: &'a [Outgoing<'a>],
-    /// Whether the rule sends several records per call (its `records_per_call` is above
-    /// 1): its calls take the bulk form even when one carries a single record.
+    /// Whether the call takes the bulk form: the rule sends several records per call (its
+    /// `records_per_call` is above 1), even when this one carries a single record; or, for
+    /// a rule that groups its records, this is a group's call.
     pub bulk: bool,
     /// How the rule's answers name each record's fate (`http_json`); `None`: the generic
     /// per-item array.
@@ -32,24 +34,7 @@ pub trait Writer: Send + Sync {
     /// What the target says about its rate beyond the standard headers (the connection's
     /// `rate_signals`), read by the pacer from every answer.
     fn rate_signals(&self) -> &RateSignals;
-    /// Puts the records of a batch (their payloads, in the batch's order) into calls of at
-    /// most `per_call` records each, as indexes into `payloads`; every record is in exactly
-    /// one call. By default, in order, `per_call` at a time.
-    fn group(
-        &self,
-        path: &str,
-        payloads: &[&serde_json::Value],
-        per_call: usize,
-    ) -> Vec<Vec<usize>> {
-        let _ = path;
-        (0..payloads.len())
-            .collect::<Vec<_>>()
-            .chunks(per_call.max(1))
-            .map(<[usize]>::to_vec)
-            .collect()
-    }
-
-    /// Delivers the records of one call made by [`Writer::group`]: exactly one request to
+    /// Delivers the records of one call (as the rule's profile groups them): exactly one request to
     /// the target. An error is the answer of the whole call; [`WriteError::Permanent`] for
     /// several records means some of them are bad, which the caller finds by splitting.
     fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>>;

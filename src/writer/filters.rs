@@ -11,6 +11,10 @@
 //! - `omit a,b`: the object without these fields.
 //! - `rename a:A,b:B`: these fields under their new names (an absent one stays absent).
 //! - `upper_keys`, `lower_keys`: the object's field names in upper or lower case.
+//! - `number`: a number as it is, a text holding one as that number (`{{delivery_id |
+//!   number}}` sends `42`, not `"42"`).
+//! - `entry`: an object of exactly one field as `{"name": <its name>, "value": <its value>}`
+//!   (what a group's key names: one attribute and its value, [`super::group`]).
 //!
 //! A filter courier does not know, or one missing its arguments, is refused when the rule
 //! is saved; an object filter given something else refuses that record alone.
@@ -32,6 +36,10 @@ pub enum Filter {
     UpperKeys,
     /// Field names in lower case.
     LowerKeys,
+    /// A number, from a number or a text holding one.
+    Number,
+    /// An object's only field as `{"name", "value"}`.
+    Entry,
 }
 
 /// A placeholder's text split into what fills it (`payload/email`) and its filters; the
@@ -70,6 +78,8 @@ fn parse(text: &str) -> Result<Filter, String> {
         "strings" => bare(Filter::Strings),
         "upper_keys" => bare(Filter::UpperKeys),
         "lower_keys" => bare(Filter::LowerKeys),
+        "number" => bare(Filter::Number),
+        "entry" => bare(Filter::Entry),
         "pick" => Ok(Filter::Pick(list()?)),
         "omit" => Ok(Filter::Omit(list()?)),
         "rename" => list()?
@@ -85,7 +95,7 @@ fn parse(text: &str) -> Result<Filter, String> {
         "" => Err("an empty filter after |".into()),
         other => Err(format!(
             "unknown filter {other:?} (known: strings, pick, omit, rename, upper_keys, \
-             lower_keys)"
+             lower_keys, number, entry)"
         )),
     }
 }
@@ -95,10 +105,45 @@ pub fn apply(mut value: Value, filters: &[Filter]) -> Result<Value, String> {
     for f in filters {
         value = match f {
             Filter::Strings => strings(value),
+            Filter::Number => number(value)?,
+            Filter::Entry => entry(value)?,
             other => Value::Object(fields(other, value)?),
         };
     }
     Ok(value)
+}
+
+/// A number, for `number`: a number as it is, a text holding one as that number.
+fn number(value: Value) -> Result<Value, String> {
+    let parsed = match &value {
+        Value::Number(_) => return Ok(value),
+        Value::String(s) => serde_json::from_str::<serde_json::Number>(s.trim()).ok(),
+        _ => None,
+    };
+    parsed.map(Value::Number).ok_or_else(|| {
+        format!(
+            "filter number takes a number or a text holding one, and this record gives {}",
+            kind(&value)
+        )
+    })
+}
+
+/// An object's only field, for `entry`: `{"name": <name>, "value": <value>}`.
+fn entry(value: Value) -> Result<Value, String> {
+    match value {
+        Value::Object(m) if m.len() == 1 => {
+            let (name, value) = m.into_iter().next().expect("one field");
+            Ok(serde_json::json!({"name": name, "value": value}))
+        }
+        Value::Object(m) => Err(format!(
+            "filter entry takes an object of exactly one field, and this record's has {}",
+            m.len()
+        )),
+        other => Err(format!(
+            "filter entry takes an object of exactly one field, and this record gives {}",
+            kind(&other)
+        )),
+    }
 }
 
 /// A value's text, for `strings`.
@@ -146,7 +191,7 @@ fn fields(f: &Filter, value: Value) -> Result<Map<String, Value>, String> {
         }
         Filter::UpperKeys => m.into_iter().map(|(k, v)| (k.to_uppercase(), v)).collect(),
         Filter::LowerKeys => m.into_iter().map(|(k, v)| (k.to_lowercase(), v)).collect(),
-        Filter::Strings => m,
+        Filter::Strings | Filter::Number | Filter::Entry => m,
     })
 }
 
@@ -159,6 +204,8 @@ fn name(f: &Filter) -> &'static str {
         Filter::Rename(_) => "rename",
         Filter::UpperKeys => "upper_keys",
         Filter::LowerKeys => "lower_keys",
+        Filter::Number => "number",
+        Filter::Entry => "entry",
     }
 }
 
@@ -216,6 +263,26 @@ mod tests {
             run("payload | upper_keys | lower_keys", v.clone()).unwrap(),
             v
         );
+    }
+
+    #[test]
+    fn number_and_entry_put_a_value_in_the_shape_a_target_reads() {
+        assert_eq!(run("delivery_id | number", json!("42")).unwrap(), json!(42));
+        assert_eq!(run("payload/n | number", json!(1.5)).unwrap(), json!(1.5));
+        let e = run("payload/n | number", json!("4x")).unwrap_err();
+        assert!(e.contains("filter number") && e.contains("a string"), "{e}");
+        assert_eq!(
+            run(
+                "payload/attributes | entry",
+                json!({"email_consent": false})
+            )
+            .unwrap(),
+            json!({"name": "email_consent", "value": false})
+        );
+        for v in [json!({}), json!({"a": 1, "b": 2}), json!([1])] {
+            let e = run("payload | entry", v.clone()).unwrap_err();
+            assert!(e.contains("exactly one field"), "{v}: {e}");
+        }
     }
 
     #[test]

@@ -1,5 +1,4 @@
-//! The generic HTTP JSON writer (the HTTP plumbing it shares with the User.com writer is
-//! [`super::endpoint`]'s).
+//! The generic HTTP JSON writer (its HTTP plumbing is [`super::endpoint`]'s).
 //!
 //! A rule with `records_per_call` above 1 POSTs a JSON array of its payloads (or the body
 //! its request shape names, such as `{"contacts": "{{records}}"}`) with one `Idempotency-Key` per call naming its
@@ -7,7 +6,9 @@
 //! names each record's fate ([`super::answer`]); without one, a 2xx whose body is an array
 //! as long as the call is read per item ([`answer::item_outcome`]), a 207 without one accounts for
 //! no record (each is sent again, never read as delivered), and any other 2xx delivers
-//! every record. Any other answer is the whole call's.
+//! every record. Any other answer is the whole call's. A rule that groups its records
+//! ([`super::group`]) sends a group's call in the group's shape, and a refusal of it is
+//! every record's.
 
 use futures::{FutureExt, future::BoxFuture};
 
@@ -135,62 +136,55 @@ impl Writer for HttpJsonWriter {
 
     fn write_many<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
         async move {
-            let n = call.records.len();
             let Some(first) = call.records.first() else {
                 return Ok(Written::all(Receipt::default(), 0));
             };
             let shape = call.request.unwrap_or(&PLAIN);
-            // Each record as sent; one whose payload lacks a field its template names is
-            // refused alone, the others of the call go on.
-            let mut items: Vec<Option<WriteError>> = vec![None; n];
-            let mut sent: Vec<(usize, serde_json::Value)> = Vec::with_capacity(n);
-            for (i, r) in call.records.iter().enumerate() {
-                match shape
-                    .item(record(r))
-                    .and_then(|item| shape.sendable(&item).map(|()| item))
-                {
-                    Ok(item) => sent.push((i, item)),
-                    Err(e) => items[i] = Some(refused(e)),
-                }
-            }
-            if sent.is_empty() {
+            // A group's call (a bulk call of a rule that groups) takes the group's shape.
+            let group = shape.group.as_ref().filter(|_| call.bulk);
+            let (mut items, sent) = items(&call, shape);
+            let Some(&(last, _)) = sent.last() else {
                 return Ok(Written {
                     receipt: Receipt::default(),
                     items,
                 });
-            }
-            let path = match template::fill_path(first.path, record(first)) {
-                Ok(p) => p,
-                Err(e) => return Err(refused(e)),
             };
-            let path = path.trim_start_matches('/');
+            let path = match group {
+                Some(g) => g.path.clone(),
+                None => template::fill_path(first.path, record(first)).map_err(refused)?,
+            };
+            let path = path.trim_start_matches('/').to_owned();
             // A URL that cannot be built is the record's, never a transient failure.
-            url(&self.base_url, path).map_err(refused)?;
+            url(&self.base_url, &path).map_err(refused)?;
             let ids: Vec<String> = sent
                 .iter()
                 .map(|(i, _)| call.records[*i].delivery_id.to_string())
                 .collect();
             let outgoing: Vec<Outgoing<'_>> = sent.iter().map(|(i, _)| call.records[*i]).collect();
-            let body = match call.bulk {
-                true => shape.encode(sent.into_iter().map(|(_, v)| v).collect()),
-                false => serde_json::to_vec(&sent.pop().map(|(_, v)| v).unwrap_or_default())
-                    .expect("JSON serializes"),
-            };
+            let values = sent.into_iter().map(|(_, v)| v).collect::<Vec<_>>();
+            let (method, content_type, body) = encoded(&call, shape, &call.records[last], values)?;
             let key = format!("courier-{}", ids.join(","));
             let make = |base: &str, token: Option<&str>| {
                 let request = self
                     .endpoint
                     .client
-                    .request(shape.method(), format!("{base}{path}"))
+                    .request(method.clone(), format!("{base}{path}"))
                     .header("Idempotency-Key", &key)
-                    .header(reqwest::header::CONTENT_TYPE, shape.content_type())
+                    .header(reqwest::header::CONTENT_TYPE, &content_type)
                     .body(body.clone());
                 match token {
                     Some(t) => request.bearer_auth(t),
                     None => request,
                 }
             };
-            let receipt = self.send(make, call.bulk).await?;
+            let receipt = match self.send(make, call.bulk).await {
+                // A group's records share all the call says beyond naming them: its
+                // refusal is each one's, never split.
+                Err(e @ WriteError::Permanent { .. }) if group.is_some() => {
+                    return Ok(refused_together(e, items));
+                }
+                other => other?,
+            };
             let answered = answered(&call, &outgoing, &receipt).into_iter();
             // The records sent are those not refused before sending, in the same order.
             for (slot, fate) in items.iter_mut().filter(|s| s.is_none()).zip(answered) {
@@ -378,7 +372,74 @@ static PLAIN: RequestShape = RequestShape {
     csv: None,
     max_bytes: None,
     multipart: None,
+    require: Vec::new(),
+    group: None,
 };
+
+/// A call's method, content type and body around the `items` it sends: a group's (the
+/// key of `last`, a record of it, is the group's), a bulk call's, or one record's.
+fn encoded(
+    call: &Call<'_>,
+    shape: &RequestShape,
+    last: &Outgoing<'_>,
+    items: Vec<serde_json::Value>,
+) -> Result<(reqwest::Method, String, Vec<u8>), WriteError> {
+    let json = |v: &serde_json::Value| serde_json::to_vec(v).expect("JSON serializes");
+    Ok(match (shape.group.as_ref(), call.bulk) {
+        (Some(g), true) => {
+            let key = shape.group_key(record(last));
+            let key = key.ok_or_else(|| refused("the group's key cannot be made".into()))?;
+            let body = g.body(&key, items).map_err(refused)?;
+            (g.method(), "application/json".into(), json(&body))
+        }
+        (None, true) => (shape.method(), shape.content_type(), shape.encode(items)),
+        (_, false) => (
+            shape.method(),
+            shape.content_type(),
+            json(&items.into_iter().next_back().unwrap_or_default()),
+        ),
+    })
+}
+
+/// A group's call refused as a whole: the refusal `e` of each record sent (the others
+/// keep theirs).
+fn refused_together(e: WriteError, mut items: Vec<Option<WriteError>>) -> Written {
+    let status = e.http_status();
+    for slot in items.iter_mut().filter(|s| s.is_none()) {
+        *slot = Some(e.clone());
+    }
+    let receipt = Receipt {
+        http_status: status,
+        ..Receipt::default()
+    };
+    Written { receipt, items }
+}
+
+/// Each record of `call` as sent (its index and item), and the refusal of each that
+/// cannot be: one whose payload lacks a field its template names is refused alone, the
+/// others of the call go on.
+#[allow(clippy::type_complexity)]
+fn items(
+    call: &Call<'_>,
+    shape: &RequestShape,
+) -> (Vec<Option<WriteError>>, Vec<(usize, serde_json::Value)>) {
+    let group = shape.group.as_ref().filter(|_| call.bulk);
+    let mut items: Vec<Option<WriteError>> = vec![None; call.records.len()];
+    let mut sent = Vec::with_capacity(call.records.len());
+    for (i, r) in call.records.iter().enumerate() {
+        let item = match group {
+            Some(g) => g.item(record(r)),
+            None => shape
+                .item(record(r))
+                .and_then(|item| shape.sendable(&item).map(|()| item)),
+        };
+        match item {
+            Ok(item) => sent.push((i, item)),
+            Err(e) => items[i] = Some(refused(e)),
+        }
+    }
+    (items, sent)
+}
 
 /// A record as the request's templates see it.
 fn record<'r>(r: &Outgoing<'r>) -> template::Record<'r> {

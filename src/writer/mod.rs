@@ -5,31 +5,34 @@
 //! [`JobCalls`] (a job's own requests, the files its answers name).
 //!
 //! A call may carry several records of one rule (the rule's `records_per_call`, up to
-//! what [`WriterKind::max_records_per_call`] allows): the writer puts a batch's records into calls
-//! ([`Writer::group`]) and answers each call with one [`Written`], which holds the outcome
+//! what [`WriterKind::max_records_per_call`] allows): the rule's profile puts a batch's
+//! records into calls (in order, or grouped by a value: [`group`]) and the writer answers
+//! each call with one [`Written`], which holds the outcome
 //! of every record it carried. A whole call refused with [`WriteError::Permanent`] says
 //! that some record of it is bad without saying which: the call stage splits it in halves
 //! and sends each again, down to single records (but for a refusal of the request itself,
 //! 401, 403, 404, 405 or 407, which is every record's).
 //!
-//! One file per target: [`http`] is the generic HTTP JSON writer and holds the response
-//! mapping every HTTP writer shares; [`usercom`] writes into a User.com workspace. What
-//! they share lives in files of its own, so no file here imports this one: [`wire`] (what
-//! a call carries and gets back), [`contract`] (the [`Writer`] and [`JobCalls`] traits), [`auth`] (where
-//! credentials may go).
+//! One writer serves every target: [`http`], the generic HTTP JSON writer, whose targets
+//! are data (a connection's auth and a rule's profile: [`request`], [`template`],
+//! [`filters`], [`group`], [`answer`], [`job`]; the vendors' own in `presets/`, User.com's
+//! among them). What it rests on lives in files of its own, so no file here imports this
+//! one: [`wire`] (what a call carries and gets back), [`contract`] (the [`Writer`] and
+//! [`JobCalls`] traits), [`auth`] (where credentials may go), [`endpoint`] (the HTTP
+//! plumbing).
 
 pub mod answer;
 pub mod auth;
 pub mod contract;
 pub mod endpoint;
 pub mod filters;
+pub mod group;
 pub mod http;
 pub mod job;
 pub mod oauth;
 pub mod request;
 pub mod secrets;
 pub mod template;
-pub mod usercom;
 pub mod wire;
 
 use std::sync::Arc;
@@ -41,76 +44,45 @@ pub use wire::*;
 use crate::model::Connection;
 
 /// A connection's writer: the generic HTTP JSON writer, whose targets are profiles (auth,
-/// request shape, answer map, rate signals: data), or User.com's, whose operations are its
-/// own. The one place a writer's name is read.
+/// request shape, answer map, rate signals: data). The one place a writer's name is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriterKind {
     /// `http_json`: any HTTP JSON API, shaped by the rule's profile.
     HttpJson,
-    /// `usercom`: a User.com workspace, one operation per rule.
-    UserCom,
 }
 
 impl WriterKind {
     /// Every writer kind.
-    pub const ALL: [WriterKind; 2] = [WriterKind::HttpJson, WriterKind::UserCom];
+    pub const ALL: [WriterKind; 1] = [WriterKind::HttpJson];
 
     /// Its name as stored.
     pub fn name(self) -> &'static str {
         match self {
             WriterKind::HttpJson => "http_json",
-            WriterKind::UserCom => "usercom",
         }
     }
 
-    /// The writer kind named `name`; the error names it and the kinds there are.
+    /// The writer kind named `name`; the error names it and the kinds there are (and, for
+    /// `usercom`, the writer of an older courier, the preset that replaced it).
     pub fn parse(name: &str) -> Result<Self, String> {
         Self::ALL
             .into_iter()
             .find(|k| k.name() == name)
             .ok_or_else(|| {
                 let all: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
-                format!("writer {name:?} is not one of {}", all.join(", "))
+                let hint = match name {
+                    "usercom" => {
+                        " (User.com is the preset usercom: `courier apply --preset usercom`)"
+                    }
+                    _ => "",
+                };
+                format!("writer {name:?} is not one of {}{hint}", all.join(", "))
             })
     }
 
-    /// Whether its connections and rules are shaped by data (auth kinds, request shapes,
-    /// answer maps): the HTTP JSON writer's are; User.com's are its own.
-    pub fn shaped_by_profile(self) -> bool {
-        self == WriterKind::HttpJson
-    }
-
-    /// Whether its connections must name the variable holding a key.
-    pub fn needs_key(self) -> bool {
-        self == WriterKind::UserCom
-    }
-
-    /// Checks a rule's `path` against what the writer can do with it: for `usercom` it
-    /// must name one of the operations; `http_json` takes any path. The error names the
-    /// path and what would be accepted.
-    pub fn check_path(self, path: &str) -> Result<(), String> {
+    /// The most records one call may carry, and why no more.
+    pub fn max_records_per_call(self) -> (usize, &'static str) {
         match self {
-            WriterKind::UserCom => path.parse::<usercom::Operation>().map(|_| ()),
-            WriterKind::HttpJson => Ok(()),
-        }
-    }
-
-    /// The most records one call may carry on a rule of `path`, and why no more:
-    /// `http_json` takes up to [`http::MAX_RECORDS_PER_CALL`]; `usercom` groups
-    /// `user_attributes` into mass updates of up to [`usercom::MAX_IDS_PER_CALL`] and
-    /// sends every other operation one record per call.
-    pub fn max_records_per_call(self, path: &str) -> (usize, &'static str) {
-        match self {
-            WriterKind::UserCom => match path.parse::<usercom::Operation>() {
-                Ok(usercom::Operation::UserAttributes) => (
-                    usercom::MAX_IDS_PER_CALL,
-                    "a User.com mass update takes at most that many ids",
-                ),
-                _ => (
-                    1,
-                    "only the user_attributes operation of User.com has a bulk endpoint",
-                ),
-            },
             WriterKind::HttpJson => (
                 http::MAX_RECORDS_PER_CALL,
                 "the generic HTTP writer sends at most that many records per call",
@@ -151,7 +123,6 @@ pub fn build(
     })?;
     match kind {
         WriterKind::HttpJson => Ok(Arc::new(http::HttpJsonWriter::new(conn, client, key)?)),
-        WriterKind::UserCom => Ok(Arc::new(usercom::UserComWriter::new(conn, client, key)?)),
     }
 }
 
@@ -246,18 +217,18 @@ mod tests {
     #[test]
     fn the_writer_refuses_what_the_door_refuses() {
         let client = reqwest::Client::new();
-        for writer in ["http_json", "usercom"] {
-            let mut conn = connection("http://", serde_json::json!({}));
-            conn.writer = writer.into();
-            let e = build(&conn, &client).err().expect("refused").to_string();
-            assert!(e.contains("\"crm\"") && e.contains("base_url"), "{e}");
-            let mut conn = connection("http://h/", serde_json::json!({"X-Key": "a\nSECRET"}));
-            conn.writer = writer.into();
-            // A variable every environment has: the key is read before the headers.
-            conn.api_key_env = Some("PATH".into());
-            let e = build(&conn, &client).err().expect("refused").to_string();
-            assert!(e.contains("X-Key") && e.contains("line break"), "{e}");
-            assert!(!e.contains("SECRET"), "{e}");
-        }
+        let conn = connection("http://", serde_json::json!({}));
+        let e = build(&conn, &client).err().expect("refused").to_string();
+        assert!(e.contains("\"crm\"") && e.contains("base_url"), "{e}");
+        let mut conn = connection("http://h/", serde_json::json!({"X-Key": "a\nSECRET"}));
+        // A variable every environment has: the key is read before the headers.
+        conn.api_key_env = Some("PATH".into());
+        let e = build(&conn, &client).err().expect("refused").to_string();
+        assert!(e.contains("X-Key") && e.contains("line break"), "{e}");
+        assert!(!e.contains("SECRET"), "{e}");
+        let mut conn = connection("http://h/", serde_json::json!({}));
+        conn.writer = "usercom".into();
+        let e = build(&conn, &client).err().expect("refused").to_string();
+        assert!(e.contains("preset usercom"), "{e}");
     }
 }

@@ -5,11 +5,17 @@
 //! and a call cut by bytes. An unknown placeholder is refused when the rule is saved; a
 //! record whose payload lacks a field its template names is rejected with the field's
 //! name, and the others of its call go on.
+//!
+//! A rule may name payload fields each record must have (`require`: a field, or a list of
+//! which one must be there), so a record without is rejected naming it before anything is
+//! sent; and may group records into calls by a value (`group`, [`super::group`]): each
+//! group one call of its own shape, every other record one call of the rule's.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::template::{Record, check, fill, fill_records, path_slots};
+use super::group::GroupShape;
+use super::template::{Place, Record, Scope, check, fill, fill_records, path_slots};
 
 /// How a rule's requests are shaped.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -40,6 +46,54 @@ pub struct RequestShape {
     /// fixed fields.
     #[serde(default)]
     pub multipart: Option<Multipart>,
+    /// Payload fields each record must have: a field's name, or a list of names one of
+    /// which must be there (`["user_custom_id", "user_id"]`). Absent, null or a blank
+    /// text is missing.
+    #[serde(default)]
+    pub require: Vec<Required>,
+    /// Records grouped into calls by a value, each group's call shaped by it; the others
+    /// go one by one as this shape sends one record.
+    #[serde(default)]
+    pub group: Option<GroupShape>,
+}
+
+/// A payload field a record must have, or a list of fields one of which it must have.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Required {
+    /// This field.
+    Field(String),
+    /// One of these fields.
+    AnyOf(Vec<String>),
+}
+
+impl Required {
+    /// The names it takes.
+    fn names(&self) -> &[String] {
+        match self {
+            Required::Field(f) => std::slice::from_ref(f),
+            Required::AnyOf(fs) => fs,
+        }
+    }
+
+    /// Whether `payload` has it; the error names the field (and its alternatives).
+    fn holds(&self, payload: &Value) -> Result<(), String> {
+        let present = |name: &String| match payload.get(name) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(s)) => !s.trim().is_empty(),
+            Some(_) => true,
+        };
+        let names = self.names();
+        if names.iter().any(present) {
+            return Ok(());
+        }
+        let others: Vec<String> = names[1..].iter().map(|n| format!(" (or {n:?})")).collect();
+        Err(format!(
+            "missing required field {:?}{}",
+            names[0],
+            others.concat()
+        ))
+    }
 }
 
 /// A multipart form around a CSV body (`multipart/form-data`).
@@ -81,14 +135,17 @@ impl RequestShape {
         {
             return Err(format!("request: content_type {t:?} is not a header value"));
         }
+        shape.check_require_and_group()?;
+        // With a group, the rule's own shape sends one record per call.
+        let bulk = bulk && shape.group.is_none();
         if let Some(item) = &shape.item {
-            check(item, "item", false)?;
+            check(item, "item", Place::Item)?;
         }
         if let Some(body) = &shape.body {
             if !bulk {
                 return Err("request: body is for rules with records_per_call above 1; one record's call sends its item".into());
             }
-            let n = check(body, "body", true)?;
+            let n = check(body, "body", Place::Body)?;
             if n != 1 {
                 return Err(format!(
                     "request: body must hold \"{{{{records}}}}\" exactly once, not {n} times"
@@ -134,13 +191,38 @@ impl RequestShape {
         Ok(shape)
     }
 
+    /// Checks `require` (no empty name or list) and `group` (its templates and path, and
+    /// no CSV, multipart or byte cut beside it).
+    fn check_require_and_group(&self) -> Result<(), String> {
+        for r in &self.require {
+            if r.names().is_empty() || r.names().iter().any(|n| n.trim().is_empty()) {
+                return Err("request: require names an empty field, or an empty list".into());
+            }
+        }
+        if let Some(group) = &self.group {
+            group.check()?;
+            if self.csv.is_some() || self.multipart.is_some() || self.max_bytes.is_some() {
+                return Err(
+                    "request: group sends JSON bodies of its own: give no csv, multipart or \
+                     max_bytes beside it"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The method.
     pub fn method(&self) -> reqwest::Method {
-        match self.method.as_deref() {
-            Some("PUT") => reqwest::Method::PUT,
-            Some("PATCH") => reqwest::Method::PATCH,
-            _ => reqwest::Method::POST,
-        }
+        super::group::method(self.method.as_deref())
+    }
+
+    /// The key record `r` is grouped by, when the rule groups and `r` can join a group
+    /// (it has the fields the rule requires, its key and its item can be made).
+    pub fn group_key(&self, r: Record<'_>) -> Option<Value> {
+        let group = self.group.as_ref()?;
+        let required = self.require.iter().all(|q| q.holds(r.payload).is_ok());
+        required.then(|| group.key(r)).flatten()
     }
 
     /// The content type.
@@ -251,10 +333,14 @@ impl RequestShape {
         calls
     }
 
-    /// One record as sent: its item, or its payload.
+    /// One record as sent: its item, or its payload; a record lacking a field the rule
+    /// requires is refused naming it.
     pub fn item(&self, r: Record<'_>) -> Result<Value, String> {
+        for q in &self.require {
+            q.holds(r.payload)?;
+        }
         match &self.item {
-            Some(t) => fill(t, r, None),
+            Some(t) => fill(t, Scope::Record(r)),
             None => Ok(r.payload.clone()),
         }
     }
@@ -597,6 +683,56 @@ mod tests {
         }
         let e = RequestShape::parse(Some(&json!({"csv": ["a"]})), "p", false).unwrap_err();
         assert!(e.contains("records_per_call above 1"), "{e}");
+    }
+
+    #[test]
+    fn required_fields_are_named_and_an_optional_one_left_out_when_absent() {
+        let shape = RequestShape::parse(
+            Some(&json!({"require": ["name", ["user_custom_id", "user_id"]],
+                         "item": {"...": "{{payload}}",
+                                  "data": {"...": "{{payload/data?}}",
+                                           "id": "{{delivery_id | number}}"}}})),
+            "events/",
+            false,
+        )
+        .unwrap();
+        let e = shape.item(record(&json!({"name": "n"}))).unwrap_err();
+        assert_eq!(
+            e,
+            "missing required field \"user_custom_id\" (or \"user_id\")"
+        );
+        let e = shape
+            .item(record(&json!({"name": " ", "user_id": 1})))
+            .unwrap_err();
+        assert_eq!(e, "missing required field \"name\"");
+        assert_eq!(
+            shape
+                .item(record(&json!({"name": "n", "user_id": 1})))
+                .unwrap(),
+            json!({"name": "n", "user_id": 1, "data": {"id": 42}})
+        );
+        assert_eq!(
+            shape
+                .item(record(
+                    &json!({"name": "n", "user_id": 1, "data": {"x": 1}})
+                ))
+                .unwrap()["data"],
+            json!({"x": 1, "id": 42})
+        );
+        for (request, words) in [
+            (
+                json!({"item": {"a": "x{{payload/a?}}"}}),
+                "only a payload field",
+            ),
+            (
+                json!({"item": {"a": "{{delivery_id?}}"}}),
+                "only a payload field",
+            ),
+            (json!({"require": [[]]}), "require names an empty"),
+        ] {
+            let e = RequestShape::parse(Some(&request), "p", false).unwrap_err();
+            assert!(e.contains(words), "{request}: {e}");
+        }
     }
 
     #[test]

@@ -1,8 +1,12 @@
 //! The template language of a rule's requests: a template is JSON in which a string names
 //! what fills it: `"{{payload}}"` (the record's payload), `"{{payload/email}}"` (a field of
 //! it, by JSON pointer), `"{{delivery_id}}"`, `"{{record_key}}"`, and in a body,
-//! `"{{records}}"` (the call's items). A placeholder that is the whole string is replaced by
-//! the value itself (an object stays an object); one inside a longer string by its text.
+//! `"{{records}}"` (the call's items) and, in the body of a group's call, `"{{group/...}}"`
+//! (the key its records share: [`super::group`]). A placeholder that is the whole string is
+//! replaced by the value itself (an object stays an object); one inside a longer string by
+//! its text. A `?` after a payload field's name (`"{{payload/data?}}"`) makes it optional:
+//! absent, the key it fills is left out (a `"..."` spread spreads nothing) instead of the
+//! record being refused.
 //! Filters after a `|` put a value in the target's types and names
 //! (`"{{payload | omit email | upper_keys}}"`: [`super::filters`]). An object's key `"..."`
 //! spreads its value's fields into the object. In the rule's path, `{payload/email}`,
@@ -21,6 +25,7 @@ pub(super) enum Slot<'t> {
     DeliveryId,
     RecordKey,
     Records,
+    Group(&'t str),
 }
 
 /// One record as a template sees it.
@@ -48,7 +53,9 @@ pub fn fill_path(path: &str, r: Record<'_>) -> Result<String, String> {
             Slot::Payload(p) => text(lookup(r.payload, p)?),
             Slot::DeliveryId => r.delivery_id.to_string(),
             Slot::RecordKey => r.record_key.to_owned(),
-            Slot::Records => return Err(format!("path {path:?}: {{records}} belongs in a body")),
+            Slot::Records | Slot::Group(_) => {
+                return Err(format!("path {path:?}: {{{name}}} belongs in a body"));
+            }
         };
         // `.` and `..` would move the path instead of naming a thing in it.
         if is_dot_segment(&value) {
@@ -73,8 +80,11 @@ pub(super) fn path_slots(path: &str) -> Result<Vec<Slot<'_>>, String> {
             .find('}')
             .ok_or_else(|| format!("path {path:?}: a {{ without its }}"))?;
         let s = slot(&rest[open + 1..open + close]).map_err(|e| format!("path {path:?}: {e}"))?;
-        if s == Slot::Records {
-            return Err(format!("path {path:?}: {{records}} belongs in a body"));
+        if matches!(s, Slot::Records | Slot::Group(_)) {
+            return Err(format!(
+                "path {path:?}: {{{}}} belongs in a body",
+                &rest[open + 1..open + close]
+            ));
         }
         slots.push(s);
         rest = &rest[open + close + 1..];
@@ -89,13 +99,24 @@ fn slot(name: &str) -> Result<Slot<'_>, String> {
         "delivery_id" => Ok(Slot::DeliveryId),
         "record_key" => Ok(Slot::RecordKey),
         "records" => Ok(Slot::Records),
-        other => match other.strip_prefix("payload") {
-            Some(p) if p.starts_with('/') => Ok(Slot::Payload(p)),
+        "group" => Ok(Slot::Group("")),
+        other => match (other.strip_prefix("payload"), other.strip_prefix("group")) {
+            (Some(p), _) if p.starts_with('/') => Ok(Slot::Payload(p)),
+            (_, Some(p)) if p.starts_with('/') => Ok(Slot::Group(p)),
             _ => Err(format!(
                 "unknown placeholder {{{{{name}}}}} (known: payload, payload/<pointer>, \
-                 delivery_id, record_key, records)"
+                 delivery_id, record_key, records, group/<pointer>)"
             )),
         },
+    }
+}
+
+/// A placeholder's name without its optional mark, and whether it had one: `payload/data?`
+/// names a field that may be absent.
+fn optional(name: &str) -> (&str, bool) {
+    match name.strip_suffix('?') {
+        Some(n) => (n.trim_end(), true),
+        None => (name, false),
     }
 }
 
@@ -115,44 +136,53 @@ pub(super) fn placeholders(s: &str) -> Vec<(usize, usize, &str)> {
     out
 }
 
+/// Where a template stands, which says what may fill it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    /// A record's item, or a group's key: the record's payload, delivery id and key.
+    Item,
+    /// A bulk call's body: `{{records}}` and constants.
+    Body,
+    /// The body of a group's call: `{{records}}`, the group's key (`{{group/...}}`) and
+    /// constants.
+    GroupBody,
+}
+
 /// Checks a template's placeholders; returns how many `{{records}}` it holds. A body
-/// (`in_body`) holds `{{records}}` and constants only: what is a record's (its payload,
-/// delivery id, key, a `"..."` spread) belongs in the item. No object key may hold a
-/// placeholder (keys are sent as written).
-pub(super) fn check(t: &Value, what: &str, in_body: bool) -> Result<usize, String> {
+/// holds `{{records}}` and constants only (a group's body its key too): what is a record's
+/// (its payload, delivery id, key, a `"..."` spread) belongs in the item. An optional
+/// placeholder (`{{payload/data?}}`) names a payload field and is a whole value. No object
+/// key may hold a placeholder (keys are sent as written).
+pub(super) fn check(t: &Value, what: &str, place: Place) -> Result<usize, String> {
     match t {
         Value::String(s) => {
             let mut n = 0;
             for (start, end, placeholder) in placeholders(s) {
                 let at = |e: String| format!("request: {what}: {e}");
                 let (name, filters) = filters::split(placeholder).map_err(at)?;
+                let (name, optional) = optional(name);
                 let s_ = slot(name).map_err(at)?;
-                if s_ == Slot::Records && !filters.is_empty() {
-                    return Err(at("{{records}} takes no filter".into()));
-                }
-                if in_body && s_ != Slot::Records {
-                    return Err(format!(
-                        "request: body: {{{{{name}}}}} is a record's, and the body holds \
-                         {{{{records}}}} and constants only (name the record's fields in item)"
-                    ));
+                check_slot(s_, place).map_err(|e| at(format!("{{{{{name}}}}} {e}")))?;
+                let whole = start == 0 && end == s.len();
+                if optional && !(whole && matches!(s_, Slot::Payload(_))) {
+                    return Err(at(format!(
+                        "{{{{{name}?}}}}: only a payload field may be optional, as a whole \
+                         value (an absent one leaves its key out)"
+                    )));
                 }
                 if s_ == Slot::Records {
-                    if !in_body {
-                        return Err(format!(
-                            "request: {what}: {{{{records}}}} belongs in the body"
-                        ));
+                    if !filters.is_empty() {
+                        return Err(at("{{records}} takes no filter".into()));
                     }
-                    if start != 0 || end != s.len() {
-                        return Err(format!(
-                            "request: {what}: {{{{records}}}} must be a whole value"
-                        ));
+                    if !whole {
+                        return Err(at("{{records}} must be a whole value".into()));
                     }
                     n += 1;
                 }
             }
             Ok(n)
         }
-        Value::Array(a) => a.iter().map(|v| check(v, what, in_body)).sum(),
+        Value::Array(a) => a.iter().map(|v| check(v, what, place)).sum(),
         Value::Object(o) => {
             if o.keys().any(|k| !placeholders(k).is_empty()) {
                 return Err(format!(
@@ -160,33 +190,70 @@ pub(super) fn check(t: &Value, what: &str, in_body: bool) -> Result<usize, Strin
                      written (put the placeholder in a value)"
                 ));
             }
-            if in_body && o.contains_key(SPREAD) {
-                return Err(
-                    "request: body: the spread key \"...\" spreads a record's fields, which \
-                     belong in item (the body holds {{records}} and constants only)"
-                        .into(),
-                );
+            if place != Place::Item && o.contains_key(SPREAD) {
+                return Err(format!(
+                    "request: {what}: the spread key \"...\" spreads a record's fields, which \
+                     belong in item (the body holds {{{{records}}}} and constants only)"
+                ));
             }
-            o.values().map(|v| check(v, what, in_body)).sum()
+            o.values().map(|v| check(v, what, place)).sum()
         }
         _ => Ok(0),
     }
 }
 
-/// A template filled for record `r` (`records`: a body's items).
-pub(super) fn fill(t: &Value, r: Record<'_>, records: Option<&Value>) -> Result<Value, String> {
-    Ok(match t {
+/// Whether a slot may stand in `place`; the error says why not (after the slot's name).
+fn check_slot(s: Slot<'_>, place: Place) -> Result<(), String> {
+    match (s, place) {
+        (Slot::Records, Place::Item) => Err("belongs in the body".into()),
+        (Slot::Group(_), Place::Item | Place::Body) => {
+            Err("is a group's key, which only the body of a group's call names".into())
+        }
+        (Slot::Payload(_) | Slot::DeliveryId | Slot::RecordKey, Place::Body | Place::GroupBody) => {
+            Err(
+                "is a record's, and the body holds {{records}} and constants only (name the \
+                 record's fields in item)"
+                    .into(),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What fills a template: one record, or a call's items and its group's key.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Scope<'a> {
+    /// One record's item (or its group's key).
+    Record(Record<'a>),
+    /// A call's body.
+    Call {
+        /// The call's items, as a list.
+        records: &'a Value,
+        /// The key its records share (a group's call).
+        group: Option<&'a Value>,
+    },
+}
+
+/// A template filled in `scope`.
+pub(super) fn fill(t: &Value, scope: Scope<'_>) -> Result<Value, String> {
+    Ok(fill_opt(t, scope)?.unwrap_or(Value::Null))
+}
+
+/// A template filled in `scope`; `None` when it is an optional placeholder whose field is
+/// absent (its key, or its item of a list, is left out).
+fn fill_opt(t: &Value, scope: Scope<'_>) -> Result<Option<Value>, String> {
+    Ok(Some(match t {
         Value::String(s) => {
             let found = placeholders(s);
             match found.as_slice() {
                 [] => t.clone(),
-                [(0, end, name)] if *end == s.len() => value(name, r, records)?,
+                [(0, end, name)] if *end == s.len() => return value(name, scope),
                 _ => {
                     let mut out = String::new();
                     let mut last = 0;
                     for (start, end, name) in found {
                         out.push_str(&s[last..start]);
-                        out.push_str(&text(&value(name, r, records)?));
+                        out.push_str(&text(&value(name, scope)?.unwrap_or(Value::Null)));
                         last = end;
                     }
                     out.push_str(&s[last..]);
@@ -196,30 +263,36 @@ pub(super) fn fill(t: &Value, r: Record<'_>, records: Option<&Value>) -> Result<
         }
         Value::Array(a) => Value::Array(
             a.iter()
-                .map(|v| fill(v, r, records))
+                .filter_map(|v| fill_opt(v, scope).transpose())
                 .collect::<Result<_, _>>()?,
         ),
         Value::Object(o) => {
             // `"...": "{{payload}}"` spreads an object's fields into this one; the
             // template's own fields win.
             let mut out = serde_json::Map::new();
-            if let Some(spread) = o.get(SPREAD) {
-                match fill(spread, r, records)? {
-                    Value::Object(fields) => out.extend(fields),
-                    other => {
-                        return Err(format!(
-                            "\"...\" spreads an object, and this record gives {other}"
-                        ));
-                    }
+            match o
+                .get(SPREAD)
+                .map(|s| fill_opt(s, scope))
+                .transpose()?
+                .flatten()
+            {
+                None => {}
+                Some(Value::Object(fields)) => out.extend(fields),
+                Some(other) => {
+                    return Err(format!(
+                        "\"...\" spreads an object, and this record gives {other}"
+                    ));
                 }
             }
             for (k, v) in o.iter().filter(|(k, _)| *k != SPREAD) {
-                out.insert(k.clone(), fill(v, r, records)?);
+                if let Some(v) = fill_opt(v, scope)? {
+                    out.insert(k.clone(), v);
+                }
             }
             Value::Object(out)
         }
         other => other.clone(),
-    })
+    }))
 }
 
 /// The key of a template object whose value's fields are spread into it.
@@ -241,15 +314,27 @@ pub(super) fn fill_records(t: &Value, items: &Value) -> Value {
     }
 }
 
-fn value(placeholder: &str, r: Record<'_>, records: Option<&Value>) -> Result<Value, String> {
+/// What fills one placeholder in `scope`, through its filters; `None`: an optional field
+/// that is absent.
+fn value(placeholder: &str, scope: Scope<'_>) -> Result<Option<Value>, String> {
     let (name, filters) = filters::split(placeholder)?;
-    let v = match slot(name)? {
-        Slot::Payload(p) => lookup(r.payload, p)?.clone(),
-        Slot::DeliveryId => Value::String(r.delivery_id.to_string()),
-        Slot::RecordKey => Value::String(r.record_key.to_owned()),
-        Slot::Records => records.cloned().unwrap_or(Value::Null),
+    let (name, optional) = optional(name);
+    let v = match (slot(name)?, scope) {
+        (Slot::Payload(p), Scope::Record(r)) => match r.payload.pointer(p) {
+            Some(v) => v.clone(),
+            None if optional => return Ok(None),
+            None => lookup(r.payload, p)?.clone(),
+        },
+        (Slot::DeliveryId, Scope::Record(r)) => Value::String(r.delivery_id.to_string()),
+        (Slot::RecordKey, Scope::Record(r)) => Value::String(r.record_key.to_owned()),
+        (Slot::Records, Scope::Call { records, .. }) => records.clone(),
+        (Slot::Group(p), Scope::Call { group: Some(g), .. }) => g
+            .pointer(p)
+            .cloned()
+            .ok_or_else(|| format!("the group's key has no field {p}"))?,
+        _ => return Err(format!("{{{{{name}}}}} has nothing to fill it here")),
     };
-    filters::apply(v, &filters)
+    filters::apply(v, &filters).map(Some)
 }
 
 fn lookup<'v>(payload: &'v Value, pointer: &str) -> Result<&'v Value, String> {

@@ -514,8 +514,8 @@ async fn records_per_call_outside_what_the_writer_carries_is_refused() {
         .await
         .unwrap();
 
-    unsafe { std::env::set_var("COURIER_TEST_BULK_KEY", "k") };
-    catalog::upsert_connection(
+    // The writer of an older courier is refused, naming the preset that replaced it.
+    let e = catalog::upsert_connection(
         &db.pool,
         &NewConnection {
             name: "uc".into(),
@@ -526,24 +526,47 @@ async fn records_per_call_outside_what_the_writer_carries_is_refused() {
         },
     )
     .await
-    .unwrap();
-    for (per_call, path, envelope, names) in [
-        (101, "user_attributes", None, "outside 1..=100"),
-        (2, "event", None, "only the user_attributes operation"),
+    .unwrap_err();
+    assert!(e.to_string().contains("preset usercom"), "{e}");
+    // A rule that groups its records is checked when saved, each error naming the field.
+    let attributes = courier::presets::find("usercom")
+        .unwrap()
+        .rule(Some("usercom-attributes"), &json!({}))
+        .unwrap();
+    let path = attributes["path"].as_str().unwrap();
+    let grouped = |change: serde_json::Value| {
+        let mut request = attributes["request"].clone();
+        for (k, v) in change.as_object().unwrap() {
+            request["group"][k] = v.clone();
+        }
+        Some(request)
+    };
+    for (per_call, request, names) in [
+        (1001, grouped(json!({})), "outside 1..=1000"),
         (
-            10,
-            "user_attributes",
-            Some(json!({"body": {"x": "{{records}}"}})),
-            "request is for the http_json writer only, not usercom",
+            100,
+            grouped(json!({"body": {"ids": []}})),
+            "request: group: body must hold",
+        ),
+        (
+            100,
+            grouped(json!({"path": "users/{payload/id}/"})),
+            "names a record's field",
+        ),
+        (
+            100,
+            Some(json!({"group": attributes["request"]["group"], "csv": ["a"]})),
+            "give no csv",
         ),
     ] {
-        let r = NewRule {
-            connection: "uc".into(),
-            ..rule(per_call, path, envelope)
-        };
-        let e = catalog::upsert_rule(&db.pool, &r).await.unwrap_err();
+        let e = catalog::upsert_rule(&db.pool, &rule(per_call, path, request))
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains(names), "{e}");
     }
+    catalog::upsert_rule(&db.pool, &rule(100, path, grouped(json!({}))))
+        .await
+        .unwrap();
     // The schema refuses what the door refuses for any writer.
     let e = sqlx::query("UPDATE rules SET records_per_call = 0")
         .execute(&db.pool)
@@ -564,7 +587,7 @@ async fn a_rule_stored_by_sql_beyond_its_writers_maximum_is_left_alone_with_the_
     .await
     .unwrap();
     usercom_shop(&db.pool, &target, KEY_VAR, 1).await;
-    sqlx::query("UPDATE rules SET records_per_call = 500 WHERE name = 'consents'")
+    sqlx::query("UPDATE rules SET records_per_call = 1001 WHERE name = 'consents'")
         .execute(&db.pool)
         .await
         .unwrap();
@@ -581,47 +604,33 @@ async fn a_rule_stored_by_sql_beyond_its_writers_maximum_is_left_alone_with_the_
     assert!(
         error
             .as_deref()
-            .is_some_and(|e| e.contains("records_per_call 500")),
+            .is_some_and(|e| e.contains("records_per_call 1001")),
         "{error:?}"
     );
     assert_eq!(target.counters().requests, 0);
     assert_eq!(statuses(&db.pool).await, [("pending".into(), 3)]);
 }
 
-/// Connection `uc` on workspace `shop` of `target`, rules `customers` (user_upsert) and
-/// `consents` (user_attributes, `per_call` records per call).
+/// Connection `uc` on workspace `shop` of `target`, rules `customers` (the usercom
+/// preset's users) and `consents` (its attributes, `per_call` records per call).
 async fn usercom_shop(pool: &PgPool, target: &Target, key_var: &str, per_call: i32) {
-    catalog::upsert_connection(
-        pool,
-        &NewConnection {
-            name: "uc".into(),
-            writer: "usercom".into(),
-            base_url: target.workspace_url("shop"),
-            api_key_env: Some(key_var.into()),
-            requests_per_minute: Some(600_000),
-            max_in_flight: Some(2),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    for (name, path, per_call) in [
-        ("customers", "user_upsert", 1),
-        ("consents", "user_attributes", per_call),
-    ] {
-        catalog::upsert_rule(
-            pool,
-            &NewRule {
-                name: name.into(),
-                connection: "uc".into(),
-                path: path.into(),
-                records_per_call: Some(per_call),
-                ..Default::default()
-            },
-        )
+    let preset = courier::presets::find("usercom").unwrap();
+    let over = json!({"name": "uc", "base_url": target.workspace_url("shop"),
+                      "api_key_env": key_var, "limits": ["10000/s"], "max_in_flight": 2});
+    let rules: Vec<_> = [
+        ("customers", "usercom-users", 1),
+        ("consents", "usercom-attributes", per_call),
+    ]
+    .iter()
+    .map(|(name, rule, per_call)| {
+        let over = json!({"name": name, "connection": "uc", "records_per_call": per_call});
+        preset.rule(Some(rule), &over).unwrap()
+    })
+    .collect();
+    let file = json!({"connections": [preset.connection(&over)], "rules": rules});
+    courier::apply::apply_file(pool, &file.to_string(), Default::default())
         .await
         .unwrap();
-    }
 }
 
 /// Consent changes `email_consent = value` for customers `c{i}`, each waiting for its
@@ -649,7 +658,12 @@ async fn consent_changes_go_as_mass_updates_grouped_by_attribute_and_value() {
     const KEY_VAR: &str = "COURIER_TEST_MASS_KEY";
     unsafe { std::env::set_var(KEY_VAR, "tok") };
     assert_eq!(
-        Some(courier::writer::usercom::MAX_IDS_PER_CALL),
+        courier::presets::find("usercom")
+            .unwrap()
+            .rule(Some("usercom-attributes"), &json!({}))
+            .unwrap()["records_per_call"]
+            .as_u64()
+            .map(|n| n as usize),
         courier_target::operations::max_items(
             "PUT",
             "users-by-id/mass_update_custom_attributes/",

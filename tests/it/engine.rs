@@ -662,12 +662,12 @@ async fn a_rule_path_its_writer_cannot_serve_fails_the_run_and_keeps_the_backlog
     let db = TestDb::new().await;
     let target = Target::start(0).await.unwrap();
     setup(&db.pool, &target, &["customers"], 10, 1).await;
-    // Plain SQL gets past any check at the door.
-    sqlx::query("UPDATE connections SET writer = 'usercom', api_key_env = 'HOME'")
-        .execute(&db.pool)
+    let path: String = sqlx::query_scalar("SELECT path FROM rules")
+        .fetch_one(&db.pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE rules SET path = 'user_upsertt'")
+    // Plain SQL gets past any check at the door: a placeholder no record fills.
+    sqlx::query("UPDATE rules SET path = 'users/{payload.custom_id}/'")
         .execute(&db.pool)
         .await
         .unwrap();
@@ -684,7 +684,7 @@ async fn a_rule_path_its_writer_cannot_serve_fails_the_run_and_keeps_the_backlog
         .await
         .unwrap();
     assert!(
-        error.contains("user_upsertt") && error.contains("user_upsert,"),
+        error.contains("{payload.custom_id}") && error.contains("unknown placeholder"),
         "{error}"
     );
     for id in ids {
@@ -695,7 +695,8 @@ async fn a_rule_path_its_writer_cannot_serve_fails_the_run_and_keeps_the_backlog
         "left alone until the rule changes"
     );
     assert_eq!(target.counters().requests, 0);
-    sqlx::query("UPDATE rules SET path = 'user_upsert'")
+    sqlx::query("UPDATE rules SET path = $1")
+        .bind(&path)
         .execute(&db.pool)
         .await
         .unwrap();

@@ -806,34 +806,18 @@ async fn a_process_books_at_most_a_slice_ahead_however_many_calls_wait() {
     assert!(next.at > slots[24].at);
 }
 
-/// Connection `shop` (User.com writer) on `target`'s workspace and its rule `customers`
-/// with `n` deliveries.
+/// Connection `shop` (the usercom preset's) on `target`'s workspace and its rule
+/// `customers` (the preset's users) with `n` deliveries.
 async fn usercom_shop_with(db: &TestDb, target: &Target, key_var: &str, n: usize) {
-    catalog::upsert_connection(
-        &db.pool,
-        &NewConnection {
-            name: "shop".into(),
-            writer: "usercom".into(),
-            base_url: target.workspace_url("shop"),
-            api_key_env: Some(key_var.into()),
-            requests_per_minute: Some(600),
-            max_in_flight: Some(1),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    catalog::upsert_rule(
-        &db.pool,
-        &NewRule {
-            name: "customers".into(),
-            connection: "shop".into(),
-            path: "user_upsert".into(),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let preset = courier::presets::find("usercom").unwrap();
+    let over = json!({"name": "shop", "base_url": target.workspace_url("shop"),
+                      "api_key_env": key_var, "limits": ["600/min"], "max_in_flight": 1});
+    let rule = json!({"name": "customers", "connection": "shop"});
+    let file = json!({"connections": [preset.connection(&over)],
+                      "rules": [preset.rule(Some("usercom-users"), &rule).unwrap()]});
+    courier::apply::apply_file(&db.pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
     let users = (0..n)
         .map(|i| NewDelivery::new(format!("u{i}"), json!({"custom_id": format!("u{i}")})))
         .collect();

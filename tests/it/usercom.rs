@@ -1,30 +1,60 @@
-//! The User.com writer against the local target: each operation's request (method, path,
-//! headers, body) as the target recorded it, each response class mapped to its outcome,
-//! and one end-to-end delivery through the engine on a real database.
+//! User.com through its preset (`presets/usercom.json`) against the local target: each
+//! operation's request (method, path, headers, body) as the target recorded it, each
+//! response class mapped to its outcome, one end-to-end delivery through the engine on a
+//! real database, and a catalog stored for the `usercom` writer of an older courier
+//! migrated to the preset and delivering.
 
 use std::time::Duration;
 
 use crate::common::{TestDb, drive, engine, settings};
 use courier::{
-    catalog::{self, Connection, NewConnection, NewRule},
+    apply,
     enqueue::{self, NewDelivery},
-    writer::{
-        Outgoing, WriteError,
-        usercom::{ACCEPT_VERSION_2, UserComWriter},
-    },
+    model::Connection,
+    presets::{self, Preset},
+    profile::{RuleProfile, Stored},
+    writer::{Outgoing, WriteError, Writer, http::HttpJsonWriter},
 };
 use courier_target::{Faults, RetryAfterMode, Target, TargetConfig, WorkspaceConfig};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "test-token-0123456789";
 
+/// The `Accept` header User.com's clients send to select API version 2.
+const ACCEPT_VERSION_2: &str = "*/*; version=2";
+
+/// The preset's rule for each operation the `usercom` writer had, by the name a rule's
+/// path gave it there (the migration maps them so).
+const OPERATIONS: [(&str, &str); 6] = [
+    ("user_upsert", "usercom-users"),
+    ("user_attributes", "usercom-attributes"),
+    ("mass_update_custom_attributes", "usercom-mass-update"),
+    ("event", "usercom-events"),
+    ("product_event", "usercom-product-events"),
+    ("deal_upsert", "usercom-deals"),
+];
+
+fn preset() -> &'static Preset {
+    presets::find("usercom").unwrap()
+}
+
+/// The preset's rule `name` as stored: its path, records per call, request and answer.
+fn preset_rule(name: &str) -> serde_json::Map<String, Value> {
+    preset().rule(Some(name), &json!({})).unwrap()
+}
+
 #[test]
-fn the_target_counts_appends_by_the_field_the_writer_fills() {
-    // courier-target does not depend on the engine, so it keeps its own copy.
-    assert_eq!(
-        courier::writer::usercom::DELIVERY_ID_FIELD,
-        courier_target::DELIVERY_ID_FIELD
-    );
+fn the_target_counts_appends_by_the_field_the_preset_fills() {
+    // courier-target does not depend on the engine: the preset names the field it reads.
+    for rule in ["usercom-events", "usercom-product-events"] {
+        let data = &preset_rule(rule)["request"]["item"]["data"];
+        assert_eq!(
+            data[courier_target::DELIVERY_ID_FIELD],
+            "{{delivery_id | number}}"
+        );
+    }
+    let c = preset().connection(&json!({}));
+    assert_eq!(c["headers"]["Accept"], ACCEPT_VERSION_2);
 }
 
 async fn target(config: TargetConfig) -> Target {
@@ -36,14 +66,17 @@ async fn target(config: TargetConfig) -> Target {
     .unwrap()
 }
 
+/// The preset's connection pointed at `base_url`.
 fn connection(base_url: String, timeout_ms: i32) -> Connection {
+    let c = preset().connection(&json!({}));
     Connection {
         id: 1,
         name: "shop-usercom".into(),
-        writer: "usercom".into(),
+        writer: "http_json".into(),
         base_url,
         api_key_env: Some("UNUSED_HERE".into()),
-        headers: json!({}),
+        auth: Some(c["auth"].clone()),
+        headers: c["headers"].clone(),
         requests_per_minute: None,
         max_in_flight: 4,
         timeout_ms,
@@ -52,24 +85,55 @@ fn connection(base_url: String, timeout_ms: i32) -> Connection {
     }
 }
 
-fn writer(t: &Target, key: &str, timeout_ms: i32) -> UserComWriter {
-    UserComWriter::new(
+/// A writer on workspace `shop` of `t` with key `key`, and the preset's rules' profiles.
+struct Shop {
+    writer: HttpJsonWriter,
+    rules: Vec<(&'static str, String, RuleProfile)>,
+}
+
+fn writer(t: &Target, key: &str, timeout_ms: i32) -> Shop {
+    let writer = HttpJsonWriter::new(
         &connection(t.workspace_url("shop"), timeout_ms),
         &reqwest::Client::new(),
         Some(key.into()),
     )
-    .unwrap()
+    .unwrap();
+    let rules = OPERATIONS
+        .iter()
+        .map(|&(op, name)| {
+            let r = preset_rule(name);
+            let path = r["path"].as_str().unwrap().to_owned();
+            let per_call = r.get("records_per_call").and_then(Value::as_i64);
+            let profile = RuleProfile::parse(Stored {
+                writer: "http_json",
+                path: &path,
+                records_per_call: per_call.unwrap_or(1) as i32,
+                request: r.get("request"),
+                answer: r.get("answer"),
+                job: None,
+            })
+            .unwrap();
+            (op, path, profile)
+        })
+        .collect();
+    Shop { writer, rules }
 }
 
-async fn write(w: &UserComWriter, id: i64, op: &str, payload: Value) -> Result<u16, WriteError> {
-    w.write(Outgoing {
+/// Delivers one record by operation `op`'s rule, as a chain job does: its status, or its
+/// refusal (one refused before sending is the call's only item).
+async fn write(w: &Shop, id: i64, op: &str, payload: Value) -> Result<u16, WriteError> {
+    let (_, path, profile) = w.rules.iter().find(|(o, ..)| *o == op).unwrap();
+    let records = [Outgoing {
         delivery_id: id,
         record_key: "k",
-        path: op,
+        path,
         payload: &payload,
-    })
-    .await
-    .map(|r| r.http_status.unwrap_or_default())
+    }];
+    let written = w.writer.write_many(profile.call(&records)).await?;
+    match written.items.into_iter().next().flatten() {
+        Some(e) => Err(e),
+        None => Ok(written.receipt.http_status.unwrap_or_default()),
+    }
 }
 
 #[tokio::test]
@@ -160,17 +224,39 @@ async fn each_operation_sends_its_request() {
 }
 
 #[tokio::test]
-async fn bad_operations_and_payloads_are_permanent_and_send_nothing() {
+async fn payloads_lacking_a_field_are_permanent_and_send_nothing() {
     let t = target(TargetConfig::default()).await;
     let w = writer(&t, TOKEN, 5_000);
     for (op, payload, needle) in [
-        (
-            "users/",
-            json!({"custom_id": "c"}),
-            "unknown User.com operation",
-        ),
         ("user_upsert", json!({"email": "x@y"}), "\"custom_id\""),
+        ("user_upsert", json!({"custom_id": " "}), "\"custom_id\""),
+        ("deal_upsert", json!({"name": "order 1"}), "\"custom_id\""),
         ("event", json!({"user_custom_id": "c"}), "\"name\""),
+        (
+            "event",
+            json!({"name": "n"}),
+            "\"user_custom_id\" (or \"user_id\")",
+        ),
+        (
+            "event",
+            json!({"name": "n", "user_id": 1, "data": [1]}),
+            "spreads an object",
+        ),
+        (
+            "user_attributes",
+            json!({"custom_id": "c"}),
+            "\"attributes\"",
+        ),
+        (
+            "product_event",
+            json!({"user_custom_id": "c", "event_type": "view"}),
+            "\"product_custom_id\"",
+        ),
+        (
+            "mass_update_custom_attributes",
+            json!({"attribute": "x", "value": 1}),
+            "\"custom_ids\"",
+        ),
     ] {
         match write(&w, 1, op, payload).await {
             Err(WriteError::Permanent {
@@ -349,48 +435,20 @@ async fn faults_map_to_transient_failures() {
 const KEY_VAR: &str = "COURIER_TEST_USERCOM_KEY";
 
 #[tokio::test]
-async fn the_engine_delivers_through_a_usercom_connection() {
-    // SAFETY: the only test in this binary that touches the environment, and every
-    // value it writes is the same.
+async fn the_engine_delivers_through_the_preset() {
+    // SAFETY: every value this binary writes to it is the same.
     unsafe { std::env::set_var(KEY_VAR, TOKEN) };
     let db = TestDb::new().await;
     let t = target(TargetConfig::default()).await;
-    catalog::upsert_connection(
-        &db.pool,
-        &NewConnection {
-            name: "shop-usercom".into(),
-            writer: "usercom".into(),
-            base_url: t.workspace_url("shop"),
-            api_key_env: Some(KEY_VAR.into()),
-            headers: Default::default(),
-            requests_per_minute: None,
-            max_in_flight: Some(4),
-            timeout_ms: Some(5_000),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("the schema accepts the usercom writer");
-    for (rule, op) in [("customers", "user_upsert"), ("prices", "product_event")] {
-        catalog::upsert_rule(
-            &db.pool,
-            &NewRule {
-                name: rule.into(),
-                connection: "shop-usercom".into(),
-                path: op.into(),
-                batch_size: Some(10),
-                max_attempts: Some(3),
-                backoff_base_ms: None,
-                backoff_max_ms: None,
-                ..Default::default()
-            },
-        )
+    let mut file: Value = serde_json::from_str(preset().text).unwrap();
+    file["connections"][0]["base_url"] = json!(t.workspace_url("shop"));
+    file["connections"][0]["api_key_env"] = json!(KEY_VAR);
+    apply::apply_file(&db.pool, &file.to_string(), Default::default())
         .await
-        .unwrap();
-    }
+        .expect("the preset applies");
     enqueue::enqueue_many(
         &db.pool,
-        "customers",
+        "usercom-users",
         (0..3)
             .map(|k| {
                 NewDelivery::new(
@@ -404,7 +462,7 @@ async fn the_engine_delivers_through_a_usercom_connection() {
     .unwrap();
     let price_ids = enqueue::enqueue_many(
         &db.pool,
-        "prices",
+        "usercom-product-events",
         (0..3)
             .map(|k| {
                 NewDelivery::new(
@@ -430,4 +488,167 @@ async fn the_engine_delivers_through_a_usercom_connection() {
     }
     let c = t.counters();
     assert_eq!((c.workspaces["shop"].stored["users"], c.duplicates), (3, 0));
+}
+
+/// The first migration after which no connection names the `usercom` writer.
+const PRESET_MIGRATION: i64 = 20261231000001;
+
+/// A catalog an older courier stored for its `usercom` writer, on workspace `shop` of `t`:
+/// connection `shop-usercom` (an `accept` header of its own, another header) and a rule per
+/// operation, `consents` grouping 100 to a call, and `odd` naming no operation.
+async fn store_old_catalog(pool: &sqlx::PgPool, t: &Target, key_var: &str) {
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO connections (name, writer, base_url, api_key_env, headers, max_in_flight)
+         VALUES ('shop-usercom', 'usercom', $1, $2, '{\"accept\": \"text/plain\", \"X-Shop\": \"a\"}', 2)
+         RETURNING id",
+    )
+    .bind(t.workspace_url("shop"))
+    .bind(key_var)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    for (name, path, per_call) in [
+        ("customers", "user_upsert", 1),
+        ("consents", " /user_attributes/", 100),
+        ("mass", "mass_update_custom_attributes", 1),
+        ("events", "event", 1),
+        ("prices", "product_event/", 1),
+        ("deals", "deal_upsert", 1),
+        ("odd", "nonsense", 1),
+    ] {
+        sqlx::query(
+            "INSERT INTO rules (name, connection_id, path, records_per_call) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(name)
+        .bind(id)
+        .bind(path)
+        .bind(per_call)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_catalog_stored_for_the_usercom_writer_becomes_the_preset_and_delivers() {
+    const OLD_KEY_VAR: &str = "COURIER_TEST_OLD_USERCOM_KEY";
+    // SAFETY: every value this binary writes to it is the same.
+    unsafe { std::env::set_var(OLD_KEY_VAR, TOKEN) };
+    let db = TestDb::migrated_before(PRESET_MIGRATION).await;
+    let t = target(TargetConfig {
+        rate: 1_000,
+        ..TargetConfig::default()
+    })
+    .await;
+    store_old_catalog(&db.pool, &t, OLD_KEY_VAR).await;
+    courier::db::migrate(&db.pool).await.unwrap();
+    the_old_catalog_is_the_presets(&db.pool).await;
+    it_delivers_as_before(&db, &t).await;
+}
+
+/// A rule as the test reads it back: name, path, records per call, request, answer, paused.
+type StoredRule = (String, String, i32, Option<Value>, Option<Value>, bool);
+
+/// The catalog [`store_old_catalog`] left, once migrated: the preset's connection and
+/// rules, with what was the catalog's own kept.
+async fn the_old_catalog_is_the_presets(pool: &sqlx::PgPool) {
+    let (writer, auth, headers): (String, Value, Value) =
+        sqlx::query_as("SELECT writer, auth, headers FROM connections")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let c = preset().connection(&json!({}));
+    assert_eq!((writer.as_str(), &auth), ("http_json", &c["auth"]));
+    // The connection's own Accept gives way to User.com's, as the writer's did.
+    assert_eq!(headers, json!({"X-Shop": "a", "Accept": ACCEPT_VERSION_2}));
+    let rules: Vec<StoredRule> = sqlx::query_as(
+        "SELECT name, path, records_per_call, request, answer, paused FROM rules ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let names = ["customers", "consents", "mass", "events", "prices", "deals"];
+    for ((name, path, _, request, answer, paused), (_, preset_name)) in rules.iter().zip(OPERATIONS)
+    {
+        let want = preset_rule(preset_name);
+        assert!(names.contains(&name.as_str()) && !paused, "{name}");
+        assert_eq!(path, want["path"].as_str().unwrap(), "{name}");
+        assert_eq!(request.as_ref(), want.get("request"), "{name}");
+        assert_eq!(answer.as_ref(), want.get("answer"), "{name}");
+    }
+    assert_eq!(rules[1].2, 100, "records per call kept");
+    assert_eq!(
+        (rules[6].0.as_str(), rules[6].1.as_str(), rules[6].5),
+        ("odd", "nonsense", true),
+        "a path that named no operation is paused, not sent"
+    );
+    // The schema takes the writer no more.
+    let e = sqlx::query("UPDATE connections SET writer = 'usercom'")
+        .execute(pool)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("connections_writer_check"), "{e}");
+}
+
+/// The migrated catalog delivers as before: users, consents grouped into a mass update (a
+/// user the workspace does not know rejected as a 404), an event carrying its delivery id.
+async fn it_delivers_as_before(db: &TestDb, t: &Target) {
+    let users = (0..3)
+        .map(|i| NewDelivery::new(format!("u:{i}"), json!({"custom_id": format!("c{i}")})))
+        .collect();
+    enqueue::enqueue_many(&db.pool, "customers", users)
+        .await
+        .unwrap();
+    let e = engine(&db.pool, settings(&db.url));
+    drive(&e).await;
+    let consents = ["c0", "c1", "c2", "ghost"]
+        .iter()
+        .map(|id| {
+            NewDelivery::new(
+                format!("consent:{id}"),
+                json!({"custom_id": id, "attributes": {"email_consent": false}}),
+            )
+        })
+        .collect();
+    enqueue::enqueue_many(&db.pool, "consents", consents)
+        .await
+        .unwrap();
+    let event = NewDelivery::new("e:1", json!({"user_custom_id": "c0", "name": "order"}));
+    let event_ids = enqueue::enqueue_many(&db.pool, "events", vec![event])
+        .await
+        .unwrap();
+    drive(&e).await;
+    let outcomes: Vec<(String, String, Option<i16>)> = sqlx::query_as(
+        "SELECT d.record_key, d.status, (SELECT l.http_status FROM ledger l
+           WHERE l.delivery_id = d.id ORDER BY l.id DESC LIMIT 1)
+         FROM deliveries d ORDER BY d.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let rejected: Vec<_> = outcomes.iter().filter(|o| o.1 != "delivered").collect();
+    assert_eq!(
+        rejected,
+        [&("consent:ghost".to_owned(), "rejected".to_owned(), Some(404))],
+        "{outcomes:?}"
+    );
+    let mass: Vec<_> = t
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.path
+                .ends_with("/users-by-id/mass_update_custom_attributes/")
+        })
+        .collect();
+    assert_eq!(mass.len(), 1);
+    assert_eq!(mass[0].method, "PUT");
+    assert_eq!(
+        mass[0].body,
+        json!({"ids": ["c0", "c1", "c2", "ghost"], "attribute": "email_consent", "value": false})
+    );
+    assert_eq!(mass[0].headers["accept"], ACCEPT_VERSION_2);
+    assert_eq!(mass[0].headers["authorization"], format!("Token {TOKEN}"));
+    assert_eq!(t.accepted(&format!("event:{}", event_ids[0])), 1);
+    let data = t.workspace_data("shop").unwrap();
+    assert_eq!(data.store("users")["c2"]["email_consent"], json!(false));
 }

@@ -14,11 +14,11 @@ use courier::{
 use serde_json::json;
 use sqlx::PgPool;
 
-/// A `usercom` connection named `name` (its key variable is never read here).
-fn usercom(name: &str) -> NewConnection {
+/// A connection named `name` to a User.com workspace (its key variable is never read here).
+fn workspace(name: &str) -> NewConnection {
     NewConnection {
         name: name.into(),
-        writer: "usercom".into(),
+        writer: "http_json".into(),
         base_url: "https://shop.user.com/api/public/".into(),
         api_key_env: Some("COURIER_TEST_USERCOM_KEY".into()),
         ..Default::default()
@@ -59,58 +59,42 @@ async fn violated(pool: &PgPool, sql: &str) -> String {
 }
 
 #[tokio::test]
-async fn a_usercom_rule_path_is_checked_against_the_operations_when_saved() {
-    let db = TestDb::new().await;
-    catalog::upsert_connection(&db.pool, &usercom("uc"))
-        .await
-        .unwrap();
-    let m = invalid(catalog::upsert_rule(&db.pool, &rule("customers", "uc", "user_upsertt")).await);
+async fn a_rule_path_is_checked_when_saved() {
+    let (db, _target) = shop(&[], 10, 1).await;
+    let m = invalid(
+        catalog::upsert_rule(&db.pool, &rule("customers", "shop", "users/{payload.id}/")).await,
+    );
     assert!(
         m.contains("\"customers\"")
-            && m.contains("\"user_upsertt\"")
-            && m.contains("user_upsert, user_attributes"),
+            && m.contains("{payload.id}")
+            && m.contains("unknown placeholder"),
         "{m}"
     );
     assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 0);
 
     // A file is refused whole, naming the rule.
     let file = CatalogFile {
-        connections: vec![usercom("uc2")],
+        connections: vec![],
         rules: vec![
-            rule("ok", "uc2", "user_upsert"),
-            rule("bad", "uc2", "events"),
+            rule("ok", "shop", "users/{payload/id}/"),
+            rule("bad", "shop", "users/{id/"),
         ],
     };
     let m = match apply::apply(&db.pool, &file).await {
         Err(CatalogError::Invalid(m)) => m,
         other => panic!("expected a refusal, got {other:?}"),
     };
-    assert!(m.contains("\"bad\"") && m.contains("\"events\""), "{m}");
+    assert!(m.contains("\"bad\"") && m.contains("without its }"), "{m}");
     assert_eq!(count(&db.pool, "SELECT count(*) FROM rules").await, 0);
-    assert_eq!(count(&db.pool, "SELECT count(*) FROM connections").await, 1);
-
-    // Valid operations (slashes and blanks around them are ignored, as the writer does)
-    // are saved; an `http_json` rule takes any path.
-    catalog::upsert_rule(&db.pool, &rule("customers", "uc", "user_upsert"))
-        .await
-        .unwrap();
-    catalog::upsert_rule(&db.pool, &rule("events", "uc", "/event/"))
-        .await
-        .unwrap();
-    let target = courier_target::Target::start(0).await.unwrap();
-    setup(&db.pool, &target, &[], 10, 1).await;
     catalog::upsert_rule(&db.pool, &rule("raw", "shop", "anything/at/all"))
         .await
         .unwrap();
-    // Moving a rule to a usercom connection checks its path against that writer.
-    let m = invalid(catalog::upsert_rule(&db.pool, &rule("raw", "uc", "anything/at/all")).await);
-    assert!(m.contains("\"raw\"") && m.contains("\"uc\""), "{m}");
 }
 
 #[tokio::test]
-async fn a_connection_becomes_usercom_only_when_its_rules_paths_fit() {
-    let (db, _target) = shop(&["customers", "prices"], 10, 1).await;
-    let mut conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
+async fn a_connection_naming_the_writer_of_an_older_courier_is_refused_naming_its_preset() {
+    let (db, _target) = shop(&["customers"], 10, 1).await;
+    let conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
     let to_usercom = NewConnection {
         name: conn.name.clone(),
         writer: "usercom".into(),
@@ -121,46 +105,17 @@ async fn a_connection_becomes_usercom_only_when_its_rules_paths_fit() {
     let m = invalid(catalog::upsert_connection(&db.pool, &to_usercom).await);
     assert!(
         m.contains("\"shop\"")
-            && m.contains("rule \"customers\" (path \"customers/\")")
-            && m.contains("rule \"prices\""),
+            && m.contains("writer \"usercom\" is not one of http_json")
+            && m.contains("courier apply --preset usercom"),
         "{m}"
-    );
-    conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
-    assert_eq!(conn.writer, "http_json", "nothing was changed");
-
-    // One file may change the writer and fix the paths together; a file that fixes only
-    // one of the rules is refused whole, naming the other.
-    let half = CatalogFile {
-        connections: vec![to_usercom.clone()],
-        rules: vec![rule("customers", "shop", "user_upsert")],
-    };
-    let m = match apply::apply(&db.pool, &half).await {
-        Err(CatalogError::Invalid(m)) => m,
-        other => panic!("expected a refusal, got {other:?}"),
-    };
-    assert!(
-        m.contains("rule \"prices\"") && !m.contains("rule \"customers\""),
-        "{m}"
-    );
-    let paths: Vec<String> = sqlx::query_scalar("SELECT path FROM rules ORDER BY name")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(
-        paths,
-        ["customers/", "prices/"],
-        "nothing of the file was applied"
     );
     let whole = CatalogFile {
         connections: vec![to_usercom],
-        rules: vec![
-            rule("customers", "shop", "user_upsert"),
-            rule("prices", "shop", "product_event"),
-        ],
+        rules: vec![rule("customers", "shop", "user_upsert")],
     };
-    apply::apply(&db.pool, &whole).await.unwrap();
-    conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
-    assert_eq!(conn.writer, "usercom");
+    assert!(apply::apply(&db.pool, &whole).await.is_err());
+    let conn = catalog::list_connections(&db.pool).await.unwrap().remove(0);
+    assert_eq!(conn.writer, "http_json", "nothing was changed");
 }
 
 #[tokio::test]
@@ -253,7 +208,7 @@ async fn base_urls_and_headers_are_checked_when_saved_without_echoing_secrets() 
                 writer: "usercom".into(),
                 ..base.clone()
             },
-            &["usercom", "needs api_key_env"],
+            &["writer \"usercom\"", "preset usercom"],
         ),
     ];
     for (c, expected) in &cases {
@@ -597,8 +552,7 @@ async fn every_pooled_connection_has_a_statement_timeout_and_migrations_none() {
 #[tokio::test]
 async fn a_rule_keeps_its_endpoints_limits_on_a_budget_of_its_own() {
     let db = TestDb::new().await;
-    let mut c = usercom("shop");
-    c.writer = "http_json".into();
+    let mut c = workspace("shop");
     c.limits = vec!["10/s".parse().unwrap(), "150/min".parse().unwrap()];
     catalog::upsert_connection(&db.pool, &c).await.unwrap();
     // Limits without a budget of the rule's own are refused, naming why.
@@ -643,7 +597,7 @@ async fn a_rule_keeps_its_endpoints_limits_on_a_budget_of_its_own() {
 /// Two connections (one with limits, a reserve and a shared budget, one with headers) and
 /// a rule on each, for the bulk catalog tests.
 fn bulk_catalog() -> (Vec<NewConnection>, Vec<NewRule>) {
-    let mut limited = usercom("limited");
+    let mut limited = workspace("limited");
     limited.limits = vec!["10/s".parse().unwrap(), "600/min".parse().unwrap()];
     limited.reserve = Some("10%".into());
     limited.budget_key = Some("workspace".into());
@@ -710,7 +664,7 @@ async fn a_catalog_saved_in_bulk_is_refused_as_one_saved_row_by_row() {
     };
     let typo = refused(
         connections.clone(),
-        vec![rule("typo", "limited", "user_upsertt")],
+        vec![rule("typo", "limited", "users/{payload.id}/")],
     )
     .await;
     assert!(
@@ -722,7 +676,7 @@ async fn a_catalog_saved_in_bulk_is_refused_as_one_saved_row_by_row() {
         matches!(&unknown, CatalogError::NotFound { kind: "connection", name } if name == "nowhere"),
         "{unknown:?}"
     );
-    // A writer that cannot serve a rule saved before is refused, naming the rule.
+    // A writer courier does not have is refused, naming the preset that replaced it.
     let mut tx = db.pool.begin().await.unwrap();
     catalog::save_many(&mut tx, &connections[1..], &rules[1..])
         .await
@@ -735,7 +689,7 @@ async fn a_catalog_saved_in_bulk_is_refused_as_one_saved_row_by_row() {
     };
     let breaks = refused(vec![to_usercom], Vec::new()).await;
     assert!(
-        matches!(&breaks, CatalogError::Invalid(m) if m.contains("rule \"records\"")),
+        matches!(&breaks, CatalogError::Invalid(m) if m.contains("preset usercom")),
         "{breaks:?}"
     );
     let writers: Vec<String> = sqlx::query_scalar("SELECT writer FROM connections")

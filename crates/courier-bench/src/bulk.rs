@@ -143,7 +143,14 @@ async fn consents(config: &BenchConfig, n: usize, per_call: i32) -> anyhow::Resu
         8,
     )
     .await?;
-    rule_per_call(&pool, "consents", "workspace", "user_attributes", per_call).await?;
+    rule_per_call(
+        &pool,
+        "consents",
+        "workspace",
+        "usercom-attributes",
+        per_call,
+    )
+    .await?;
     let changes = (0..n)
         .map(|i| {
             NewDelivery::new(

@@ -386,31 +386,34 @@ async fn declare_catalog(
     target: &Target,
     options: &ChaosOptions,
 ) -> anyhow::Result<()> {
+    // The User.com preset's connection, at the declared rate in place of its limits.
+    let preset = courier::presets::find("usercom").map_err(anyhow::Error::msg)?;
+    let mut c = preset.connection(&serde_json::json!({"api_key_env": KEY_VAR}));
+    c.remove("limits");
+    let c: NewConnection = serde_json::from_value(c.into())?;
     catalog::upsert_connection(
         pool,
         &NewConnection {
             name: "shop".into(),
-            writer: "usercom".into(),
             base_url: target.workspace_url(WORKSPACE),
-            api_key_env: Some(KEY_VAR.into()),
             requests_per_minute: Some(options.rate as i32 * 60),
             max_in_flight: Some(options.max_in_flight),
             timeout_ms: Some(10_000),
-            ..Default::default()
+            ..c
         },
     )
     .await?;
+    let users = preset.rule(
+        Some("usercom-users"),
+        &serde_json::json!({"connection": "shop"}),
+    );
+    let users: NewRule = serde_json::from_value(users.map_err(anyhow::Error::msg)?.into())?;
     for rule in HEALTHY_RULES {
-        catalog::upsert_rule(
-            pool,
-            &NewRule {
-                name: rule.into(),
-                connection: "shop".into(),
-                path: "user_upsert".into(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let rule = NewRule {
+            name: rule.into(),
+            ..users.clone()
+        };
+        catalog::upsert_rule(pool, &rule).await?;
     }
     Ok(())
 }
@@ -1298,17 +1301,17 @@ impl Harness {
                         .to_owned(),
                 ),
                 (
-                    "rule path user_upsertt",
+                    "rule path users/{payload.custom_id}/",
                     "INSERT INTO rules (name, connection_id, path)
-                     SELECT 'typo', id, 'user_upsertt' FROM connections WHERE name = 'shop'"
+                     SELECT 'typo', id, 'users/{payload.custom_id}/' FROM connections WHERE name = 'shop'"
                         .to_owned(),
                 ),
                 (
                     "connection with its key variable unset",
                     format!(
                         "WITH c AS (INSERT INTO connections (name, writer, base_url, api_key_env)
-                                    VALUES ('nokey', 'usercom', '{url}', '{UNSET_KEY_VAR}') RETURNING id)
-                         INSERT INTO rules (name, connection_id, path) SELECT 'nokey', id, 'user_upsert' FROM c"
+                                    VALUES ('nokey', 'http_json', '{url}', '{UNSET_KEY_VAR}') RETURNING id)
+                         INSERT INTO rules (name, connection_id, path) SELECT 'nokey', id, 'users/update_or_create/' FROM c"
                     ),
                 ),
         ];
@@ -1340,7 +1343,7 @@ impl Harness {
     async fn poison_row_states(&self) -> anyhow::Result<Vec<(String, String)>> {
         retry(|| {
             sqlx::query_as(
-                "SELECT CASE WHEN d.record_key LIKE 'poisonrow-typo-%' THEN 'rule path user_upsertt'
+                "SELECT CASE WHEN d.record_key LIKE 'poisonrow-typo-%' THEN 'rule path users/{payload.custom_id}/'
                              WHEN d.record_key LIKE 'poisonrow-nokey-%' THEN 'connection with its key variable unset'
                              WHEN d.record_key = 'poisonrow-infinity' THEN 'hold_until infinity'
                              ELSE 'hold_until year 290000' END,
@@ -1999,8 +2002,8 @@ fn poison_figures(report: &mut Report, p: &PoisonRecord) {
     report.figure(
         "goal: the mistyped rule's backlog stays pending",
         verdict(
-            state("rule path user_upsertt").starts_with("pending")
-                || state("rule path user_upsertt").starts_with("refused"),
+            state("rule path users/{payload.custom_id}/").starts_with("pending")
+                || state("rule path users/{payload.custom_id}/").starts_with("refused"),
         ),
     );
     for (i, reason) in p.failed_reasons.iter().enumerate() {

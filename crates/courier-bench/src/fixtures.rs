@@ -15,8 +15,14 @@ pub(super) const KEY_VAR: &str = "COURIER_BENCH_USERCOM_KEY";
 /// The bench workspace's token.
 pub(super) const TOKEN: &str = "bench-token";
 
+/// The User.com preset (`presets/usercom.json`).
+fn usercom() -> &'static courier::presets::Preset {
+    courier::presets::find("usercom").expect("the User.com preset is built in")
+}
+
 /// Connection `name` of `writer` at `base_url`, declaring `rpm` with at most `in_flight`
-/// calls (a `usercom` one reads its key from [`KEY_VAR`]), as the catalog is given it.
+/// calls, as the catalog is given it. `usercom` names the User.com preset's connection
+/// (http_json, its key from [`KEY_VAR`], `rpm` in place of the preset's limits).
 pub(super) fn new_connection(
     name: &str,
     writer: &str,
@@ -24,15 +30,49 @@ pub(super) fn new_connection(
     rpm: i32,
     in_flight: i32,
 ) -> NewConnection {
+    let base = match writer {
+        "usercom" => {
+            let mut c = usercom().connection(&json!({"api_key_env": KEY_VAR}));
+            c.remove("limits");
+            serde_json::from_value(c.into()).expect("the preset's connection reads")
+        }
+        _ => NewConnection {
+            writer: writer.into(),
+            ..Default::default()
+        },
+    };
     NewConnection {
         name: name.into(),
-        writer: writer.into(),
         base_url,
-        api_key_env: (writer == "usercom").then(|| KEY_VAR.into()),
         requests_per_minute: Some(rpm),
         max_in_flight: Some(in_flight),
         timeout_ms: Some(10_000),
-        ..Default::default()
+        ..base
+    }
+}
+
+/// Rule `name` on `conn` at `path`, `batch` deliveries per chain job, up to `per_call`
+/// records per call; a `path` naming a rule of the User.com preset (`usercom-users`) takes
+/// that rule's path and shapes.
+fn new_rule(name: &str, conn: &str, path: &str, batch: i32, per_call: i32) -> NewRule {
+    let base = match path.starts_with("usercom-") {
+        true => {
+            let r = usercom()
+                .rule(Some(path), &json!({}))
+                .expect("a rule of the preset");
+            serde_json::from_value(r.into()).expect("the preset's rule reads")
+        }
+        false => NewRule {
+            path: path.into(),
+            ..Default::default()
+        },
+    };
+    NewRule {
+        name: name.into(),
+        connection: conn.into(),
+        batch_size: Some(batch),
+        records_per_call: Some(per_call),
+        ..base
     }
 }
 
@@ -50,7 +90,7 @@ pub(super) async fn connection(
 }
 
 /// The bench workspace's User.com connection, declaring `rpm` with at most `in_flight`
-/// calls, and the rule `customers` on it (`user_upsert`, batches of 100).
+/// calls, and the rule `customers` on it (the preset's `usercom-users`, batches of 100).
 pub(super) async fn customers_on_workspace(
     pool: &PgPool,
     target: &Target,
@@ -66,10 +106,10 @@ pub(super) async fn customers_on_workspace(
         in_flight,
     )
     .await?;
-    rule(pool, "customers", "workspace", "user_upsert", 100).await
+    rule(pool, "customers", "workspace", "usercom-users", 100).await
 }
 
-/// Rule `name` on `conn` at `path`, `batch` deliveries per chain job.
+/// Rule `name` on `conn` at `path` ([`new_rule`]), `batch` deliveries per chain job.
 pub(super) async fn rule(
     pool: &PgPool,
     name: &str,
@@ -77,21 +117,12 @@ pub(super) async fn rule(
     path: &str,
     batch: i32,
 ) -> anyhow::Result<()> {
-    catalog::upsert_rule(
-        pool,
-        &NewRule {
-            name: name.into(),
-            connection: conn.into(),
-            path: path.into(),
-            batch_size: Some(batch),
-            ..Default::default()
-        },
-    )
-    .await?;
+    catalog::upsert_rule(pool, &new_rule(name, conn, path, batch, 1)).await?;
     Ok(())
 }
 
-/// Rule `name` on `conn` sending up to `per_call` records per call (batches of 100).
+/// Rule `name` on `conn` ([`new_rule`]) sending up to `per_call` records per call (batches
+/// of 100).
 pub(super) async fn rule_per_call(
     pool: &PgPool,
     name: &str,
@@ -99,18 +130,7 @@ pub(super) async fn rule_per_call(
     path: &str,
     per_call: i32,
 ) -> anyhow::Result<()> {
-    catalog::upsert_rule(
-        pool,
-        &NewRule {
-            name: name.into(),
-            connection: conn.into(),
-            path: path.into(),
-            batch_size: Some(100),
-            records_per_call: Some(per_call),
-            ..Default::default()
-        },
-    )
-    .await?;
+    catalog::upsert_rule(pool, &new_rule(name, conn, path, 100, per_call)).await?;
     Ok(())
 }
 

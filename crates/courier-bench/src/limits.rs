@@ -289,7 +289,7 @@ async fn cell(
         })
         .collect();
     for name in &names[1..] {
-        super::fixtures::rule(&pool, name, "workspace", "user_upsert", 100).await?;
+        super::fixtures::rule(&pool, name, "workspace", "usercom-users", 100).await?;
     }
     let mut shares = vec![Vec::new(); rules];
     for (i, user) in super::fixtures::users("customer", records)

@@ -306,8 +306,8 @@ async fn paced(
         16,
     )
     .await?;
-    rule(pool, "customers", "workspace", "user_upsert", 100).await?;
-    rule(pool, "accounts", "workspace", "user_upsert", 100).await?;
+    rule(pool, "customers", "workspace", "usercom-users", 100).await?;
+    rule(pool, "accounts", "workspace", "usercom-users", 100).await?;
     enqueue::enqueue_many(pool, "customers", users("customer", records / 2)).await?;
     enqueue::enqueue_many(pool, "accounts", users("account", records - records / 2)).await?;
     let started = Instant::now();

@@ -1,16 +1,18 @@
 //! `courier demo`: the end-to-end showcase. On a fresh `courier_demo` database (on the
 //! server `DATABASE_URL` points at, or on a private throwaway cluster when nothing answers
 //! there and PostgreSQL's server binaries are installed) it starts an in-process User.com
-//! target with one workspace limited to 10 requests/s, creates a User.com connection and
-//! three rules (customers, consents, price changes), enqueues a burst larger than a
+//! target with one workspace limited to 10 requests/s, applies the User.com preset
+//! (`presets/usercom.json`: a connection and three of its rules, as customers, consents and
+//! price changes), enqueues a burst larger than a
 //! minute's budget, runs a worker in-process with live progress, and ends with a summary:
 //! every record delivered, none failed, the 429s met and the blocks they set, the rate
 //! achieved against the declared one, the records each rule's calls carried. The consents
 //! arrive as a bulk import once their customers are in the workspace, and go as mass
-//! updates of up to [`CONSENTS_PER_CALL`] custom ids.
+//! updates of up to [`CONSENTS_PER_CALL`] custom ids (the preset's rule groups them by
+//! attribute and value).
 //!
 //! Like all tooling, the demo touches courier's tables only through the engine's public
-//! functions, each in the module that owns the table (`catalog`, `enqueue`, `ledger`,
+//! functions, each in the module that owns the table (`apply`, `enqueue`, `ledger`,
 //! `runs`, `ratelimit::blocks`), and through the SQL users are documented to use
 //! (`docs/enqueue-and-ledger.md`); dropping its own database is PostgreSQL's business.
 
@@ -30,7 +32,7 @@ use crate::{
 };
 
 use courier::{
-    catalog::{self, NewConnection, NewRule},
+    apply,
     config::{Settings, redact_url},
     db,
     enqueue::{self, NewDelivery},
@@ -78,11 +80,11 @@ impl Default for DemoOptions {
     }
 }
 
-/// The demo's rules: name, User.com operation, records per call.
+/// The demo's rules: name, the User.com preset's rule it is, records per call.
 const RULES: [(&str, &str, i32); 3] = [
-    ("customers", "user_upsert", 1),
-    ("consents", "user_attributes", CONSENTS_PER_CALL),
-    ("price_changes", "product_event", 1),
+    ("customers", "usercom-users", 1),
+    ("consents", "usercom-attributes", CONSENTS_PER_CALL),
+    ("price_changes", "usercom-product-events", 1),
 ];
 
 /// Runs the demo; returns an error when any delivery did not arrive.
@@ -102,9 +104,9 @@ pub async fn run(mut settings: Settings, opts: DemoOptions) -> anyhow::Result<()
     enqueue::enqueue_many(&pool, "customers", customers).await?;
     enqueue::enqueue_many(&pool, "price_changes", prices).await?;
     println!(
-        "enqueued {} deliveries: {} customers (user_upsert), {} price changes (product_event); \
-         {} consents (user_attributes) follow as a bulk import once the customers are in; \
-         declared rate {}/min",
+        "enqueued {} deliveries: {} customers (usercom-users), {} price changes \
+         (usercom-product-events); {} consents (usercom-attributes) follow as a bulk import \
+         once the customers are in; declared rate {}/min",
         counts[0] + counts[2],
         counts[0],
         counts[2],
@@ -190,30 +192,30 @@ async fn start_target(rate: u32) -> anyhow::Result<Target> {
     Ok(target)
 }
 
-/// The demo's User.com connection (declaring `rate` per second) and its [`RULES`].
+/// The User.com preset's connection (pointed at the demo's workspace, declaring `rate`
+/// per second as requests per minute in place of the preset's limits) and its [`RULES`],
+/// applied as one catalog file.
 async fn catalog_for(pool: &sqlx::PgPool, target: &Target, rate: u32) -> anyhow::Result<()> {
-    let connection = NewConnection {
-        name: "demo-usercom".into(),
-        writer: "usercom".into(),
-        base_url: target.workspace_url(WORKSPACE),
-        api_key_env: Some(KEY_VAR.into()),
-        requests_per_minute: Some((rate * 60) as i32),
-        max_in_flight: Some(rate.clamp(1, 16) as i32),
-        timeout_ms: Some(5_000),
-        ..Default::default()
-    };
-    catalog::upsert_connection(pool, &connection).await?;
-    for (name, operation, per_call) in RULES {
-        let rule = NewRule {
-            name: name.into(),
-            connection: "demo-usercom".into(),
-            path: operation.into(),
-            batch_size: Some(50),
-            records_per_call: Some(per_call),
-            ..Default::default()
-        };
-        catalog::upsert_rule(pool, &rule).await?;
-    }
+    let preset = courier::presets::find("usercom").map_err(anyhow::Error::msg)?;
+    let mut connection = preset.connection(&serde_json::json!({
+        "name": "demo-usercom",
+        "base_url": target.workspace_url(WORKSPACE),
+        "api_key_env": KEY_VAR,
+        "requests_per_minute": rate * 60,
+        "max_in_flight": rate.clamp(1, 16),
+        "timeout_ms": 5_000,
+    }));
+    connection.remove("limits");
+    let rules = RULES
+        .iter()
+        .map(|(name, rule, per_call)| {
+            let over = serde_json::json!({"name": name, "connection": "demo-usercom",
+                                          "batch_size": 50, "records_per_call": per_call});
+            preset.rule(Some(rule), &over).map_err(anyhow::Error::msg)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let file = serde_json::json!({"connections": [connection], "rules": rules});
+    apply::apply_file(pool, &file.to_string(), Default::default()).await?;
     Ok(())
 }
 

@@ -108,7 +108,7 @@ pub struct RuleAdd {
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub weight: Option<i32>,
     /// The most deliveries one call carries (default 1), up to what the writer allows
-    /// (http_json: 1000; usercom user_attributes: 100, as mass updates).
+    /// (http_json: 1000).
     #[arg(long, allow_negative_numbers = true)]
     pub records_per_call: Option<i32>,
     /// Spend from a budget of its own (an endpoint the target limits apart) instead of

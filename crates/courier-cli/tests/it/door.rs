@@ -26,52 +26,52 @@ fn temp_file(contents: &str) -> std::path::PathBuf {
 }
 
 #[tokio::test]
-async fn rule_add_and_apply_refuse_a_path_that_is_no_usercom_operation() {
+async fn usercom_is_a_preset_and_rule_add_and_apply_refuse_a_path_that_does_not_read() {
     let db = TestDb::new().await;
-    let (ok, err) = run(
-        &db.url,
-        &[
-            "connection",
-            "add",
-            "--name",
-            "uc",
-            "--writer",
-            "usercom",
-            "--base-url",
-            "https://shop.user.com/api/public/",
-            "--api-key-env",
-            "SHOP_USERCOM_KEY",
-        ],
-    );
+    let uc = [
+        "connection",
+        "add",
+        "--name",
+        "uc",
+        "--base-url",
+        "https://shop.user.com/api/public/",
+        "--api-key-env",
+        "SHOP_USERCOM_KEY",
+    ];
+    // The writer of an older courier is refused, naming the preset that replaced it.
+    let (ok, err) = run(&db.url, &[&uc[..], &["--writer", "usercom"]].concat());
+    assert!(!ok);
+    assert!(err.contains("courier apply --preset usercom"), "{err}");
+    let (ok, err) = run(&db.url, &[&uc[..], &["--preset", "usercom"]].concat());
     assert!(ok, "{err}");
     let (ok, err) = run(
         &db.url,
         &[
             "rule",
             "add",
+            "--preset",
+            "usercom/usercom-users",
             "--name",
             "customers",
             "--connection",
             "uc",
             "--path",
-            "user_upsertt",
+            "users/{payload.custom_id}/",
         ],
     );
     assert!(!ok);
     assert!(
-        err.contains("\"customers\"")
-            && err.contains("\"user_upsertt\"")
-            && err.contains("user_upsert, user_attributes, mass_update_custom_attributes"),
+        err.contains("\"customers\"") && err.contains("unknown placeholder {{payload.custom_id}}"),
         "{err}"
     );
     let file = temp_file(
-        r#"{"rules": [{"name": "customers", "connection": "uc", "path": "user_upsert"},
-                      {"name": "orders", "connection": "uc", "path": "deal_upsertt"}]}"#,
+        r#"{"rules": [{"name": "customers", "connection": "uc", "path": "users/update_or_create/"},
+                      {"name": "orders", "connection": "uc", "path": "deals/{custom_id/"}]}"#,
     );
     let (ok, err) = run(&db.url, &["apply", file.to_str().unwrap()]);
     assert!(!ok);
     assert!(
-        err.contains("\"orders\"") && err.contains("\"deal_upsertt\""),
+        err.contains("\"orders\"") && err.contains("without its }"),
         "{err}"
     );
     let rules: i64 = sqlx::query_scalar("SELECT count(*) FROM rules")
@@ -84,15 +84,22 @@ async fn rule_add_and_apply_refuse_a_path_that_is_no_usercom_operation() {
         &[
             "rule",
             "add",
+            "--preset",
+            "usercom/usercom-attributes",
             "--name",
-            "customers",
+            "consents",
             "--connection",
             "uc",
-            "--path",
-            "user_upsert",
         ],
     );
     assert!(ok, "{err}");
+    let (request, per_call): (serde_json::Value, i32) =
+        sqlx::query_as("SELECT request, records_per_call FROM rules WHERE name = 'consents'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(per_call, 100);
+    assert_eq!(request["group"]["method"], "PUT");
     let _ = std::fs::remove_file(file);
 }
 

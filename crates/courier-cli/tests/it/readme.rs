@@ -249,8 +249,27 @@ async fn every_documented_example_runs_as_written() {
                 courier::writer::job::JobShape::parse(&v).unwrap_or_else(|e| panic!("{at}: {e}"));
             }
             "json" if first.starts_with("{\"custom_id\"") => {
-                // Payload → request body pairs of the User.com writer, not a program: the
-                // writer's unit tests and tests/it/usercom.rs check each mapping.
+                // Payload → request pairs of the User.com preset, not a program:
+                // tests/it/usercom.rs sends each through the preset and checks the request.
+            }
+            "json" if first.starts_with("{\"group\"") => {
+                // A rule's request that groups records by a value, as the catalog reads it.
+                let v: serde_json::Value = serde_json::from_str(&block.text).unwrap();
+                let path = "users-by-id/{payload/custom_id}/set_multiple_attributes/";
+                let shape = courier::writer::request::RequestShape::parse(Some(&v), path, true)
+                    .unwrap_or_else(|e| panic!("{at}: {e}"));
+                let consent = serde_json::json!({"custom_id": "c1",
+                                                 "attributes": {"email_consent": false}});
+                let record = courier::writer::template::Record {
+                    delivery_id: 1,
+                    record_key: "k",
+                    payload: &consent,
+                };
+                assert_eq!(
+                    shape.group_key(record),
+                    Some(serde_json::json!({"name": "email_consent", "value": false})),
+                    "{at}"
+                );
             }
             "rust" => {
                 // The library API (enqueue, enqueue_many, NewDelivery) as the engine's own
