@@ -30,14 +30,14 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::template::{Place, Record, Scope, check, fill, path_slots};
+use super::template::{Place, Record, Scope, Template, path_slots};
 
 /// How a rule's records are grouped into calls, and how a group's call is shaped.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GroupShape {
     /// The value records are grouped by, filled for each record.
-    pub key: Value,
+    pub key: Template,
     /// The group's call's path under the base URL.
     pub path: String,
     /// Its method: `POST` (the default), `PUT` or `PATCH`.
@@ -45,22 +45,22 @@ pub struct GroupShape {
     pub method: Option<String>,
     /// Each record as the group's call carries it (default: its payload).
     #[serde(default)]
-    pub item: Option<Value>,
+    pub item: Option<Template>,
     /// The group's call's body around its items (default: the bare list).
     #[serde(default)]
-    pub body: Option<Value>,
+    pub body: Option<Template>,
 }
 
 impl GroupShape {
     /// Checks every template and the path when the rule is saved; the error names the
     /// field (`request: group: ...`).
     pub(super) fn check(&self) -> Result<(), String> {
-        check(&self.key, "group: key", Place::Item)?;
+        self.key.check("group: key", Place::Item)?;
         if let Some(item) = &self.item {
-            check(item, "group: item", Place::Item)?;
+            item.check("group: item", Place::Item)?;
         }
         if let Some(body) = &self.body {
-            let n = check(body, "group: body", Place::GroupBody)?;
+            let n = body.check("group: body", Place::GroupBody)?;
             if n != 1 {
                 return Err(format!(
                     "request: group: body must hold \"{{{{records}}}}\" exactly once, not {n} \
@@ -91,14 +91,14 @@ impl GroupShape {
 
     /// The key of record `r`, and whether it can join a group (its item can be made).
     pub(super) fn key(&self, r: Record<'_>) -> Option<Value> {
-        let key = fill(&self.key, Scope::Record(r)).ok()?;
+        let key = self.key.fill(Scope::Record(r)).ok()?;
         self.item(r).ok().map(|_| key)
     }
 
     /// Record `r` as the group's call carries it.
     pub(super) fn item(&self, r: Record<'_>) -> Result<Value, String> {
         match &self.item {
-            Some(t) => fill(t, Scope::Record(r)),
+            Some(t) => t.fill(Scope::Record(r)),
             None => Ok(r.payload.clone()),
         }
     }
@@ -107,13 +107,10 @@ impl GroupShape {
     pub(super) fn body(&self, key: &Value, items: Vec<Value>) -> Result<Value, String> {
         let records = Value::Array(items);
         match &self.body {
-            Some(t) => fill(
-                t,
-                Scope::Call {
-                    records: &records,
-                    group: Some(key),
-                },
-            ),
+            Some(t) => t.fill(Scope::Call {
+                records: &records,
+                group: Some(key),
+            }),
             None => Ok(records),
         }
     }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::group::GroupShape;
-use super::template::{Place, Record, Scope, check, fill, fill_records, path_slots};
+use super::template::{Place, Record, Scope, Template, path_slots};
 
 /// How a rule's requests are shaped.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -29,10 +29,10 @@ pub struct RequestShape {
     pub content_type: Option<String>,
     /// Each record as sent (default: its payload).
     #[serde(default)]
-    pub item: Option<Value>,
+    pub item: Option<Template>,
     /// A bulk call's body, holding `"{{records}}"` once (default: the bare array).
     #[serde(default)]
-    pub body: Option<Value>,
+    pub body: Option<Template>,
     /// A bulk call's body as CSV instead of JSON: a header line of these columns, then a
     /// line per record with its item's field of each name (text as it is, a number or a
     /// boolean as written in JSON, null or absent empty); content type `text/csv`.
@@ -139,13 +139,13 @@ impl RequestShape {
         // With a group, the rule's own shape sends one record per call.
         let bulk = bulk && shape.group.is_none();
         if let Some(item) = &shape.item {
-            check(item, "item", Place::Item)?;
+            item.check("item", Place::Item)?;
         }
         if let Some(body) = &shape.body {
             if !bulk {
                 return Err("request: body is for rules with records_per_call above 1; one record's call sends its item".into());
             }
-            let n = check(body, "body", Place::Body)?;
+            let n = body.check("body", Place::Body)?;
             if n != 1 {
                 return Err(format!(
                     "request: body must hold \"{{{{records}}}}\" exactly once, not {n} times"
@@ -340,7 +340,7 @@ impl RequestShape {
             q.holds(r.payload)?;
         }
         match &self.item {
-            Some(t) => fill(t, Scope::Record(r)),
+            Some(t) => t.fill(Scope::Record(r)),
             None => Ok(r.payload.clone()),
         }
     }
@@ -348,7 +348,7 @@ impl RequestShape {
     /// A bulk call's body around its `items`: the body template, else the bare array.
     pub fn body(&self, items: Vec<Value>) -> Value {
         match &self.body {
-            Some(t) => fill_records(t, &Value::Array(items)),
+            Some(t) => t.fill_records(&Value::Array(items)),
             None => Value::Array(items),
         }
     }

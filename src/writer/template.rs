@@ -12,11 +12,14 @@
 //! spreads its value's fields into the object. In the rule's path, `{payload/email}`,
 //! `{delivery_id}` and `{record_key}` are filled URL-encoded, one record per call. The
 //! request shape ([`super::request`]) checks its templates here when the rule is saved and
-//! fills them here for each record.
+//! fills them here for each record. A [`Template`] is read once, when its rule is parsed:
+//! its placeholders, filters and constants become a tree that filling a record walks,
+//! never reading the template's text again.
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use super::filters;
+use super::filters::{self, Filter};
 
 /// What fills a placeholder.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -234,108 +237,261 @@ pub(super) enum Scope<'a> {
     },
 }
 
-/// A template filled in `scope`.
-pub(super) fn fill(t: &Value, scope: Scope<'_>) -> Result<Value, String> {
-    Ok(fill_opt(t, scope)?.unwrap_or(Value::Null))
+/// A template as stated (JSON), read once into the tree filling walks. Compares, prints and
+/// serializes as the JSON it was read from.
+#[derive(Clone, Debug)]
+pub struct Template {
+    raw: Value,
+    node: Node,
 }
 
-/// A template filled in `scope`; `None` when it is an optional placeholder whose field is
-/// absent (its key, or its item of a list, is left out).
-fn fill_opt(t: &Value, scope: Scope<'_>) -> Result<Option<Value>, String> {
-    Ok(Some(match t {
-        Value::String(s) => {
-            let found = placeholders(s);
-            match found.as_slice() {
-                [] => t.clone(),
-                [(0, end, name)] if *end == s.len() => return value(name, scope),
-                _ => {
-                    let mut out = String::new();
-                    let mut last = 0;
-                    for (start, end, name) in found {
-                        out.push_str(&s[last..start]);
-                        out.push_str(&text(&value(name, scope)?.unwrap_or(Value::Null)));
-                        last = end;
+/// A template's tree: constants, placeholders, and the strings, lists and objects that
+/// hold them.
+#[derive(Clone, Debug)]
+enum Node {
+    /// Holds no placeholder.
+    Const(Value),
+    /// A string that is one placeholder: replaced by the value itself.
+    Whole(Placeholder),
+    /// A string with placeholders inside text: each replaced by its text.
+    Text(Vec<Part>),
+    List(Vec<Node>),
+    /// An object: the fields its `"..."` key spreads into it, then its own.
+    Object {
+        spread: Option<Box<Node>>,
+        fields: Vec<(String, Node)>,
+    },
+}
+
+#[derive(Clone, Debug)]
+enum Part {
+    Text(String),
+    Slot(Placeholder),
+}
+
+/// A placeholder read: what fills it, its filters, whether its field may be absent; or,
+/// for one that cannot be read, why (a rule's check refuses it before anything is filled).
+#[derive(Clone, Debug)]
+enum Placeholder {
+    Read {
+        source: Source,
+        filters: Vec<Filter>,
+        optional: bool,
+    },
+    Unreadable(String),
+}
+
+/// What fills a placeholder, owned by the tree.
+#[derive(Clone, Debug)]
+enum Source {
+    Payload(String),
+    DeliveryId,
+    RecordKey,
+    Records,
+    Group(String),
+}
+
+impl Placeholder {
+    fn read(text: &str) -> Self {
+        let read = || -> Result<Self, String> {
+            let (name, filters) = filters::split(text)?;
+            let (name, optional) = optional(name);
+            let source = match slot(name)? {
+                Slot::Payload(p) => Source::Payload(p.to_owned()),
+                Slot::DeliveryId => Source::DeliveryId,
+                Slot::RecordKey => Source::RecordKey,
+                Slot::Records => Source::Records,
+                Slot::Group(p) => Source::Group(p.to_owned()),
+            };
+            Ok(Placeholder::Read {
+                source,
+                filters,
+                optional,
+            })
+        };
+        read().unwrap_or_else(Placeholder::Unreadable)
+    }
+
+    /// What fills it in `scope`, through its filters; `None`: an optional field that is
+    /// absent.
+    fn value(&self, scope: Scope<'_>) -> Result<Option<Value>, String> {
+        let (source, filters, optional) = match self {
+            Placeholder::Read {
+                source,
+                filters,
+                optional,
+            } => (source, filters, *optional),
+            Placeholder::Unreadable(why) => return Err(why.clone()),
+        };
+        let v = match (source, scope) {
+            (Source::Payload(p), Scope::Record(r)) => match r.payload.pointer(p) {
+                Some(v) => v.clone(),
+                None if optional => return Ok(None),
+                None => lookup(r.payload, p)?.clone(),
+            },
+            (Source::DeliveryId, Scope::Record(r)) => Value::String(r.delivery_id.to_string()),
+            (Source::RecordKey, Scope::Record(r)) => Value::String(r.record_key.to_owned()),
+            (Source::Records, Scope::Call { records, .. }) => records.clone(),
+            (Source::Group(p), Scope::Call { group: Some(g), .. }) => g
+                .pointer(p)
+                .cloned()
+                .ok_or_else(|| format!("the group's key has no field {p}"))?,
+            _ => return Err(format!("{source:?} has nothing to fill it here")),
+        };
+        filters::apply(v, filters).map(Some)
+    }
+}
+
+impl Node {
+    fn read(t: &Value) -> Self {
+        match t {
+            Value::String(s) => {
+                let found = placeholders(s);
+                match found.as_slice() {
+                    [] => Node::Const(t.clone()),
+                    [(0, end, name)] if *end == s.len() => Node::Whole(Placeholder::read(name)),
+                    _ => {
+                        let mut parts = Vec::new();
+                        let mut last = 0;
+                        for (start, end, name) in found {
+                            parts.push(Part::Text(s[last..start].to_owned()));
+                            parts.push(Part::Slot(Placeholder::read(name)));
+                            last = end;
+                        }
+                        parts.push(Part::Text(s[last..].to_owned()));
+                        Node::Text(parts)
                     }
-                    out.push_str(&s[last..]);
-                    Value::String(out)
                 }
             }
+            Value::Array(a) => {
+                let nodes: Vec<Node> = a.iter().map(Node::read).collect();
+                match nodes.iter().all(|n| matches!(n, Node::Const(_))) {
+                    true => Node::Const(t.clone()),
+                    false => Node::List(nodes),
+                }
+            }
+            Value::Object(o) => {
+                let spread = o.get(SPREAD).map(|s| Box::new(Node::read(s)));
+                let fields: Vec<(String, Node)> = o
+                    .iter()
+                    .filter(|(k, _)| *k != SPREAD)
+                    .map(|(k, v)| (k.clone(), Node::read(v)))
+                    .collect();
+                match spread.is_none() && fields.iter().all(|(_, n)| matches!(n, Node::Const(_))) {
+                    true => Node::Const(t.clone()),
+                    false => Node::Object { spread, fields },
+                }
+            }
+            other => Node::Const(other.clone()),
         }
-        Value::Array(a) => Value::Array(
-            a.iter()
-                .filter_map(|v| fill_opt(v, scope).transpose())
-                .collect::<Result<_, _>>()?,
-        ),
-        Value::Object(o) => {
-            // `"...": "{{payload}}"` spreads an object's fields into this one; the
-            // template's own fields win.
-            let mut out = serde_json::Map::new();
-            match o
-                .get(SPREAD)
-                .map(|s| fill_opt(s, scope))
-                .transpose()?
-                .flatten()
-            {
-                None => {}
-                Some(Value::Object(fields)) => out.extend(fields),
-                Some(other) => {
-                    return Err(format!(
-                        "\"...\" spreads an object, and this record gives {other}"
-                    ));
+    }
+
+    /// The node filled in `scope`; `None` when it is an optional placeholder whose field is
+    /// absent (its key, or its item of a list, is left out).
+    fn fill(&self, scope: Scope<'_>) -> Result<Option<Value>, String> {
+        Ok(Some(match self {
+            Node::Const(v) => v.clone(),
+            Node::Whole(p) => return p.value(scope),
+            Node::Text(parts) => {
+                let mut out = String::new();
+                for part in parts {
+                    match part {
+                        Part::Text(t) => out.push_str(t),
+                        Part::Slot(p) => {
+                            out.push_str(&text(&p.value(scope)?.unwrap_or(Value::Null)))
+                        }
+                    }
                 }
+                Value::String(out)
             }
-            for (k, v) in o.iter().filter(|(k, _)| *k != SPREAD) {
-                if let Some(v) = fill_opt(v, scope)? {
-                    out.insert(k.clone(), v);
+            Node::List(nodes) => Value::Array(
+                nodes
+                    .iter()
+                    .filter_map(|n| n.fill(scope).transpose())
+                    .collect::<Result<_, _>>()?,
+            ),
+            Node::Object { spread, fields } => {
+                // `"...": "{{payload}}"` spreads an object's fields into this one; the
+                // template's own fields win.
+                let mut out = serde_json::Map::new();
+                match spread
+                    .as_ref()
+                    .map(|s| s.fill(scope))
+                    .transpose()?
+                    .flatten()
+                {
+                    None => {}
+                    Some(Value::Object(spread)) => out.extend(spread),
+                    Some(other) => {
+                        return Err(format!(
+                            "\"...\" spreads an object, and this record gives {other}"
+                        ));
+                    }
                 }
+                for (k, n) in fields {
+                    if let Some(v) = n.fill(scope)? {
+                        out.insert(k.clone(), v);
+                    }
+                }
+                Value::Object(out)
             }
-            Value::Object(out)
-        }
-        other => other.clone(),
-    }))
+        }))
+    }
+}
+
+impl Template {
+    /// `raw` read once.
+    pub fn new(raw: Value) -> Self {
+        let node = Node::read(&raw);
+        Template { raw, node }
+    }
+
+    /// The template as stated.
+    pub fn raw(&self) -> &Value {
+        &self.raw
+    }
+
+    /// Checks its placeholders against where it stands ([`check`]); returns how many
+    /// `{{records}}` it holds.
+    pub(super) fn check(&self, what: &str, place: Place) -> Result<usize, String> {
+        check(&self.raw, what, place)
+    }
+
+    /// The template filled in `scope`.
+    pub(super) fn fill(&self, scope: Scope<'_>) -> Result<Value, String> {
+        Ok(self.node.fill(scope)?.unwrap_or(Value::Null))
+    }
+
+    /// A body template (holding `{{records}}` and constants only) with its records filled.
+    pub(super) fn fill_records(&self, items: &Value) -> Value {
+        let scope = Scope::Call {
+            records: items,
+            group: None,
+        };
+        self.fill(scope).unwrap_or(Value::Null)
+    }
+}
+
+impl PartialEq for Template {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl Serialize for Template {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.raw.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Template {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(Template::new)
+    }
 }
 
 /// The key of a template object whose value's fields are spread into it.
 const SPREAD: &str = "...";
-
-/// A body template with its `{{records}}` filled.
-pub(super) fn fill_records(t: &Value, items: &Value) -> Value {
-    match t {
-        Value::String(s) if matches!(placeholders(s).as_slice(), [(0, end, "records")] if *end == s.len()) => {
-            items.clone()
-        }
-        Value::Array(a) => Value::Array(a.iter().map(|v| fill_records(v, items)).collect()),
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, v)| (k.clone(), fill_records(v, items)))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-/// What fills one placeholder in `scope`, through its filters; `None`: an optional field
-/// that is absent.
-fn value(placeholder: &str, scope: Scope<'_>) -> Result<Option<Value>, String> {
-    let (name, filters) = filters::split(placeholder)?;
-    let (name, optional) = optional(name);
-    let v = match (slot(name)?, scope) {
-        (Slot::Payload(p), Scope::Record(r)) => match r.payload.pointer(p) {
-            Some(v) => v.clone(),
-            None if optional => return Ok(None),
-            None => lookup(r.payload, p)?.clone(),
-        },
-        (Slot::DeliveryId, Scope::Record(r)) => Value::String(r.delivery_id.to_string()),
-        (Slot::RecordKey, Scope::Record(r)) => Value::String(r.record_key.to_owned()),
-        (Slot::Records, Scope::Call { records, .. }) => records.clone(),
-        (Slot::Group(p), Scope::Call { group: Some(g), .. }) => g
-            .pointer(p)
-            .cloned()
-            .ok_or_else(|| format!("the group's key has no field {p}"))?,
-        _ => return Err(format!("{{{{{name}}}}} has nothing to fill it here")),
-    };
-    filters::apply(v, &filters).map(Some)
-}
 
 fn lookup<'v>(payload: &'v Value, pointer: &str) -> Result<&'v Value, String> {
     payload.pointer(pointer).ok_or_else(|| {
