@@ -53,7 +53,7 @@ fn explain(e: sqlx::Error, what: &str) -> CatalogError {
 /// in the URL.
 pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
     let invalid = |what: String| CatalogError::Invalid(format!("connection {:?}: {what}", c.name));
-    WriterKind::parse(&c.writer).map_err(invalid)?;
+    WriterKind::parse(&c.writer).map_err(|e| invalid(e.reason))?;
     match c.api_key_env.as_deref() {
         // Not echoed: a key given in place of its variable's name would be.
         Some(var) if !is_variable_name(var) => {

@@ -84,7 +84,7 @@ impl RuleProfile {
     /// Parses a stored profile, checking each field against the writer; the error names
     /// the first field at fault.
     pub fn parse(s: Stored<'_>) -> Result<Self, Invalid> {
-        let writer = WriterKind::parse(s.writer).map_err(Invalid::at("writer"))?;
+        let writer = WriterKind::parse(s.writer)?;
         check_path(s.path).map_err(Invalid::at("path"))?;
         let job = s.job.map(JobShape::parse).transpose()?;
         let (max, why) = match job {
@@ -121,8 +121,7 @@ impl RuleProfile {
             true => s.path.replace("{id}", "id"),
             false => s.path.to_owned(),
         };
-        let request =
-            RequestShape::parse(s.request, &path, bulk).map_err(Invalid::at("request"))?;
+        let request = RequestShape::parse(s.request, &path, bulk)?;
         if request.group.is_some() && job.is_some() {
             return Err(Invalid {
                 field: "request",

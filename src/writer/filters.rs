@@ -44,7 +44,7 @@ pub enum Filter {
 
 /// A placeholder's text split into what fills it (`payload/email`) and its filters; the
 /// error names the filter at fault.
-pub fn split(placeholder: &str) -> Result<(&str, Vec<Filter>), String> {
+pub(super) fn split(placeholder: &str) -> Result<(&str, Vec<Filter>), String> {
     let mut parts = placeholder.split('|');
     let name = parts.next().unwrap_or_default().trim();
     let filters = parts.map(parse).collect::<Result<_, _>>()?;
@@ -101,7 +101,7 @@ fn parse(text: &str) -> Result<Filter, String> {
 }
 
 /// `value` through `filters`, in order; the error names the filter whose input is wrong.
-pub fn apply(mut value: Value, filters: &[Filter]) -> Result<Value, String> {
+pub(super) fn apply(mut value: Value, filters: &[Filter]) -> Result<Value, String> {
     for f in filters {
         value = match f {
             Filter::Strings => strings(value),

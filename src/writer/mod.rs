@@ -35,6 +35,7 @@ pub mod secrets;
 pub mod template;
 pub mod wire;
 
+use crate::invalid::Invalid;
 use std::sync::Arc;
 
 pub use auth::check_base_url;
@@ -64,7 +65,7 @@ impl WriterKind {
 
     /// The writer kind named `name`; the error names it and the kinds there are (and, for
     /// `usercom`, the writer of an older courier, the preset that replaced it).
-    pub fn parse(name: &str) -> Result<Self, String> {
+    pub fn parse(name: &str) -> Result<Self, Invalid> {
         Self::ALL
             .into_iter()
             .find(|k| k.name() == name)
@@ -76,7 +77,10 @@ impl WriterKind {
                     }
                     _ => "",
                 };
-                format!("writer {name:?} is not one of {}{hint}", all.join(", "))
+                Invalid::new(
+                    "writer",
+                    format!("writer {name:?} is not one of {}{hint}", all.join(", ")),
+                )
             })
     }
 
@@ -119,7 +123,7 @@ pub fn build(
     };
     let kind = WriterKind::parse(&conn.writer).map_err(|reason| WriterConfigError::Invalid {
         connection: conn.name.clone(),
-        reason,
+        reason: reason.reason,
     })?;
     match kind {
         WriterKind::HttpJson => Ok(Arc::new(http::HttpJsonWriter::new(conn, client, key)?)),

@@ -11,6 +11,7 @@
 //! sent; and may group records into calls by a value (`group`, [`super::group`]): each
 //! group one call of its own shape, every other record one call of the rule's.
 
+use crate::invalid::Invalid;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -118,7 +119,11 @@ impl RequestShape {
     /// Reads a rule's `request` (JSON), checking every placeholder against where it
     /// stands; `bulk` when the rule sends several records per call, whose `path` then
     /// names none. The error names what is wrong.
-    pub fn parse(value: Option<&Value>, path: &str, bulk: bool) -> Result<Self, String> {
+    pub fn parse(value: Option<&Value>, path: &str, bulk: bool) -> Result<Self, Invalid> {
+        Self::parse_or_why(value, path, bulk).map_err(Invalid::at("request"))
+    }
+
+    fn parse_or_why(value: Option<&Value>, path: &str, bulk: bool) -> Result<Self, String> {
         let shape: RequestShape = match value {
             Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("request: {e}"))?,
             None => RequestShape::default(),
@@ -237,7 +242,7 @@ impl RequestShape {
 
     /// Whether `item` can be sent as this shape sends it: for a CSV body, every column's
     /// field a text, a number, a boolean, null or absent. The error names the column.
-    pub fn sendable(&self, item: &Value) -> Result<(), String> {
+    pub(crate) fn sendable(&self, item: &Value) -> Result<(), String> {
         if let Some(max) = self.max_bytes {
             let alone = self.encode(Vec::new()).len() + self.item_bytes(item);
             if alone > max {
@@ -335,7 +340,7 @@ impl RequestShape {
 
     /// One record as sent: its item, or its payload; a record lacking a field the rule
     /// requires is refused naming it.
-    pub fn item(&self, r: Record<'_>) -> Result<Value, String> {
+    pub(crate) fn item(&self, r: Record<'_>) -> Result<Value, String> {
         for q in &self.require {
             q.holds(r.payload)?;
         }
@@ -470,7 +475,7 @@ mod tests {
             [vec![0, 1, 2, 3, 4]]
         );
         let e = shape(11).unwrap_err();
-        assert!(e.contains("leaves no room for a record"), "{e}");
+        assert!(e.reason.contains("leaves no room for a record"), "{e}");
         let csv = RequestShape::parse(
             Some(&json!({"method": "PUT", "csv": ["s"], "max_bytes": 40})),
             "jobs/id/batches",
@@ -522,7 +527,7 @@ mod tests {
             ),
         ] {
             let e = RequestShape::parse(Some(&request), "x", true).unwrap_err();
-            assert!(e.contains(words), "{request}: {e}");
+            assert!(e.reason.contains(words), "{request}: {e}");
         }
     }
 
@@ -679,10 +684,10 @@ mod tests {
             ),
         ] {
             let e = RequestShape::parse(Some(&request), "p", true).unwrap_err();
-            assert!(e.contains(words), "{request}: {e}");
+            assert!(e.reason.contains(words), "{request}: {e}");
         }
         let e = RequestShape::parse(Some(&json!({"csv": ["a"]})), "p", false).unwrap_err();
-        assert!(e.contains("records_per_call above 1"), "{e}");
+        assert!(e.reason.contains("records_per_call above 1"), "{e}");
     }
 
     #[test]
@@ -731,7 +736,7 @@ mod tests {
             (json!({"require": [[]]}), "require names an empty"),
         ] {
             let e = RequestShape::parse(Some(&request), "p", false).unwrap_err();
-            assert!(e.contains(words), "{request}: {e}");
+            assert!(e.reason.contains(words), "{request}: {e}");
         }
     }
 
@@ -740,22 +745,25 @@ mod tests {
         let parse =
             |v: Value, path: &str, bulk| RequestShape::parse(Some(&v), path, bulk).unwrap_err();
         let e = parse(json!({"item": {"id": "{{payload.email}}"}}), "p", true);
-        assert!(e.contains("unknown placeholder {{payload.email}}"), "{e}");
+        assert!(
+            e.reason.contains("unknown placeholder {{payload.email}}"),
+            "{e}"
+        );
         let e = parse(
             json!({"body": {"a": "{{records}}", "b": "{{records}}"}}),
             "p",
             true,
         );
-        assert!(e.contains("exactly once, not 2"), "{e}");
+        assert!(e.reason.contains("exactly once, not 2"), "{e}");
         let e = parse(json!({"item": {"all": "{{records}}"}}), "p", true);
-        assert!(e.contains("belongs in the body"), "{e}");
+        assert!(e.reason.contains("belongs in the body"), "{e}");
         let e = parse(json!({"method": "DELETE"}), "p", true);
-        assert!(e.contains("method \"DELETE\""), "{e}");
+        assert!(e.reason.contains("method \"DELETE\""), "{e}");
         let e = parse(json!({"headers": {}}), "p", true);
-        assert!(e.contains("unknown field `headers`"), "{e}");
+        assert!(e.reason.contains("unknown field `headers`"), "{e}");
         let e = RequestShape::parse(None, "members/{payload/email}", true).unwrap_err();
-        assert!(e.contains("records_per_call must be 1"), "{e}");
+        assert!(e.reason.contains("records_per_call must be 1"), "{e}");
         let e = RequestShape::parse(None, "members/{email}", false).unwrap_err();
-        assert!(e.contains("unknown placeholder"), "{e}");
+        assert!(e.reason.contains("unknown placeholder"), "{e}");
     }
 }

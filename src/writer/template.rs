@@ -43,7 +43,7 @@ pub struct Record<'a> {
 }
 
 /// The rule's path with a record's fields filled, URL-encoded.
-pub fn fill_path(path: &str, r: Record<'_>) -> Result<String, String> {
+pub(super) fn fill_path(path: &str, r: Record<'_>) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = path;
     while let Some(open) = rest.find('{') {
