@@ -244,6 +244,8 @@ struct Cell {
     processes: usize,
     /// Latency one way, and its jitter (uniform, added), microseconds.
     latency: (Us, Us),
+    /// The records to drain.
+    records: u64,
 }
 
 /// What a cell measured.
@@ -307,7 +309,7 @@ impl Rng {
 fn ideal(cell: &Cell) -> f64 {
     let mut lim = Limiter::new(cell.model.clone());
     let (mut t, mut done) = (0, 0);
-    while done < RECORDS {
+    while done < cell.records {
         if lim.arrive(t, cell.schedule.scale(t)).is_ok() {
             done += 1;
         }
@@ -383,7 +385,7 @@ impl<'a> Sim<'a> {
 
     /// Whether every record is delivered or on its way.
     fn all_sent(&self) -> bool {
-        self.delivered + self.in_flight >= RECORDS
+        self.delivered + self.in_flight >= self.cell.records
     }
 
     /// Process `p` leases a slice at `t` (after the block, if one holds) and schedules its
@@ -457,7 +459,7 @@ impl<'a> Sim<'a> {
             }
             Some(wait) => self.hear_429(p, t, rate, sent, wait),
         }
-        if self.delivered >= RECORDS {
+        if self.delivered >= self.cell.records {
             return;
         }
         if !self.procs[p].leasing {
@@ -520,7 +522,7 @@ fn run(cell: &Cell, params: &Params) -> Outcome {
             Ev::Arrive(p, rate, sent) => sim.arrive(p, t, rate, sent),
             Ev::Answer(p, rate, sent, wait) => {
                 sim.answer(p, t, rate, sent, wait);
-                if sim.delivered >= RECORDS {
+                if sim.delivered >= cell.records {
                     break;
                 }
             }
@@ -678,6 +680,7 @@ fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>, 
                         schedule,
                         processes,
                         latency,
+                        records: RECORDS,
                     };
                     let o = run(&cell, &params);
                     refused += o.refused;
@@ -732,4 +735,56 @@ fn declared_above_the_real_limit_is_learned() {
 #[test]
 fn a_limit_that_drops_or_dips_is_followed() {
     report("drop and dip", &[1.0], &[Schedule::Drop, Schedule::Dip]);
+}
+
+/// The fleet at its full budget: the limiters with no burst (a sliding log and nginx's
+/// `limit_req`) declared at three times their real rate, drained by one to three processes
+/// for five minutes (3,000 records), the probes' steady state included. The goal is that
+/// of a declared rate equal to the real one (1.05× the ideal drain, 0.5% 429s) for two
+/// and three processes; the rule does not meet it yet (the sliding log about 1.052×,
+/// nginx's leaky bucket about 1.08×: three blocks while learning, the pace halfway below
+/// the refused one for the quiet, a refused probe's block every 53 s), and each is held to
+/// where it stands, so that a change of the rule that loses ground fails here.
+#[test]
+fn the_fleet_at_three_times_the_declared_rate() {
+    let params = params();
+    let (mut lines, mut failures) = (Vec::new(), Vec::new());
+    for (name, model, declared, latency) in models() {
+        let ratio = match name {
+            "sliding 10/s" => 1.055,
+            "leaky 10/s no burst (nginx)" => 1.085,
+            _ => continue,
+        };
+        for processes in 1..=3 {
+            let cell = Cell {
+                name,
+                model: model.clone(),
+                declared: scaled(&declared, 3.0),
+                schedule: Schedule::Constant,
+                processes,
+                latency,
+                records: 3_000,
+            };
+            let o = run(&cell, &params);
+            let line = format!(
+                "{name:32} ×3 {processes}p 3000: drain {:.1}s ideal {:.1}s = {:.3}×, 429s {}/{} = {:.2}%",
+                o.drain,
+                o.ideal,
+                o.ratio(),
+                o.refused,
+                o.calls,
+                o.share_429() * 100.0,
+            );
+            if processes > 1 && !(o.ratio() <= ratio && o.share_429() <= 0.005) {
+                failures.push(line.clone());
+            }
+            lines.push(line);
+        }
+    }
+    println!("the fleet at ×3\n{}", lines.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "out of bounds:\n{}",
+        failures.join("\n")
+    );
 }
