@@ -957,77 +957,109 @@ async fn a_listing_of_errors_is_bounded_by_the_records_it_can_name() {
 
 /// A poll is a call like a delivery call ([`courier::paced`]): a run of 5xx answers opens
 /// the connection's circuit, and no job is polled while it is open; a poll answered with
-/// nothing left of the budget, or with a 429, blocks the budget for every process.
+/// nothing left of the budget, or with a 429, blocks the budget for every process. A page
+/// of a complete job's errors is heard the same way: its 429 or its spent budget blocks
+/// the budget, and the page due within the block is not read.
 #[tokio::test]
 async fn a_poll_is_heard_as_a_delivery_call_is() {
-    for mode in ["5xx", "spent", "429"] {
-        let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = polls.clone();
-        let target = Server::start("127.0.0.1", move |s| {
-            match (s.head.split(' ').next().unwrap_or(""), s.path.as_str()) {
-                ("POST", "/jobs") => answer("202 Accepted", "", r#"{"id": "j-1"}"#),
-                ("GET", "/jobs/j-1") => {
-                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    match mode {
-                        "5xx" => answer("503 Service Unavailable", "", "{}"),
-                        "spent" => answer(
-                            "200 OK",
-                            "RateLimit-Policy: \"default\";q=10;w=60\r\nRateLimit: \"default\";r=0;t=60\r\n",
-                            r#"{"state": "running"}"#,
-                        ),
-                        _ => answer("429 Too Many Requests", "Retry-After: 30\r\n", "{}"),
-                    }
-                }
-                _ => answer("404 Not Found", "", "{}"),
-            }
-        })
-        .await;
-        let db = TestDb::new().await;
-        listed_job(&db.pool, &target.url).await;
-        enqueue::enqueue_many(&db.pool, "listed", profiles(2, &[]))
-            .await
-            .unwrap();
+    for (kind, mode) in [
+        ("poll", "5xx"),
+        ("poll", "spent"),
+        ("poll", "429"),
+        ("errors page", "spent"),
+        ("errors page", "429"),
+    ] {
+        let (db, polled) = heard(kind, mode).await;
         let engine = engine(&db.pool, settings(&db.url));
-        drive(&engine).await;
         let threshold = engine.settings.breaker.failure_threshold as usize;
-        let polls_made = if mode == "5xx" { threshold } else { 1 };
-        for _ in 0..polls_made {
-            engine.clock.advance(Span::seconds(120));
-            Poller::new(&engine).run_once().await.unwrap();
+        if mode == "5xx" {
+            let state: String = sqlx::query_scalar("SELECT state FROM circuits")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert_eq!(state, "open", "{kind} {mode}");
+            assert_eq!(
+                polled, threshold,
+                "{mode}: no poll while the circuit is open"
+            );
+            let said: String = sqlx::query_scalar("SELECT last_said FROM target_jobs")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert!(said.contains("circuit is open"), "{said}");
+        } else {
+            let raw: String = sqlx::query_scalar("SELECT retry_after_raw FROM connection_blocks")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            let want = if mode == "spent" { "remaining 0" } else { "30" };
+            assert!(raw.starts_with(want), "{kind} {mode}: {raw}");
+            // The block holds the budget: the call due within it is not made.
+            assert_eq!(polled, 1, "{kind} {mode}");
         }
-        // The job falls due again within the circuit's cooldown (30 s).
-        engine.clock.advance(Span::seconds(11));
-        Poller::new(&engine).run_once().await.unwrap();
-        let polled = polls.load(std::sync::atomic::Ordering::SeqCst);
-        match mode {
-            "5xx" => {
-                let state: String = sqlx::query_scalar("SELECT state FROM circuits")
-                    .fetch_one(&db.pool)
-                    .await
-                    .unwrap();
-                assert_eq!(state, "open", "{mode}");
-                assert_eq!(
-                    polled, threshold,
-                    "{mode}: no poll while the circuit is open"
-                );
-                let said: String = sqlx::query_scalar("SELECT last_said FROM target_jobs")
-                    .fetch_one(&db.pool)
-                    .await
-                    .unwrap();
-                assert!(said.contains("circuit is open"), "{said}");
-            }
-            _ => {
-                let raw: String =
-                    sqlx::query_scalar("SELECT retry_after_raw FROM connection_blocks")
-                        .fetch_one(&db.pool)
-                        .await
-                        .unwrap();
-                let want = if mode == "spent" { "remaining 0" } else { "30" };
-                assert!(raw.starts_with(want), "{mode}: {raw}");
-                // The block holds the budget: the poll due within it is not made.
-                assert_eq!(polled, 1, "{mode}");
-            }
-        }
-        assert_eq!(statuses(&db.pool).await, [("accepted".into(), 2)], "{mode}");
+        // An errors page that says the budget is spent is read all the same (no errors:
+        // both delivered); a refused one leaves the records accepted.
+        let settled = match (kind, mode) {
+            ("errors page", "spent") => "delivered",
+            _ => "accepted",
+        };
+        assert_eq!(
+            statuses(&db.pool).await,
+            [(settled.into(), 2)],
+            "{kind} {mode}"
+        );
     }
+}
+
+/// A job of two records whose `kind` of call (its poll, or a page of its errors) the
+/// target answers as `mode` says (5xx, its budget spent, 429); polled as often as a run of
+/// 5xx needs to open the circuit, then once more 11 s later. Returns the database and how
+/// many such calls the target saw.
+async fn heard(kind: &'static str, mode: &'static str) -> (crate::common::TestDb, usize) {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let target = Server::start("127.0.0.1", move |s| {
+        let refusal = || match mode {
+            "5xx" => answer("503 Service Unavailable", "", "{}"),
+            "spent" => answer(
+                "200 OK",
+                "RateLimit-Policy: \"default\";q=10;w=60\r\nRateLimit: \"default\";r=0;t=60\r\n",
+                r#"{"state": "running", "results": []}"#,
+            ),
+            _ => answer("429 Too Many Requests", "Retry-After: 30\r\n", "{}"),
+        };
+        let path = s.path.as_str();
+        match (s.head.split(' ').next().unwrap_or(""), kind) {
+            ("POST", _) if path == "/jobs" => answer("202 Accepted", "", r#"{"id": "j-1"}"#),
+            ("GET", "poll") if path == "/jobs/j-1" => {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                refusal()
+            }
+            ("GET", _) if path == "/jobs/j-1" => answer("200 OK", "", r#"{"state": "done"}"#),
+            ("GET", "errors page") if path.starts_with("/jobs/j-1/errors") => {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                refusal()
+            }
+            _ => answer("404 Not Found", "", "{}"),
+        }
+    })
+    .await;
+    let db = TestDb::new().await;
+    listed_job(&db.pool, &target.url).await;
+    enqueue::enqueue_many(&db.pool, "listed", profiles(2, &[]))
+        .await
+        .unwrap();
+    let engine = engine(&db.pool, settings(&db.url));
+    drive(&engine).await;
+    let threshold = engine.settings.breaker.failure_threshold as usize;
+    let made = if mode == "5xx" { threshold } else { 1 };
+    for _ in 0..made {
+        engine.clock.advance(Span::seconds(120));
+        Poller::new(&engine).run_once().await.unwrap();
+    }
+    // The job falls due again within the circuit's cooldown (30 s) and the block (30 s).
+    engine.clock.advance(Span::seconds(11));
+    Poller::new(&engine).run_once().await.unwrap();
+    let n = calls.load(std::sync::atomic::Ordering::SeqCst);
+    (db, n)
 }
