@@ -20,11 +20,36 @@ use crate::{
     writer::{self, Writer, WriterConfigError},
 };
 
-/// A connection's writer, and the connection (as JSON) it was built from.
-type Built = (String, Arc<dyn Writer>);
+/// What is made from a stored row (a connection's writer, a rule's profile), kept by the
+/// row's id with what it was made from (as JSON): made again once that changes.
+struct Kept<V>(std::sync::Mutex<HashMap<i64, (String, V)>>);
 
-/// A rule's profile as parsed, and what it was parsed from (as JSON).
-type Parsed = (String, Result<Arc<RuleProfile>, Invalid>);
+impl<V: Clone> Kept<V> {
+    /// The value kept for `id` if it was made from `print`, else `make`'s (kept in its
+    /// place when made).
+    fn get_or_make<E>(
+        &self,
+        id: i64,
+        print: String,
+        make: impl FnOnce() -> Result<V, E>,
+    ) -> Result<V, E> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seen, v)) = kept.get(&id)
+            && *seen == print
+        {
+            return Ok(v.clone());
+        }
+        let v = make()?;
+        kept.insert(id, (print, v.clone()));
+        Ok(v)
+    }
+}
+
+impl<V> Default for Kept<V> {
+    fn default() -> Self {
+        Self(Default::default())
+    }
+}
 
 /// What every part of a worker process shares.
 pub struct Engine {
@@ -50,10 +75,10 @@ pub struct Engine {
     pub metrics: Arc<Metrics>,
     /// Each connection's writer, built once and kept while the connection is unchanged
     /// (by its id: a changed connection's writer, its OAuth token with it, is replaced).
-    writers: std::sync::Mutex<HashMap<i64, Built>>,
+    writers: Kept<Arc<dyn Writer>>,
     /// Each rule's profile, parsed once and kept while what it is parsed from (the rule's
     /// profile columns and its connection's writer) is unchanged.
-    profiles: std::sync::Mutex<HashMap<i64, Parsed>>,
+    profiles: Kept<Result<Arc<RuleProfile>, Invalid>>,
     /// Where this process serves its metrics and dashboard, once the binary has bound the
     /// address (set before the first beat, which records it in the `workers` row so that
     /// `courier status` lists it).
@@ -92,15 +117,8 @@ impl Engine {
     /// replaces the old, and its OAuth token with it).
     pub fn writer(&self, conn: &Connection) -> Result<Arc<dyn Writer>, WriterConfigError> {
         let print = serde_json::to_string(conn).unwrap_or_default();
-        let mut writers = self.writers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((seen, w)) = writers.get(&conn.id)
-            && *seen == print
-        {
-            return Ok(w.clone());
-        }
-        let w = writer::build(conn, &self.http)?;
-        writers.insert(conn.id, (print, w.clone()));
-        Ok(w)
+        self.writers
+            .get_or_make(conn.id, print, || writer::build(conn, &self.http))
     }
 
     /// Rule `rule`'s profile on `connection`: the one parsed while neither changed what it
@@ -111,15 +129,12 @@ impl Engine {
         connection: &Connection,
     ) -> Result<Arc<RuleProfile>, Invalid> {
         let stored = profile::Stored::of(rule, connection);
-        let print = stored.fingerprint();
-        let mut profiles = self.profiles.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((seen, parsed)) = profiles.get(&rule.id)
-            && *seen == print
-        {
-            return parsed.clone();
-        }
-        let parsed = RuleProfile::parse(stored).map(Arc::new);
-        profiles.insert(rule.id, (print, parsed.clone()));
+        // Parsing cannot fail here: a profile that cannot be used is kept with its reason.
+        let Ok(parsed) = self
+            .profiles
+            .get_or_make(rule.id, stored.fingerprint(), || {
+                Ok::<_, std::convert::Infallible>(RuleProfile::parse(stored).map(Arc::new))
+            });
         parsed
     }
 
