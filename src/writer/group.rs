@@ -68,13 +68,7 @@ impl GroupShape {
                 ));
             }
         }
-        if let Some(m) = &self.method
-            && !["POST", "PUT", "PATCH"].contains(&m.as_str())
-        {
-            return Err(format!(
-                "request: group: method {m:?} is not one of POST, PUT, PATCH"
-            ));
-        }
+        super::wire::check_method("request: group: ", self.method.as_deref())?;
         let slots = path_slots(&self.path).map_err(|e| format!("request: group: {e}"))?;
         if !slots.is_empty() {
             return Err(format!(
@@ -117,17 +111,7 @@ impl GroupShape {
 
     /// The method of a group's call.
     pub fn method(&self) -> reqwest::Method {
-        method(self.method.as_deref())
-    }
-}
-
-/// A method by name, a rule's or a group's: `PUT`, `PATCH`, else `POST` (names are checked
-/// when a rule is saved).
-pub(super) fn method(name: Option<&str>) -> reqwest::Method {
-    match name {
-        Some("PUT") => reqwest::Method::PUT,
-        Some("PATCH") => reqwest::Method::PATCH,
-        _ => reqwest::Method::POST,
+        super::wire::method(self.method.as_deref())
     }
 }
 

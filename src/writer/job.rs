@@ -96,11 +96,7 @@ pub struct Step {
 impl Step {
     /// The method.
     pub fn method(&self) -> reqwest::Method {
-        match self.method.as_deref() {
-            Some("PUT") => reqwest::Method::PUT,
-            Some("PATCH") => reqwest::Method::PATCH,
-            _ => reqwest::Method::POST,
-        }
+        super::wire::method(self.method.as_deref())
     }
 
     /// The path for job `id`.
@@ -109,13 +105,7 @@ impl Step {
     }
 
     fn check(&self, name: &str, names_id: bool) -> Result<(), String> {
-        if let Some(m) = &self.method
-            && !["POST", "PUT", "PATCH"].contains(&m.as_str())
-        {
-            return Err(format!(
-                "job: {name}.method {m:?} is not one of POST, PUT, PATCH"
-            ));
-        }
+        super::wire::check_method(&format!("job: {name}."), self.method.as_deref())?;
         match (names_id, self.path.contains("{id}")) {
             (true, false) => Err(format!("job: {name}.path must name the job's {{id}}")),
             (false, true) => Err(format!(

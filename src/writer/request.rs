@@ -128,13 +128,7 @@ impl RequestShape {
             Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("request: {e}"))?,
             None => RequestShape::default(),
         };
-        if let Some(m) = &shape.method
-            && !["POST", "PUT", "PATCH"].contains(&m.as_str())
-        {
-            return Err(format!(
-                "request: method {m:?} is not one of POST, PUT, PATCH"
-            ));
-        }
+        super::wire::check_method("request: ", shape.method.as_deref())?;
         if let Some(t) = &shape.content_type
             && reqwest::header::HeaderValue::try_from(t.as_str()).is_err()
         {
@@ -219,7 +213,7 @@ impl RequestShape {
 
     /// The method.
     pub fn method(&self) -> reqwest::Method {
-        super::group::method(self.method.as_deref())
+        super::wire::method(self.method.as_deref())
     }
 
     /// The key record `r` is grouped by, when the rule groups and `r` can join a group

@@ -216,3 +216,27 @@ pub async fn read_capped(
         }
     }
 }
+
+/// The methods a rule's calls may use (its own, its group's, a job step's).
+pub const METHODS: [&str; 3] = ["POST", "PUT", "PATCH"];
+
+/// Checks a stated method; the error, after `at` (the field's place, e.g. `request: `),
+/// names it and the methods there are.
+pub(super) fn check_method(at: &str, name: Option<&str>) -> Result<(), String> {
+    match name {
+        Some(m) if !METHODS.contains(&m) => Err(format!(
+            "{at}method {m:?} is not one of {}",
+            METHODS.join(", ")
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A stated method (checked when the rule was saved): `PUT`, `PATCH`, else `POST`.
+pub(super) fn method(name: Option<&str>) -> reqwest::Method {
+    match name {
+        Some("PUT") => reqwest::Method::PUT,
+        Some("PATCH") => reqwest::Method::PATCH,
+        _ => reqwest::Method::POST,
+    }
+}
