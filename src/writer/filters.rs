@@ -15,6 +15,10 @@
 //!   number}}` sends `42`, not `"42"`).
 //! - `entry`: an object of exactly one field as `{"name": <its name>, "value": <its value>}`
 //!   (what a group's key names: one attribute and its value, [`super::group`]).
+//! - `lower`: a text in lower case (other values as they are).
+//! - `md5`, `sha256`: the lower-case hex digest of the value's text (a string as it is,
+//!   anything else as its JSON text): Mailchimp names a member by
+//!   `{{payload/email | lower | md5}}`.
 //!
 //! A filter courier does not know, or one missing its arguments, is refused when the rule
 //! is saved; an object filter given something else refuses that record alone.
@@ -40,6 +44,12 @@ pub enum Filter {
     Number,
     /// An object's only field as `{"name", "value"}`.
     Entry,
+    /// A text in lower case.
+    Lower,
+    /// The MD5 hex digest of the value's text.
+    Md5,
+    /// The SHA-256 hex digest of the value's text.
+    Sha256,
 }
 
 /// A placeholder's text split into what fills it (`payload/email`) and its filters; the
@@ -80,6 +90,9 @@ fn parse(text: &str) -> Result<Filter, String> {
         "lower_keys" => bare(Filter::LowerKeys),
         "number" => bare(Filter::Number),
         "entry" => bare(Filter::Entry),
+        "lower" => bare(Filter::Lower),
+        "md5" => bare(Filter::Md5),
+        "sha256" => bare(Filter::Sha256),
         "pick" => Ok(Filter::Pick(list()?)),
         "omit" => Ok(Filter::Omit(list()?)),
         "rename" => list()?
@@ -95,7 +108,7 @@ fn parse(text: &str) -> Result<Filter, String> {
         "" => Err("an empty filter after |".into()),
         other => Err(format!(
             "unknown filter {other:?} (known: strings, pick, omit, rename, upper_keys, \
-             lower_keys, number, entry)"
+             lower_keys, number, entry, lower, md5, sha256)"
         )),
     }
 }
@@ -107,10 +120,28 @@ pub(super) fn apply(mut value: Value, filters: &[Filter]) -> Result<Value, Strin
             Filter::Strings => strings(value),
             Filter::Number => number(value)?,
             Filter::Entry => entry(value)?,
+            Filter::Lower => match value {
+                Value::String(s) => Value::String(s.to_lowercase()),
+                other => other,
+            },
+            Filter::Md5 => Value::String(hex::<md5::Md5>(&value)),
+            Filter::Sha256 => Value::String(hex::<sha2::Sha256>(&value)),
             other => Value::Object(fields(other, value)?),
         };
     }
     Ok(value)
+}
+
+/// The lower-case hex digest by `D` of a value's text, for `md5` and `sha256`.
+fn hex<D: sha2::Digest>(value: &Value) -> String {
+    let text = match value {
+        Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
+        other => std::borrow::Cow::Owned(other.to_string()),
+    };
+    D::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A number, for `number`: a number as it is, a text holding one as that number.
@@ -191,7 +222,12 @@ fn fields(f: &Filter, value: Value) -> Result<Map<String, Value>, String> {
         }
         Filter::UpperKeys => m.into_iter().map(|(k, v)| (k.to_uppercase(), v)).collect(),
         Filter::LowerKeys => m.into_iter().map(|(k, v)| (k.to_lowercase(), v)).collect(),
-        Filter::Strings | Filter::Number | Filter::Entry => m,
+        Filter::Strings
+        | Filter::Number
+        | Filter::Entry
+        | Filter::Lower
+        | Filter::Md5
+        | Filter::Sha256 => m,
     })
 }
 
@@ -206,6 +242,9 @@ fn name(f: &Filter) -> &'static str {
         Filter::LowerKeys => "lower_keys",
         Filter::Number => "number",
         Filter::Entry => "entry",
+        Filter::Lower => "lower",
+        Filter::Md5 => "md5",
+        Filter::Sha256 => "sha256",
     }
 }
 
@@ -301,6 +340,40 @@ mod tests {
         assert!(
             e.contains("omit takes an object") && e.contains("a number"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_value_is_lowered_and_hashed_as_vendors_name_a_person() {
+        let f = |p: &str, v: Value| {
+            let (_, filters) = split(p).unwrap();
+            apply(v, &filters).unwrap()
+        };
+        // Mailchimp's subscriber hash: the MD5 of the lower-cased e-mail (RFC 1321's
+        // test suite gives MD5("abc")).
+        assert_eq!(
+            f("payload | lower | md5", json!("ABC")),
+            json!("900150983cd24fb0d6963f7d28e17f72")
+        );
+        assert_eq!(
+            f("payload | md5", json!("")),
+            json!("d41d8cd98f00b204e9800998ecf8427e")
+        );
+        // FIPS 180-2's example: SHA-256("abc").
+        assert_eq!(
+            f("payload | sha256", json!("abc")),
+            json!("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        );
+        // A number hashes as its JSON text; lower leaves what is not text alone.
+        assert_eq!(
+            f("payload | md5", json!(42)),
+            f("payload | md5", json!("42"))
+        );
+        assert_eq!(f("payload | lower", json!(7)), json!(7));
+        assert!(
+            split("payload | md5 x")
+                .unwrap_err()
+                .contains("takes no argument")
         );
     }
 }

@@ -614,6 +614,12 @@ mod tests {
         );
         let e = fill_path("members/{payload/phone}", record(&p)).unwrap_err();
         assert!(e.contains("no field /phone"), "{e}");
+        // Mailchimp names a member by the MD5 of the lower-cased e-mail.
+        let m = json!({"email": "ABC"});
+        assert_eq!(
+            fill_path("lists/l1/members/{payload/email | lower | md5}", record(&m)).unwrap(),
+            "lists/l1/members/900150983cd24fb0d6963f7d28e17f72"
+        );
         // A dot segment would move the path: refused for that record, naming the field.
         for id in [".", "..", "%2e%2E", ".%2e"] {
             let p = json!({"id": id});

@@ -10,7 +10,8 @@
 //! Filters after a `|` put a value in the target's types and names
 //! (`"{{payload | omit email | upper_keys}}"`: [`super::filters`]). An object's key `"..."`
 //! spreads its value's fields into the object. In the rule's path, `{payload/email}`,
-//! `{delivery_id}` and `{record_key}` are filled URL-encoded, one record per call. The
+//! `{delivery_id}` and `{record_key}` are filled URL-encoded, one record per call, through
+//! their filters too (`{payload/email | lower | md5}`). The
 //! request shape ([`super::request`]) checks its templates here when the rule is saved and
 //! fills them here for each record. A [`Template`] is read once, when its rule is parsed:
 //! its placeholders, filters and constants become a tree that filling a record walks,
@@ -51,15 +52,17 @@ pub(super) fn fill_path(path: &str, r: Record<'_>) -> Result<String, String> {
         let close = rest[open..]
             .find('}')
             .ok_or_else(|| format!("path {path:?}: a {{ without its }}"))?;
-        let name = &rest[open + 1..open + close];
+        let placeholder = &rest[open + 1..open + close];
+        let (name, filters) = filters::split(placeholder)?;
         let value = match slot(name)? {
-            Slot::Payload(p) => text(lookup(r.payload, p)?),
-            Slot::DeliveryId => r.delivery_id.to_string(),
-            Slot::RecordKey => r.record_key.to_owned(),
+            Slot::Payload(p) => lookup(r.payload, p)?.clone(),
+            Slot::DeliveryId => Value::String(r.delivery_id.to_string()),
+            Slot::RecordKey => Value::String(r.record_key.to_owned()),
             Slot::Records | Slot::Group(_) => {
                 return Err(format!("path {path:?}: {{{name}}} belongs in a body"));
             }
         };
+        let value = text(&filters::apply(value, &filters)?);
         // `.` and `..` would move the path instead of naming a thing in it.
         if is_dot_segment(&value) {
             return Err(format!(
@@ -82,7 +85,9 @@ pub(super) fn path_slots(path: &str) -> Result<Vec<Slot<'_>>, String> {
         let close = rest[open..]
             .find('}')
             .ok_or_else(|| format!("path {path:?}: a {{ without its }}"))?;
-        let s = slot(&rest[open + 1..open + close]).map_err(|e| format!("path {path:?}: {e}"))?;
+        let at = |e: String| format!("path {path:?}: {e}");
+        let (name, _) = filters::split(&rest[open + 1..open + close]).map_err(at)?;
+        let s = slot(name).map_err(at)?;
         if matches!(s, Slot::Records | Slot::Group(_)) {
             return Err(format!(
                 "path {path:?}: {{{}}} belongs in a body",
