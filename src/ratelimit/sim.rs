@@ -263,6 +263,19 @@ impl Outcome {
     fn ratio(&self) -> f64 {
         self.drain / self.ideal
     }
+    /// Drain against the ideal, and the 429s, as a cell's line shows them.
+    fn figures(&self) -> String {
+        format!(
+            "drain {:.1}s ideal {:.1}s = {:.3}×, 429s {}/{} = {:.2}%",
+            self.drain,
+            self.ideal,
+            self.ratio(),
+            self.refused,
+            self.calls,
+            self.share_429() * 100.0
+        )
+    }
+
     fn share_429(&self) -> f64 {
         self.refused as f64 / self.calls as f64
     }
@@ -685,13 +698,8 @@ fn matrix(ratios: &[f64], schedules: &[Schedule]) -> (Vec<String>, Vec<String>, 
                     let o = run(&cell, &params);
                     refused += o.refused;
                     let line = format!(
-                        "{name:32} {schedule:?} ×{ratio:<4} {processes}p: drain {:.1}s ideal {:.1}s = {:.3}×, 429s {}/{} = {:.2}%, 38–40 s {}",
-                        o.drain,
-                        o.ideal,
-                        o.ratio(),
-                        o.refused,
-                        o.calls,
-                        o.share_429() * 100.0,
+                        "{name:32} {schedule:?} ×{ratio:<4} {processes}p: {}, 38–40 s {}",
+                        o.figures(),
                         o.accepted_38_40
                     );
                     if !Bounds::goal(&declared, schedule, ratio).holds(&o) {
@@ -766,15 +774,7 @@ fn the_fleet_at_three_times_the_declared_rate() {
                 records: 3_000,
             };
             let o = run(&cell, &params);
-            let line = format!(
-                "{name:32} ×3 {processes}p 3000: drain {:.1}s ideal {:.1}s = {:.3}×, 429s {}/{} = {:.2}%",
-                o.drain,
-                o.ideal,
-                o.ratio(),
-                o.refused,
-                o.calls,
-                o.share_429() * 100.0,
-            );
+            let line = format!("{name:32} ×3 {processes}p 3000: {}", o.figures());
             if processes > 1 && !(o.ratio() <= ratio && o.share_429() <= 0.005) {
                 failures.push(line.clone());
             }
