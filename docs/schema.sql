@@ -191,10 +191,12 @@ CREATE TABLE public.connections (
     reserve_percent smallint DEFAULT 0 NOT NULL,
     auth jsonb,
     rate_signals jsonb,
+    erase jsonb,
     CONSTRAINT connections_api_key_env_check CHECK ((api_key_env ~ '^[A-Za-z_][A-Za-z0-9_]*$'::text)),
     CONSTRAINT connections_auth_object CHECK (((auth IS NULL) OR (jsonb_typeof(auth) = 'object'::text))),
     CONSTRAINT connections_base_url_check CHECK ((base_url ~ '^https?://'::text)),
     CONSTRAINT connections_budget_key_check CHECK ((budget_key <> ''::text)),
+    CONSTRAINT connections_erase_object CHECK (((erase IS NULL) OR (jsonb_typeof(erase) = 'object'::text))),
     CONSTRAINT connections_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
     CONSTRAINT connections_limits_valid CHECK (public.courier_limits_valid(limits)),
     CONSTRAINT connections_max_in_flight_check CHECK (((max_in_flight >= 1) AND (max_in_flight <= 1000))),
@@ -275,6 +277,90 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.courier_delivery_identities(identities jsonb, record_key text, payload jsonb) RETURNS TABLE(kind text, value text)
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT i.key, courier_identity(i.key, payload #>> courier_pointer(i.value))
+    FROM jsonb_each_text(coalesce(identities, '{}')) AS i
+    WHERE payload #>> courier_pointer(i.value) IS NOT NULL
+    UNION ALL
+    SELECT 'key', record_key
+$$;
+
+CREATE FUNCTION public.courier_erase(person jsonb, asked_by text DEFAULT CURRENT_USER) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    kind text;
+    normal jsonb := '{}';
+    found bigint;
+    v text;
+BEGIN
+    IF person IS NULL OR jsonb_typeof(person) <> 'object' THEN
+        RAISE EXCEPTION 'courier_erase: the person must be a JSON object of identities (email, phone, external_id, keys)'
+            USING ERRCODE = '22023';
+    END IF;
+    FOR kind IN SELECT jsonb_object_keys(person) LOOP
+        IF kind NOT IN ('email', 'phone', 'external_id', 'keys') THEN
+            RAISE EXCEPTION 'courier_erase: unknown identity kind "%" (email, phone, external_id, keys)', kind
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    IF person ? 'email' THEN
+        v := courier_identity('email', person ->> 'email');
+        IF jsonb_typeof(person -> 'email') <> 'string' OR v !~ '^[^@[:space:]]+@[^@[:space:]]+\.[^@[:space:]]+$' THEN
+            RAISE EXCEPTION 'courier_erase: email is not an e-mail address' USING ERRCODE = '22023';
+        END IF;
+        normal := normal || jsonb_build_object('email', v);
+    END IF;
+    IF person ? 'phone' THEN
+        v := courier_identity('phone', person ->> 'phone');
+        IF jsonb_typeof(person -> 'phone') <> 'string' OR person ->> 'phone' !~ '^[[:space:]]*\+?[0-9 ().-]+$'
+           OR length(regexp_replace(v, '[^0-9]', '', 'g')) NOT BETWEEN 6 AND 15 THEN
+            RAISE EXCEPTION 'courier_erase: phone is not a phone number (6 to 15 digits, an optional leading +)'
+                USING ERRCODE = '22023';
+        END IF;
+        normal := normal || jsonb_build_object('phone', v);
+    END IF;
+    IF person ? 'external_id' THEN
+        IF jsonb_typeof(person -> 'external_id') NOT IN ('string', 'number')
+           OR btrim(person ->> 'external_id') = '' THEN
+            RAISE EXCEPTION 'courier_erase: external_id is blank' USING ERRCODE = '22023';
+        END IF;
+        normal := normal || jsonb_build_object('external_id', person ->> 'external_id');
+    END IF;
+    IF person ? 'keys' THEN
+        IF jsonb_typeof(person -> 'keys') <> 'array'
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(person -> 'keys') k
+                      WHERE jsonb_typeof(k) <> 'string' OR btrim(k #>> '{}') = '') THEN
+            RAISE EXCEPTION 'courier_erase: keys must be a list of record keys that are not blank'
+                USING ERRCODE = '22023';
+        END IF;
+        IF jsonb_array_length(person -> 'keys') > 0 THEN
+            normal := normal || jsonb_build_object('keys', (
+                SELECT jsonb_agg(DISTINCT k) FROM jsonb_array_elements_text(person -> 'keys') k));
+        END IF;
+    END IF;
+    IF normal = '{}' THEN
+        RAISE EXCEPTION 'courier_erase: no identity (give email, phone, external_id or keys)'
+            USING ERRCODE = '22023';
+    END IF;
+    -- The same person asked again while their erasure is open: that erasure.
+    SELECT e.id INTO found FROM erasures e WHERE e.status = 'open' AND e.identities = normal;
+    IF found IS NOT NULL THEN
+        RETURN found;
+    END IF;
+    INSERT INTO erasures (asked_by, identities) VALUES (asked_by, normal) RETURNING id INTO found;
+    INSERT INTO erasure_targets (erasure_id, connection_id, connection, outcome, answered_at, error)
+    SELECT found, c.id, c.name,
+           CASE WHEN c.erase IS NULL THEN 'no_operation' ELSE 'pending' END,
+           CASE WHEN c.erase IS NULL THEN now() END,
+           CASE WHEN c.erase IS NULL THEN 'the connection states no erase operation: its target was not told' END
+    FROM connections c;
+    PERFORM pg_notify('courier_erasures', found::text);
+    RETURN found;
+END $_$;
+
 CREATE FUNCTION public.courier_headers_valid(h jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE
     AS $_$
@@ -284,6 +370,16 @@ CREATE FUNCTION public.courier_headers_valid(h jsonb) RETURNS boolean
            OR jsonb_typeof(e.value) <> 'string'
            OR (e.value #>> '{}') ~ '[\x01-\x08\x0a-\x1f\x7f]')
 $_$;
+
+CREATE FUNCTION public.courier_identity(kind text, value text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE kind
+        WHEN 'email' THEN lower(btrim(value))
+        WHEN 'phone' THEN CASE WHEN btrim(value) LIKE '+%' THEN '+' ELSE '' END
+                          || regexp_replace(value, '[^0-9]', '', 'g')
+        ELSE value END
+$$;
 
 CREATE FUNCTION public.courier_job_unreadable(j apalis.jobs) RETURNS text
     LANGUAGE plpgsql STABLE
@@ -320,6 +416,10 @@ CREATE FUNCTION public.courier_ledger_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF current_setting('courier.scrubbing', true) = 'on'
+       AND (to_jsonb(NEW) - 'error') = (to_jsonb(OLD) - 'error') THEN
+        RETURN NEW;
+    END IF;
     RAISE EXCEPTION 'ledger is append-only';
 END $$;
 
@@ -351,6 +451,23 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.courier_person_identities(person jsonb) RETURNS TABLE(kind text, value text)
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT i.key, i.value FROM jsonb_each_text(person - 'keys') AS i
+    UNION ALL
+    SELECT 'key', k FROM jsonb_array_elements_text(coalesce(person -> 'keys', '[]')) AS k
+$$;
+
+CREATE FUNCTION public.courier_pointer(p text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN p = '' THEN '{}'::text[]
+        ELSE ARRAY(SELECT replace(replace(s, '~1', '/'), '~0', '~')
+                   FROM unnest((string_to_array(p, '/'))[2:]) WITH ORDINALITY AS t(s, n)
+                   ORDER BY n) END
+$$;
+
 CREATE TABLE public.rules (
     id bigint NOT NULL,
     name text NOT NULL,
@@ -375,11 +492,13 @@ CREATE TABLE public.rules (
     request jsonb,
     limits text[] DEFAULT '{}'::text[] NOT NULL,
     job jsonb,
+    identities jsonb,
     CONSTRAINT rules_answer_object CHECK (((answer IS NULL) OR (jsonb_typeof(answer) = 'object'::text))),
     CONSTRAINT rules_backoff_base_ms_check CHECK ((backoff_base_ms > 0)),
     CONSTRAINT rules_batch_size_check CHECK (((batch_size >= 1) AND (batch_size <= 10000))),
     CONSTRAINT rules_budget_key_check CHECK ((budget_key <> ''::text)),
     CONSTRAINT rules_check CHECK ((backoff_max_ms >= backoff_base_ms)),
+    CONSTRAINT rules_identities_object CHECK (((identities IS NULL) OR (jsonb_typeof(identities) = 'object'::text))),
     CONSTRAINT rules_job_check CHECK (((job IS NULL) OR (jsonb_typeof(job) = 'object'::text))),
     CONSTRAINT rules_limits_own_budget CHECK (((cardinality(limits) = 0) OR (budget_key IS NOT NULL))),
     CONSTRAINT rules_limits_valid CHECK (public.courier_limits_valid(limits)),
@@ -424,6 +543,23 @@ CREATE FUNCTION public.courier_rule_startable(r public.rules, k public.connectio
                    WHERE d.rule_id = r.id AND d.status = 'pending'
                      AND d.next_attempt_at <= at)
 $$;
+
+CREATE FUNCTION public.courier_scrub(t text, vals text[]) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    AS $_$
+DECLARE
+    v text;
+BEGIN
+    IF t IS NULL THEN
+        RETURN NULL;
+    END IF;
+    FOREACH v IN ARRAY vals LOOP
+        IF v <> '' THEN
+            t := regexp_replace(t, regexp_replace(v, '([.*+?^${}()|\[\]\\])', '\\\1', 'g'), '[erased]', 'gi');
+        END IF;
+    END LOOP;
+    RETURN t;
+END $_$;
 
 CREATE FUNCTION public.courier_supersede_again() RETURNS trigger
     LANGUAGE plpgsql
@@ -581,6 +717,7 @@ CREATE TABLE public.deliveries (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
     superseded boolean DEFAULT false NOT NULL,
+    erasure_id bigint,
     CONSTRAINT deliveries_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT deliveries_record_key_check CHECK ((record_key <> ''::text)),
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'accepted'::text, 'delivered'::text, 'unconfirmed'::text, 'rejected'::text, 'exhausted'::text, 'suppressed'::text])))
@@ -588,6 +725,67 @@ CREATE TABLE public.deliveries (
 
 ALTER TABLE public.deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.deliveries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.erased_identities (
+    hash text NOT NULL,
+    erasure_id bigint NOT NULL,
+    CONSTRAINT erased_identities_hash_check CHECK ((hash ~ '^[0-9a-f]{64}$'::text))
+);
+
+CREATE TABLE public.erasure_targets (
+    id bigint NOT NULL,
+    erasure_id bigint NOT NULL,
+    connection_id bigint,
+    connection text NOT NULL,
+    outcome text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    waits_for_runs bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    waiting_for text,
+    http_status smallint,
+    error text,
+    answered_at timestamp with time zone,
+    lease_owner text,
+    lease_until timestamp with time zone,
+    CONSTRAINT erasure_targets_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT erasure_targets_check CHECK (((outcome = 'pending'::text) = (answered_at IS NULL))),
+    CONSTRAINT erasure_targets_outcome_check CHECK ((outcome = ANY (ARRAY['pending'::text, 'erased'::text, 'unknown'::text, 'queued'::text, 'no_operation'::text, 'no_identity'::text, 'failed'::text])))
+);
+
+ALTER TABLE public.erasure_targets ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.erasure_targets_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.erasures (
+    id bigint NOT NULL,
+    asked_at timestamp with time zone DEFAULT now() NOT NULL,
+    asked_by text NOT NULL,
+    identities jsonb,
+    hashed boolean DEFAULT false NOT NULL,
+    swept boolean DEFAULT false NOT NULL,
+    status text DEFAULT 'open'::text NOT NULL,
+    finished_at timestamp with time zone,
+    lifted_at timestamp with time zone,
+    lifted_by text,
+    CONSTRAINT erasures_check CHECK (((status = 'open'::text) = (finished_at IS NULL))),
+    CONSTRAINT erasures_check1 CHECK (((status = 'open'::text) OR (identities IS NULL))),
+    CONSTRAINT erasures_identities_check CHECK (((identities IS NULL) OR (jsonb_typeof(identities) = 'object'::text))),
+    CONSTRAINT erasures_status_check CHECK ((status = ANY (ARRAY['open'::text, 'done'::text])))
+);
+
+ALTER TABLE public.erasures ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.erasures_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -792,6 +990,18 @@ ALTER TABLE ONLY public.deliveries
 ALTER TABLE public.deliveries
     ADD CONSTRAINT deliveries_record_key_not_blank CHECK ((record_key ~ '\S'::text)) NOT VALID;
 
+ALTER TABLE ONLY public.erased_identities
+    ADD CONSTRAINT erased_identities_pkey PRIMARY KEY (hash);
+
+ALTER TABLE ONLY public.erasure_targets
+    ADD CONSTRAINT erasure_targets_erasure_id_connection_id_key UNIQUE (erasure_id, connection_id);
+
+ALTER TABLE ONLY public.erasure_targets
+    ADD CONSTRAINT erasure_targets_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.erasures
+    ADD CONSTRAINT erasures_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.ledger
     ADD CONSTRAINT ledger_pkey PRIMARY KEY (id);
 
@@ -836,6 +1046,8 @@ CREATE INDEX delivered_records_connection_key ON public.delivered_records USING 
 
 CREATE INDEX deliveries_due ON public.deliveries USING btree (rule_id, next_attempt_at) WHERE (status = 'pending'::text);
 
+CREATE INDEX deliveries_erasure ON public.deliveries USING btree (erasure_id) WHERE (erasure_id IS NOT NULL);
+
 CREATE INDEX deliveries_finished ON public.deliveries USING btree (finished_at) WHERE (status = ANY (ARRAY['delivered'::text, 'unconfirmed'::text, 'suppressed'::text]));
 
 CREATE INDEX deliveries_next_due ON public.deliveries USING btree (next_attempt_at) WHERE (status = 'pending'::text);
@@ -845,6 +1057,10 @@ CREATE INDEX deliveries_pending ON public.deliveries USING btree (rule_id, id) W
 CREATE INDEX deliveries_record_key ON public.deliveries USING btree (record_key);
 
 CREATE INDEX deliveries_waiting_on ON public.deliveries USING btree (depends_on) WHERE ((status = 'pending'::text) AND (depends_on IS NOT NULL));
+
+CREATE INDEX erasure_targets_due ON public.erasure_targets USING btree (next_attempt_at) WHERE (outcome = 'pending'::text);
+
+CREATE INDEX erasures_open ON public.erasures USING btree (asked_at) WHERE (status = 'open'::text);
 
 CREATE INDEX ledger_delivery ON public.ledger USING btree (delivery_id);
 
@@ -922,6 +1138,15 @@ ALTER TABLE ONLY public.delivered_records
 
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT deliveries_rule_id_fkey FOREIGN KEY (rule_id) REFERENCES public.rules(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.erased_identities
+    ADD CONSTRAINT erased_identities_erasure_id_fkey FOREIGN KEY (erasure_id) REFERENCES public.erasures(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.erasure_targets
+    ADD CONSTRAINT erasure_targets_connection_id_fkey FOREIGN KEY (connection_id) REFERENCES public.connections(id) ON DELETE SET NULL;
+
+ALTER TABLE ONLY public.erasure_targets
+    ADD CONSTRAINT erasure_targets_erasure_id_fkey FOREIGN KEY (erasure_id) REFERENCES public.erasures(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.ledger
     ADD CONSTRAINT ledger_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES public.deliveries(id) ON DELETE CASCADE;

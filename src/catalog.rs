@@ -78,6 +78,9 @@ pub fn check_connection(c: &NewConnection) -> Result<(), CatalogError> {
     let auth = writer::auth::Auth::parse(c.auth.as_ref()).map_err(|e| invalid(e.reason))?;
     crate::ratelimit::signals::RateSignals::parse(c.rate_signals.as_ref())
         .map_err(|e| invalid(e.reason))?;
+    if let Some(erase) = &c.erase {
+        writer::erase::EraseShape::parse(erase).map_err(|e| invalid(e.reason))?;
+    }
     if matches!(auth, writer::auth::Auth::Oauth { .. }) && c.api_key_env.is_none() {
         return Err(invalid(
             "auth kind oauth needs api_key_env (the variable holding the client secret)".into(),
@@ -112,9 +115,9 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
     sqlx::query_scalar!(
         r#"INSERT INTO connections
              (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
-              timeout_ms, budget_key, limits, reserve_percent, auth, rate_signals)
+              timeout_ms, budget_key, limits, reserve_percent, auth, rate_signals, erase)
            VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, 8), COALESCE($8, 10000), $9, $10, $11,
-                   $12, $13)
+                   $12, $13, $14)
            ON CONFLICT (name) DO UPDATE SET
              writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
              api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
@@ -122,7 +125,7 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
              max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
              budget_key = EXCLUDED.budget_key, limits = EXCLUDED.limits,
              reserve_percent = EXCLUDED.reserve_percent, auth = EXCLUDED.auth,
-             rate_signals = EXCLUDED.rate_signals, updated_at = now()
+             rate_signals = EXCLUDED.rate_signals, erase = EXCLUDED.erase, updated_at = now()
            RETURNING id"#,
         c.name,
         c.writer,
@@ -142,6 +145,7 @@ async fn save_connection(db: &mut PgConnection, c: &NewConnection) -> Result<i64
         ),
         c.auth,
         c.rate_signals,
+        c.erase,
     )
     .fetch_one(db)
     .await
@@ -219,10 +223,11 @@ pub async fn upsert_rule<'c>(
     let id = sqlx::query_scalar!(
         r#"INSERT INTO rules
              (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-              enabled, weight, records_per_call, budget_key, answer, request, limits, job)
+              enabled, weight, records_per_call, budget_key, answer, request, limits, job,
+              identities)
            SELECT $1, c.id, $3, COALESCE($4, 100), COALESCE($5, 5), COALESCE($6, 1000),
                   COALESCE($7, 3600000), COALESCE($8, true), COALESCE($9, 1), COALESCE($10, 1), $11,
-                  $12, $13, $14, $15
+                  $12, $13, $14, $15, $16
            FROM connections c WHERE c.name = $2
            ON CONFLICT (name) DO UPDATE SET
              connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -232,7 +237,7 @@ pub async fn upsert_rule<'c>(
              records_per_call = EXCLUDED.records_per_call,
              budget_key = EXCLUDED.budget_key,
              answer = EXCLUDED.answer, request = EXCLUDED.request, limits = EXCLUDED.limits,
-             job = EXCLUDED.job,
+             job = EXCLUDED.job, identities = EXCLUDED.identities,
              updated_at = now()
            RETURNING id"#,
         r.name,
@@ -250,12 +255,40 @@ pub async fn upsert_rule<'c>(
         r.request,
         &r.limits.iter().map(ToString::to_string).collect::<Vec<_>>(),
         r.job,
+        r.identities,
     )
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| explain(e, &format!("rule {:?}", r.name)))?;
     tx.commit().await?;
     Ok(id)
+}
+
+/// Checks a rule's `identities`: each a person's identity kind
+/// ([`writer::erase::KINDS`]) naming a JSON pointer into its payloads.
+pub fn check_identities(identities: Option<&serde_json::Value>) -> Result<(), String> {
+    let Some(identities) = identities else {
+        return Ok(());
+    };
+    let kinds = writer::erase::KINDS.join(", ");
+    let map = identities
+        .as_object()
+        .ok_or_else(|| format!("identities must be an object of kind -> JSON pointer ({kinds})"))?;
+    for (kind, pointer) in map {
+        if !writer::erase::KINDS.contains(&kind.as_str()) {
+            return Err(format!("identities: {kind:?} is not one of {kinds}"));
+        }
+        match pointer.as_str() {
+            Some(p) if p.starts_with('/') => {}
+            _ => {
+                return Err(format!(
+                    "identities: {kind}: {pointer} is not a JSON pointer into the payload \
+                     (\"/email\")"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks rule `r` against its connection's `writer`: its profile parses
@@ -271,6 +304,7 @@ fn check_rule(r: &NewRule, writer: &str) -> Result<(), CatalogError> {
     })
     .map_err(|e| e.to_string())
     .and_then(|_| check_rule_limits(r))
+    .and_then(|_| check_identities(r.identities.as_ref()))
     .map_err(|e| {
         CatalogError::Invalid(format!(
             "rule {:?} on connection {:?} (writer {writer}): {e}",
@@ -419,6 +453,20 @@ pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>
            FROM connections ORDER BY name"#
     )
     .fetch_all(db)
+    .await
+}
+
+/// The connection with id `id`, if there is one.
+pub async fn connection(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Connection>, sqlx::Error> {
+    sqlx::query_as!(
+        Connection,
+        r#"SELECT id, name, writer, base_url, api_key_env, auth, headers, requests_per_minute,
+                  max_in_flight, timeout_ms, courier_budget_key(connections) AS "budget_key!",
+                  limits, reserve_percent, paused, rate_signals
+           FROM connections WHERE id = $1"#,
+        id
+    )
+    .fetch_optional(db)
     .await
 }
 
@@ -666,14 +714,15 @@ async fn save_connections(
     sqlx::query!(
         "INSERT INTO connections
            (name, writer, base_url, api_key_env, headers, requests_per_minute, max_in_flight,
-            timeout_ms, budget_key, limits, reserve_percent, auth, rate_signals)
+            timeout_ms, budget_key, limits, reserve_percent, auth, rate_signals, erase)
          SELECT x.name, x.writer, x.base_url, x.api_key_env, x.headers, x.requests_per_minute,
                 COALESCE(x.max_in_flight, 8), COALESCE(x.timeout_ms, 10000), x.budget_key,
-                x.limits, x.reserve_percent, x.auth, x.rate_signals
+                x.limits, x.reserve_percent, x.auth, x.rate_signals, x.erase
          FROM jsonb_to_recordset($1) AS x(
              name text, writer text, base_url text, api_key_env text, headers jsonb,
              requests_per_minute int, max_in_flight int, timeout_ms int, budget_key text,
-             limits text[], reserve_percent smallint, auth jsonb, rate_signals jsonb)
+             limits text[], reserve_percent smallint, auth jsonb, rate_signals jsonb,
+             erase jsonb)
          ON CONFLICT (name) DO UPDATE SET
            writer = EXCLUDED.writer, base_url = EXCLUDED.base_url,
            api_key_env = EXCLUDED.api_key_env, headers = EXCLUDED.headers,
@@ -681,7 +730,7 @@ async fn save_connections(
            max_in_flight = EXCLUDED.max_in_flight, timeout_ms = EXCLUDED.timeout_ms,
            budget_key = EXCLUDED.budget_key, limits = EXCLUDED.limits,
            reserve_percent = EXCLUDED.reserve_percent, auth = EXCLUDED.auth,
-           rate_signals = EXCLUDED.rate_signals, updated_at = now()",
+           rate_signals = EXCLUDED.rate_signals, erase = EXCLUDED.erase, updated_at = now()",
         serde_json::Value::Array(rows)
     )
     .execute(db)
@@ -695,16 +744,17 @@ async fn save_rules(db: &mut PgConnection, rules: &[NewRule]) -> Result<(), Cata
     sqlx::query!(
         "INSERT INTO rules
            (name, connection_id, path, batch_size, max_attempts, backoff_base_ms, backoff_max_ms,
-            enabled, weight, records_per_call, budget_key, answer, request, limits, job)
+            enabled, weight, records_per_call, budget_key, answer, request, limits, job,
+            identities)
          SELECT x.name, c.id, x.path, COALESCE(x.batch_size, 100), COALESCE(x.max_attempts, 5),
                 COALESCE(x.backoff_base_ms, 1000), COALESCE(x.backoff_max_ms, 3600000),
                 COALESCE(x.enabled, true), COALESCE(x.weight, 1), COALESCE(x.records_per_call, 1),
-                x.budget_key, x.answer, x.request, x.limits, x.job
+                x.budget_key, x.answer, x.request, x.limits, x.job, x.identities
          FROM jsonb_to_recordset($1) AS x(
              name text, connection text, path text, batch_size int, max_attempts int,
              backoff_base_ms int, backoff_max_ms int, enabled boolean, weight int,
              records_per_call int, budget_key text, answer jsonb, request jsonb, limits text[],
-             job jsonb)
+             job jsonb, identities jsonb)
          JOIN connections c ON c.name = x.connection
          ON CONFLICT (name) DO UPDATE SET
            connection_id = EXCLUDED.connection_id, path = EXCLUDED.path,
@@ -713,7 +763,7 @@ async fn save_rules(db: &mut PgConnection, rules: &[NewRule]) -> Result<(), Cata
            enabled = EXCLUDED.enabled, weight = EXCLUDED.weight,
            records_per_call = EXCLUDED.records_per_call, budget_key = EXCLUDED.budget_key,
            answer = EXCLUDED.answer, request = EXCLUDED.request, limits = EXCLUDED.limits,
-           job = EXCLUDED.job, updated_at = now()",
+           job = EXCLUDED.job, identities = EXCLUDED.identities, updated_at = now()",
         serde_json::to_value(rules).expect("rules serialize")
     )
     .execute(db)
@@ -730,7 +780,7 @@ pub async fn given_connection(
     let row = sqlx::query!(
         "SELECT name, writer, base_url, api_key_env, headers, requests_per_minute,
                 max_in_flight, timeout_ms, budget_key, limits, reserve_percent, auth,
-                rate_signals
+                rate_signals, erase
          FROM connections WHERE name = $1",
         name
     )
@@ -750,6 +800,7 @@ pub async fn given_connection(
         limits: r.limits.iter().filter_map(|l| l.parse().ok()).collect(),
         reserve: (r.reserve_percent > 0).then(|| format!("{}%", r.reserve_percent)),
         rate_signals: r.rate_signals,
+        erase: r.erase,
     }))
 }
 
@@ -758,7 +809,7 @@ pub async fn given_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewR
     let row = sqlx::query!(
         "SELECT r.name, c.name AS connection, r.path, r.batch_size, r.max_attempts,
                 r.backoff_base_ms, r.backoff_max_ms, r.enabled, r.weight, r.records_per_call,
-                r.budget_key, r.answer, r.request, r.limits, r.job
+                r.budget_key, r.answer, r.request, r.limits, r.job, r.identities
          FROM rules r JOIN connections c ON c.id = r.connection_id WHERE r.name = $1",
         name
     )
@@ -780,5 +831,6 @@ pub async fn given_rule(db: &mut PgConnection, name: &str) -> Result<Option<NewR
         answer: r.answer,
         request: r.request,
         job: r.job,
+        identities: r.identities,
     }))
 }

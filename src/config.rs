@@ -114,6 +114,7 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "COURIER_SHUTDOWN_TIMEOUT_SECONDS",
     "COURIER_HTTP_ADDR",
     "COURIER_HTTP_TOKEN",
+    "COURIER_ERASURE_KEY",
     "COURIER_RETENTION_DAYS",
     "COURIER_RETENTION_SECONDS",
 ];
@@ -200,6 +201,26 @@ pub struct Settings {
     /// `COURIER_HTTP_TOKEN`: the bearer token the dashboard's actions require; without
     /// one the dashboard is read-only.
     pub http_token: Option<HttpToken>,
+    /// `COURIER_ERASURE_KEY`: the secret an erased person's identities are remembered under
+    /// (a keyed hash), the same for every process; without it a process can neither carry
+    /// out an erasure nor check a delivery against the erased, and holds back deliveries
+    /// once anyone is erased.
+    pub erasure_key: Option<crate::erasure::ErasureKey>,
+}
+
+/// `COURIER_ERASURE_KEY`: blank is unset; a key shorter than 32 characters is refused
+/// (it is never echoed).
+fn erasure_key(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<crate::erasure::ErasureKey>, ConfigError> {
+    let Some(v) = get("COURIER_ERASURE_KEY").filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    crate::erasure::ErasureKey::new(v.trim()).map(Some).map_err(|reason| ConfigError {
+        name: "COURIER_ERASURE_KEY".into(),
+        value: "(not shown)".into(),
+        reason,
+    })
 }
 
 /// The dashboard's action token: compared in constant time, never printed (its `Debug`
@@ -274,6 +295,7 @@ impl Default for Settings {
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             http_addr: HttpAddr::Default,
             http_token: None,
+            erasure_key: None,
             retention: Some(Duration::from_secs(DEFAULT_RETENTION_DAYS * 86_400)),
         }
     }
@@ -365,6 +387,7 @@ impl Settings {
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
                 .map(HttpToken),
+            erasure_key: erasure_key(&get)?,
             retention: retention(&get)?,
         };
         settings.validate()?;

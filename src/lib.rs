@@ -73,6 +73,7 @@ pub mod dispatcher;
 #[cfg(test)]
 mod doc_examples;
 pub mod engine;
+pub mod erasure;
 pub mod enqueue;
 pub mod health;
 pub mod invalid;

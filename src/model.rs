@@ -45,6 +45,10 @@ pub struct NewConnection {
     /// ([`crate::ratelimit::signals::RateSignals`]; absent: the standard headers only).
     #[serde(default)]
     pub rate_signals: Option<serde_json::Value>,
+    /// How its target is told to forget a person ([`crate::writer::erase::EraseShape`];
+    /// absent: an erasure reports the target as not told).
+    #[serde(default)]
+    pub erase: Option<serde_json::Value>,
 }
 
 /// A stored connection.
@@ -160,6 +164,11 @@ pub struct NewRule {
     /// [`writer::job::JobShape`]); absent, its calls are synchronous.
     #[serde(default)]
     pub job: Option<serde_json::Value>,
+    /// Where a person's identities sit in its payloads: kind (`email`, `phone`,
+    /// `external_id`) -> JSON pointer; an erasure finds and suppresses the person's records
+    /// by them (and by record key).
+    #[serde(default)]
+    pub identities: Option<serde_json::Value>,
 }
 
 /// A stored rule.

@@ -1,5 +1,7 @@
 //! The poller: a loop in every worker process that polls the target's asynchronous jobs
-//! ([`crate::jobs`]) when each falls due, and settles a job's records when it reports. A
+//! ([`crate::jobs`]) when each falls due, and settles a job's records when it reports; the
+//! same loop (and its one LISTEN connection) runs the eraser's passes
+//! ([`crate::erasure::eraser`]). A
 //! poll and each page of errors is a call like any other ([`paced::call`]): a slot from
 //! the rule's budget (or the job's own poll budget), in fair turn with the other rules, its answer heard by the pacer and
 //! its verdict written as a delivery call's is (a 429 or a spent budget blocks it, the
@@ -19,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     breaker, catalog,
     engine::Engine,
+    erasure::eraser::Eraser,
     invalid::Invalid,
     jobs::{self, Due, Ended},
     ledger::{self, Entry, Outcome},
@@ -97,20 +100,36 @@ impl Poller {
         Ok(n)
     }
 
-    /// Runs passes until `shutdown`: when a job is submitted (NOTIFY) and when the next
-    /// one falls due. Fails only when it cannot start (its LISTEN connection).
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), sqlx::Error> {
+    /// Runs passes until `shutdown`, of the jobs and of the eraser's (`eraser`, which
+    /// shares this loop's one LISTEN connection): when a job is submitted or an erasure
+    /// asked (NOTIFY) and when the next job or erasure falls due. Fails only when it cannot
+    /// start (its LISTEN connection).
+    pub async fn run(self, eraser: Eraser, shutdown: CancellationToken) -> Result<(), sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.engine.pool).await?;
-        listener.listen(WAKE_CHANNEL).await?;
+        listener
+            .listen_all([WAKE_CHANNEL, crate::erasure::eraser::WAKE_CHANNEL])
+            .await?;
         loop {
             let health = &self.engine.health;
             if let Err(e) = self.run_once().await {
                 crate::maintenance::failed(health, "job poll", &e);
             }
+            let erasing = match eraser.run_once().await {
+                Ok(more) => more,
+                Err(e) => {
+                    crate::maintenance::failed(health, "erasure pass", &e);
+                    false
+                }
+            };
             let next = jobs::next_due(&self.engine.pool).await.unwrap_or_else(|e| {
                 crate::maintenance::failed(health, "job poller's next-due", &e);
                 None
             });
+            let next = match (next, eraser.next_due().await) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let next = if erasing { Some(self.engine.clock.now()) } else { next };
             let sleep = next.map_or(MAX_SLEEP, |at| {
                 (at - self.engine.clock.now())
                     .to_std()
@@ -336,7 +355,7 @@ impl Poller {
             return Ok(Err(contract::no_jobs().to_string()));
         };
         let send = || async {
-            let answer = jobs.ask(reqwest::Method::GET, path, None).await;
+            let answer = jobs.ask(reqwest::Method::GET, path, None, None).await;
             answer.map(|receipt| Written::all(receipt, 0))
         };
         let called = match paced::call(e, ctx.budget(), writer, Some(&e.shutdown), send).await {
@@ -352,8 +371,8 @@ impl Poller {
         let cause = blocks::Cause {
             budget_key: &ctx.budget_key,
             connection_id: ctx.connection.id,
-            rule_id: ctx.rule_id,
-            run_id: ctx.run_id,
+            rule_id: Some(ctx.rule_id),
+            run_id: Some(ctx.run_id),
         };
         let mut tx = e.pool.begin().await?;
         let blocked = heard.write(&mut tx, e, &cause, at).await?;

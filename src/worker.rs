@@ -33,6 +33,7 @@ use crate::{
         heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine, reaper::Reaper,
         rescuer::Rescuer, retention::Retention,
     },
+    erasure::eraser::Eraser,
     poller::Poller,
     queue::{self, ChainBackend, Fetcher},
 };
@@ -178,8 +179,8 @@ fn spawn_loops(engine: &Arc<Engine>, fetcher: &Arc<Fetcher>) -> [tokio::task::Jo
             Quarantine::new(&e).run(token).await
         }),
         spawn_loop(engine, |e, token| async move {
-            if let Err(err) = Poller::new(&e).run(token).await {
-                tracing::error!(error = %err, "the job poller cannot listen; jobs are polled by other processes");
+            if let Err(err) = Poller::new(&e).run(Eraser::new(&e), token).await {
+                tracing::error!(error = %err, "the job poller cannot listen; jobs are polled and erasures carried out by other processes");
             }
         }),
         tokio::spawn(queue::listen(

@@ -5,6 +5,9 @@
 //! the newer delivery was enqueued (trigger `deliveries_supersede`), so no plan, however
 //! wrong the planner's statistics, reads other deliveries per claimed row.
 //!
+//! Every claimed delivery passes the erasure gate ([`crate::erasure::gate`]) before the
+//! batch is handed on: one whose person is erased is suppressed, its payload emptied.
+//!
 //! No row lock is taken: the rule's lease (owner + expiry on `rules`) is what keeps two
 //! jobs of one rule from claiming the same deliveries, and every later write to a delivery
 //! is guarded by `status = 'pending'`. A lock here would end with the statement anyway,
@@ -13,7 +16,13 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
+
 use sqlx::PgExecutor;
+
+use crate::{
+    engine::Engine,
+    erasure::gate::{self, Passage},
+};
 
 /// A claimed delivery and what the database already knows about it.
 #[derive(Clone, Debug)]
@@ -38,6 +47,11 @@ pub struct Claimed {
     pub depends_on: Option<String>,
     /// Its `depends_on` names a key not yet delivered on the connection.
     pub dependency_pending: bool,
+    /// The person's identities it names (`kind:value`, as its rule says where they sit,
+    /// and its record key), for the erasure gate.
+    pub identities: Vec<String>,
+    /// What the erasure gate says of it.
+    pub passage: Passage,
 }
 
 /// Where a claim starts and how much it takes.
@@ -53,8 +67,30 @@ pub struct ClaimScope {
     pub limit: i32,
 }
 
-/// Up to `scope.limit` pending deliveries of the rule due by `now`, in id order.
+/// Up to `scope.limit` pending deliveries of the rule due by `now`, in id order, each
+/// through the erasure gate.
 pub async fn claim(
+    engine: &Engine,
+    scope: ClaimScope,
+    now: DateTime<Utc>,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let mut batch = read(&engine.pool, scope, now).await?;
+    let identities: Vec<(i64, &[String])> = batch
+        .iter()
+        .map(|d| (d.id, d.identities.as_slice()))
+        .collect();
+    let passages = gate::check(engine, &identities, now).await?;
+    for (d, passage) in batch.iter_mut().zip(passages) {
+        d.passage = passage;
+        if matches!(passage, Passage::Erased(_)) {
+            d.payload = serde_json::json!({});
+        }
+    }
+    Ok(batch)
+}
+
+/// The claim's read ([`claim`] without the gate: every passage clear).
+pub async fn read(
     db: impl PgExecutor<'_>,
     scope: ClaimScope,
     now: DateTime<Utc>,
@@ -73,8 +109,12 @@ pub async fn claim(
                            false) AS "unchanged!",
                   (d.depends_on IS NOT NULL AND NOT EXISTS (
                       SELECT 1 FROM delivered_records x
-                      WHERE x.connection_id = $2 AND x.record_key = d.depends_on)) AS "dependency_pending!"
-           FROM deliveries d
+                      WHERE x.connection_id = $2 AND x.record_key = d.depends_on)) AS "dependency_pending!",
+                  -- The person's identities as the rule says where they sit, and the key.
+                  ARRAY(SELECT i.kind || ':' || i.value
+                        FROM courier_delivery_identities(ru.identities, d.record_key, d.payload) i)
+                      AS "identities!"
+           FROM deliveries d CROSS JOIN (SELECT identities FROM rules WHERE id = $1) ru
            WHERE d.rule_id = $1 AND d.status = 'pending' AND d.id > $3 AND d.next_attempt_at <= $4
              -- A pause (the catalog's condition) stops a job between its batches, not
              -- only at its start.
@@ -103,6 +143,8 @@ pub async fn claim(
             unchanged: r.unchanged,
             depends_on: r.depends_on,
             dependency_pending: r.dependency_pending,
+            identities: r.identities,
+            passage: Passage::Clear,
         })
         .collect();
     supersede_within(&mut batch);
@@ -142,6 +184,8 @@ mod tests {
             unchanged: false,
             depends_on: None,
             dependency_pending: false,
+            identities: Vec::new(),
+            passage: Passage::Clear,
         }
     }
 

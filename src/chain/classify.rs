@@ -200,6 +200,8 @@ mod tests {
             unchanged: false,
             depends_on: None,
             dependency_pending: false,
+            identities: Vec::new(),
+            passage: Default::default(),
         }
     }
 

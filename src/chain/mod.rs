@@ -167,7 +167,7 @@ async fn run_batch(
         limit: ctx.claim_limit(profile),
     };
     let claimed = engine
-        .retry_outage(|| claim::claim(&engine.pool, scope, now))
+        .retry_outage(|| claim::claim(engine, scope, now))
         .await?;
     if claimed.is_empty() {
         return Ok(settle(Tally::default(), 0, Next::finish(RunStatus::Completed)).await?);
@@ -381,7 +381,7 @@ impl Job<'_> {
             Feed::Batch(batch) => self.queue(feeding, called, batch, scope, tally),
             Feed::Claim(scope) => {
                 let (engine, now) = (self.engine, self.engine.clock.now());
-                let claim = engine.retry_outage(move || claim::claim(&engine.pool, scope, now));
+                let claim = engine.retry_outage(move || claim::claim(engine, scope, now));
                 return Some(Box::pin(claim));
             }
             Feed::Done => feeding.tx = None,

@@ -137,8 +137,8 @@ impl Tally {
         let cause = blocks::Cause {
             budget_key: &conn.budget_key,
             connection_id: conn.id,
-            rule_id: ctx.rule_id,
-            run_id: ctx.run_id,
+            rule_id: Some(ctx.rule_id),
+            run_id: Some(ctx.run_id),
         };
         self.heard.write(tx, engine, &cause, now).await
     }

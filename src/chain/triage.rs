@@ -1,10 +1,11 @@
-//! The triage stage (pure): which claimed deliveries are suppressed, which are held, and
-//! which go to the target. Nothing here asks the writer or takes a request slot.
+//! The triage stage (pure): which claimed deliveries are suppressed (an erased person's
+//! among them), which are held, and which go to the target. Nothing here asks the writer or takes a request slot.
 
 use chrono::{DateTime, Utc};
 
 use super::claim::Claimed;
 use crate::{
+    erasure::gate::{self, Passage},
     ledger::{Entry, Outcome},
     retry::RetryPolicy,
 };
@@ -41,7 +42,13 @@ pub fn triage(
             next_attempt_at,
             at: now,
         };
-        if d.superseded {
+        if let Passage::Erased(erasure) = d.passage {
+            let error = format!("its person is erased (erasure {erasure})");
+            t.decided.push(decided(Outcome::Suppressed, &error, None));
+        } else if d.passage == Passage::Unchecked {
+            let next = now + chrono::Duration::minutes(1);
+            t.decided.push(decided(Outcome::Held, gate::UNCHECKED, Some(next)));
+        } else if d.superseded {
             t.decided.push(decided(
                 Outcome::Suppressed,
                 "superseded by a newer delivery",
@@ -92,6 +99,8 @@ mod tests {
             unchanged: false,
             depends_on: None,
             dependency_pending: false,
+            identities: Vec::new(),
+            passage: Passage::Clear,
         }
     }
 

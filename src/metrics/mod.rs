@@ -58,6 +58,12 @@ struct ConnectionState {
     state: String,
 }
 
+/// `outcome`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
+}
+
 /// `status`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
@@ -77,6 +83,7 @@ pub struct Metrics {
     pacer_wait: Family<BudgetLabel, Histogram>,
     records_per_call: Family<RuleLabel, Histogram>,
     splits: Family<RuleLabel, Counter>,
+    erasure_answers: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -148,8 +155,15 @@ impl Metrics {
             "Calls of several records refused as a whole and split in halves, by rule",
             splits.clone(),
         );
+        let erasure_answers = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "erasure_answers",
+            "Targets' answers to erasures recorded by this process, by outcome (erased, unknown, queued, no_operation, no_identity, failed)",
+            erasure_answers.clone(),
+        );
         Self {
             registry,
+            erasure_answers,
             deliveries,
             calls,
             rate_limited,
@@ -229,6 +243,15 @@ impl Metrics {
         self.splits
             .get_or_create(&RuleLabel {
                 rule: rule.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A target's part of an erasure ended `outcome`.
+    pub fn erasure_answered(&self, outcome: &str) {
+        self.erasure_answers
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_owned(),
             })
             .inc();
     }

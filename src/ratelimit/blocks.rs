@@ -39,10 +39,10 @@ pub struct Cause<'a> {
     pub budget_key: &'a str,
     /// The connection whose call met the 429.
     pub connection_id: i64,
-    /// The rule whose call met it.
-    pub rule_id: i64,
-    /// The run whose call met it.
-    pub run_id: i64,
+    /// The rule whose call met it (`None`: a call of no rule, an erasure's).
+    pub rule_id: Option<i64>,
+    /// The run whose call met it (`None`: a call of no run).
+    pub run_id: Option<i64>,
 }
 
 /// Blocks a budget until `until` (set at `now`), unless it is already blocked for longer
@@ -57,8 +57,8 @@ pub async fn block(
     let set = Set {
         budget_key: cause.budget_key,
         connection_id: cause.connection_id,
-        rule_id: Some(cause.rule_id),
-        run_id: Some(cause.run_id),
+        rule_id: cause.rule_id,
+        run_id: cause.run_id,
         raw,
     };
     write(db, &set, until, now).await

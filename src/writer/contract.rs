@@ -50,12 +50,14 @@ pub trait Writer: Send + Sync {
 pub trait JobCalls: Send + Sync {
     /// Sends one request of a job (its open and close, a poll, a page of its errors) to
     /// `path` (under the connection's base URL, or an absolute URL at the same origin) with
-    /// the connection's credentials, `body` as JSON; the receipt holds the answer's body.
+    /// the connection's credentials, `body` as JSON (of `content_type`, else
+    /// `application/json`); the receipt holds the answer's body.
     fn ask<'a>(
         &'a self,
         method: reqwest::Method,
         path: &'a str,
         body: Option<&'a serde_json::Value>,
+        content_type: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Receipt, WriteError>>;
 
     /// Reads a file the target named at `url` (a job's errors file, at an origin its rule

@@ -206,6 +206,7 @@ impl JobCalls for HttpJsonWriter {
         method: reqwest::Method,
         path: &'a str,
         body: Option<&'a serde_json::Value>,
+        content_type: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Receipt, WriteError>> {
         async move {
             // A link the target gave (a next page) may be absolute: it is followed only at
@@ -237,7 +238,10 @@ impl JobCalls for HttpJsonWriter {
                 let request = self.endpoint.client.request(method.clone(), url);
                 let request = match &body {
                     Some(b) => request
-                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .header(
+                            reqwest::header::CONTENT_TYPE,
+                            content_type.unwrap_or("application/json"),
+                        )
                         .body(b.clone()),
                     None => request,
                 };

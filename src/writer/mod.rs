@@ -25,6 +25,7 @@ pub mod answer;
 pub mod auth;
 pub mod contract;
 pub mod endpoint;
+pub mod erase;
 pub mod filters;
 pub mod group;
 pub mod http;

@@ -11,7 +11,7 @@
 use crate::common::*;
 use chrono::{Duration as Span, Utc};
 use courier::{
-    chain::claim::{ClaimScope, claim},
+    chain::claim::{self, ClaimScope},
     enqueue::{self, NewDelivery},
     ledger::{self, Entry, Outcome},
     ops,
@@ -139,7 +139,7 @@ async fn the_claim_reads_one_row_per_claimed_row_on_a_fresh_table() {
     let scope = next_batch(&db.pool, connection_id, rule_id).await;
     let mut tx = db.pool.begin().await.unwrap();
     let before = rows_read(&mut tx).await;
-    let claimed = claim(&mut *tx, scope, now).await.unwrap();
+    let claimed = claim::read(&mut *tx, scope, now).await.unwrap();
     let read = rows_read(&mut tx).await - before;
     assert_eq!(claimed.len(), BATCH as usize);
     // Deciding "superseded" per claimed row, the claim walked every pending delivery of
@@ -166,7 +166,7 @@ async fn recording_a_batch_reads_a_few_rows_per_outcome_on_a_fresh_table() {
 
     let scope = next_batch(&db.pool, connection_id, rule_id).await;
     let mut tx = db.pool.begin().await.unwrap();
-    let claimed = claim(&mut *tx, scope, now).await.unwrap();
+    let claimed = claim::read(&mut *tx, scope, now).await.unwrap();
     let entries: Vec<Entry> = claimed
         .iter()
         .map(|d| Entry {

@@ -6,6 +6,7 @@ mod common;
 
 mod bulk;
 mod engine;
+mod erasure;
 mod fresh_table;
 mod hostile;
 mod jobs;

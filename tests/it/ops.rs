@@ -113,7 +113,7 @@ async fn a_run_under_way_stops_at_its_next_batch_and_keeps_its_backlog() {
         after_id: 0,
         limit: 10,
     };
-    let claimed = courier::chain::claim::claim(&db.pool, scope, engine.clock.now())
+    let claimed = courier::chain::claim::claim(&engine, scope, engine.clock.now())
         .await
         .unwrap();
     assert!(claimed.is_empty(), "nothing claimed while paused");

@@ -154,8 +154,8 @@ async fn a_waking_job_meeting_a_longer_block_ends_its_run_throttled() {
     let cause = courier::ratelimit::blocks::Cause {
         budget_key: &key,
         connection_id: conn,
-        rule_id: rule,
-        run_id: run,
+        rule_id: Some(rule),
+        run_id: Some(run),
     };
     let until = courier::ratelimit::blocks::block(
         &db.pool,

@@ -11,6 +11,7 @@ use cmd::{
     Ctx,
     catalog::{ApplyArgs, ConnectionCmd, PresetCmd, RuleCmd},
     deliveries::{EnqueueArgs, HistoryArgs, RetryArgs, StatusArgs},
+    erase::EraseArgs,
     target::TargetArgs,
     worker::{DbCmd, DemoArgs},
 };
@@ -57,6 +58,10 @@ enum Command {
     History(HistoryArgs),
     /// Show connections, rules and recent runs.
     Status(StatusArgs),
+    /// Forget a person in every target and in courier (GDPR art. 17): prints the erasure's
+    /// id and what each connection's target will be told; `--lift` lets deliveries naming
+    /// a person erased before go out again.
+    Erase(EraseArgs),
     /// Run the end-to-end demo on a fresh `courier_demo` database with a local User.com target.
     Demo(DemoArgs),
     /// Run the local User.com-like HTTP target until Ctrl-C.
@@ -149,6 +154,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Command::Retry(a) => cmd::deliveries::retry(&ctx, a).await,
         Command::History(a) => cmd::deliveries::history(&ctx, a).await,
         Command::Status(a) => cmd::deliveries::status(&ctx, a).await,
+        Command::Erase(a) => cmd::erase::erase(&ctx, a).await,
         Command::Demo(a) => cmd::worker::demo(ctx, a).await,
         Command::Target(a) => cmd::target::run(a).await,
     }

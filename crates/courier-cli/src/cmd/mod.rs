@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod deliveries;
+pub mod erase;
 pub mod target;
 pub mod worker;
 

@@ -224,6 +224,15 @@ async fn every_documented_example_runs_as_written() {
                 .unwrap();
                 assert!(!paused, "{at}: the block ends with both resumed");
             }
+            "sh" if first.starts_with("courier erase") => {
+                // On the SQL catalog: the erasure's id, and what each connection's target
+                // will be told.
+                for command in commands(&block.text) {
+                    let out = run_courier(&sql_db.url, &command, None);
+                    assert!(out.starts_with("erasure "), "{at}: {out}");
+                    assert!(out.contains("shop-crm"), "{at}: {out}");
+                }
+            }
             "sh" if first.starts_with("courier target") => {
                 target_answers(&commands(&block.text)).await;
             }
@@ -242,6 +251,12 @@ async fn every_documented_example_runs_as_written() {
                 let e: courier_target::emulation::Emulation =
                     serde_json::from_str(&block.text).unwrap_or_else(|e| panic!("{at}: {e}"));
                 assert!(!e.endpoints.is_empty() || !e.jobs.is_empty(), "{at}");
+            }
+            "json" if first.starts_with("{\"identity\"") => {
+                // A connection's erase operation, as the catalog reads it.
+                let v: serde_json::Value = serde_json::from_str(&block.text).unwrap();
+                courier::writer::erase::EraseShape::parse(&v)
+                    .unwrap_or_else(|e| panic!("{at}: {e}"));
             }
             "json" if first.starts_with("{\"id\"") => {
                 // A rule's `job`, as the catalog reads it.

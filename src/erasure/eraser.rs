@@ -1,0 +1,349 @@
+//! The eraser: passes in every worker process (run by the poller's loop, woken by
+//! `courier_erasures` and when a part falls due) that carry erasures out. Each pass hashes
+//! the identities of erasures just asked ([`store::hash_open`]), marks their deliveries and
+//! suppresses the pending ones ([`store::sweep`]), tells each connection's target whose
+//! turn has come, and closes (purges) the erasures every target has answered
+//! ([`store::close`]). A connection's part is leased to one process; it waits while
+//! something may still carry the person there ([`store::in_flight`]) or the connection's
+//! circuit is open, then its erase is a paced call like any other ([`paced::call`]: a slot
+//! of the connection's budget, or of the erase endpoint's own limits, its 429 blocking the
+//! budget and spending no attempt, the breaker told). No transaction is open while the
+//! target is called. Nothing here logs a person's identities.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+
+use super::store::{self, Due, Step};
+use crate::{
+    breaker, catalog,
+    engine::Engine,
+    model::Connection,
+    paced::{self, Heard},
+    ratelimit::{blocks, limits::Limit},
+    writer::{
+        WriteError, Writer, Written,
+        contract::no_jobs,
+        erase::{EraseShape, Said},
+        secrets::cut,
+    },
+};
+
+/// The channel an erasure is announced on (`courier_erase`).
+pub const WAKE_CHANNEL: &str = "courier_erasures";
+/// Connections' parts one pass leases at most.
+const PER_PASS: i64 = 20;
+/// Erasures one pass closes at most.
+const CLOSE_PER_PASS: i64 = 100;
+/// How long a lease lasts: longer than a lookup and an erase take.
+const LEASE: chrono::Duration = chrono::Duration::minutes(2);
+/// How soon a part waiting for something in flight looks again.
+const WAIT: chrono::Duration = chrono::Duration::seconds(5);
+/// Attempts an erase may spend on failures worth retrying (5xx, timeouts) before it is
+/// reported failed; a 429 spends none.
+pub const MAX_ATTEMPTS: i32 = 10;
+
+/// The eraser of one process.
+pub struct Eraser {
+    engine: Arc<Engine>,
+}
+
+impl Eraser {
+    /// An eraser over `engine`.
+    pub fn new(engine: &Arc<Engine>) -> Self {
+        Self {
+            engine: engine.clone(),
+        }
+    }
+
+    /// One pass: hashes and sweeps new erasures, tells the targets whose turn has come,
+    /// closes the erasures every target answered. Returns whether more parts are due than
+    /// one pass leases (the next pass should follow at once).
+    pub async fn run_once(&self) -> Result<bool, sqlx::Error> {
+        let e = &self.engine;
+        let Some(key) = e.settings.erasure_key.as_ref() else {
+            return Ok(false); // nothing can be carried out without the key
+        };
+        store::hash_open(&e.pool, key).await?;
+        let mut db = e.pool.acquire().await?;
+        store::sweep(&mut db, None, e.clock.now()).await?;
+        drop(db);
+        let now = e.clock.now();
+        let due = store::lease_due(&e.pool, &e.worker_name, (now, now + LEASE), PER_PASS).await?;
+        let n = due.len();
+        for part in due {
+            let step = self.tell(&part).await?;
+            if let Step::Answered { outcome, .. } = &step {
+                e.metrics.erasure_answered(outcome);
+            }
+            store::record(&e.pool, part.id, &e.worker_name, &step, e.clock.now()).await?;
+        }
+        let closed = store::close(&e.pool, CLOSE_PER_PASS, e.clock.now()).await?;
+        if !closed.is_empty() {
+            tracing::info!(erasures = ?closed, "erasures closed: every target answered, courier's copies purged");
+        }
+        Ok(n as i64 >= PER_PASS)
+    }
+
+    /// When the next part falls due, if any (an error is logged as a failed pass).
+    pub async fn next_due(&self) -> Option<DateTime<Utc>> {
+        if self.engine.settings.erasure_key.is_none() {
+            return None;
+        }
+        store::next_due(&self.engine.pool).await.unwrap_or_else(|e| {
+            crate::maintenance::failed(&self.engine.health, "eraser's next-due", &e);
+            None
+        })
+    }
+
+    /// Tells one connection's target to erase the person, once nothing is in flight there.
+    async fn tell(&self, part: &Due) -> Result<Step, sqlx::Error> {
+        let e = &self.engine;
+        let now = e.clock.now();
+        let answered = |outcome: &'static str, error: String| Step::Answered {
+            outcome,
+            http_status: None,
+            error: Some(error),
+        };
+        let Some(connection_id) = part.connection_id else {
+            return Ok(answered("no_operation", "the connection was deleted".into()));
+        };
+        let Some(connection) = catalog::connection(&e.pool, connection_id).await? else {
+            return Ok(answered("no_operation", "the connection was deleted".into()));
+        };
+        let stated = sqlx::query_scalar!("SELECT erase FROM connections WHERE id = $1", connection_id)
+            .fetch_one(&e.pool)
+            .await?;
+        let Some(stated) = stated else {
+            return Ok(answered(
+                "no_operation",
+                "the connection states no erase operation (since removed): its target was \
+                 not told"
+                    .into(),
+            ));
+        };
+        let shape = match EraseShape::parse(&stated) {
+            Ok(shape) => shape,
+            Err(err) => return Ok(answered("failed", err.reason)),
+        };
+        // The call names the person by the one identity it uses (with what a lookup found).
+        let Some((kind, value)) = shape.identity_of(&part.person) else {
+            return Ok(answered(
+                "no_identity",
+                format!(
+                    "the connection's erase names a person by {}, and the erasure gives none",
+                    shape.identity.join(" or ")
+                ),
+            ));
+        };
+        let mut person = serde_json::json!({ kind: value });
+        if let Some(what) = store::in_flight(&e.pool, part).await? {
+            return Ok(Step::Again {
+                at: now + WAIT,
+                spent: false,
+                why: format!("waiting for {what}"),
+            });
+        }
+        let (_, admits) = breaker::for_run(&e.pool, connection_id, 0, now).await?;
+        if !admits {
+            return Ok(Step::Again {
+                at: now + WAIT,
+                spent: false,
+                why: "waiting for the connection's circuit to close".into(),
+            });
+        }
+        let writer = match e.writer(&connection) {
+            Ok(w) => w,
+            Err(err) => return Ok(self.failed(part, err.to_string(), None)),
+        };
+        let call = Erase {
+            engine: e,
+            connection: &connection,
+            shape: &shape,
+            writer: writer.as_ref(),
+        };
+        if let Some(lookup) = &shape.lookup {
+            let path = match shape.lookup_path(lookup, &person) {
+                Ok(p) => p,
+                Err(why) => return Ok(answered("failed", why)),
+            };
+            let found = match call.send(reqwest::Method::GET, &path, None).await? {
+                Ok(written) => written.receipt.body.json().and_then(|b| {
+                    let v = b.pointer(&lookup.found)?;
+                    v.as_str().map(str::to_owned).or_else(|| v.as_i64().map(|n| n.to_string()))
+                }),
+                Err(err) => return Ok(self.unanswered(part, err)),
+            };
+            match found {
+                Some(id) => person["found"] = id.into(),
+                None => {
+                    return Ok(Step::Answered {
+                        outcome: "unknown",
+                        http_status: None,
+                        error: Some("the target's lookup found nobody".into()),
+                    });
+                }
+            }
+        }
+        let (path, body) = match (shape.path_for(&person), shape.body_for(&person)) {
+            (Ok(path), Ok(body)) => (path, body),
+            (Err(why), _) | (_, Err(why)) => return Ok(answered("failed", why)),
+        };
+        Ok(match call.send(shape.method.clone(), &path, body.as_ref()).await? {
+            Ok(written) => {
+                let status = written.receipt.http_status.unwrap_or(200);
+                match shape.said(status) {
+                    Some(said) => Step::Answered {
+                        outcome: said.as_str(),
+                        http_status: Some(status),
+                        error: None,
+                    },
+                    None => Step::Answered {
+                        outcome: "failed",
+                        http_status: Some(status),
+                        error: Some(format!("the target answered {status}")),
+                    },
+                }
+            }
+            Err(WriteError::Permanent {
+                status: Some(status),
+                message,
+            }) => match shape.said(status) {
+                Some(said) => Step::Answered {
+                    outcome: said.as_str(),
+                    http_status: Some(status),
+                    error: (said == Said::Unknown).then(|| cut(message)),
+                },
+                None => Step::Answered {
+                    outcome: "failed",
+                    http_status: Some(status),
+                    error: Some(cut(message)),
+                },
+            },
+            Err(err) => self.unanswered(part, err),
+        })
+    }
+
+    /// A call the target did not answer for good: tried again (a 429 spends no attempt),
+    /// or failed.
+    fn unanswered(&self, part: &Due, err: WriteError) -> Step {
+        let now = self.engine.clock.now();
+        match err {
+            WriteError::RateLimited { wait, .. } => Step::Again {
+                at: now
+                    + wait
+                        .and_then(|w| chrono::Duration::from_std(w).ok())
+                        .unwrap_or(chrono::Duration::seconds(1)),
+                spent: false,
+                why: "rate limited (429): the budget is blocked for the wait".into(),
+            },
+            WriteError::Permanent { status, message } => Step::Answered {
+                outcome: "failed",
+                http_status: status,
+                error: Some(cut(message)),
+            },
+            other => {
+                let status = match &other {
+                    WriteError::Transient { status, .. } => *status,
+                    WriteError::Unaccounted { status, .. } => Some(*status),
+                    _ => None,
+                };
+                self.failed(part, cut(other.to_string()), status)
+            }
+        }
+    }
+
+    /// A failure worth retrying: again after a backoff, or failed on the last attempt.
+    fn failed(&self, part: &Due, why: String, status: Option<u16>) -> Step {
+        if part.attempts + 1 >= MAX_ATTEMPTS {
+            return Step::Answered {
+                outcome: "failed",
+                http_status: status,
+                error: Some(format!("{why} (after {MAX_ATTEMPTS} attempts)")),
+            };
+        }
+        let backoff = 2_i64.saturating_pow(part.attempts.clamp(0, 12) as u32).min(3600);
+        Step::Again {
+            at: self.engine.clock.now() + chrono::Duration::seconds(backoff),
+            spent: true,
+            why,
+        }
+    }
+}
+
+/// One connection's erase calls.
+struct Erase<'a> {
+    engine: &'a Engine,
+    connection: &'a Connection,
+    shape: &'a EraseShape,
+    writer: &'a dyn Writer,
+}
+
+impl Erase<'_> {
+    /// The budget an erase spends from: the endpoint's own where it states limits, else
+    /// the connection's.
+    fn budget(&self) -> (String, Vec<Limit>) {
+        match &self.shape.limits {
+            Some(limits) => (format!("{}:erase", self.connection.budget_key), limits.clone()),
+            None => (
+                self.connection.budget_key.clone(),
+                self.connection.declared_limits(),
+            ),
+        }
+    }
+
+    /// One paced call ([`paced::call`]) with the connection's credentials, its verdict
+    /// written as every call's is; the answer sealed.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Result<Written, WriteError>, sqlx::Error> {
+        let e = self.engine;
+        let Some(jobs) = self.writer.jobs() else {
+            return Ok(Err(no_jobs()));
+        };
+        let (key, limits) = self.budget();
+        let budget = paced::Budget {
+            key: &key,
+            limits: &limits,
+            reserve: self.connection.reserve(),
+            rule_id: 0,
+            weight: 1,
+        };
+        let send = || async {
+            let answer = jobs.ask(method.clone(), path, body, self.shape.content_type.as_deref()).await;
+            answer.map(|receipt| Written::all(receipt, 0))
+        };
+        let called = match paced::call(e, budget, self.writer, Some(&e.shutdown), send).await {
+            Ok(called) => called,
+            Err(err) => {
+                return Ok(Err(WriteError::Transient {
+                    status: None,
+                    message: format!("no request slot: {err:?}"),
+                }));
+            }
+        };
+        let mut heard = Heard::default();
+        heard.heard(&called.verdict, paced::reachable(&called.result));
+        if let Err(err) = &called.result {
+            heard.last_error = Some(err.to_string());
+        }
+        let cause = blocks::Cause {
+            budget_key: &key,
+            connection_id: self.connection.id,
+            rule_id: None,
+            run_id: None,
+        };
+        let at = e.clock.now();
+        let mut tx = e.pool.begin().await?;
+        let blocked = heard.write(&mut tx, e, &cause, at).await?;
+        tx.commit().await?;
+        if let Some(until) = blocked {
+            e.blocks.written(cause.budget_key, until);
+        }
+        Ok(called.result)
+    }
+}
