@@ -32,6 +32,100 @@ pub struct Emulation {
     /// ([`crate::operations`]).
     #[serde(default)]
     pub workspace: Option<WorkspaceApi>,
+    /// How the vendor erases a person, and finds the id it erases them by
+    /// ([`crate::erase`]): calls on the people its endpoints keep.
+    #[serde(default)]
+    pub erase: Vec<EraseCall>,
+}
+
+/// One call of a vendor's that erases people from a store its endpoints keep, or finds
+/// them there (a lookup of the id the vendor deletes by). Its templates are the batch
+/// sink's ([`crate::vendors`]), the call's people as its records: `{{count}}` how many it
+/// removed or found, `$each: accepted` each of them (`{{item/...}}` the record kept for
+/// them, `{{contact_id}}` the id the target gave them).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EraseCall {
+    /// Where the vendor describes the call: its spec's operation or its reference page.
+    pub source: String,
+    /// Its method.
+    pub method: String,
+    /// Its path: segments, `*` one, `**` any number, `{name}` one naming the person
+    /// (percent-decoded).
+    pub path: String,
+    /// Where a call's erasures are, when it carries several (a JSON pointer to a list; each
+    /// item names one person); absent: the body is the one.
+    #[serde(default)]
+    pub records: Option<String>,
+    /// Fields every erasure must hold (pointer into it → value) for the call to be this
+    /// one: a vendor that erases through the endpoint it upserts through (an item's
+    /// `action`); a call that does not hold them goes to the endpoint.
+    #[serde(default)]
+    pub when: Map<String, Value>,
+    /// The store of the people it erases (an endpoint's `contacts.store`).
+    pub store: String,
+    /// How a call names a person: the first of these the call holds.
+    pub names: Vec<Name>,
+    /// What it does with the people it names.
+    #[serde(default)]
+    pub action: EraseAction,
+    /// Whether the vendor remembers the people it erased and refuses to take them again
+    /// (where an endpoint's `contacts.forgotten` says how).
+    #[serde(default)]
+    pub forget: bool,
+    /// Its answer when it removed or found someone.
+    pub ok: Answer,
+    /// Its answer when it knew nobody the call names (default: `ok`).
+    #[serde(default)]
+    pub unknown: Option<Answer>,
+    /// Its own limits, each `N/s`, `N/min` or `N/h`, every one must admit a call (fixed
+    /// windows, a 429 with `Retry-After` in whole seconds when spent).
+    #[serde(default)]
+    pub limits: Option<CallLimits>,
+}
+
+/// Where a call names a person, and what of the people kept it is matched against.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Name {
+    /// Where the call holds it: `{name}` (the path's segment), `?<parameter>` (a query
+    /// parameter, form-decoded), or a JSON pointer into the erasure (a string, or a list of
+    /// strings each naming one person).
+    pub from: String,
+    /// The text it stands in, `{}` for the name (a query language's statement:
+    /// `SELECT Id FROM Contact WHERE Email = '{}'`); absent: the whole value.
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// What it names a kept person by: `key` (the store's key), `id` (the id the target
+    /// gave them, written as `id`), or a JSON pointer into the record kept for them;
+    /// matched whatever its case.
+    pub matches: String,
+    /// For `matches: id`: how the vendor writes the id (`003{{contact_id}}`); default
+    /// `{{contact_id}}`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// A hash the call names the person by, of the matched value in lower case.
+    #[serde(default)]
+    pub hash: Option<NameHash>,
+}
+
+/// A hash of a person's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameHash {
+    /// MD5, in lower-case hex.
+    Md5,
+}
+
+/// What an erase call does with the people it names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EraseAction {
+    /// Removes them from the store.
+    #[default]
+    Remove,
+    /// Finds them, removing nothing (a lookup).
+    Find,
 }
 
 /// What a workspace serves under its prefix: its stores, its logs and the operations on
@@ -251,6 +345,12 @@ pub enum Action {
         /// The field holding the value.
         value: String,
     },
+    /// Removes the record of the path's `{key}` from a store (check `exists` first to
+    /// answer a key it does not have).
+    Delete {
+        /// The store.
+        store: String,
+    },
     /// Appends the body to a log, with `add` fields (templates, `{{key}}` the path's).
     Append {
         /// The log.
@@ -365,6 +465,20 @@ pub struct Contacts {
     /// Its answer to a known person without the update flag.
     #[serde(default)]
     pub duplicate: Option<Answer>,
+    /// What it does with a person the vendor erased for good ([`EraseCall::forget`]);
+    /// absent: takes them again, as anyone new.
+    #[serde(default)]
+    pub forgotten: Option<Forgotten>,
+}
+
+/// How an endpoint refuses a person its vendor erased for good.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Forgotten {
+    /// The whole call answered so (an endpoint of one record).
+    Call(Answer),
+    /// Their record refused, as an invalid one (a batch).
+    Record,
 }
 
 /// What an endpoint does with a person its target does not have yet.

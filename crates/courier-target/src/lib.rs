@@ -43,8 +43,11 @@
 //! - [`emulation`]: the emulation files' format (data), parsed once.
 //! - [`vendors`]: the batch sink, answering as the emulation files say.
 //! - [`jobs`]: asynchronous bulk jobs, run as the emulation files' `jobs` say.
+//! - [`erase`]: a vendor's erasure of a person (and the lookup of the id it erases by),
+//!   done on the people its endpoints keep, as the emulation files' `erase` say.
 
 pub mod emulation;
+pub mod erase;
 pub mod faults;
 pub mod jobs;
 pub mod limiter;
@@ -228,6 +231,8 @@ pub struct TargetState {
     job_polls: AtomicU64,
     /// The people the vendors' emulated endpoints keep ([`vendors::ContactBook`]).
     contacts: Mutex<vendors::ContactBook>,
+    /// The limiters of the erase calls that state limits of their own ([`erase`]).
+    erase_limiters: Mutex<erase::EraseLimiters>,
 }
 
 /// The parts of the state changed together.
@@ -344,6 +349,7 @@ impl Target {
             ),
             job_polls: AtomicU64::new(0),
             contacts: Mutex::new(vendors::ContactBook::default()),
+            erase_limiters: Mutex::new(erase::EraseLimiters::default()),
         });
         let app = Router::new()
             .fallback(server::handle)

@@ -331,6 +331,15 @@ fn act(call: &Call<'_>, data: &mut WorkspaceData) -> Reply {
             attribute,
             value,
         } => set_many(call, data, store, (ids, *by), (attribute, value)),
+        Action::Delete { store } => {
+            let key = call.key.clone().unwrap_or_default();
+            if let Some(records) = data.stores.get_mut(store) {
+                records.remove(&key);
+            }
+            let v = vars([("key", key.into())]);
+            let accepted = text(&op.accepted, &v);
+            (v, vec![accepted])
+        }
         Action::Append { log, add, merge } => append(call, data, log, add, merge.as_ref()),
     };
     Reply {
@@ -585,7 +594,9 @@ mod tests {
                     }
                 }
                 match &op.action {
-                    Action::Upsert { store: s, .. } | Action::SetMany { store: s, .. } => store(s),
+                    Action::Upsert { store: s, .. }
+                    | Action::SetMany { store: s, .. }
+                    | Action::Delete { store: s } => store(s),
                     Action::Append { log, merge, .. } => {
                         assert!(api.logs.contains(log), "log {log}");
                         merge.iter().for_each(|(s, _)| store(s));

@@ -322,6 +322,7 @@ pub(crate) async fn handle(
                 api: &api,
                 headers: &headers,
                 body: parsed.as_ref(),
+                empty: body.is_empty(),
                 arrived,
             };
             workspace_call(&s, &name, call)
@@ -343,10 +344,49 @@ fn outside_workspaces(
     if let Some(answer) = jobs::answer(s, r) {
         return answer;
     }
+    if let Some(answer) = erase_call(s, r, parsed) {
+        return answer;
+    }
     match parsed.and_then(|b| sink(s, r.path, b, r.headers)) {
         Some(batch) => batch.answer(s, r.arrived),
         None => generic(s, r.headers, parsed.is_some(), r.arrived),
     }
+}
+
+/// The answer to an emulated erase call ([`erase`]), or `None` when `r` is none: the
+/// people it names removed from (or found in) the target's book, under its lock.
+fn erase_call(
+    s: &TargetState,
+    r: &jobs::Request<'_>,
+    parsed: Option<&serde_json::Value>,
+) -> Option<Response> {
+    let call = erase::EraseRequest {
+        method: r.method.as_str(),
+        path: r.path,
+        query: r.query,
+        body: parsed,
+    };
+    let reply = {
+        let mut book = lock(&s.contacts);
+        let mut limiters = lock(&s.erase_limiters);
+        erase::answer(&mut book, &mut limiters, &call, Instant::now())?
+    };
+    Some(match reply {
+        erase::EraseReply::Throttled(wait) => {
+            lock(&s.inner).throttled += 1;
+            throttled_response(wait, RetryAfterMode::Seconds)
+        }
+        erase::EraseReply::Answer(status, body) => maybe_empty(status, body),
+    })
+}
+
+/// An answer of `status` with `body`, none when it is null.
+fn maybe_empty(status: u16, body: serde_json::Value) -> Response {
+    if body.is_null() {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::NO_CONTENT);
+        return status.into_response();
+    }
+    json_reply(status, body)
 }
 
 /// The batch sink's answer to a call on `path`, the people it wrote kept in the target's
@@ -432,6 +472,8 @@ struct WorkspaceCall<'a> {
     headers: &'a HeaderMap,
     /// The body, when it is JSON.
     body: Option<&'a serde_json::Value>,
+    /// Whether it came without a body (a `DELETE`): its operation sees a null one.
+    empty: bool,
     arrived: Instant,
 }
 
@@ -473,12 +515,12 @@ fn workspace_call(s: &TargetState, name: &str, call: WorkspaceCall<'_>) -> Respo
             *w.counters.accepted.entry(key.clone()).or_default() += 1;
         }
         batch.answer(s, call.arrived)
-    } else if let Some(body) = call.body {
+    } else if let Some(body) = call.body.or(call.empty.then_some(&serde_json::Value::Null)) {
         let reply = w.apply(call.method.as_str(), call.api, body);
         for key in &reply.accepted {
             accept(s, key, call.arrived);
         }
-        json_reply(reply.status, reply.body)
+        maybe_empty(reply.status, reply.body)
     } else {
         let reply = w.not_json();
         json_reply(reply.status, reply.body)

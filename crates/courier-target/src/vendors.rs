@@ -19,9 +19,9 @@
 use axum::http::HeaderMap;
 use serde_json::Value;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::emulation::{Accepts, Answer, Contacts, Endpoint, Unknown, emulations};
+use crate::emulation::{Accepts, Answer, Contacts, Endpoint, Forgotten, Unknown, emulations};
 
 /// Whether `path`'s segments match `pattern`'s (`*` one segment, `**` any number).
 pub fn path_matches(pattern: &str, path: &str) -> bool {
@@ -71,14 +71,24 @@ fn call_items<'b>(endpoint: &Endpoint, body: &'b Value) -> Option<&'b [Value]> {
 }
 
 /// The people the target keeps, by store (one per vendor), each by key (lower case): the
-/// last record written for them and the id the target gave them.
+/// last record written for them and the id the target gave them; and those a vendor erased
+/// for good.
 #[derive(Clone, Debug, Default)]
-pub struct ContactBook(BTreeMap<String, BTreeMap<String, (u64, Value)>>);
+pub struct ContactBook {
+    /// Each store's people by key.
+    people: BTreeMap<String, BTreeMap<String, (u64, Value)>>,
+    /// The last id each store gave, so that an id is never given twice (an erased
+    /// person's id is not someone else's later).
+    last_id: BTreeMap<String, u64>,
+    /// Each store's people erased for good, by key: an endpoint that refuses them again
+    /// ([`Contacts::forgotten`]) reads it.
+    forgotten: BTreeMap<String, BTreeSet<String>>,
+}
 
 impl ContactBook {
     /// The id of the person `key` names in `store`, if the target has them.
     fn id(&self, store: &str, key: &str) -> Option<u64> {
-        self.0
+        self.people
             .get(store)?
             .get(&key.to_lowercase())
             .map(|(id, _)| *id)
@@ -86,18 +96,54 @@ impl ContactBook {
 
     /// Keeps `item` for the person `key` names in `store`, under their id.
     pub fn put(&mut self, store: &str, key: &str, item: Value) {
-        let people = self.0.entry(store.to_owned()).or_default();
-        let next = people.len() as u64 + 1;
+        let next = self.next_id(store);
+        let people = self.people.entry(store.to_owned()).or_default();
         let id = people.get(&key.to_lowercase()).map_or(next, |(id, _)| *id);
+        if id == next {
+            self.last_id.insert(store.to_owned(), next);
+        }
         people.insert(key.to_lowercase(), (id, item));
+    }
+
+    /// The id the next person new to `store` gets.
+    fn next_id(&self, store: &str) -> u64 {
+        self.last_id.get(store).copied().unwrap_or(0) + 1
     }
 
     /// The people of `store`: each key (lower case) and the last record written for them.
     pub fn people(&self, store: &str) -> BTreeMap<String, Value> {
-        self.0
+        self.people
             .get(store)
             .map(|p| p.iter().map(|(k, (_, v))| (k.clone(), v.clone())).collect())
             .unwrap_or_default()
+    }
+
+    /// The people of `store`, each as its key (lower case), id and record.
+    pub(crate) fn entries(&self, store: &str) -> impl Iterator<Item = (&str, u64, &Value)> {
+        self.people
+            .get(store)
+            .into_iter()
+            .flatten()
+            .map(|(k, (id, v))| (k.as_str(), *id, v))
+    }
+
+    /// Removes the person of `key` (lower case) from `store`, remembering them as erased
+    /// for good when `forget`.
+    pub(crate) fn remove(&mut self, store: &str, key: &str, forget: bool) {
+        if let Some(people) = self.people.get_mut(store) {
+            people.remove(key);
+        }
+        if forget {
+            let forgotten = self.forgotten.entry(store.to_owned()).or_default();
+            forgotten.insert(key.to_owned());
+        }
+    }
+
+    /// Whether the vendor erased the person `key` names from `store` for good.
+    pub fn is_forgotten(&self, store: &str, key: &str) -> bool {
+        self.forgotten
+            .get(store)
+            .is_some_and(|f| f.contains(&key.to_lowercase()))
     }
 }
 
@@ -176,6 +222,23 @@ pub fn batch_sink(
                 .unwrap_or_else(|| Value::from(j.to_string()))
         })
         .collect();
+    // A person the vendor erased for good: the call refused, or their record.
+    let forgotten: Vec<usize> = people
+        .filter(|c| c.forgotten.is_some())
+        .map(|c| {
+            (0..items.len())
+                .filter(|&j| person(j).is_some_and(|k| book.is_forgotten(&c.store, k)))
+                .collect()
+        })
+        .unwrap_or_default();
+    match (people.and_then(|c| c.forgotten.as_ref()), forgotten.first()) {
+        (Some(Forgotten::Call(a)), Some(&j)) => {
+            let body = a.body.as_ref().map_or(Value::Null, |t| b.fill(t, Some(j)));
+            return Some(BatchReply::refusal(a.status, body));
+        }
+        (Some(Forgotten::Record), _) => forgotten.iter().for_each(|&j| b.invalid[j] = true),
+        _ => {}
+    }
     if let Some(refused) = people.and_then(|c| refused_people(c, body, &b, &known)) {
         return Some(refused);
     }
@@ -196,12 +259,11 @@ pub fn batch_sink(
             .filter_map(|j| Some((c.store.clone(), person(j)?.to_owned(), items[j].clone())))
             .collect()
     });
+    // An endpoint of one record (`records: ""`) fills its answer from that record.
+    let one = (endpoint.records.as_deref() == Some("")).then_some(0);
     Some(BatchReply {
         status: answer.status,
-        body: answer
-            .body
-            .as_ref()
-            .map_or(Value::Null, |t| b.fill(t, None)),
+        body: answer.body.as_ref().map_or(Value::Null, |t| b.fill(t, one)),
         accepted: (0..items.len())
             .filter(|&j| accepts(j))
             .map(|j| b.keys[j].clone())
@@ -289,7 +351,7 @@ fn people_ids(book: &ContactBook, c: Option<&Contacts>, known: &[Option<u64>]) -
     let Some(c) = c else {
         return Vec::new();
     };
-    let mut next = book.people(&c.store).len() as u64;
+    let mut next = book.next_id(&c.store) - 1;
     known
         .iter()
         .map(|k| match k {
@@ -471,8 +533,9 @@ impl Batch<'_> {
             ("item", Some(j)) => self.items[j].clone(),
             ("contact_id", Some(j)) => self.people.get(j).map_or(Value::Null, |p| p.0.into()),
             ("new", Some(j)) => self.people.get(j).map_or(Value::Null, |p| p.1.into()),
-            ("created_count", _) => self.people.iter().filter(|p| p.1).count().into(),
-            ("updated_count", _) => self.people.iter().filter(|p| !p.1).count().into(),
+            // A refused record creates and updates nobody.
+            ("created_count", _) => self.people_counted(true).into(),
+            ("updated_count", _) => self.people_counted(false).into(),
             ("trace", Some(j)) => self.trace[j].clone(),
             (field, Some(j)) if field.starts_with("item/") => self.items[j]
                 .pointer(&field["item".len()..])
@@ -486,6 +549,15 @@ impl Batch<'_> {
 }
 
 impl Batch<'_> {
+    /// How many accepted records create a person (`new`), or update one.
+    fn people_counted(&self, new: bool) -> usize {
+        let accepted = |i: &usize| !self.invalid.get(*i).copied().unwrap_or(false);
+        (0..self.people.len())
+            .filter(accepted)
+            .filter(|&i| self.people[i].1 == new)
+            .count()
+    }
+
     /// Placeholder `name` from [`Batch::vars`]: a var, or a pointer into one.
     fn var(&self, name: &str) -> Option<Value> {
         let (var, pointer) = name.split_once('/').map_or((name, ""), |(v, p)| (v, p));
@@ -547,6 +619,9 @@ mod tests {
             );
             let sources = sources.chain(e.rate_headers.iter().map(|r| &r.source));
             let sources = sources.chain(e.workspace.iter().map(|w| &w.source));
+            let sources = sources.chain(e.erase.iter().map(|c| &c.source));
+            let erase_limits = e.erase.iter().filter_map(|c| c.limits.as_ref());
+            let sources = sources.chain(erase_limits.map(|l| &l.source));
             let ops = e.workspace.iter().flat_map(|w| &w.operations);
             let sources = sources.chain(ops.map(|op| &op.source));
             for source in sources {
@@ -567,6 +642,7 @@ mod tests {
             refused: None,
             update_flag: None,
             duplicate: None,
+            forgotten: None,
         };
         let items = [json!({"email": "known@x"}), json!({"email": "new@x"})];
         let b = Batch::of(&items, &[false, false], Default::default(), None);
