@@ -14,6 +14,7 @@ use courier::{
     presets::PRESETS,
     worker::{self, Engine},
 };
+use courier::erasure::{self, ErasureKey, Person, eraser::Eraser};
 use courier_target::Target;
 use serde_json::json;
 
@@ -219,6 +220,93 @@ async fn every_presets_customer_rule_creates_a_new_customer_and_updates_a_known_
     }
     println!("{}", cells.join("\n"));
     assert_eq!(cells.len(), presets.len());
+}
+
+/// Every preset's erase operation, through a real worker's eraser into `courier target`,
+/// which answers as each vendor's reference says (`presets/<name>.target.json`, the
+/// `erase` calls, each naming its source): a customer courier delivered is gone from the
+/// target afterwards, and the connection's outcome is the one the vendor's answer means;
+/// a person the target never knew is answered as the vendor answers that. Prints, per
+/// preset, the calls the target read and the outcomes (the closing note's table).
+#[tokio::test]
+async fn every_presets_erase_forgets_a_delivered_customer_as_its_vendor_answers() {
+    preset_keys();
+    let mut cells = Vec::new();
+    let presets = emulated();
+    for preset in presets.iter().copied() {
+        let rule = preset.rules()[0].clone();
+        let db = TestDb::new().await;
+        let target = Target::start(0).await.unwrap();
+        let file = preset_rule(preset, &rule, &target.url());
+        apply::apply_file(&db.pool, &file.to_string(), Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("{}/{rule}: {e}", preset.name));
+        let email = "forget.me@example.com";
+        courier::enqueue::enqueue_many(
+            &db.pool,
+            &rule,
+            vec![NewDelivery::new("c:1", customer(preset.name, email))],
+        )
+        .await
+        .unwrap();
+        let engine = engine(&db.pool, erasing(&db.url));
+        drive(&engine).await;
+        let cell = preset.name;
+        assert!(target.contacts(preset.name).contains_key(email), "{cell}: delivered first");
+        let known = Person {
+            email: Some(email.into()),
+            external_id: Some(email.into()),
+            ..Default::default()
+        };
+        let stranger = Person {
+            email: Some("never.seen@example.com".into()),
+            external_id: Some("never.seen@example.com".into()),
+            ..Default::default()
+        };
+        let (mut outcomes, mut calls) = (Vec::new(), Vec::new());
+        for person in [known, stranger] {
+            let before = target.requests().len();
+            let id = erasure::request(&db.pool, &person, "a test").await.unwrap();
+            let eraser = Eraser::new(&engine);
+            for _ in 0..20 {
+                eraser.run_once().await.unwrap();
+                engine.clock.advance(chrono::Duration::seconds(6));
+            }
+            let (outcome, status): (String, Option<i16>) = sqlx::query_as(
+                "SELECT outcome, http_status FROM erasure_targets WHERE erasure_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            outcomes.push(format!("{outcome} ({})", status.map_or("-".into(), |s| s.to_string())));
+            let made: Vec<String> = target.requests()[before..]
+                .iter()
+                .map(|r| format!("{} {}", r.method, r.path))
+                .collect();
+            calls.push(made.join(", then "));
+        }
+        assert!(!target.contacts(preset.name).contains_key(email), "{cell}: still kept");
+        let expected = match preset.name {
+            "klaviyo" | "braze" => ["queued", "queued"],
+            "hubspot" | "customerio" => ["erased", "erased"],
+            _ => ["erased", "unknown"],
+        };
+        for (got, want) in outcomes.iter().zip(expected) {
+            assert!(got.starts_with(want), "{cell}: {outcomes:?}, calls {calls:?}");
+        }
+        cells.push(format!("| {cell} | {} | {} | {} |", calls[0], outcomes[0], outcomes[1]));
+    }
+    println!("{}", cells.join("\n"));
+    assert_eq!(cells.len(), presets.len());
+}
+
+/// Test settings with an erasure key.
+fn erasing(url: &str) -> courier::config::Settings {
+    courier::config::Settings {
+        erasure_key: Some(ErasureKey::new("a-key-for-the-preset-tests-only-0123456789").unwrap()),
+        ..settings(url)
+    }
 }
 
 /// Brevo's update-only batch: a contact Brevo does not know fails the whole call (404
