@@ -496,3 +496,48 @@ pub async fn erasures(
     }
     Ok(out)
 }
+
+/// Database-wide figures of erasures, for the metrics.
+#[derive(Debug, Default)]
+pub struct Figures {
+    /// Connections' parts by outcome (every outcome, none left out).
+    pub by_outcome: Vec<(String, i64)>,
+    /// Erasures open.
+    pub open: i64,
+    /// Seconds since the oldest open erasure was asked (0: none open).
+    pub oldest_open_seconds: f64,
+}
+
+/// Every outcome a connection's part may have.
+pub const OUTCOMES: [&str; 7] = [
+    "pending",
+    "erased",
+    "unknown",
+    "queued",
+    "no_operation",
+    "no_identity",
+    "failed",
+];
+
+/// The erasures' [`Figures`] at `now`, in one statement.
+pub async fn figures(db: impl PgExecutor<'_>, now: DateTime<Utc>) -> Result<Figures, sqlx::Error> {
+    let r = sqlx::query!(
+        r#"SELECT (SELECT COALESCE(jsonb_object_agg(outcome, n), '{}')
+                   FROM (SELECT outcome, count(*) AS n FROM erasure_targets GROUP BY outcome) o)
+                      AS "by_outcome!",
+                  (SELECT count(*) FROM erasures WHERE status = 'open') AS "open!",
+                  (SELECT min(asked_at) FROM erasures WHERE status = 'open') AS oldest"#
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(Figures {
+        by_outcome: OUTCOMES
+            .iter()
+            .map(|o| (o.to_string(), r.by_outcome[o].as_i64().unwrap_or(0)))
+            .collect(),
+        open: r.open,
+        oldest_open_seconds: r
+            .oldest
+            .map_or(0.0, |at| (now - at).num_milliseconds().max(0) as f64 / 1000.0),
+    })
+}

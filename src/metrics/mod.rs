@@ -207,6 +207,12 @@ impl Metrics {
             let _ = self.blocks_set.get_or_create(&label);
             let _ = self.pacer_wait.get_or_create(&label);
         }
+        // Every outcome a part of an erasure can end with ("pending" is not an end).
+        for outcome in crate::erasure::store::OUTCOMES.iter().skip(1) {
+            let _ = self.erasure_answers.get_or_create(&OutcomeLabel {
+                outcome: (*outcome).to_owned(),
+            });
+        }
     }
 
     /// `n` outcomes `outcome` recorded for `rule`.

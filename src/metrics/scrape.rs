@@ -65,6 +65,8 @@ pub struct Shared {
     pub rules: Vec<String>,
     /// Every connection's name.
     pub connections: Vec<String>,
+    /// The erasures' figures.
+    pub erasures: crate::erasure::store::Figures,
 }
 
 /// Reads [`Shared`] in one read-only transaction whose statements may run at most
@@ -102,8 +104,10 @@ pub async fn read_shared(pool: &PgPool, now: DateTime<Utc>) -> Result<Shared, sq
         .iter()
         .filter_map(|c| Some((c.name.clone(), circuits.remove(&c.id)?)))
         .collect();
+    let erasures = crate::erasure::store::figures(&mut *tx, now).await?;
     tx.commit().await?;
     Ok(Shared {
+        erasures,
         backlog,
         runs,
         budgets,
@@ -186,6 +190,7 @@ pub async fn render(
     register_runs(&mut gauges, &shared.runs);
     register_budgets(&mut gauges, &shared.budgets, now);
     register_circuits(&mut gauges, &shared.circuits);
+    register_erasures(&mut gauges, &shared.erasures);
     let mut out = String::new();
     text::encode_registry(&mut out, &metrics.registry)?;
     text::encode_registry(&mut out, &gauges)?;
@@ -232,6 +237,35 @@ fn register_rules(gauges: &mut Registry, shared: &Shared) {
         "workers_live",
         "Worker processes alive, by their beats",
         live,
+    );
+}
+
+/// The erasures: connections' parts by outcome, those open and the oldest's age (what an
+/// alert on the deadline reads).
+fn register_erasures(gauges: &mut Registry, figures: &crate::erasure::store::Figures) {
+    let by_outcome = Family::<OutcomeLabel, Gauge>::default();
+    for (outcome, n) in &figures.by_outcome {
+        by_outcome
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.clone(),
+            })
+            .set(*n);
+    }
+    gauges.register(
+        "erasure_targets",
+        "Connections' parts of erasures in the database, by outcome (pending, erased, unknown, queued, no_operation, no_identity, failed)",
+        by_outcome,
+    );
+    let open = Gauge::<i64>::default();
+    open.set(figures.open);
+    gauges.register("erasures_open", "Erasures not yet answered by every target", open);
+    let oldest = FloatGauge::default();
+    oldest.set(figures.oldest_open_seconds);
+    gauges.register_with_unit(
+        "erasure_oldest_open",
+        "Age of the oldest open erasure (0: none open)",
+        Unit::Seconds,
+        oldest,
     );
 }
 

@@ -1,5 +1,5 @@
 //! `courier status`: connections with their circuit, rules with their backlog and last run,
-//! the target's jobs in flight, the live worker processes with where each serves its
+//! the target's jobs in flight, the open erasures, the live worker processes with where each serves its
 //! metrics, and the most recent runs,
 //! as data (the command line renders it as tables for people,
 //! or as JSON for machines; the dashboard as HTML).
@@ -129,6 +129,9 @@ pub struct Report {
     pub jobs_ended: Vec<crate::jobs::JobLine>,
     /// Connections and rules left alone because they cannot be used, and why.
     pub problems: Vec<Problem>,
+    /// The open erasures, oldest first, with each connection's part (never a person's
+    /// identities).
+    pub erasures: Vec<crate::erasure::store::Erasure>,
 }
 
 /// A connection or rule that cannot be used: its last run failed for this reason, and the
@@ -185,6 +188,7 @@ pub async fn report_with(
         recent_runs: runs::recent(&mut *db, RECENT_RUNS).await?,
         jobs,
         problems: problems(db, &read, now).await?,
+        erasures: crate::erasure::store::erasures(&mut *db, None, now).await?,
     };
     tx.commit().await?;
     Ok(report)

@@ -171,6 +171,15 @@ pub fn status(report: &Report) -> String {
             .collect();
         out += &table(&ENDED_JOB_HEADERS, &rows);
     }
+    if !report.erasures.is_empty() {
+        out += "\nERASURES OPEN (each connection's target: told, or what it waits for)\n";
+        let rows: Vec<Vec<String>> = report
+            .erasures
+            .iter()
+            .map(|e| erasure_cells(e, time))
+            .collect();
+        out += &table(&ERASURE_HEADERS, &rows);
+    }
     out += "\nWORKERS (live)\n";
     out += &workers(&report.workers);
     out += "\nRECENT RUNS\n";
@@ -291,6 +300,35 @@ pub fn job_cells(j: &JobLine, time: fn(Option<DateTime<Utc>>) -> String) -> Vec<
         time(j.next_poll_at),
     ]
 }
+
+/// An open erasure's cells under [`ERASURE_HEADERS`]: each connection's part as `name:
+/// outcome`, with what a pending one waits for or met last.
+pub fn erasure_cells(
+    e: &courier::erasure::store::Erasure,
+    time: fn(Option<DateTime<Utc>>) -> String,
+) -> Vec<String> {
+    let parts: Vec<String> = e
+        .targets
+        .iter()
+        .map(|t| match (&t.waiting_for, &t.error) {
+            (Some(w), _) if t.outcome == "pending" => format!("{}: {} ({w})", t.connection, t.outcome),
+            (_, Some(err)) if t.outcome == "pending" => {
+                format!("{}: {} (attempt {}: {err})", t.connection, t.outcome, t.attempts)
+            }
+            _ => format!("{}: {}", t.connection, t.outcome),
+        })
+        .collect();
+    vec![
+        e.id.to_string(),
+        time(Some(e.asked_at)),
+        drain(Some(e.age_seconds)),
+        e.asked_by.clone(),
+        parts.join("; "),
+    ]
+}
+
+/// The headers of [`erasure_cells`].
+pub const ERASURE_HEADERS: [&str; 5] = ["erasure", "asked", "age", "asked by", "targets"];
 
 /// The headers of [`job_cells`].
 pub const JOB_HEADERS: [&str; 7] = [

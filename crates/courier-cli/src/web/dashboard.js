@@ -134,6 +134,7 @@
       s.jobs_in_flight.length === 0 ? el("p", "No job in flight.", "none") : laidOut(s.tables.jobs_in_flight),
       el("h3", "Ended lately"),
       s.jobs_ended.length === 0 ? el("p", "No job ended.", "none") : laidOut(s.tables.jobs_ended));
+    put("erasures", s.erasures.length === 0 ? el("p", "No erasure open.", "none") : laidOut(s.tables.erasures));
     put("runs", laidOut(s.tables.runs));
     document.getElementById("updated").textContent = "as of " + time(s.now);
     // Whether the page fits its window's width, nothing cut off at the right edge (read by

@@ -155,6 +155,14 @@ fn jobs(s: &DashboardState) -> String {
     out
 }
 
+/// The open erasures, or a line saying there is none.
+fn erasures(s: &DashboardState) -> String {
+    match s.erasures.is_empty() {
+        true => "<p class=\"none\">No erasure open.</p>".into(),
+        false => laid_out(&s.tables.erasures),
+    }
+}
+
 fn problems(s: &DashboardState) -> String {
     if s.problems.is_empty() {
         return String::new();
@@ -240,6 +248,7 @@ pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntr
 <section id="rules"><h2>Rules</h2><div class="body">{rules}</div></section>
 <section id="problems"><div class="body">{problems}</div></section>
 <section id="jobs"><h2>The target's jobs</h2><div class="body">{jobs}</div></section>
+<section id="erasures"><h2>Erasures open</h2><div class="body">{erasures}</div></section>
 <section id="runs"><h2>Recent runs</h2><div class="body">{runs}</div></section>
 <section id="history"><h2>History of a record</h2>
 <form id="history-form" method="get" action="/"><input id="history-key" name="key" size="32" placeholder="record key, e.g. customer:123" value="{key}"> <button type="submit">Show</button></form>
@@ -256,6 +265,7 @@ pub fn render(s: &DashboardState, key: Option<&str>, lines: Option<&[HistoryEntr
         rules = laid_out(&s.tables.rules),
         problems = problems(s),
         jobs = jobs(s),
+        erasures = erasures(s),
         runs = laid_out(&s.tables.runs),
         key = esc(key.unwrap_or("")),
     )

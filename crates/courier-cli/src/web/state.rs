@@ -68,6 +68,8 @@ pub struct Tables {
     pub jobs_in_flight: Table,
     /// The target's jobs that ended lately.
     pub jobs_ended: Table,
+    /// The open erasures.
+    pub erasures: Table,
     /// The most recent runs.
     pub runs: Table,
 }
@@ -95,6 +97,8 @@ pub struct DashboardState {
     pub jobs_in_flight: Vec<JobLine>,
     /// The target's jobs that ended lately.
     pub jobs_ended: Vec<JobLine>,
+    /// The open erasures.
+    pub erasures: Vec<courier::erasure::store::Erasure>,
     /// The tables, laid out.
     pub tables: Tables,
     /// Whether actions are enabled (a token is set).
@@ -138,6 +142,9 @@ pub async fn read_state(engine: &Engine) -> Result<DashboardState, sqlx::Error> 
         jobs_ended: Table::new(&tables::ENDED_JOB_HEADERS, &report.jobs_ended, |j| {
             tables::ended_job_cells(j, time)
         }),
+        erasures: Table::new(&tables::ERASURE_HEADERS, &report.erasures, |e| {
+            tables::erasure_cells(e, time)
+        }),
         runs: Table::new(&tables::RUN_HEADERS, &report.recent_runs, |r| {
             tables::run_cells(r, time)
         }),
@@ -153,6 +160,7 @@ pub async fn read_state(engine: &Engine) -> Result<DashboardState, sqlx::Error> 
         problems: report.problems,
         jobs_in_flight: report.jobs_in_flight,
         jobs_ended: report.jobs_ended,
+        erasures: report.erasures,
         tables,
         actions: engine.settings.http_token.is_some(),
     })

@@ -472,8 +472,24 @@ async fn the_dashboard_shows_every_budget_and_the_targets_jobs_in_a_real_browser
         async move { delivered(&pool).await == 340 }
     })
     .await;
+    // A person asked to be forgotten; this worker has no erasure key, so it stays open.
+    let person = courier::erasure::Person {
+        email: Some("p1@example.com".into()),
+        ..Default::default()
+    };
+    let erasure = courier::erasure::request(&db.pool, &person, "the dashboard test")
+        .await
+        .unwrap();
     let url = format!("http://{}/", server.addr);
     let dom = dom_of(&exe, &url).await;
+    let erasures = section(&dom, "erasures");
+    assert!(
+        erasures.contains(&format!("<td>{erasure}</td>"))
+            && erasures.contains("<td>the dashboard test</td>")
+            && erasures.contains("klaviyo: pending"),
+        "the open erasure and its connection's part: {erasures}"
+    );
+    assert!(!erasures.contains("p1@example.com"), "never the person: {erasures}");
     let budgets = section(&dom, "budgets");
     for row in [
         "<td>klaviyo:events</td><td>klaviyo</td><td>rule</td>",

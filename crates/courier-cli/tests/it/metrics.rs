@@ -239,6 +239,10 @@ async fn every_family_is_served_from_the_start_and_every_alert_names_one() {
         r#"courier_rule_unusable{rule="customers"}"#,
         r#"courier_block_remaining_seconds{budget="shop:polls"}"#,
         r#"courier_budget_calls_last_minute{budget="shop:customers"}"#,
+        r#"courier_erasure_answers_total{outcome="failed"}"#,
+        r#"courier_erasure_targets{outcome="pending"}"#,
+        "courier_erasures_open",
+        "courier_erasure_oldest_open_seconds",
     ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
     }
