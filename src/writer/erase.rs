@@ -285,6 +285,15 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn the_modules_example_is_an_operation_the_parser_takes() {
+        let examples = crate::doc_examples::of(include_str!("erase.rs"));
+        assert_eq!(examples.len(), 1);
+        for example in examples {
+            EraseShape::parse(&example).unwrap();
+        }
+    }
+
+    #[test]
     fn mailchimps_member_hash_is_filled_in_the_path() {
         let shape = EraseShape::parse(&json!({
             "identity": ["email"],

@@ -19,6 +19,9 @@
 //! - `md5`, `sha256`: the lower-case hex digest of the value's text (a string as it is,
 //!   anything else as its JSON text): Mailchimp names a member by
 //!   `{{payload/email | lower | md5}}`.
+//! - `soql`: a text as it may stand inside a quoted string of a Salesforce SOQL query, its
+//!   backslashes and quotes escaped as the SOQL reference lists them (`o'brien@example.com`
+//!   as `o\'brien@example.com`), so a value cannot end the string it is put in.
 //!
 //! A filter courier does not know, or one missing its arguments, is refused when the rule
 //! is saved; an object filter given something else refuses that record alone.
@@ -50,6 +53,8 @@ pub enum Filter {
     Md5,
     /// The SHA-256 hex digest of the value's text.
     Sha256,
+    /// A text escaped for a quoted SOQL string.
+    Soql,
 }
 
 /// A placeholder's text split into what fills it (`payload/email`) and its filters; the
@@ -93,6 +98,7 @@ fn parse(text: &str) -> Result<Filter, String> {
         "lower" => bare(Filter::Lower),
         "md5" => bare(Filter::Md5),
         "sha256" => bare(Filter::Sha256),
+        "soql" => bare(Filter::Soql),
         "pick" => Ok(Filter::Pick(list()?)),
         "omit" => Ok(Filter::Omit(list()?)),
         "rename" => list()?
@@ -108,7 +114,7 @@ fn parse(text: &str) -> Result<Filter, String> {
         "" => Err("an empty filter after |".into()),
         other => Err(format!(
             "unknown filter {other:?} (known: strings, pick, omit, rename, upper_keys, \
-             lower_keys, number, entry, lower, md5, sha256)"
+             lower_keys, number, entry, lower, md5, sha256, soql)"
         )),
     }
 }
@@ -126,10 +132,36 @@ pub(super) fn apply(mut value: Value, filters: &[Filter]) -> Result<Value, Strin
             },
             Filter::Md5 => Value::String(hex::<md5::Md5>(&value)),
             Filter::Sha256 => Value::String(hex::<sha2::Sha256>(&value)),
+            Filter::Soql => match value {
+                Value::String(s) => Value::String(soql(&s)),
+                other => other,
+            },
             other => Value::Object(fields(other, value)?),
         };
     }
     Ok(value)
+}
+
+/// `s` escaped for a quoted string of SOQL (Salesforce's SOQL and SOSL reference, "Quoted
+/// String Escape Sequences"): newline, carriage return, tab, bell, backspace, form feed, `"`,
+/// `'` and `\` by a backslash.
+fn soql(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{7}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '"' | '\'' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The lower-case hex digest by `D` of a value's text, for `md5` and `sha256`.
@@ -227,7 +259,8 @@ fn fields(f: &Filter, value: Value) -> Result<Map<String, Value>, String> {
         | Filter::Entry
         | Filter::Lower
         | Filter::Md5
-        | Filter::Sha256 => m,
+        | Filter::Sha256
+        | Filter::Soql => m,
     })
 }
 
@@ -245,6 +278,7 @@ fn name(f: &Filter) -> &'static str {
         Filter::Lower => "lower",
         Filter::Md5 => "md5",
         Filter::Sha256 => "sha256",
+        Filter::Soql => "soql",
     }
 }
 
@@ -265,6 +299,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn soql_escapes_what_would_end_a_quoted_string() {
+        let (_, filters) = split("payload/email | soql").unwrap();
+        let filled = apply(Value::String("o'brien\\x\"y\n@example.com".into()), &filters);
+        assert_eq!(
+            filled.unwrap(),
+            Value::String("o\\'brien\\\\x\\\"y\\n@example.com".into())
+        );
+        assert_eq!(soql("ann@example.com"), "ann@example.com");
+    }
 
     fn run(placeholder: &str, v: Value) -> Result<Value, String> {
         let (_, filters) = split(placeholder)?;
