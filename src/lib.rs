@@ -47,6 +47,9 @@
 //! - [`jobs`]: a target's asynchronous jobs (table `target_jobs`), whose records stay
 //!   `accepted` until the job reports; [`poller`] polls each when due, from its own row
 //!   and its rule, and settles its records.
+//! - [`erasure`]: a person forgotten in every target and in courier: the request, the
+//!   gate every claimed batch passes, the eraser telling each target, the purge (tables
+//!   `erasures`, `erasure_targets`, `erased_identities`).
 //! - [`maintenance`]: the background loops: the heartbeat
 //!   (this process's beat), the rescuer (resumes dead processes' work), the reaper
 //!   (last-resort staleness), the pruner (old call counts and beats), retention (old
