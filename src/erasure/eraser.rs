@@ -72,13 +72,29 @@ impl Eraser {
         let now = e.clock.now();
         let due = store::lease_due(&e.pool, &e.worker_name, (now, now + LEASE), PER_PASS).await?;
         let n = due.len();
+        // Each connection's parts in turn, the connections side by side: one target's pace
+        // does not hold back another's.
+        let mut by_connection: Vec<Vec<Due>> = Vec::new();
         for part in due {
-            let step = self.tell(&part).await?;
-            if let Step::Answered { outcome, .. } = &step {
-                e.metrics.erasure_answered(outcome);
+            match by_connection
+                .iter_mut()
+                .find(|g| g[0].connection_id == part.connection_id)
+            {
+                Some(group) => group.push(part),
+                None => by_connection.push(vec![part]),
             }
-            store::record(&e.pool, part.id, &e.worker_name, &step, e.clock.now()).await?;
         }
+        let told = by_connection.into_iter().map(|parts| async move {
+            for part in parts {
+                let step = self.tell(&part).await?;
+                if let Step::Answered { outcome, .. } = &step {
+                    e.metrics.erasure_answered(outcome);
+                }
+                store::record(&e.pool, part.id, &e.worker_name, &step, e.clock.now()).await?;
+            }
+            Ok::<_, sqlx::Error>(())
+        });
+        futures::future::try_join_all(told).await?;
         let closed = store::close(&e.pool, CLOSE_PER_PASS, e.clock.now()).await?;
         if !closed.is_empty() {
             tracing::info!(erasures = ?closed, "erasures closed: every target answered, courier's copies purged");

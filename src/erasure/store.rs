@@ -56,6 +56,17 @@ pub async fn sweep(
     only: Option<&[i64]>,
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
+    if only.is_none() {
+        let unswept = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM erasures WHERE status = 'open' AND NOT swept)
+                   AS "unswept!""#
+        )
+        .fetch_one(&mut *db)
+        .await?;
+        if !unswept {
+            return Ok(0);
+        }
+    }
     let marked = sqlx::query_scalar!(
         r#"WITH chosen AS (
                SELECT e.id, e.identities FROM erasures e

@@ -18,6 +18,7 @@
 //! run reads the raw rows).
 
 mod bulk;
+pub mod erasure;
 pub mod chaos;
 mod fixtures;
 pub mod limits;

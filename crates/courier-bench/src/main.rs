@@ -15,7 +15,7 @@ use courier_target as target;
 #[command(version, about)]
 struct BenchArgs {
     /// pacing, throughput, latency, multi-worker, storm, idle-throttled, scale, limits,
-    /// chaos, cold-start, soak, bulk or initial-sync.
+    /// chaos, cold-start, soak, bulk, initial-sync or erasure.
     scenario: bench::Scenario,
     /// Records to enqueue (each scenario has its own default).
     #[arg(long)]

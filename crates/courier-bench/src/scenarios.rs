@@ -68,11 +68,13 @@ pub enum Scenario {
     /// An initial sync of a million customers through Klaviyo's profile bulk import jobs,
     /// at Klaviyo's published limits.
     InitialSync,
+    /// A thousand people erased at once from three targets and from courier.
+    Erasure,
 }
 
 impl Scenario {
     /// Every scenario, in BENCHMARKS.md's order.
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::Pacing,
         Scenario::Throughput,
         Scenario::Latency,
@@ -86,6 +88,7 @@ impl Scenario {
         Scenario::Soak,
         Scenario::Bulk,
         Scenario::InitialSync,
+        Scenario::Erasure,
     ];
 
     /// Its name on the command line and in result files.
@@ -104,6 +107,7 @@ impl Scenario {
             Scenario::Soak => "soak",
             Scenario::Bulk => "bulk",
             Scenario::InitialSync => "initial-sync",
+            Scenario::Erasure => "erasure",
         }
     }
 
@@ -122,6 +126,7 @@ impl Scenario {
             Scenario::Soak => 24_000,
             Scenario::Bulk => super::bulk::DEFAULT_RECORDS,
             Scenario::InitialSync => super::sync::DEFAULT_RECORDS,
+            Scenario::Erasure => super::erasure::DEFAULT_RECORDS,
         }
     }
 }
@@ -213,6 +218,7 @@ pub(super) async fn run(scenario: Scenario, config: &BenchConfig) -> anyhow::Res
         Scenario::InitialSync => {
             super::sync::run(&mut report, config, &pool, &url, records).await?
         }
+        Scenario::Erasure => super::erasure::run(&mut report, config, &pool, &url, records).await?,
         Scenario::Chaos => unreachable!("chaos returned above"),
     }
     pool.close().await;
