@@ -317,3 +317,76 @@ async fn the_brevo_contacts_rules_pass_brevos_own_spec() {
         );
     }
 }
+
+/// The Klaviyo preset's erase operation into Prism validating Klaviyo's own
+/// `request_profile_deletion` (POST /api/data-privacy-deletion-jobs): a person named by
+/// e-mail, by phone, and by both (the call names them by one identity, as the spec's
+/// description demands) is taken with the spec's 202, which courier reads `queued`; the
+/// erase's own limits are the spec's.
+#[tokio::test]
+async fn the_klaviyo_presets_erase_passes_klaviyos_own_spec() {
+    preset_keys();
+    let spec = "request_profile_deletion.json";
+    let preset = presets::find("klaviyo").unwrap();
+    let mut file: Value = serde_json::from_str(preset.text).unwrap();
+    assert_eq!(
+        file["connections"][0]["erase"]["limits"],
+        json!(spec_limits(spec)),
+        "the erase's own limits"
+    );
+    let prism = Prism::start(&format!("klaviyo/prism/{spec}"));
+    let api = format!("{}api/", prism.base_url());
+    let refused = reqwest::Client::new()
+        .post(format!("{api}data-privacy-deletion-jobs"))
+        .header("authorization", format!("Klaviyo-API-Key {PRESET_KEY}"))
+        .header("revision", "2026-07-15")
+        .header("content-type", "application/vnd.api+json")
+        .body(r#"{"data": {"type": "data-privacy-deletion-job", "attributes": {}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 422, "prism must validate bodies");
+    file["connections"][0]["base_url"] = json!(api);
+    file["rules"].as_array_mut().unwrap().truncate(1);
+    let db = TestDb::new().await;
+    apply::apply_file(&db.pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
+    let settings = courier::config::Settings {
+        erasure_key: Some(
+            courier::erasure::ErasureKey::new("a-key-for-the-spec-tests-only-0123456789").unwrap(),
+        ),
+        ..settings(&db.url)
+    };
+    let engine = engine(&db.pool, settings);
+    let people = [
+        (Some("ann@example.com"), None),
+        (None, Some("+15005550006")),
+        (Some("bob@example.com"), Some("+15005550007")),
+    ];
+    for (email, phone) in people {
+        let person = courier::erasure::Person {
+            email: email.map(str::to_owned),
+            phone: phone.map(str::to_owned),
+            ..Default::default()
+        };
+        let id = courier::erasure::request(&db.pool, &person, "a test").await.unwrap();
+        let eraser = courier::erasure::eraser::Eraser::new(&engine);
+        for _ in 0..5 {
+            eraser.run_once().await.unwrap();
+            engine.clock.advance(chrono::Duration::seconds(2));
+        }
+        let got: (String, Option<i16>, Option<String>) = sqlx::query_as(
+            "SELECT outcome, http_status, error FROM erasure_targets WHERE erasure_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (got.0.as_str(), got.1),
+            ("queued", Some(202)),
+            "{email:?} {phone:?}: {got:?}"
+        );
+    }
+}
