@@ -390,3 +390,55 @@ async fn the_klaviyo_presets_erase_passes_klaviyos_own_spec() {
         );
     }
 }
+
+/// The Brevo preset's erase operation into Prism validating Brevo's own `deleteContact`
+/// (DELETE /contacts/{identifier}?identifierType=...): the person named by e-mail is
+/// deleted with the spec's 204, read `erased`; an identifier type the spec does not list is
+/// refused (the validator is on). The spec names 404 "Contact not found", which the preset
+/// reads `unknown`.
+#[tokio::test]
+async fn the_brevo_presets_erase_passes_brevos_own_spec() {
+    preset_keys();
+    let prism = Prism::start("brevo/delete_contact.json");
+    let refused = reqwest::Client::new()
+        .delete(format!("{}contacts/ann%40example.com?identifierType=email", prism.base_url()))
+        .header("api-key", PRESET_KEY)
+        .send()
+        .await
+        .unwrap();
+    // Prism answers a parameter the spec refuses with 400 (a body with 422).
+    assert_eq!(refused.status().as_u16(), 400, "prism must validate parameters");
+    let preset = presets::find("brevo").unwrap();
+    let mut file: Value = serde_json::from_str(preset.text).unwrap();
+    file["connections"][0]["base_url"] = json!(prism.base_url());
+    file["rules"].as_array_mut().unwrap().truncate(1);
+    let db = TestDb::new().await;
+    apply::apply_file(&db.pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
+    let settings = courier::config::Settings {
+        erasure_key: Some(
+            courier::erasure::ErasureKey::new("a-key-for-the-spec-tests-only-0123456789").unwrap(),
+        ),
+        ..settings(&db.url)
+    };
+    let engine = engine(&db.pool, settings);
+    let person = courier::erasure::Person {
+        email: Some("Ann@Example.com".into()),
+        ..Default::default()
+    };
+    let id = courier::erasure::request(&db.pool, &person, "a test").await.unwrap();
+    let eraser = courier::erasure::eraser::Eraser::new(&engine);
+    for _ in 0..5 {
+        eraser.run_once().await.unwrap();
+        engine.clock.advance(chrono::Duration::seconds(2));
+    }
+    let got: (String, Option<i16>, Option<String>) = sqlx::query_as(
+        "SELECT outcome, http_status, error FROM erasure_targets WHERE erasure_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((got.0.as_str(), got.1), ("erased", Some(204)), "{got:?}");
+}
