@@ -652,3 +652,61 @@ async fn it_delivers_as_before(db: &TestDb, t: &Target) {
     let data = t.workspace_data("shop").unwrap();
     assert_eq!(data.store("users")["c2"]["email_consent"], json!(false));
 }
+
+/// A person erased by the shop's id of them: the preset's erase (`DELETE
+/// users-by-id/{custom_id}/`) through the eraser removes the user from the workspace,
+/// courier's copies of them go, and the other users stay.
+#[tokio::test]
+async fn an_erased_user_is_deleted_from_the_workspace() {
+    // SAFETY: every value this binary writes to it is the same.
+    unsafe { std::env::set_var(KEY_VAR, TOKEN) };
+    let db = TestDb::new().await;
+    let t = target(TargetConfig::default()).await;
+    let mut file: Value = serde_json::from_str(preset().text).unwrap();
+    file["connections"][0]["base_url"] = json!(t.workspace_url("shop"));
+    file["connections"][0]["api_key_env"] = json!(KEY_VAR);
+    apply::apply_file(&db.pool, &file.to_string(), Default::default())
+        .await
+        .unwrap();
+    let users = (0..3).map(|k| {
+        NewDelivery::new(
+            format!("customer:{k}"),
+            json!({"custom_id": format!("c{k}"), "email": format!("c{k}@example.com")}),
+        )
+    });
+    enqueue::enqueue_many(&db.pool, "usercom-users", users.collect())
+        .await
+        .unwrap();
+    let settings = courier::config::Settings {
+        erasure_key: Some(
+            courier::erasure::ErasureKey::new("a-key-for-the-usercom-tests-0123456789").unwrap(),
+        ),
+        ..settings(&db.url)
+    };
+    let e = engine(&db.pool, settings);
+    drive(&e).await;
+    assert_eq!(t.counters().workspaces["shop"].stored["users"], 3);
+    let person = courier::erasure::Person {
+        external_id: Some("c1".into()),
+        ..Default::default()
+    };
+    let id = courier::erasure::request(&db.pool, &person, "a test").await.unwrap();
+    let eraser = courier::erasure::eraser::Eraser::new(&e);
+    for _ in 0..5 {
+        eraser.run_once().await.unwrap();
+        e.clock.advance(chrono::Duration::seconds(2));
+    }
+    let (outcome, status): (String, Option<i16>) =
+        sqlx::query_as("SELECT outcome, http_status FROM erasure_targets WHERE erasure_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((outcome.as_str(), status), ("erased", Some(204)));
+    assert_eq!(t.counters().workspaces["shop"].stored["users"], 2);
+    let left: Vec<String> = sqlx::query_scalar("SELECT record_key FROM deliveries ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["customer:0", "customer:2"]);
+}
