@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 
 
 use super::store::{self, Due, Step};
@@ -33,7 +34,7 @@ use crate::{
 /// The channel an erasure is announced on (`courier_erase`).
 pub const WAKE_CHANNEL: &str = "courier_erasures";
 /// Connections' parts one pass leases at most.
-const PER_PASS: i64 = 20;
+const PER_PASS: i64 = 100;
 /// Erasures one pass closes at most.
 const CLOSE_PER_PASS: i64 = 100;
 /// How long a lease lasts: longer than a lookup and an erase take.
@@ -47,6 +48,8 @@ pub const MAX_ATTEMPTS: i32 = 10;
 /// The eraser of one process.
 pub struct Eraser {
     engine: Arc<Engine>,
+    /// Whether this process has said it cannot carry erasures out (no key), once.
+    said_keyless: std::sync::atomic::AtomicBool,
 }
 
 impl Eraser {
@@ -54,6 +57,7 @@ impl Eraser {
     pub fn new(engine: &Arc<Engine>) -> Self {
         Self {
             engine: engine.clone(),
+            said_keyless: Default::default(),
         }
     }
 
@@ -63,7 +67,16 @@ impl Eraser {
     pub async fn run_once(&self) -> Result<bool, sqlx::Error> {
         let e = &self.engine;
         let Some(key) = e.settings.erasure_key.as_ref() else {
-            return Ok(false); // nothing can be carried out without the key
+            // Nothing can be carried out without the key: said once, when anyone is erased.
+            let said = &self.said_keyless;
+            if !said.load(std::sync::atomic::Ordering::Relaxed) && store::anyone(&e.pool).await? {
+                said.store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    "people are erased and this worker has no COURIER_ERASURE_KEY: it carries \
+                     out no erasure and holds deliveries back; give every worker the key"
+                );
+            }
+            return Ok(false);
         };
         store::hash_open(&e.pool, key).await?;
         let mut db = e.pool.acquire().await?;
@@ -84,16 +97,9 @@ impl Eraser {
                 None => by_connection.push(vec![part]),
             }
         }
-        let told = by_connection.into_iter().map(|parts| async move {
-            for part in parts {
-                let step = self.tell(&part).await?;
-                if let Step::Answered { outcome, .. } = &step {
-                    e.metrics.erasure_answered(outcome);
-                }
-                store::record(&e.pool, part.id, &e.worker_name, &step, e.clock.now()).await?;
-            }
-            Ok::<_, sqlx::Error>(())
-        });
+        let told = by_connection
+            .into_iter()
+            .map(|parts| self.tell_connection(parts));
         futures::future::try_join_all(told).await?;
         let closed = store::close(&e.pool, CLOSE_PER_PASS, e.clock.now()).await?;
         if !closed.is_empty() {
@@ -104,151 +110,202 @@ impl Eraser {
 
     /// When the next part falls due, if any (an error is logged as a failed pass).
     pub async fn next_due(&self) -> Option<DateTime<Utc>> {
-        if self.engine.settings.erasure_key.is_none() {
-            return None;
-        }
+        self.engine.settings.erasure_key.as_ref()?;
         store::next_due(&self.engine.pool).await.unwrap_or_else(|e| {
             crate::maintenance::failed(&self.engine.health, "eraser's next-due", &e);
             None
         })
     }
 
-    /// Tells one connection's target to erase the person, once nothing is in flight there.
-    async fn tell(&self, part: &Due) -> Result<Step, sqlx::Error> {
+    /// Records `step` of `part`, counted in the metrics when it is an end.
+    async fn record(&self, part: &Due, step: &Step) -> Result<(), sqlx::Error> {
+        let e = &self.engine;
+        if let Step::Answered { outcome, .. } = step {
+            e.metrics.erasure_answered(outcome);
+        }
+        store::record(&e.pool, part.id, &e.worker_name, step, e.clock.now()).await
+    }
+
+    /// Tells one connection's target about its parts, in turn, or several people to a call
+    /// where its erase takes a batch; each part once nothing is in flight there for it.
+    async fn tell_connection(&self, parts: Vec<Due>) -> Result<(), sqlx::Error> {
+        let target = match self.target(parts[0].connection_id).await? {
+            Ok(target) => target,
+            Err(step) => {
+                for part in &parts {
+                    self.record(part, &step).await?;
+                }
+                return Ok(());
+            }
+        };
+        let mut ready = Vec::new();
+        for part in parts {
+            match self.ready(&target, &part).await? {
+                Ok(person) => ready.push((part, person)),
+                Err(step) => self.record(&part, &step).await?,
+            }
+        }
+        let call = Erase {
+            engine: &self.engine,
+            connection: &target.connection,
+            shape: &target.shape,
+            writer: target.writer.as_ref(),
+        };
+        if target.shape.batch_size > 1 {
+            for chunk in ready.chunks(target.shape.batch_size) {
+                let people: Vec<&Value> = chunk.iter().map(|(_, person)| person).collect();
+                let body = target.shape.batch_body(&people);
+                let result = call
+                    .send(target.shape.method.clone(), &target.shape.path, Some(&body))
+                    .await?;
+                for (part, _) in chunk {
+                    self.record(part, &self.answered(&target.shape, part, &result))
+                        .await?;
+                }
+            }
+            return Ok(());
+        }
+        for (part, person) in ready {
+            let step = self.tell_one(&call, &part, person).await?;
+            self.record(&part, &step).await?;
+        }
+        Ok(())
+    }
+
+    /// Connection `connection_id`'s target: the connection, its erase operation and its
+    /// writer; or the step every part of it takes when there is none, or it is down.
+    async fn target(&self, connection_id: Option<i64>) -> Result<Result<Target, Step>, sqlx::Error> {
         let e = &self.engine;
         let now = e.clock.now();
-        let answered = |outcome: &'static str, error: String| Step::Answered {
-            outcome,
-            http_status: None,
-            error: Some(error),
-        };
-        let Some(connection_id) = part.connection_id else {
-            return Ok(answered("no_operation", "the connection was deleted".into()));
+        let gone = || Ok(Err(final_step("no_operation", "the connection was deleted".into())));
+        let Some(connection_id) = connection_id else {
+            return gone();
         };
         let Some(connection) = catalog::connection(&e.pool, connection_id).await? else {
-            return Ok(answered("no_operation", "the connection was deleted".into()));
+            return gone();
         };
         let stated = sqlx::query_scalar!("SELECT erase FROM connections WHERE id = $1", connection_id)
             .fetch_one(&e.pool)
             .await?;
         let Some(stated) = stated else {
-            return Ok(answered(
+            return Ok(Err(final_step(
                 "no_operation",
-                "the connection states no erase operation (since removed): its target was \
-                 not told"
+                "the connection states no erase operation (since removed): its target was not \
+                 told"
                     .into(),
-            ));
+            )));
         };
         let shape = match EraseShape::parse(&stated) {
             Ok(shape) => shape,
-            Err(err) => return Ok(answered("failed", err.reason)),
+            Err(err) => return Ok(Err(final_step("failed", err.reason))),
         };
-        // The call names the person by the one identity it uses (with what a lookup found).
-        let Some((kind, value)) = shape.identity_of(&part.person) else {
-            return Ok(answered(
-                "no_identity",
-                format!(
-                    "the connection's erase names a person by {}, and the erasure gives none",
-                    shape.identity.join(" or ")
-                ),
-            ));
-        };
-        let mut person = serde_json::json!({ kind: value });
-        if let Some(what) = store::in_flight(&e.pool, part).await? {
-            return Ok(Step::Again {
-                at: now + WAIT,
-                spent: false,
-                why: format!("waiting for {what}"),
-            });
-        }
         let (_, admits) = breaker::for_run(&e.pool, connection_id, 0, now).await?;
         if !admits {
-            return Ok(Step::Again {
+            return Ok(Err(Step::Again {
                 at: now + WAIT,
                 spent: false,
                 why: "waiting for the connection's circuit to close".into(),
-            });
+            }));
         }
         let writer = match e.writer(&connection) {
             Ok(w) => w,
-            Err(err) => return Ok(self.failed(part, err.to_string(), None)),
+            Err(err) => {
+                return Ok(Err(Step::Again {
+                    at: now + WAIT,
+                    spent: false,
+                    why: err.to_string(),
+                }));
+            }
         };
-        let call = Erase {
-            engine: e,
-            connection: &connection,
-            shape: &shape,
-            writer: writer.as_ref(),
+        Ok(Ok(Target {
+            connection,
+            shape,
+            writer,
+        }))
+    }
+
+    /// The person as `target`'s call names them (the one identity it uses), once nothing
+    /// that may still carry them there is in flight; else the step the part takes.
+    async fn ready(&self, target: &Target, part: &Due) -> Result<Result<Value, Step>, sqlx::Error> {
+        let Some((kind, value)) = target.shape.identity_of(&part.person) else {
+            return Ok(Err(final_step(
+                "no_identity",
+                format!(
+                    "the connection's erase names a person by {}, and the erasure gives none",
+                    target.shape.identity.join(" or ")
+                ),
+            )));
         };
+        if let Some(what) = store::in_flight(&self.engine.pool, part).await? {
+            return Ok(Err(Step::Again {
+                at: self.engine.clock.now() + WAIT,
+                spent: false,
+                why: format!("waiting for {what}"),
+            }));
+        }
+        Ok(Ok(serde_json::json!({ kind: value })))
+    }
+
+    /// One person's erase: the lookup first where the operation has one, then its call.
+    async fn tell_one(&self, call: &Erase<'_>, part: &Due, mut person: Value) -> Result<Step, sqlx::Error> {
+        let shape = call.shape;
         if let Some(lookup) = &shape.lookup {
             let path = match shape.lookup_path(lookup, &person) {
                 Ok(p) => p,
-                Err(why) => return Ok(answered("failed", why)),
+                Err(why) => return Ok(final_step("failed", why)),
             };
             let found = match call.send(reqwest::Method::GET, &path, None).await? {
                 Ok(written) => written.receipt.body.json().and_then(|b| {
                     let v = b.pointer(&lookup.found)?;
                     v.as_str().map(str::to_owned).or_else(|| v.as_i64().map(|n| n.to_string()))
                 }),
-                Err(err) => return Ok(self.unanswered(part, err)),
+                Err(err) => return Ok(self.unanswered(part, &err)),
             };
             match found {
                 Some(id) => person["found"] = id.into(),
-                None => {
-                    return Ok(Step::Answered {
-                        outcome: "unknown",
-                        http_status: None,
-                        error: Some("the target's lookup found nobody".into()),
-                    });
-                }
+                None => return Ok(final_step("unknown", "the target's lookup found nobody".into())),
             }
         }
         let (path, body) = match (shape.path_for(&person), shape.body_for(&person)) {
             (Ok(path), Ok(body)) => (path, body),
-            (Err(why), _) | (_, Err(why)) => return Ok(answered("failed", why)),
+            (Err(why), _) | (_, Err(why)) => return Ok(final_step("failed", why)),
         };
-        Ok(match call.send(shape.method.clone(), &path, body.as_ref()).await? {
-            Ok(written) => {
-                let status = written.receipt.http_status.unwrap_or(200);
-                match shape.said(status) {
-                    Some(said) => Step::Answered {
-                        outcome: said.as_str(),
-                        http_status: Some(status),
-                        error: None,
-                    },
-                    None => Step::Answered {
-                        outcome: "failed",
-                        http_status: Some(status),
-                        error: Some(format!("the target answered {status}")),
-                    },
-                }
-            }
+        let result = call.send(shape.method.clone(), &path, body.as_ref()).await?;
+        Ok(self.answered(shape, part, &result))
+    }
+
+    /// What an erase call's answer means for `part`.
+    fn answered(&self, shape: &EraseShape, part: &Due, result: &Result<Written, WriteError>) -> Step {
+        let read = |status: u16, message: Option<&str>| match shape.said(status) {
+            Some(said) => Step::Answered {
+                outcome: said.as_str(),
+                http_status: Some(status),
+                error: message.filter(|_| said == Said::Unknown).map(|m| cut(m.to_owned())),
+            },
+            None => Step::Answered {
+                outcome: "failed",
+                http_status: Some(status),
+                error: Some(message.map_or_else(|| format!("the target answered {status}"), |m| cut(m.to_owned()))),
+            },
+        };
+        match result {
+            Ok(written) => read(written.receipt.http_status.unwrap_or(200), None),
             Err(WriteError::Permanent {
                 status: Some(status),
                 message,
-            }) => match shape.said(status) {
-                Some(said) => Step::Answered {
-                    outcome: said.as_str(),
-                    http_status: Some(status),
-                    error: (said == Said::Unknown).then(|| cut(message)),
-                },
-                None => Step::Answered {
-                    outcome: "failed",
-                    http_status: Some(status),
-                    error: Some(cut(message)),
-                },
-            },
+            }) => read(*status, Some(message)),
             Err(err) => self.unanswered(part, err),
-        })
+        }
     }
 
     /// A call the target did not answer for good: tried again (a 429 spends no attempt),
     /// or failed.
-    fn unanswered(&self, part: &Due, err: WriteError) -> Step {
+    fn unanswered(&self, part: &Due, err: &WriteError) -> Step {
         let now = self.engine.clock.now();
         match err {
             WriteError::RateLimited { wait, .. } => Step::Again {
                 at: now
-                    + wait
+                    + (*wait)
                         .and_then(|w| chrono::Duration::from_std(w).ok())
                         .unwrap_or(chrono::Duration::seconds(1)),
                 spent: false,
@@ -256,11 +313,11 @@ impl Eraser {
             },
             WriteError::Permanent { status, message } => Step::Answered {
                 outcome: "failed",
-                http_status: status,
-                error: Some(cut(message)),
+                http_status: *status,
+                error: Some(cut(message.clone())),
             },
             other => {
-                let status = match &other {
+                let status = match other {
                     WriteError::Transient { status, .. } => *status,
                     WriteError::Unaccounted { status, .. } => Some(*status),
                     _ => None,
@@ -286,6 +343,22 @@ impl Eraser {
             why,
         }
     }
+}
+
+/// A step that ends a part: `outcome`, and why.
+fn final_step(outcome: &'static str, why: String) -> Step {
+    Step::Answered {
+        outcome,
+        http_status: None,
+        error: Some(why),
+    }
+}
+
+/// A connection's target, as its erase calls need it.
+struct Target {
+    connection: Connection,
+    shape: EraseShape,
+    writer: Arc<dyn Writer>,
 }
 
 /// One connection's erase calls.

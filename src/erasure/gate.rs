@@ -43,12 +43,7 @@ pub async fn check(
     }
     let pool = &engine.pool;
     let Some(key) = engine.settings.erasure_key.as_ref() else {
-        let anyone = sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT 1 FROM erased_identities)
-                   OR EXISTS (SELECT 1 FROM erasures WHERE status = 'open') AS "anyone!""#
-        )
-        .fetch_one(pool)
-        .await?;
+        let anyone = store::anyone(pool).await?;
         let passage = if anyone { Passage::Unchecked } else { Passage::Clear };
         return Ok(vec![passage; batch.len()]);
     };

@@ -68,19 +68,24 @@ pub async fn sweep(
         }
     }
     let marked = sqlx::query_scalar!(
-        r#"WITH chosen AS (
+        r#"WITH chosen AS MATERIALIZED (
                SELECT e.id, e.identities FROM erasures e
                WHERE e.status = 'open'
                  AND CASE WHEN $1::bigint[] IS NULL THEN NOT e.swept ELSE e.id = ANY($1) END),
-           wanted AS (
+           -- The people's identities and every delivery's, each side once, then one hash
+           -- join (never a delivery against each person).
+           wanted AS MATERIALIZED (
                SELECT c.id AS erasure_id, i.kind, i.value
                FROM chosen c CROSS JOIN LATERAL courier_person_identities(c.identities) i),
-           found AS (
-               SELECT DISTINCT ON (d.id) d.id, w.erasure_id
+           named AS MATERIALIZED (
+               SELECT d.id, x.kind, x.value
                FROM deliveries d JOIN rules r ON r.id = d.rule_id
                CROSS JOIN LATERAL courier_delivery_identities(r.identities, d.record_key, d.payload) x
-               JOIN wanted w ON w.kind = x.kind AND w.value = x.value
-               ORDER BY d.id, w.erasure_id DESC),
+               WHERE EXISTS (SELECT 1 FROM chosen)),
+           found AS (
+               SELECT DISTINCT ON (n.id) n.id, w.erasure_id
+               FROM named n JOIN wanted w ON w.kind = n.kind AND w.value = n.value
+               ORDER BY n.id, w.erasure_id DESC),
            marked AS (
                UPDATE deliveries d SET
                    erasure_id = f.erasure_id,
@@ -112,6 +117,16 @@ pub async fn sweep(
     .fetch_one(&mut *db)
     .await?;
     Ok(marked as u64)
+}
+
+/// Whether anyone is erased, or being erased.
+pub async fn anyone(db: impl PgExecutor<'_>) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM erased_identities)
+                   OR EXISTS (SELECT 1 FROM erasures WHERE status = 'open') AS "anyone!""#
+    )
+    .fetch_one(db)
+    .await
 }
 
 /// A connection's part of an erasure, leased to this process.
@@ -293,18 +308,32 @@ pub async fn close(pool: &PgPool, most: i64, now: DateTime<Utc>) -> Result<Vec<i
     }
     // Whatever named them since the first sweep (a later enqueue not yet claimed).
     sweep(&mut tx, Some(&ready), now).await?;
+    // The runs that carried their records: the texts that may quote them were written
+    // there (a call's error is every record's of the call).
+    let runs: Vec<i64> = sqlx::query_scalar!(
+        r#"SELECT DISTINCT l.run_id AS "run_id!" FROM ledger l
+           WHERE l.run_id IS NOT NULL AND l.delivery_id IN (
+               SELECT d.id FROM deliveries d WHERE d.erasure_id = ANY($1))"#,
+        &ready
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     sqlx::query!("DELETE FROM deliveries WHERE erasure_id = ANY($1)", &ready)
         .execute(&mut *tx)
         .await?;
     sqlx::query!(
-        "WITH wanted AS (
+        "WITH wanted AS MATERIALIZED (
              SELECT i.kind, i.value
              FROM erasures e CROSS JOIN LATERAL courier_person_identities(e.identities) i
-             WHERE e.id = ANY($1))
-         DELETE FROM delivered_records dr USING rules r
-         WHERE r.id = dr.rule_id AND EXISTS (
-             SELECT 1 FROM courier_delivery_identities(r.identities, dr.record_key, dr.payload) x
-             JOIN wanted w ON w.kind = x.kind AND w.value = x.value)",
+             WHERE e.id = ANY($1)),
+         named AS MATERIALIZED (
+             SELECT dr.rule_id, dr.record_key, x.kind, x.value
+             FROM delivered_records dr JOIN rules r ON r.id = dr.rule_id
+             CROSS JOIN LATERAL courier_delivery_identities(r.identities, dr.record_key, dr.payload) x)
+         DELETE FROM delivered_records dr USING (
+             SELECT DISTINCT n.rule_id, n.record_key
+             FROM named n JOIN wanted w ON w.kind = n.kind AND w.value = n.value) g
+         WHERE dr.rule_id = g.rule_id AND dr.record_key = g.record_key",
         &ready
     )
     .execute(&mut *tx)
@@ -317,7 +346,7 @@ pub async fn close(pool: &PgPool, most: i64, now: DateTime<Utc>) -> Result<Vec<i
     )
     .fetch_all(&mut *tx)
     .await?;
-    scrub(&mut tx, &values).await?;
+    scrub(&mut tx, &values, &runs, &ready).await?;
     sqlx::query!(
         "UPDATE erasures SET status = 'done', finished_at = $2, identities = NULL
          WHERE id = ANY($1)",
@@ -330,9 +359,15 @@ pub async fn close(pool: &PgPool, most: i64, now: DateTime<Utc>) -> Result<Vec<i
     Ok(ready)
 }
 
-/// Replaces `values` in every text courier stored that may quote a record: errors of the
-/// ledger, deliveries, runs, target jobs, circuits and erasures, and a block's raw header.
-async fn scrub(tx: &mut PgConnection, values: &[String]) -> Result<(), sqlx::Error> {
+/// Replaces `values` in every text courier stored that may quote the people of erasures
+/// `erasures`: errors of the ledger, deliveries, runs and target jobs of `runs` (those that
+/// carried their records), of circuits and of the erasures' parts, and a block's raw header.
+async fn scrub(
+    tx: &mut PgConnection,
+    values: &[String],
+    runs: &[i64],
+    erasures: &[i64],
+) -> Result<(), sqlx::Error> {
     let values: Vec<&String> = values.iter().filter(|v| !v.is_empty()).collect();
     if values.is_empty() {
         return Ok(());
@@ -351,33 +386,39 @@ async fn scrub(tx: &mut PgConnection, values: &[String]) -> Result<(), sqlx::Err
         .fetch_one(&mut *tx)
         .await?;
     sqlx::query!(
-        "UPDATE ledger SET error = courier_scrub(error, $1) WHERE error ILIKE ANY($2)",
+        "UPDATE ledger SET error = courier_scrub(error, $1)
+         WHERE run_id = ANY($3) AND error ILIKE ANY($2)",
         &values,
-        &like
+        &like,
+        runs
     )
     .execute(&mut *tx)
     .await?;
     sqlx::query!(
         "UPDATE deliveries SET last_error = courier_scrub(last_error, $1)
-         WHERE last_error ILIKE ANY($2)",
+         WHERE id IN (SELECT l.delivery_id FROM ledger l WHERE l.run_id = ANY($3))
+           AND last_error ILIKE ANY($2)",
         &values,
-        &like
+        &like,
+        runs
     )
     .execute(&mut *tx)
     .await?;
     sqlx::query!(
-        "UPDATE runs SET error = courier_scrub(error, $1) WHERE error ILIKE ANY($2)",
+        "UPDATE runs SET error = courier_scrub(error, $1) WHERE id = ANY($3) AND error ILIKE ANY($2)",
         &values,
-        &like
+        &like,
+        runs
     )
     .execute(&mut *tx)
     .await?;
     sqlx::query!(
         "UPDATE target_jobs SET error = courier_scrub(error, $1),
                 last_said = courier_scrub(last_said, $1)
-         WHERE error ILIKE ANY($2) OR last_said ILIKE ANY($2)",
+         WHERE run_id = ANY($3) AND (error ILIKE ANY($2) OR last_said ILIKE ANY($2))",
         &values,
-        &like
+        &like,
+        runs
     )
     .execute(&mut *tx)
     .await?;
@@ -393,9 +434,10 @@ async fn scrub(tx: &mut PgConnection, values: &[String]) -> Result<(), sqlx::Err
     sqlx::query!(
         "UPDATE erasure_targets SET error = courier_scrub(error, $1),
                 waiting_for = courier_scrub(waiting_for, $1)
-         WHERE error ILIKE ANY($2) OR waiting_for ILIKE ANY($2)",
+         WHERE erasure_id = ANY($3) AND (error ILIKE ANY($2) OR waiting_for ILIKE ANY($2))",
         &values,
-        &like
+        &like,
+        erasures
     )
     .execute(&mut *tx)
     .await?;

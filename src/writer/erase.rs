@@ -11,6 +11,11 @@
 //!  "answers": {"202": "queued", "404": "unknown"}}
 //! ```
 //!
+//! A target that takes several people per call (Braze's `users/delete`, up to 50) states
+//! `batch_size` and each person's `item`, which its body holds as `{{records}}` (`"item":
+//! "{{payload/email}}", "body": {"email_addresses": "{{records}}"}`); its path names nobody
+//! and it has no lookup; one answer is every person's of the call.
+//!
 //! `identity` lists the kinds the call can name a person by, in order of preference: the
 //! first the erasure has is used, and a person with none of them is reported so. In its
 //! templates `payload` is the person as the call names them: that one identity (`{"email":
@@ -70,6 +75,10 @@ pub struct EraseShape {
     pub path: String,
     /// Its body, if any.
     pub body: Option<Template>,
+    /// People per call: above 1, the body holds `{{records}}`, each person's `item`.
+    pub batch_size: usize,
+    /// A person's item in a batch's body.
+    pub item: Option<Template>,
     /// The body's content type (`application/json` when unstated).
     pub content_type: Option<String>,
     /// A lookup of the target's own id of the person, first.
@@ -100,6 +109,10 @@ struct Raw {
     body: Option<Value>,
     #[serde(default)]
     content_type: Option<String>,
+    #[serde(default)]
+    item: Option<Value>,
+    #[serde(default)]
+    batch_size: Option<usize>,
     #[serde(default)]
     lookup: Option<RawLookup>,
     #[serde(default)]
@@ -144,9 +157,40 @@ impl EraseShape {
         {
             return Err(format!("content_type {t:?} is not a header value"));
         }
-        if let Some(body) = &body {
-            body.check("erase body", Place::Item)?;
-        }
+        let item = raw.item.map(Template::new);
+        let batch_size = match (&item, raw.batch_size) {
+            (None, None) => {
+                if let Some(body) = &body {
+                    body.check("erase body", Place::Item)?;
+                }
+                1
+            }
+            (Some(item), Some(size)) if (1..=1000).contains(&size) => {
+                item.check("erase item", Place::Item)?;
+                let records = match &body {
+                    Some(body) => body.check("erase body", Place::Body)?,
+                    None => 0,
+                };
+                if records != 1 {
+                    return Err("a batch's body holds {{records}} once (its people's items)".into());
+                }
+                if raw.lookup.is_some() || !template::path_slots(&raw.path)?.is_empty() {
+                    return Err(
+                        "a batch's path names nobody and it has no lookup (its people are in \
+                         its body)"
+                            .into(),
+                    );
+                }
+                size
+            }
+            _ => {
+                return Err(
+                    "item and batch_size go together: batch_size people per call (1..=1000), \
+                     each as item in the body's {{records}}"
+                        .into(),
+                );
+            }
+        };
         if let Some(l) = &raw.lookup {
             check_path(&l.path, false).map_err(|e| format!("lookup: {e}"))?;
             if !l.found.is_empty() && !l.found.starts_with('/') {
@@ -178,6 +222,8 @@ impl EraseShape {
             method,
             path: raw.path,
             body,
+            batch_size,
+            item,
             content_type: raw.content_type,
             lookup: raw.lookup.map(|l| Lookup {
                 path: l.path,
@@ -206,6 +252,22 @@ impl EraseShape {
             .as_ref()
             .map(|b| b.fill(Scope::Record(record(person))))
             .transpose()
+    }
+
+    /// A batch's body for `people` (each as the call names them): their items in its
+    /// `{{records}}`; an item a person cannot fill is left out.
+    pub fn batch_body(&self, people: &[&Value]) -> Value {
+        let items: Vec<Value> = match &self.item {
+            Some(item) => people
+                .iter()
+                .filter_map(|p| item.fill(Scope::Record(record(p))).ok())
+                .collect(),
+            None => Vec::new(),
+        };
+        match &self.body {
+            Some(body) => body.fill_records(&Value::Array(items)),
+            None => Value::Array(items),
+        }
     }
 
     /// The lookup's path for `person`.
@@ -329,8 +391,34 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_carries_each_persons_item_in_its_records() {
+        let shape = EraseShape::parse(&json!({
+            "identity": ["email"], "path": "users/delete", "batch_size": 50,
+            "item": "{{payload/email}}", "body": {"email_addresses": "{{records}}"}
+        }))
+        .unwrap();
+        assert_eq!(shape.batch_size, 50);
+        let (ann, bob) = (json!({"email": "ann@x.test"}), json!({"email": "bob@x.test"}));
+        assert_eq!(
+            shape.batch_body(&[&ann, &bob]),
+            json!({"email_addresses": ["ann@x.test", "bob@x.test"]})
+        );
+    }
+
+    #[test]
     fn bad_operations_are_refused_naming_what_is_wrong() {
         let bad = [
+            (json!({"identity": ["email"], "path": "x", "batch_size": 5}), "item and batch_size"),
+            (
+                json!({"identity": ["email"], "path": "x/{payload/email}", "batch_size": 5,
+                       "item": "{{payload/email}}", "body": {"a": "{{records}}"}}),
+                "names nobody",
+            ),
+            (
+                json!({"identity": ["email"], "path": "x", "batch_size": 5,
+                       "item": "{{payload/email}}", "body": {"a": 1}}),
+                "{{records}} once",
+            ),
             (json!({"path": "x"}), "identity"),
             (json!({"identity": ["mail"], "path": "x"}), "\"mail\""),
             (json!({"identity": ["email"], "path": "x", "method": "TRACE"}), "method"),

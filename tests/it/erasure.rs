@@ -483,3 +483,33 @@ async fn a_worker_without_the_key_holds_deliveries_back_once_anyone_is_erased() 
     assert_eq!(status, "pending");
     assert!(error.unwrap().contains("COURIER_ERASURE_KEY"));
 }
+
+#[tokio::test]
+async fn a_target_taking_several_people_a_call_gets_them_in_one() {
+    let crm = Crm::start(|_| None).await;
+    let (db, engine) = shop(&crm).await;
+    let pool = &db.pool;
+    sqlx::query(
+        r#"UPDATE connections SET erase = '{"identity": ["email"], "path": "people/forget",
+             "batch_size": 50, "item": "{{payload/email}}", "body": {"emails": "{{records}}"}}'"#,
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let mut ids = Vec::new();
+    for who in ["ann@shop.test", "bob@shop.test", "cy@shop.test"] {
+        let person = Person {
+            email: Some(who.into()),
+            ..Default::default()
+        };
+        ids.push(erasure::request(pool, &person, "a test").await.unwrap());
+    }
+    for id in &ids {
+        erase_until_closed(&engine, *id).await;
+        assert_eq!(outcome(pool, *id).await, ("erased".into(), Some(200), 1));
+    }
+    let seen = crm.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let body: serde_json::Value = serde_json::from_str(seen[0].split_once(' ').unwrap().1.split_once(' ').unwrap().1).unwrap();
+    assert_eq!(body, json!({"emails": ["ann@shop.test", "bob@shop.test", "cy@shop.test"]}));
+}
