@@ -718,7 +718,9 @@ CREATE TABLE public.deliveries (
     finished_at timestamp with time zone,
     superseded boolean DEFAULT false NOT NULL,
     erasure_id bigint,
+    op text DEFAULT 'upsert'::text NOT NULL,
     CONSTRAINT deliveries_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT deliveries_op CHECK ((op = ANY (ARRAY['upsert'::text, 'delete'::text]))),
     CONSTRAINT deliveries_record_key_check CHECK ((record_key <> ''::text)),
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'accepted'::text, 'delivered'::text, 'unconfirmed'::text, 'rejected'::text, 'exhausted'::text, 'suppressed'::text])))
 );

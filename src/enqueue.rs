@@ -2,6 +2,10 @@
 //! record_key, payload) ...`, which a statement trigger announces with NOTIFY), the
 //! functions below for Rust applications, and `courier enqueue` reading NDJSON.
 //! Every door inserts in bulk and all-or-nothing.
+//!
+//! A delivery is an upsert (the record as it is now) or a delete (the record removed at
+//! the shop, to be removed at the target: [`Op`], column `deliveries.op`, NDJSON field
+//! `"op": "delete"`).
 
 use crate::invalid::Invalid;
 use chrono::{DateTime, Utc};
@@ -15,6 +19,29 @@ pub const INSERT_CHUNK: usize = 5_000;
 /// autovacuum catches up: a plan made for a few rows can run many times slower over a
 /// burst of tens of thousands.
 pub const ANALYZE_AFTER: usize = 10_000;
+
+/// What a delivery does to its record at the target (`deliveries.op`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum Op {
+    /// Creates or updates the record as its payload says (its rule's request shape).
+    #[default]
+    Upsert,
+    /// Removes the record, as its rule's `request.delete` says; its payload fills that
+    /// request's path and body.
+    Delete,
+}
+
+impl Op {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Upsert => "upsert",
+            Op::Delete => "delete",
+        }
+    }
+}
 
 /// One record to deliver.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -30,16 +57,29 @@ pub struct NewDelivery {
     /// A record key of the same connection that must be delivered first.
     #[serde(default)]
     pub depends_on: Option<String>,
+    /// An upsert (the default) or a delete.
+    #[serde(default)]
+    pub op: Op,
 }
 
 impl NewDelivery {
-    /// A delivery with no hold and no dependency.
+    /// An upsert with no hold and no dependency.
     pub fn new(record_key: impl Into<String>, payload: serde_json::Value) -> Self {
         Self {
             record_key: record_key.into(),
             payload,
             hold_until: None,
             depends_on: None,
+            op: Op::Upsert,
+        }
+    }
+
+    /// A delete of the record `record_key`, with no hold and no dependency; `payload`
+    /// fills its rule's delete request (its path names the record by it).
+    pub fn delete(record_key: impl Into<String>, payload: serde_json::Value) -> Self {
+        Self {
+            op: Op::Delete,
+            ..Self::new(record_key, payload)
         }
     }
 }
@@ -187,11 +227,12 @@ async fn insert_chunk(
     let payloads: Vec<serde_json::Value> = chunk.iter().map(|d| d.payload.clone()).collect();
     let holds: Vec<Option<DateTime<Utc>>> = chunk.iter().map(|d| d.hold_until).collect();
     let deps: Vec<Option<&str>> = chunk.iter().map(|d| d.depends_on.as_deref()).collect();
+    let ops: Vec<&str> = chunk.iter().map(|d| d.op.as_str()).collect();
     sqlx::query_scalar!(
-        r#"INSERT INTO deliveries (rule_id, record_key, payload, hold_until, depends_on)
-           SELECT $1, k, p, h, d
-           FROM unnest($2::text[], $3::jsonb[], $4::timestamptz[], $5::text[])
-                WITH ORDINALITY AS t(k, p, h, d, n)
+        r#"INSERT INTO deliveries (rule_id, record_key, payload, hold_until, depends_on, op)
+           SELECT $1, k, p, h, d, o
+           FROM unnest($2::text[], $3::jsonb[], $4::timestamptz[], $5::text[], $6::text[])
+                WITH ORDINALITY AS t(k, p, h, d, o, n)
            ORDER BY n
            RETURNING id"#,
         rule_id,
@@ -199,6 +240,7 @@ async fn insert_chunk(
         &payloads,
         &holds as &[Option<DateTime<Utc>>],
         &deps as &[Option<&str>],
+        &ops as &[&str],
     )
     .fetch_all(db)
     .await
@@ -232,7 +274,7 @@ fn parse_line(line: &str) -> Result<NewDelivery, String> {
     let Value::Object(mut fields) = value else {
         return Err("not a JSON object (expected {\"record_key\": ..., \"payload\": ...})".into());
     };
-    const FIELDS: [&str; 4] = ["record_key", "payload", "hold_until", "depends_on"];
+    const FIELDS: [&str; 5] = ["record_key", "payload", "hold_until", "depends_on", "op"];
     if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(format!(
             "unknown field {unknown:?} (the fields are {})",
@@ -260,16 +302,27 @@ fn parse_line(line: &str) -> Result<NewDelivery, String> {
         ),
     };
     let depends_on = text(&mut fields, "depends_on")?;
+    let op = match text(&mut fields, "op")?.as_deref() {
+        None | Some("upsert") => Op::Upsert,
+        Some("delete") => Op::Delete,
+        Some(other) => {
+            return Err(format!(
+                "field op: {other:?} is not one of \"upsert\" (the default), \"delete\""
+            ));
+        }
+    };
     Ok(NewDelivery {
         record_key,
         payload,
         hold_until,
         depends_on,
+        op,
     })
 }
 
 /// Parses NDJSON: one JSON object per line with `record_key`, `payload` and optionally
-/// `hold_until` (RFC 3339) and `depends_on`. Blank lines are skipped. Every bad line is
+/// `hold_until` (RFC 3339), `depends_on` and `op` (`"upsert"`, the default, or
+/// `"delete"`). Blank lines are skipped. Every bad line is
 /// reported with its number; any bad line refuses the whole input.
 pub fn parse_ndjson(input: &str) -> Result<Vec<NewDelivery>, EnqueueError> {
     let mut out = Vec::new();
@@ -371,5 +424,31 @@ mod tests {
         let d = parse_ndjson(input).unwrap();
         assert_eq!(d[0].depends_on.as_deref(), Some("b"));
         assert!(d[0].hold_until.is_some());
+        assert_eq!(d[0].op, Op::Upsert);
+    }
+
+    #[test]
+    fn a_line_may_be_a_delete_and_an_unknown_op_is_named() {
+        let input = "{\"record_key\":\"a\",\"payload\":{\"email\":\"a@x.io\"},\"op\":\"delete\"}\n\
+                     {\"record_key\":\"b\",\"payload\":{},\"op\":\"upsert\"}\n";
+        let d = parse_ndjson(input).unwrap();
+        assert_eq!((d[0].op, d[1].op), (Op::Delete, Op::Upsert));
+        assert_eq!(
+            d[0],
+            NewDelivery::delete("a", serde_json::json!({"email": "a@x.io"}))
+        );
+        let Err(EnqueueError::BadInput(errors)) =
+            parse_ndjson("{\"record_key\":\"a\",\"payload\":{},\"op\":\"erase\"}")
+        else {
+            panic!("expected bad input");
+        };
+        assert!(
+            errors[0].reason.contains("field op: \"erase\""),
+            "{errors:?}"
+        );
+        // The serde door reads the same field.
+        let d: NewDelivery =
+            serde_json::from_str("{\"record_key\":\"a\",\"payload\":1,\"op\":\"delete\"}").unwrap();
+        assert_eq!(d.op, Op::Delete);
     }
 }

@@ -266,6 +266,12 @@ async fn append_ledger(
 /// no other index can serve it. Filters beside the key (or a join to `rules`) would let a
 /// planner without statistics walk `deliveries_due` instead, every pending delivery of
 /// the connection due later, for every batch.
+///
+/// Each key's newest delivery of the entries decides: an upsert writes the key's row (unless
+/// a newer one did), a delete removes it (unless a newer upsert wrote it), so an upsert that
+/// makes the record again is not suppressed as unchanged and a `depends_on` on the key
+/// waits again. An upsert superseded by a delete already delivered (both in flight at once)
+/// writes nothing: the record is gone.
 async fn record_delivered(
     tx: &mut PgConnection,
     entries: &[Entry],
@@ -282,12 +288,25 @@ async fn record_delivered(
         return Ok(());
     }
     sqlx::query!(
-        "WITH recorded AS (
+        "WITH newest AS (
+             SELECT DISTINCT ON (d.record_key) d.rule_id, d.record_key, d.payload, d.id, d.op,
+                    d.superseded
+             FROM deliveries d WHERE d.id = ANY($1)
+             ORDER BY d.record_key, d.id DESC),
+         removed AS (
+             DELETE FROM delivered_records r USING newest n
+             WHERE n.op = 'delete' AND r.rule_id = n.rule_id AND r.record_key = n.record_key
+               AND r.delivery_id < n.id),
+         recorded AS (
              INSERT INTO delivered_records (rule_id, record_key, connection_id, payload,
                                             delivery_id, delivered_at)
-             SELECT DISTINCT ON (d.record_key) d.rule_id, d.record_key, $2, d.payload, d.id, $3
-             FROM deliveries d WHERE d.id = ANY($1)
-             ORDER BY d.record_key, d.id DESC
+             SELECT n.rule_id, n.record_key, $2, n.payload, n.id, $3
+             FROM newest n
+             WHERE n.op = 'upsert'
+               AND NOT (n.superseded AND EXISTS (
+                   SELECT 1 FROM deliveries x
+                   WHERE x.record_key = n.record_key AND x.rule_id = n.rule_id
+                     AND x.id > n.id AND x.op = 'delete' AND x.status = 'delivered'))
              ON CONFLICT (rule_id, record_key) DO UPDATE SET
                 payload = EXCLUDED.payload, delivery_id = EXCLUDED.delivery_id,
                 delivered_at = EXCLUDED.delivered_at

@@ -196,6 +196,23 @@ impl RuleProfile {
             bulk,
             answer: self.answer.as_ref(),
             request: Some(&self.request),
+            delete: false,
+        }
+    }
+
+    /// Whether the rule states how its target deletes a record (`request.delete`).
+    pub fn deletes(&self) -> bool {
+        self.request.delete.is_some()
+    }
+
+    /// The call deleting `record` as the rule's `request.delete` says: one record, alone.
+    pub fn delete_call<'a>(&'a self, record: &'a [Outgoing<'a>]) -> Call<'a> {
+        Call {
+            records: record,
+            bulk: false,
+            answer: None,
+            request: Some(&self.request),
+            delete: true,
         }
     }
 }

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::{claim::Claimed, context::ChainContext};
 use crate::{
     engine::Engine,
+    enqueue::Op,
     paced::{self, NotSent},
     profile::RuleProfile,
     ratelimit::{answer::Verdict, pacer::PacerError},
@@ -199,7 +200,10 @@ async fn call_once(
         })
         .collect();
     let started = Instant::now();
-    if let Some(job) = &profile.job
+    // A delete is one record's call of its own shape, never a job's submit.
+    let delete = group.first().is_some_and(|(_, d)| d.op == Op::Delete);
+    if !delete
+        && let Some(job) = &profile.job
         && let Some(open) = &job.open
     {
         let stepped =
@@ -215,7 +219,10 @@ async fn call_once(
             requests: stepped.requests,
         });
     }
-    let send = || writer.write_many(profile.call(&records));
+    let send = || match delete {
+        true => writer.write_many(profile.delete_call(&records)),
+        false => writer.write_many(profile.call(&records)),
+    };
     let called = paced::call(engine, ctx.budget(), writer, Some(&stop.0), send).await;
     let called = not_sent(stop, called)?;
     counted(engine, ctx, &called.result, records.len());

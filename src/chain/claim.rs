@@ -21,6 +21,7 @@ use sqlx::PgExecutor;
 
 use crate::{
     engine::Engine,
+    enqueue::Op,
     erasure::gate::{self, Passage},
 };
 
@@ -33,6 +34,8 @@ pub struct Claimed {
     pub record_key: String,
     /// What to send.
     pub payload: serde_json::Value,
+    /// An upsert, or a delete of the record.
+    pub op: Op,
     /// Attempts used so far.
     pub attempts: i32,
     /// Not before this time (clamped into years 1..9999: `infinity` holds until 9999).
@@ -97,6 +100,7 @@ pub async fn read(
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"SELECT d.id, d.record_key, d.payload, d.attempts, d.depends_on,
+                  d.op AS "op: Op",
                   courier_ts(d.hold_until) AS hold_until,
                   courier_ts(d.created_at) AS "created_at!",
                   -- Decided when the newer delivery was enqueued (trigger
@@ -136,6 +140,7 @@ pub async fn read(
             id: r.id,
             record_key: r.record_key,
             payload: r.payload,
+            op: r.op,
             attempts: r.attempts,
             hold_until: r.hold_until,
             created_at: r.created_at,
@@ -177,6 +182,7 @@ mod tests {
             id,
             record_key: key.into(),
             payload: serde_json::json!({}),
+            op: Op::Upsert,
             attempts: 0,
             hold_until: None,
             created_at: Utc::now(),

@@ -193,6 +193,7 @@ mod tests {
             id: 7,
             record_key: "k".into(),
             payload: serde_json::json!({}),
+            op: crate::enqueue::Op::Upsert,
             attempts,
             hold_until: None,
             created_at: Utc::now(),

@@ -4,7 +4,8 @@
 //!    (rule enabled, circuit, a writer that can be built). Rate-limit blocks are checked
 //!    before the job gets here, by the [`throttle`] layer, the chain's first gate.
 //! 2. **claim** ([`claim`]): the next batch of due deliveries.
-//! 3. **triage** ([`triage`], pure): suppressed, held, or to send.
+//! 3. **triage** ([`triage`], pure): suppressed, held, or to send; to send, upserts go into
+//!    calls as the rule's profile groups them, and each delete is a call of its own.
 //! 4. **call** ([`call`]): a pacer slot, then the writer, up to max in flight.
 //! 5. **classify** ([`classify`], pure): an answer to an outcome, with the retry policy.
 //! 6. **settle** ([`settle`]): outcomes committed as calls answer, then one commit of the
@@ -41,6 +42,7 @@ use self::{
 use crate::{
     breaker::{self, Circuit},
     engine::Engine,
+    enqueue::Op,
     profile::RuleProfile,
     queue,
     ratelimit::answer::Verdict,
@@ -431,7 +433,8 @@ impl Job<'_> {
         let timeout = chrono::Duration::from_std(engine.settings.dependency_timeout)
             .unwrap_or(chrono::Duration::MAX);
         let now = engine.clock.now();
-        let sorted = triage::triage(&batch, &ctx.retry, DependencyTimeout(timeout), now);
+        let deletes = self.profile.deletes();
+        let sorted = triage::triage(&batch, &ctx.retry, DependencyTimeout(timeout), deletes, now);
         for entry in &sorted.decided {
             engine
                 .metrics
@@ -450,9 +453,19 @@ impl Job<'_> {
                 payload: &d.payload,
             }
         };
+        // Deletes never share a call with upserts: each is a call of its own, after the
+        // upserts' calls (a key comes once in a batch: the older are superseded).
+        let (deletes, upserts): (Vec<usize>, Vec<usize>) = (0..sorted.to_send.len())
+            .partition(|&g| claimed[offset + sorted.to_send[g]].op == Op::Delete);
         let request = &self.profile.request;
-        let groups = self.profile.calls(sorted.to_send.len(), record);
-        for group in groups.into_iter().flat_map(|g| request.cut(g, record)) {
+        let upsert = |u: usize| record(upserts[u]);
+        let groups = self.profile.calls(upserts.len(), upsert);
+        let upsert_calls = groups
+            .into_iter()
+            .flat_map(|g| request.cut(g, upsert))
+            .map(|call| call.into_iter().map(|u| upserts[u]).collect::<Vec<_>>());
+        let delete_calls = deletes.into_iter().map(|g| vec![g]);
+        for group in upsert_calls.chain(delete_calls) {
             let group = group
                 .into_iter()
                 .map(|g| {
@@ -509,14 +522,18 @@ impl Job<'_> {
             called.not_attempted.extend(ids());
             return;
         }
+        // A delete's answer is its own: never a job's submit, never read by the answer map.
+        let delete = indices
+            .first()
+            .is_some_and(|&i| claimed[i].op == Op::Delete);
         // A submit's answer must name its job, or no record of it reads as accepted.
         let (result, job) = match &self.profile.job {
-            Some(shape) => classify::submitted(shape, result),
-            None => (result, None),
+            Some(shape) if !delete => classify::submitted(shape, result),
+            _ => (result, None),
         };
         let records = indices.iter().map(|&i| &*claimed[i]);
         let mut judged = classify::judge(records, &result, elapsed, &ctx.retry, at, rand::random);
-        if let Some(job) = classify::as_reported(&mut judged, self.profile, job, at) {
+        if !delete && let Some(job) = classify::as_reported(&mut judged, self.profile, job, at) {
             tally.submitted(job);
         }
         let metrics = &engine.metrics;

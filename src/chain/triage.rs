@@ -1,10 +1,13 @@
 //! The triage stage (pure): which claimed deliveries are suppressed (an erased person's
 //! among them), which are held, and which go to the target. Nothing here asks the writer or takes a request slot.
+//! A delete is never unchanged (the record is there to remove whatever its payload), and
+//! a delete of a rule that states no `request.delete` is rejected here, never sent.
 
 use chrono::{DateTime, Utc};
 
 use super::claim::Claimed;
 use crate::{
+    enqueue::Op,
     erasure::gate::{self, Passage},
     ledger::{Entry, Outcome},
     retry::RetryPolicy,
@@ -23,11 +26,17 @@ pub struct Triage {
 #[derive(Clone, Copy, Debug)]
 pub struct DependencyTimeout(pub chrono::Duration);
 
-/// Sorts `claimed` at `now` under the rule's `retry` policy.
+/// The reason a delete of a rule that states no `request.delete` is rejected with.
+pub const NO_DELETE: &str =
+    "a delete, and the rule states no request.delete (how its target deletes a record)";
+
+/// Sorts `claimed` at `now` under the rule's `retry` policy; `deletes` when the rule
+/// states how its target deletes a record.
 pub fn triage(
     claimed: &[Claimed],
     retry: &RetryPolicy,
     dependency_timeout: DependencyTimeout,
+    deletes: bool,
     now: DateTime<Utc>,
 ) -> Triage {
     let mut t = Triage::default();
@@ -47,14 +56,17 @@ pub fn triage(
             t.decided.push(decided(Outcome::Suppressed, &error, None));
         } else if d.passage == Passage::Unchecked {
             let next = now + chrono::Duration::minutes(1);
-            t.decided.push(decided(Outcome::Held, gate::UNCHECKED, Some(next)));
+            t.decided
+                .push(decided(Outcome::Held, gate::UNCHECKED, Some(next)));
         } else if d.superseded {
             t.decided.push(decided(
                 Outcome::Suppressed,
                 "superseded by a newer delivery",
                 None,
             ));
-        } else if d.unchanged {
+        } else if d.op == Op::Delete && !deletes {
+            t.decided.push(decided(Outcome::Rejected, NO_DELETE, None));
+        } else if d.unchanged && d.op == Op::Upsert {
             t.decided.push(decided(
                 Outcome::Suppressed,
                 "unchanged since last delivered",
@@ -92,6 +104,7 @@ mod tests {
             id,
             record_key: format!("k{id}"),
             payload: serde_json::json!({}),
+            op: Op::Upsert,
             attempts: 2,
             hold_until: None,
             created_at: Utc::now(),
@@ -148,6 +161,7 @@ mod tests {
             &claimed,
             &RETRY,
             DependencyTimeout(Duration::hours(24)),
+            true,
             now,
         );
         assert_eq!(t.to_send, vec![0, 4]);
@@ -170,6 +184,57 @@ mod tests {
         assert!(
             error.contains("\"customer:9\"") && error.contains("24 h"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn a_delete_is_never_unchanged_and_needs_the_rules_delete() {
+        let now = Utc::now();
+        let delete = |id| Claimed {
+            op: Op::Delete,
+            unchanged: true,
+            ..delivery(id)
+        };
+        let claimed = vec![
+            delete(1),
+            Claimed {
+                superseded: true,
+                ..delete(2)
+            },
+        ];
+        let sort = |deletes| {
+            triage(
+                &claimed,
+                &RETRY,
+                DependencyTimeout(Duration::hours(24)),
+                deletes,
+                now,
+            )
+        };
+        let t = sort(true);
+        assert_eq!(t.to_send, vec![0]);
+        assert_eq!(t.decided.len(), 1);
+        assert_eq!(
+            (t.decided[0].delivery_id, t.decided[0].outcome),
+            (2, Outcome::Suppressed)
+        );
+        let t = sort(false);
+        assert!(t.to_send.is_empty());
+        let got: Vec<_> = t
+            .decided
+            .iter()
+            .map(|e| (e.delivery_id, e.outcome, e.error.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, Outcome::Rejected, Some(NO_DELETE)),
+                (
+                    2,
+                    Outcome::Suppressed,
+                    Some("superseded by a newer delivery")
+                ),
+            ]
         );
     }
 }

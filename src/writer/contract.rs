@@ -22,6 +22,8 @@ pub struct Call<'a> {
     pub answer: Option<&'a answer::AnswerMap>,
     /// How the rule's requests are shaped (`http_json`); `None`: each payload by POST.
     pub request: Option<&'a request::RequestShape>,
+    /// A delete of its one record, as the request shape's `delete` says (never bulk).
+    pub delete: bool,
 }
 
 /// Delivers records to one target connection.

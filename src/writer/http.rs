@@ -121,6 +121,58 @@ impl HttpJsonWriter {
     }
 }
 
+impl HttpJsonWriter {
+    /// Deletes record `r` as `shape`'s `delete` says: one request, its path filled from the
+    /// record, its body if the shape has one. A 2xx, or a status the shape reads as gone,
+    /// delivers it; any other answer is the call's, as for any call.
+    async fn delete(&self, shape: &RequestShape, r: &Outgoing<'_>) -> Result<Written, WriteError> {
+        let Some(delete) = &shape.delete else {
+            return Err(refused(
+                "the rule states no request.delete: a delete cannot be sent".into(),
+            ));
+        };
+        let path = delete.path(record(r)).map_err(refused)?;
+        let path = path.trim_start_matches('/').to_owned();
+        url(&self.base_url, &path).map_err(refused)?;
+        let body = delete.body(record(r)).map_err(refused)?;
+        let body = body.map(|b| serde_json::to_vec(&b).expect("JSON serializes"));
+        let content_type = shape.content_type.as_deref().unwrap_or("application/json");
+        let key = format!("courier-{}", r.delivery_id);
+        let method = delete.method();
+        let make = |base: &str, token: Option<&str>| {
+            let request = self
+                .endpoint
+                .client
+                .request(method.clone(), format!("{base}{path}"))
+                .header("Idempotency-Key", &key);
+            let request = match &body {
+                Some(b) => request
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .body(b.clone()),
+                None => request,
+            };
+            match token {
+                Some(t) => request.bearer_auth(t),
+                None => request,
+            }
+        };
+        match self.send(make, false).await {
+            Ok(receipt) => Ok(Written::all(receipt, 1)),
+            Err(WriteError::Permanent {
+                status: Some(status),
+                ..
+            }) if delete.gone(status) => {
+                let receipt = Receipt {
+                    http_status: Some(status),
+                    ..Receipt::default()
+                };
+                Ok(Written::all(receipt, 1))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 impl Writer for HttpJsonWriter {
     fn secrets(&self) -> &Secrets {
         &self.endpoint.secrets
@@ -140,6 +192,9 @@ impl Writer for HttpJsonWriter {
                 return Ok(Written::all(Receipt::default(), 0));
             };
             let shape = call.request.unwrap_or(&PLAIN);
+            if call.delete {
+                return self.delete(shape, first).await;
+            }
             // A group's call (a bulk call of a rule that groups) takes the group's shape.
             let group = shape.group.as_ref().filter(|_| call.bulk);
             let (mut items, sent) = items(&call, shape);
@@ -378,6 +433,7 @@ static PLAIN: RequestShape = RequestShape {
     multipart: None,
     require: Vec::new(),
     group: None,
+    delete: None,
 };
 
 /// A call's method, content type and body around the `items` it sends: a group's (the

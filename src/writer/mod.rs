@@ -15,8 +15,8 @@
 //!
 //! One writer serves every target: [`http`], the generic HTTP JSON writer, whose targets
 //! are data (a connection's auth and a rule's profile: [`request`], [`template`],
-//! [`filters`], [`group`], [`answer`], [`job`]; the vendors' own in `presets/`, User.com's
-//! among them). What it rests on lives in files of its own, so no file here imports this
+//! [`filters`], [`group`], [`delete`], [`answer`], [`job`]; the vendors' own in
+//! `presets/`, User.com's among them). What it rests on lives in files of its own, so no file here imports this
 //! one: [`wire`] (what a call carries and gets back), [`contract`] (the [`Writer`] and
 //! [`JobCalls`] traits), [`auth`] (where credentials may go), [`endpoint`] (the HTTP
 //! plumbing).
@@ -24,6 +24,7 @@
 pub mod answer;
 pub mod auth;
 pub mod contract;
+pub mod delete;
 pub mod endpoint;
 pub mod erase;
 pub mod filters;

@@ -10,11 +10,15 @@
 //! which one must be there), so a record without is rejected naming it before anything is
 //! sent; and may group records into calls by a value (`group`, [`super::group`]): each
 //! group one call of its own shape, every other record one call of the rule's.
+//!
+//! A rule states how its target deletes one record (`delete`, [`super::delete`]): a
+//! delivery whose `op` is `delete` goes as that call, alone, never beside upserts.
 
 use crate::invalid::Invalid;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::delete::DeleteShape;
 use super::group::GroupShape;
 use super::template::{Place, Record, Scope, Template, path_slots};
 
@@ -56,6 +60,10 @@ pub struct RequestShape {
     /// go one by one as this shape sends one record.
     #[serde(default)]
     pub group: Option<GroupShape>,
+    /// How the target deletes one record (a delivery whose `op` is `delete`); without it,
+    /// such a delivery is rejected, never sent.
+    #[serde(default)]
+    pub delete: Option<DeleteShape>,
 }
 
 /// A payload field a record must have, or a list of fields one of which it must have.
@@ -135,6 +143,9 @@ impl RequestShape {
             return Err(format!("request: content_type {t:?} is not a header value"));
         }
         shape.check_require_and_group()?;
+        if let Some(delete) = &shape.delete {
+            delete.check()?;
+        }
         // With a group, the rule's own shape sends one record per call.
         let bulk = bulk && shape.group.is_none();
         if let Some(item) = &shape.item {

@@ -766,6 +766,7 @@ async fn a_hanging_token_endpoint_delays_no_other_connection() {
         bulk: false,
         answer: None,
         request: None,
+        delete: false,
     };
     let waiting = tokio::spawn({
         let hangs = hangs.clone();
@@ -782,6 +783,7 @@ async fn a_hanging_token_endpoint_delays_no_other_connection() {
                 bulk: false,
                 answer: None,
                 request: None,
+                delete: false,
             };
             hangs.write_many(call).await.map(|_| ())
         }

@@ -5,6 +5,7 @@
 mod common;
 
 mod bulk;
+mod delete;
 mod engine;
 mod erasure;
 mod fresh_table;

@@ -286,6 +286,15 @@ async fn every_documented_example_runs_as_written() {
                     "{at}"
                 );
             }
+            "json" if first.starts_with("{\"delete\"") => {
+                // A rule's request stating how its target deletes a record, as the catalog
+                // reads it.
+                let v: serde_json::Value = serde_json::from_str(&block.text).unwrap();
+                let shape =
+                    courier::writer::request::RequestShape::parse(Some(&v), "contacts", false)
+                        .unwrap_or_else(|e| panic!("{at}: {e}"));
+                assert!(shape.delete.is_some(), "{at}");
+            }
             "rust" => {
                 // The library API (enqueue, enqueue_many, NewDelivery) as the engine's own
                 // tests call it on every run.
