@@ -457,7 +457,10 @@ pub async fn list_connections(db: impl PgExecutor<'_>) -> Result<Vec<Connection>
 }
 
 /// The connection with id `id`, if there is one.
-pub async fn connection(db: impl PgExecutor<'_>, id: i64) -> Result<Option<Connection>, sqlx::Error> {
+pub async fn connection(
+    db: impl PgExecutor<'_>,
+    id: i64,
+) -> Result<Option<Connection>, sqlx::Error> {
     sqlx::query_as!(
         Connection,
         r#"SELECT id, name, writer, base_url, api_key_env, auth, headers, requests_per_minute,

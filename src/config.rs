@@ -216,11 +216,13 @@ fn erasure_key(
     let Some(v) = get("COURIER_ERASURE_KEY").filter(|v| !v.trim().is_empty()) else {
         return Ok(None);
     };
-    crate::erasure::ErasureKey::new(v.trim()).map(Some).map_err(|reason| ConfigError {
-        name: "COURIER_ERASURE_KEY".into(),
-        value: "(not shown)".into(),
-        reason,
-    })
+    crate::erasure::ErasureKey::new(v.trim())
+        .map(Some)
+        .map_err(|reason| ConfigError {
+            name: "COURIER_ERASURE_KEY".into(),
+            value: "(not shown)".into(),
+            reason,
+        })
 }
 
 /// The dashboard's action token: compared in constant time, never printed (its `Debug`

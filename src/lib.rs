@@ -76,8 +76,8 @@ pub mod dispatcher;
 #[cfg(test)]
 mod doc_examples;
 pub mod engine;
-pub mod erasure;
 pub mod enqueue;
+pub mod erasure;
 pub mod health;
 pub mod invalid;
 pub mod jobs;

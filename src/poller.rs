@@ -129,7 +129,11 @@ impl Poller {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let next = if erasing { Some(self.engine.clock.now()) } else { next };
+            let next = if erasing {
+                Some(self.engine.clock.now())
+            } else {
+                next
+            };
             let sleep = next.map_or(MAX_SLEEP, |at| {
                 (at - self.engine.clock.now())
                     .to_std()

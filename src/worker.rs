@@ -29,11 +29,11 @@ use crate::{
         throttle::{Admitted, ThrottleLayer},
     },
     dispatcher::Dispatcher,
+    erasure::eraser::Eraser,
     maintenance::{
         heartbeat::Heartbeat, pruner::Pruner, quarantine::Quarantine, reaper::Reaper,
         rescuer::Rescuer, retention::Retention,
     },
-    erasure::eraser::Eraser,
     poller::Poller,
     queue::{self, ChainBackend, Fetcher},
 };

@@ -192,7 +192,9 @@ impl Opened<'_> {
 /// A call of `step` to `path`, its answer as a written call of no record.
 async fn ask(writer: &dyn Writer, step: &Step, path: &str) -> Result<Written, WriteError> {
     let jobs = writer.jobs().ok_or_else(crate::writer::contract::no_jobs)?;
-    let answer = jobs.ask(step.method(), path, step.body.as_ref(), None).await;
+    let answer = jobs
+        .ask(step.method(), path, step.body.as_ref(), None)
+        .await;
     answer.map(|r| Written::all(r, 0))
 }
 

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-
 use super::store::{self, Due, Step};
 use crate::{
     breaker, catalog,
@@ -111,10 +110,12 @@ impl Eraser {
     /// When the next part falls due, if any (an error is logged as a failed pass).
     pub async fn next_due(&self) -> Option<DateTime<Utc>> {
         self.engine.settings.erasure_key.as_ref()?;
-        store::next_due(&self.engine.pool).await.unwrap_or_else(|e| {
-            crate::maintenance::failed(&self.engine.health, "eraser's next-due", &e);
-            None
-        })
+        store::next_due(&self.engine.pool)
+            .await
+            .unwrap_or_else(|e| {
+                crate::maintenance::failed(&self.engine.health, "eraser's next-due", &e);
+                None
+            })
     }
 
     /// Records `step` of `part`, counted in the metrics when it is an end.
@@ -174,19 +175,28 @@ impl Eraser {
 
     /// Connection `connection_id`'s target: the connection, its erase operation and its
     /// writer; or the step every part of it takes when there is none, or it is down.
-    async fn target(&self, connection_id: Option<i64>) -> Result<Result<Target, Step>, sqlx::Error> {
+    async fn target(
+        &self,
+        connection_id: Option<i64>,
+    ) -> Result<Result<Target, Step>, sqlx::Error> {
         let e = &self.engine;
         let now = e.clock.now();
-        let gone = || Ok(Err(final_step("no_operation", "the connection was deleted".into())));
+        let gone = || {
+            Ok(Err(final_step(
+                "no_operation",
+                "the connection was deleted".into(),
+            )))
+        };
         let Some(connection_id) = connection_id else {
             return gone();
         };
         let Some(connection) = catalog::connection(&e.pool, connection_id).await? else {
             return gone();
         };
-        let stated = sqlx::query_scalar!("SELECT erase FROM connections WHERE id = $1", connection_id)
-            .fetch_one(&e.pool)
-            .await?;
+        let stated =
+            sqlx::query_scalar!("SELECT erase FROM connections WHERE id = $1", connection_id)
+                .fetch_one(&e.pool)
+                .await?;
         let Some(stated) = stated else {
             return Ok(Err(final_step(
                 "no_operation",
@@ -247,7 +257,12 @@ impl Eraser {
     }
 
     /// One person's erase: the lookup first where the operation has one, then its call.
-    async fn tell_one(&self, call: &Erase<'_>, part: &Due, mut person: Value) -> Result<Step, sqlx::Error> {
+    async fn tell_one(
+        &self,
+        call: &Erase<'_>,
+        part: &Due,
+        mut person: Value,
+    ) -> Result<Step, sqlx::Error> {
         let shape = call.shape;
         if let Some(lookup) = &shape.lookup {
             let path = match shape.lookup_path(lookup, &person) {
@@ -257,35 +272,54 @@ impl Eraser {
             let found = match call.send(reqwest::Method::GET, &path, None).await? {
                 Ok(written) => written.receipt.body.json().and_then(|b| {
                     let v = b.pointer(&lookup.found)?;
-                    v.as_str().map(str::to_owned).or_else(|| v.as_i64().map(|n| n.to_string()))
+                    v.as_str()
+                        .map(str::to_owned)
+                        .or_else(|| v.as_i64().map(|n| n.to_string()))
                 }),
                 Err(err) => return Ok(self.unanswered(part, &err)),
             };
             match found {
                 Some(id) => person["found"] = id.into(),
-                None => return Ok(final_step("unknown", "the target's lookup found nobody".into())),
+                None => {
+                    return Ok(final_step(
+                        "unknown",
+                        "the target's lookup found nobody".into(),
+                    ));
+                }
             }
         }
         let (path, body) = match (shape.path_for(&person), shape.body_for(&person)) {
             (Ok(path), Ok(body)) => (path, body),
             (Err(why), _) | (_, Err(why)) => return Ok(final_step("failed", why)),
         };
-        let result = call.send(shape.method.clone(), &path, body.as_ref()).await?;
+        let result = call
+            .send(shape.method.clone(), &path, body.as_ref())
+            .await?;
         Ok(self.answered(shape, part, &result))
     }
 
     /// What an erase call's answer means for `part`.
-    fn answered(&self, shape: &EraseShape, part: &Due, result: &Result<Written, WriteError>) -> Step {
+    fn answered(
+        &self,
+        shape: &EraseShape,
+        part: &Due,
+        result: &Result<Written, WriteError>,
+    ) -> Step {
         let read = |status: u16, message: Option<&str>| match shape.said(status) {
             Some(said) => Step::Answered {
                 outcome: said.as_str(),
                 http_status: Some(status),
-                error: message.filter(|_| said == Said::Unknown).map(|m| cut(m.to_owned())),
+                error: message
+                    .filter(|_| said == Said::Unknown)
+                    .map(|m| cut(m.to_owned())),
             },
             None => Step::Answered {
                 outcome: "failed",
                 http_status: Some(status),
-                error: Some(message.map_or_else(|| format!("the target answered {status}"), |m| cut(m.to_owned()))),
+                error: Some(message.map_or_else(
+                    || format!("the target answered {status}"),
+                    |m| cut(m.to_owned()),
+                )),
             },
         };
         match result {
@@ -336,7 +370,9 @@ impl Eraser {
                 error: Some(format!("{why} (after {MAX_ATTEMPTS} attempts)")),
             };
         }
-        let backoff = 2_i64.saturating_pow(part.attempts.clamp(0, 12) as u32).min(3600);
+        let backoff = 2_i64
+            .saturating_pow(part.attempts.clamp(0, 12) as u32)
+            .min(3600);
         Step::Again {
             at: self.engine.clock.now() + chrono::Duration::seconds(backoff),
             spent: true,
@@ -374,7 +410,10 @@ impl Erase<'_> {
     /// the connection's.
     fn budget(&self) -> (String, Vec<Limit>) {
         match &self.shape.limits {
-            Some(limits) => (format!("{}:erase", self.connection.budget_key), limits.clone()),
+            Some(limits) => (
+                format!("{}:erase", self.connection.budget_key),
+                limits.clone(),
+            ),
             None => (
                 self.connection.budget_key.clone(),
                 self.connection.declared_limits(),
@@ -403,7 +442,14 @@ impl Erase<'_> {
             weight: 1,
         };
         let send = || async {
-            let answer = jobs.ask(method.clone(), path, body, self.shape.content_type.as_deref()).await;
+            let answer = jobs
+                .ask(
+                    method.clone(),
+                    path,
+                    body,
+                    self.shape.content_type.as_deref(),
+                )
+                .await;
             answer.map(|receipt| Written::all(receipt, 0))
         };
         let called = match paced::call(e, budget, self.writer, Some(&e.shutdown), send).await {

@@ -44,7 +44,11 @@ pub async fn check(
     let pool = &engine.pool;
     let Some(key) = engine.settings.erasure_key.as_ref() else {
         let anyone = store::anyone(pool).await?;
-        let passage = if anyone { Passage::Unchecked } else { Passage::Clear };
+        let passage = if anyone {
+            Passage::Unchecked
+        } else {
+            Passage::Clear
+        };
         return Ok(vec![passage; batch.len()]);
     };
     let hashed: Vec<Vec<String>> = batch

@@ -191,6 +191,10 @@ mod tests {
         let long = ErasureKey::new(&"Jefe".repeat(8)).unwrap();
         assert_ne!(long.hash("email:a@b.c"), key.hash("email:a@b.c"));
         assert_eq!(format!("{long:?}"), "ErasureKey(..)");
-        assert!(ErasureKey::new("short").unwrap_err().contains("at least 32"));
+        assert!(
+            ErasureKey::new("short")
+                .unwrap_err()
+                .contains("at least 32")
+        );
     }
 }

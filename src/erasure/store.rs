@@ -376,7 +376,10 @@ async fn scrub(
     let like: Vec<String> = values
         .iter()
         .map(|v| {
-            let escaped = v.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
+            let escaped = v
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
             format!("%{escaped}%")
         })
         .collect();
@@ -589,8 +592,8 @@ pub async fn figures(db: impl PgExecutor<'_>, now: DateTime<Utc>) -> Result<Figu
             .map(|o| (o.to_string(), r.by_outcome[o].as_i64().unwrap_or(0)))
             .collect(),
         open: r.open,
-        oldest_open_seconds: r
-            .oldest
-            .map_or(0.0, |at| (now - at).num_milliseconds().max(0) as f64 / 1000.0),
+        oldest_open_seconds: r.oldest.map_or(0.0, |at| {
+            (now - at).num_milliseconds().max(0) as f64 / 1000.0
+        }),
     })
 }

@@ -258,7 +258,11 @@ fn register_erasures(gauges: &mut Registry, figures: &crate::erasure::store::Fig
     );
     let open = Gauge::<i64>::default();
     open.set(figures.open);
-    gauges.register("erasures_open", "Erasures not yet answered by every target", open);
+    gauges.register(
+        "erasures_open",
+        "Erasures not yet answered by every target",
+        open,
+    );
     let oldest = FloatGauge::default();
     oldest.set(figures.oldest_open_seconds);
     gauges.register_with_unit(

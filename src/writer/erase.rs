@@ -140,14 +140,14 @@ impl EraseShape {
             return Err(format!("identity names no kind ({})", KINDS.join(", ")));
         }
         if let Some(k) = raw.identity.iter().find(|k| !KINDS.contains(&k.as_str())) {
-            return Err(format!(
-                "identity {k:?} is not one of {}",
-                KINDS.join(", ")
-            ));
+            return Err(format!("identity {k:?} is not one of {}", KINDS.join(", ")));
         }
         let method = raw.method.as_deref().unwrap_or("POST");
         if !METHODS.contains(&method) {
-            return Err(format!("method {method:?} is not one of {}", METHODS.join(", ")));
+            return Err(format!(
+                "method {method:?} is not one of {}",
+                METHODS.join(", ")
+            ));
         }
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a listed method");
         check_path(&raw.path, raw.lookup.is_some())?;
@@ -202,7 +202,10 @@ impl EraseShape {
             .map(|l| {
                 let parsed = l
                     .iter()
-                    .map(|s| s.parse::<Limit>().map_err(|e| format!("limits: {s:?}: {e}")))
+                    .map(|s| {
+                        s.parse::<Limit>()
+                            .map_err(|e| format!("limits: {s:?}: {e}"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
                 limits::check(parsed).map_err(|e| format!("limits: {e}"))
             })
@@ -398,7 +401,10 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(shape.batch_size, 50);
-        let (ann, bob) = (json!({"email": "ann@x.test"}), json!({"email": "bob@x.test"}));
+        let (ann, bob) = (
+            json!({"email": "ann@x.test"}),
+            json!({"email": "bob@x.test"}),
+        );
         assert_eq!(
             shape.batch_body(&[&ann, &bob]),
             json!({"email_addresses": ["ann@x.test", "bob@x.test"]})
@@ -408,7 +414,10 @@ mod tests {
     #[test]
     fn bad_operations_are_refused_naming_what_is_wrong() {
         let bad = [
-            (json!({"identity": ["email"], "path": "x", "batch_size": 5}), "item and batch_size"),
+            (
+                json!({"identity": ["email"], "path": "x", "batch_size": 5}),
+                "item and batch_size",
+            ),
             (
                 json!({"identity": ["email"], "path": "x/{payload/email}", "batch_size": 5,
                        "item": "{{payload/email}}", "body": {"a": "{{records}}"}}),
@@ -421,14 +430,38 @@ mod tests {
             ),
             (json!({"path": "x"}), "identity"),
             (json!({"identity": ["mail"], "path": "x"}), "\"mail\""),
-            (json!({"identity": ["email"], "path": "x", "method": "TRACE"}), "method"),
-            (json!({"identity": ["email"], "path": "x/{payload/name}"}), "{payload/name}"),
-            (json!({"identity": ["email"], "path": "x/{payload/found}"}), "found"),
-            (json!({"identity": ["email"], "path": "https://evil/x"}), "absolute"),
-            (json!({"identity": ["email"], "path": "x", "answers": {"429": "erased"}}), "429"),
-            (json!({"identity": ["email"], "path": "x", "answers": {"404": "gone"}}), "gone"),
-            (json!({"identity": ["email"], "path": "x", "limits": ["3/fortnight"]}), "limits"),
-            (json!({"identity": ["email"], "path": "x", "extra": 1}), "extra"),
+            (
+                json!({"identity": ["email"], "path": "x", "method": "TRACE"}),
+                "method",
+            ),
+            (
+                json!({"identity": ["email"], "path": "x/{payload/name}"}),
+                "{payload/name}",
+            ),
+            (
+                json!({"identity": ["email"], "path": "x/{payload/found}"}),
+                "found",
+            ),
+            (
+                json!({"identity": ["email"], "path": "https://evil/x"}),
+                "absolute",
+            ),
+            (
+                json!({"identity": ["email"], "path": "x", "answers": {"429": "erased"}}),
+                "429",
+            ),
+            (
+                json!({"identity": ["email"], "path": "x", "answers": {"404": "gone"}}),
+                "gone",
+            ),
+            (
+                json!({"identity": ["email"], "path": "x", "limits": ["3/fortnight"]}),
+                "limits",
+            ),
+            (
+                json!({"identity": ["email"], "path": "x", "extra": 1}),
+                "extra",
+            ),
         ];
         for (raw, names) in bad {
             let err = EraseShape::parse(&raw).unwrap_err();

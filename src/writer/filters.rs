@@ -303,7 +303,10 @@ mod tests {
     #[test]
     fn soql_escapes_what_would_end_a_quoted_string() {
         let (_, filters) = split("payload/email | soql").unwrap();
-        let filled = apply(Value::String("o'brien\\x\"y\n@example.com".into()), &filters);
+        let filled = apply(
+            Value::String("o'brien\\x\"y\n@example.com".into()),
+            &filters,
+        );
         assert_eq!(
             filled.unwrap(),
             Value::String("o\\'brien\\\\x\\\"y\\n@example.com".into())

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use courier::{
     catalog::{self, NewConnection, NewRule},
     enqueue::{self, NewDelivery},
-    erasure::{self, ErasureKey, EraseError, Person, eraser::Eraser},
+    erasure::{self, EraseError, ErasureKey, Person, eraser::Eraser},
     worker::Engine,
 };
 use serde_json::json;
@@ -50,7 +50,12 @@ impl Crm {
             .seen()
             .iter()
             .map(|s| {
-                let method = s.head.split_whitespace().next().unwrap_or_default().to_owned();
+                let method = s
+                    .head
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
                 format!("{method} {} {}", s.path, s.body)
             })
             .collect()
@@ -158,7 +163,10 @@ fn deleted_last(seen: &[String]) -> usize {
         .iter()
         .filter(|s| s.to_lowercase().contains("ann.example"))
         .collect();
-    assert!(after.is_empty(), "the person reached the target after their delete: {after:?}");
+    assert!(
+        after.is_empty(),
+        "the person reached the target after their delete: {after:?}"
+    );
     delete
 }
 
@@ -168,7 +176,11 @@ fn dump(url: &str) -> String {
         .args(["--data-only", "--dbname", url])
         .output()
         .expect("pg_dump runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -183,7 +195,9 @@ async fn an_erased_person_is_deleted_at_the_target_and_purged_from_courier() {
     common::drive(&engine).await;
     assert_eq!(common::delivered(pool).await, 2);
     // A later change of Ann, pending, and a failure text quoting her.
-    enqueue::enqueue_many(pool, "people", vec![person(ANN)]).await.unwrap();
+    enqueue::enqueue_many(pool, "people", vec![person(ANN)])
+        .await
+        .unwrap();
     sqlx::query("UPDATE runs SET error = 'the target said: ' || $1")
         .bind(ANN)
         .execute(pool)
@@ -201,11 +215,12 @@ async fn an_erased_person_is_deleted_at_the_target_and_purged_from_courier() {
     }
     assert!(dumped.contains("bob@shop.test"));
     // The audit stays, naming her by keyed hash only.
-    let hashes: i64 = sqlx::query_scalar("SELECT count(*) FROM erased_identities WHERE erasure_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let hashes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM erased_identities WHERE erasure_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(hashes, 1, "her e-mail's keyed hash");
 }
 
@@ -214,13 +229,22 @@ async fn an_upsert_pending_behind_a_block_is_suppressed_not_sent() {
     let crm = Crm::start(|_| None).await;
     let (db, engine) = shop(&crm).await;
     let pool = &db.pool;
-    enqueue::enqueue_many(pool, "people", vec![person(ANN)]).await.unwrap();
+    enqueue::enqueue_many(pool, "people", vec![person(ANN)])
+        .await
+        .unwrap();
     // The budget is blocked: Ann's upsert waits.
     let key = catalog::budget_key_of(pool, "crm").await.unwrap().unwrap();
     let now = engine.clock.now();
-    courier::ratelimit::blocks::block_by_hand(pool, &key, 1, now + chrono::Duration::seconds(30), Some("30"), now)
-        .await
-        .unwrap();
+    courier::ratelimit::blocks::block_by_hand(
+        pool,
+        &key,
+        1,
+        now + chrono::Duration::seconds(30),
+        Some("30"),
+        now,
+    )
+    .await
+    .unwrap();
     let id = erasure::request(pool, &ann(), "a test").await.unwrap();
     // The block lapses while the erasure is under way; the run finds nothing to send.
     Eraser::new(&engine).run_once().await.unwrap();
@@ -228,7 +252,11 @@ async fn an_upsert_pending_behind_a_block_is_suppressed_not_sent() {
     common::drive(&engine).await;
     erase_until_closed(&engine, id).await;
     let seen = crm.seen();
-    assert_eq!(deleted_last(&seen), 0, "the delete is the only call: {seen:?}");
+    assert_eq!(
+        deleted_last(&seen),
+        0,
+        "the delete is the only call: {seen:?}"
+    );
     assert_eq!(seen.len(), 1);
 }
 
@@ -255,16 +283,28 @@ async fn an_upsert_enqueued_after_the_erasure_is_suppressed_while_open_and_after
     .unwrap();
     assert_eq!(status, "suppressed");
     assert_eq!(payload, json!({}), "its payload is not kept");
-    assert_eq!(error.as_deref(), Some(&*format!("its person is erased (erasure {id})")));
+    assert_eq!(
+        error.as_deref(),
+        Some(&*format!("its person is erased (erasure {id})"))
+    );
     erase_until_closed(&engine, id).await;
     // After the erasure closed, known by keyed hash only: still stopped, her e-mail in
     // another case under another key. A phone number alone was not in the erasure.
     let later = NewDelivery::new("customer:ann-2", json!({"email": ANN.to_uppercase()}));
-    let phone = NewDelivery::new("customer:x", json!({"email": "x@shop.test", "phone": "+48600100200"}));
-    enqueue::enqueue_many(pool, "people", vec![later, phone]).await.unwrap();
+    let phone = NewDelivery::new(
+        "customer:x",
+        json!({"email": "x@shop.test", "phone": "+48600100200"}),
+    );
+    enqueue::enqueue_many(pool, "people", vec![later, phone])
+        .await
+        .unwrap();
     common::drive(&engine).await;
     let seen = crm.seen();
-    assert_eq!(seen.len(), 3, "Bob's upsert, Ann's delete, x's upsert: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        3,
+        "Bob's upsert, Ann's delete, x's upsert: {seen:?}"
+    );
     assert!(seen[2].contains("x@shop.test"));
     let suppressed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM deliveries WHERE record_key = 'customer:ann-2'
@@ -289,21 +329,28 @@ async fn a_person_erased_by_phone_is_suppressed_by_hash_after_the_erasure_closed
     erase_until_closed(&engine, id).await;
     // The connection's erase names a person by e-mail only.
     assert_eq!(outcome(pool, id).await.0, "no_identity");
-    enqueue::enqueue_many(pool, "people", vec![person(ANN)]).await.unwrap();
+    enqueue::enqueue_many(pool, "people", vec![person(ANN)])
+        .await
+        .unwrap();
     common::drive(&engine).await;
     assert!(crm.seen().is_empty(), "{:?}", crm.seen());
     // Lifted (she consented again): her records go out again.
     let key = ErasureKey::new(KEY).unwrap();
-    let lifted = erasure::lift(pool, &key, &by_phone, "a test").await.unwrap();
-    assert_eq!(lifted, vec![id]);
-    enqueue::enqueue_many(pool, "people", vec![person(ANN)]).await.unwrap();
-    common::drive(&engine).await;
-    assert_eq!(crm.seen().len(), 1);
-    let lifted_by: Option<String> = sqlx::query_scalar("SELECT lifted_by FROM erasures WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
+    let lifted = erasure::lift(pool, &key, &by_phone, "a test")
         .await
         .unwrap();
+    assert_eq!(lifted, vec![id]);
+    enqueue::enqueue_many(pool, "people", vec![person(ANN)])
+        .await
+        .unwrap();
+    common::drive(&engine).await;
+    assert_eq!(crm.seen().len(), 1);
+    let lifted_by: Option<String> =
+        sqlx::query_scalar("SELECT lifted_by FROM erasures WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(lifted_by.as_deref(), Some("a test"));
 }
 
@@ -332,9 +379,17 @@ async fn the_delete_waits_for_a_run_under_way_and_a_target_job_holding_the_perso
     .await
     .unwrap();
     // And a run under way (its chain job not yet run): it may have claimed her upsert.
-    enqueue::enqueue_many(pool, "people", vec![person(ANN)]).await.unwrap();
-    courier::dispatcher::Dispatcher::new(&engine).run_once().await.unwrap();
-    let run: i64 = sqlx::query_scalar("SELECT id FROM runs WHERE active").fetch_one(pool).await.unwrap();
+    enqueue::enqueue_many(pool, "people", vec![person(ANN)])
+        .await
+        .unwrap();
+    courier::dispatcher::Dispatcher::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    let run: i64 = sqlx::query_scalar("SELECT id FROM runs WHERE active")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     let id = erasure::request(pool, &ann(), "a test").await.unwrap();
     let eraser = Eraser::new(&engine);
     let waiting = || async {
@@ -349,7 +404,9 @@ async fn the_delete_waits_for_a_run_under_way_and_a_target_job_holding_the_perso
     eraser.run_once().await.unwrap();
     assert_eq!(
         waiting().await.as_deref(),
-        Some(&*format!("waiting for run {run} of rule people, under way when the erasure was asked"))
+        Some(&*format!(
+            "waiting for run {run} of rule people, under way when the erasure was asked"
+        ))
     );
     // The run ends (its claim passes the gate: nothing of hers is sent); the job holds on.
     for job in common::take_jobs(&engine).await {
@@ -359,7 +416,9 @@ async fn the_delete_waits_for_a_run_under_way_and_a_target_job_holding_the_perso
     eraser.run_once().await.unwrap();
     assert_eq!(
         waiting().await.as_deref(),
-        Some(&*format!("waiting for target job {job} of rule people, which holds their records"))
+        Some(&*format!(
+            "waiting for target job {job} of rule people, which holds their records"
+        ))
     );
     assert!(crm.seen().is_empty(), "{:?}", crm.seen());
     sqlx::query("UPDATE target_jobs SET status = 'complete', finished_at = now()")
@@ -388,10 +447,11 @@ async fn a_429_to_the_delete_blocks_the_budget_and_spends_no_attempt() {
     let id = erasure::request(pool, &ann(), "a test").await.unwrap();
     Eraser::new(&engine).run_once().await.unwrap();
     assert_eq!(outcome(pool, id).await, ("pending".into(), None, 0));
-    let blocked: i64 = sqlx::query_scalar("SELECT count(*) FROM connection_blocks WHERE rule_id IS NULL")
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let blocked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM connection_blocks WHERE rule_id IS NULL")
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(blocked, 1, "the 429 blocks the connection's budget");
     erase_until_closed(&engine, id).await;
     assert_eq!(outcome(pool, id).await, ("erased".into(), Some(200), 1));
@@ -432,7 +492,13 @@ async fn a_person_the_target_does_not_know_is_done_and_a_connection_without_an_e
     assert_eq!(parts[0].1, "unknown");
     assert_eq!(parts[1].0, "no-erase");
     assert_eq!(parts[1].1, "no_operation");
-    assert!(parts[1].2.as_deref().unwrap().contains("no erase operation"));
+    assert!(
+        parts[1]
+            .2
+            .as_deref()
+            .unwrap()
+            .contains("no erase operation")
+    );
 }
 
 #[tokio::test]
@@ -441,9 +507,27 @@ async fn bad_identities_are_refused_naming_the_field_and_the_same_person_is_one_
     let pool = &db.pool;
     let cases = [
         (Person::default(), "no identity"),
-        (Person { email: Some("not an address".into()), ..Default::default() }, "email"),
-        (Person { phone: Some("call me".into()), ..Default::default() }, "phone"),
-        (Person { keys: vec![" ".into()], ..Default::default() }, "keys"),
+        (
+            Person {
+                email: Some("not an address".into()),
+                ..Default::default()
+            },
+            "email",
+        ),
+        (
+            Person {
+                phone: Some("call me".into()),
+                ..Default::default()
+            },
+            "phone",
+        ),
+        (
+            Person {
+                keys: vec![" ".into()],
+                ..Default::default()
+            },
+            "keys",
+        ),
     ];
     for (person, names) in cases {
         match erasure::request(pool, &person, "a test").await {
@@ -455,13 +539,20 @@ async fn bad_identities_are_refused_naming_the_field_and_the_same_person_is_one_
         .fetch_one(pool)
         .await
         .unwrap_err();
-    assert!(unknown.to_string().contains("unknown identity kind \"fax\""));
+    assert!(
+        unknown
+            .to_string()
+            .contains("unknown identity kind \"fax\"")
+    );
     let first = erasure::request(pool, &ann(), "a test").await.unwrap();
     let again = Person {
         email: Some(format!("  {}  ", ANN.to_lowercase())),
         ..Default::default()
     };
-    assert_eq!(erasure::request(pool, &again, "a test").await.unwrap(), first);
+    assert_eq!(
+        erasure::request(pool, &again, "a test").await.unwrap(),
+        first
+    );
 }
 
 #[tokio::test]
@@ -471,7 +562,9 @@ async fn a_worker_without_the_key_holds_deliveries_back_once_anyone_is_erased() 
     let pool = &db.pool;
     let keyless = common::engine(pool, common::settings(&db.url));
     erasure::request(pool, &ann(), "a test").await.unwrap();
-    enqueue::enqueue_many(pool, "people", vec![person("bob@shop.test")]).await.unwrap();
+    enqueue::enqueue_many(pool, "people", vec![person("bob@shop.test")])
+        .await
+        .unwrap();
     common::drive(&keyless).await;
     assert!(crm.seen().is_empty());
     let (status, error): (String, Option<String>) = sqlx::query_as(
@@ -510,6 +603,18 @@ async fn a_target_taking_several_people_a_call_gets_them_in_one() {
     }
     let seen = crm.seen();
     assert_eq!(seen.len(), 1, "{seen:?}");
-    let body: serde_json::Value = serde_json::from_str(seen[0].split_once(' ').unwrap().1.split_once(' ').unwrap().1).unwrap();
-    assert_eq!(body, json!({"emails": ["ann@shop.test", "bob@shop.test", "cy@shop.test"]}));
+    let body: serde_json::Value = serde_json::from_str(
+        seen[0]
+            .split_once(' ')
+            .unwrap()
+            .1
+            .split_once(' ')
+            .unwrap()
+            .1,
+    )
+    .unwrap();
+    assert_eq!(
+        body,
+        json!({"emails": ["ann@shop.test", "bob@shop.test", "cy@shop.test"]})
+    );
 }

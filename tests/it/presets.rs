@@ -8,13 +8,13 @@
 use std::sync::Arc;
 
 use crate::common::*;
+use courier::erasure::{self, ErasureKey, Person, eraser::Eraser};
 use courier::{
     apply, catalog,
     enqueue::NewDelivery,
     presets::PRESETS,
     worker::{self, Engine},
 };
-use courier::erasure::{self, ErasureKey, Person, eraser::Eraser};
 use courier_target::Target;
 use serde_json::json;
 
@@ -252,7 +252,10 @@ async fn every_presets_erase_forgets_a_delivered_customer_as_its_vendor_answers(
         let engine = engine(&db.pool, erasing(&db.url));
         drive(&engine).await;
         let cell = preset.name;
-        assert!(target.contacts(preset.name).contains_key(email), "{cell}: delivered first");
+        assert!(
+            target.contacts(preset.name).contains_key(email),
+            "{cell}: delivered first"
+        );
         let known = Person {
             email: Some(email.into()),
             external_id: Some(email.into()),
@@ -279,23 +282,35 @@ async fn every_presets_erase_forgets_a_delivered_customer_as_its_vendor_answers(
             .fetch_one(&db.pool)
             .await
             .unwrap();
-            outcomes.push(format!("{outcome} ({})", status.map_or("-".into(), |s| s.to_string())));
+            outcomes.push(format!(
+                "{outcome} ({})",
+                status.map_or("-".into(), |s| s.to_string())
+            ));
             let made: Vec<String> = target.requests()[before..]
                 .iter()
                 .map(|r| format!("{} {}", r.method, r.path))
                 .collect();
             calls.push(made.join(", then "));
         }
-        assert!(!target.contacts(preset.name).contains_key(email), "{cell}: still kept");
+        assert!(
+            !target.contacts(preset.name).contains_key(email),
+            "{cell}: still kept"
+        );
         let expected = match preset.name {
             "klaviyo" | "braze" => ["queued", "queued"],
             "hubspot" | "customerio" => ["erased", "erased"],
             _ => ["erased", "unknown"],
         };
         for (got, want) in outcomes.iter().zip(expected) {
-            assert!(got.starts_with(want), "{cell}: {outcomes:?}, calls {calls:?}");
+            assert!(
+                got.starts_with(want),
+                "{cell}: {outcomes:?}, calls {calls:?}"
+            );
         }
-        cells.push(format!("| {cell} | {} | {} | {} |", calls[0], outcomes[0], outcomes[1]));
+        cells.push(format!(
+            "| {cell} | {} | {} | {} |",
+            calls[0], outcomes[0], outcomes[1]
+        ));
     }
     println!("{}", cells.join("\n"));
     assert_eq!(cells.len(), presets.len());

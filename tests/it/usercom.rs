@@ -690,7 +690,9 @@ async fn an_erased_user_is_deleted_from_the_workspace() {
         external_id: Some("c1".into()),
         ..Default::default()
     };
-    let id = courier::erasure::request(&db.pool, &person, "a test").await.unwrap();
+    let id = courier::erasure::request(&db.pool, &person, "a test")
+        .await
+        .unwrap();
     let eraser = courier::erasure::eraser::Eraser::new(&e);
     for _ in 0..5 {
         eraser.run_once().await.unwrap();

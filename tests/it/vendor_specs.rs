@@ -370,7 +370,9 @@ async fn the_klaviyo_presets_erase_passes_klaviyos_own_spec() {
             phone: phone.map(str::to_owned),
             ..Default::default()
         };
-        let id = courier::erasure::request(&db.pool, &person, "a test").await.unwrap();
+        let id = courier::erasure::request(&db.pool, &person, "a test")
+            .await
+            .unwrap();
         let eraser = courier::erasure::eraser::Eraser::new(&engine);
         for _ in 0..5 {
             eraser.run_once().await.unwrap();
@@ -401,13 +403,20 @@ async fn the_brevo_presets_erase_passes_brevos_own_spec() {
     preset_keys();
     let prism = Prism::start("brevo/delete_contact.json");
     let refused = reqwest::Client::new()
-        .delete(format!("{}contacts/ann%40example.com?identifierType=email", prism.base_url()))
+        .delete(format!(
+            "{}contacts/ann%40example.com?identifierType=email",
+            prism.base_url()
+        ))
         .header("api-key", PRESET_KEY)
         .send()
         .await
         .unwrap();
     // Prism answers a parameter the spec refuses with 400 (a body with 422).
-    assert_eq!(refused.status().as_u16(), 400, "prism must validate parameters");
+    assert_eq!(
+        refused.status().as_u16(),
+        400,
+        "prism must validate parameters"
+    );
     let preset = presets::find("brevo").unwrap();
     let mut file: Value = serde_json::from_str(preset.text).unwrap();
     file["connections"][0]["base_url"] = json!(prism.base_url());
@@ -427,7 +436,9 @@ async fn the_brevo_presets_erase_passes_brevos_own_spec() {
         email: Some("Ann@Example.com".into()),
         ..Default::default()
     };
-    let id = courier::erasure::request(&db.pool, &person, "a test").await.unwrap();
+    let id = courier::erasure::request(&db.pool, &person, "a test")
+        .await
+        .unwrap();
     let eraser = courier::erasure::eraser::Eraser::new(&engine);
     for _ in 0..5 {
         eraser.run_once().await.unwrap();

@@ -18,8 +18,16 @@ use courier_target::Target;
 pub const DEFAULT_RECORDS: usize = 1_000;
 /// The presets, their customer rule, and a customer's payload there (`{e}`: the e-mail).
 const TARGETS: [(&str, &str, &str); 3] = [
-    ("hubspot", "hubspot-contacts", r#"{"email": "{e}", "firstname": "C"}"#),
-    ("brevo", "brevo-contacts", r#"{"email": "{e}", "firstname": "C"}"#),
+    (
+        "hubspot",
+        "hubspot-contacts",
+        r#"{"email": "{e}", "firstname": "C"}"#,
+    ),
+    (
+        "brevo",
+        "brevo-contacts",
+        r#"{"email": "{e}", "firstname": "C"}"#,
+    ),
     (
         "mailchimp",
         "mailchimp-members",
@@ -44,12 +52,23 @@ pub(super) async fn run(
     }
     if std::env::var("COURIER_ERASURE_KEY").is_err() {
         // SAFETY: set once, before the worker process is spawned (it inherits it).
-        unsafe { std::env::set_var("COURIER_ERASURE_KEY", "bench-erasure-key-0123456789abcdef01234") };
+        unsafe {
+            std::env::set_var(
+                "COURIER_ERASURE_KEY",
+                "bench-erasure-key-0123456789abcdef01234",
+            )
+        };
     }
     let worker = Child::spawn(url, &config.settings)?;
     let started = Instant::now();
     let everyone = (TARGETS.len() * people) as i64;
-    wait(pool, "every customer delivered", "SELECT count(*) FROM deliveries WHERE status = 'delivered'", everyone).await?;
+    wait(
+        pool,
+        "every customer delivered",
+        "SELECT count(*) FROM deliveries WHERE status = 'delivered'",
+        everyone,
+    )
+    .await?;
     let delivered_secs = started.elapsed().as_secs_f64();
     let at_targets: usize = TARGETS.iter().map(|(p, ..)| target.contacts(p).len()).sum();
     let calls_before = target.counters().requests;
@@ -63,7 +82,13 @@ pub(super) async fn run(
     .execute(pool)
     .await?;
     let ask_secs = asked.elapsed().as_secs_f64();
-    wait(pool, "every erasure closed", "SELECT count(*) FROM erasures WHERE status = 'done'", people as i64).await?;
+    wait(
+        pool,
+        "every erasure closed",
+        "SELECT count(*) FROM erasures WHERE status = 'done'",
+        people as i64,
+    )
+    .await?;
     let erased_secs = asked.elapsed().as_secs_f64();
     let cpu = worker.cpu_seconds();
     worker.stop()?;
@@ -110,7 +135,10 @@ async fn apply_preset(pool: &PgPool, preset: &str, rule: &str, target: &str) -> 
     let found = courier::presets::find(preset).map_err(anyhow::Error::msg)?;
     let mut file: serde_json::Value = serde_json::from_str(found.text)?;
     let connection = &mut file["connections"][0];
-    let base = connection["base_url"].as_str().unwrap_or_default().to_owned();
+    let base = connection["base_url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let prefix = base
         .split_once("://")
         .and_then(|(_, rest)| rest.split_once('/'))
@@ -134,7 +162,12 @@ async fn apply_preset(pool: &PgPool, preset: &str, rule: &str, target: &str) -> 
 }
 
 /// `people` customers `c<i>@example.com` for `rule`, by one INSERT.
-async fn insert_customers(pool: &PgPool, rule: &str, payload: &str, people: usize) -> anyhow::Result<()> {
+async fn insert_customers(
+    pool: &PgPool,
+    rule: &str,
+    payload: &str,
+    people: usize,
+) -> anyhow::Result<()> {
     let (before, after) = payload.split_once("{e}").expect("a payload names {e}");
     sqlx::query(
         "INSERT INTO deliveries (rule_id, record_key, payload)

@@ -18,8 +18,8 @@
 //! run reads the raw rows).
 
 mod bulk;
-pub mod erasure;
 pub mod chaos;
+pub mod erasure;
 mod fixtures;
 pub mod limits;
 mod plot;

@@ -311,9 +311,14 @@ pub fn erasure_cells(
         .targets
         .iter()
         .map(|t| match (&t.waiting_for, &t.error) {
-            (Some(w), _) if t.outcome == "pending" => format!("{}: {} ({w})", t.connection, t.outcome),
+            (Some(w), _) if t.outcome == "pending" => {
+                format!("{}: {} ({w})", t.connection, t.outcome)
+            }
             (_, Some(err)) if t.outcome == "pending" => {
-                format!("{}: {} (attempt {}: {err})", t.connection, t.outcome, t.attempts)
+                format!(
+                    "{}: {} (attempt {}: {err})",
+                    t.connection, t.outcome, t.attempts
+                )
             }
             _ => format!("{}: {}", t.connection, t.outcome),
         })

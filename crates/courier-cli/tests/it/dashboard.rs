@@ -489,7 +489,10 @@ async fn the_dashboard_shows_every_budget_and_the_targets_jobs_in_a_real_browser
             && erasures.contains("klaviyo: pending"),
         "the open erasure and its connection's part: {erasures}"
     );
-    assert!(!erasures.contains("p1@example.com"), "never the person: {erasures}");
+    assert!(
+        !erasures.contains("p1@example.com"),
+        "never the person: {erasures}"
+    );
     let budgets = section(&dom, "budgets");
     for row in [
         "<td>klaviyo:events</td><td>klaviyo</td><td>rule</td>",
