@@ -306,19 +306,40 @@ pub async fn close(pool: &PgPool, most: i64, now: DateTime<Utc>) -> Result<Vec<i
     if ready.is_empty() {
         return Ok(ready);
     }
+    purge(&mut tx, &ready, now).await?;
+    sqlx::query!(
+        "UPDATE erasures SET status = 'done', finished_at = $2, identities = NULL
+         WHERE id = ANY($1)",
+        &ready,
+        now
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(ready)
+}
+
+/// Purges the people of erasures `ready` from courier's tables: whatever named them since
+/// the first sweep is marked too, then their deliveries (ledger rows with them) and
+/// delivered records are deleted and their values scrubbed from stored texts.
+async fn purge(
+    tx: &mut PgConnection,
+    ready: &[i64],
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
     // Whatever named them since the first sweep (a later enqueue not yet claimed).
-    sweep(&mut tx, Some(&ready), now).await?;
+    sweep(&mut *tx, Some(ready), now).await?;
     // The runs that carried their records: the texts that may quote them were written
     // there (a call's error is every record's of the call).
     let runs: Vec<i64> = sqlx::query_scalar!(
         r#"SELECT DISTINCT l.run_id AS "run_id!" FROM ledger l
            WHERE l.run_id IS NOT NULL AND l.delivery_id IN (
                SELECT d.id FROM deliveries d WHERE d.erasure_id = ANY($1))"#,
-        &ready
+        ready
     )
     .fetch_all(&mut *tx)
     .await?;
-    sqlx::query!("DELETE FROM deliveries WHERE erasure_id = ANY($1)", &ready)
+    sqlx::query!("DELETE FROM deliveries WHERE erasure_id = ANY($1)", ready)
         .execute(&mut *tx)
         .await?;
     sqlx::query!(
@@ -334,7 +355,7 @@ pub async fn close(pool: &PgPool, most: i64, now: DateTime<Utc>) -> Result<Vec<i
              SELECT DISTINCT n.rule_id, n.record_key
              FROM named n JOIN wanted w ON w.kind = n.kind AND w.value = n.value) g
          WHERE dr.rule_id = g.rule_id AND dr.record_key = g.record_key",
-        &ready
+        ready
     )
     .execute(&mut *tx)
     .await?;
@@ -342,33 +363,25 @@ pub async fn close(pool: &PgPool, most: i64, now: DateTime<Utc>) -> Result<Vec<i
         r#"SELECT DISTINCT i.value AS "value!"
            FROM erasures e CROSS JOIN LATERAL courier_person_identities(e.identities) i
            WHERE e.id = ANY($1)"#,
-        &ready
+        ready
     )
     .fetch_all(&mut *tx)
     .await?;
-    scrub(&mut tx, &values, &runs, &ready).await?;
-    sqlx::query!(
-        "UPDATE erasures SET status = 'done', finished_at = $2, identities = NULL
-         WHERE id = ANY($1)",
-        &ready,
-        now
-    )
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(ready)
+    scrub(tx, &values, &runs, ready).await?;
+    Ok(())
 }
 
 /// Replaces `values` in every text courier stored that may quote the people of erasures
 /// `erasures`: errors of the ledger, deliveries, runs and target jobs of `runs` (those that
-/// carried their records), of circuits and of the erasures' parts, and a block's raw header.
+/// carried their records), of circuits and of the erasures' parts, and a block's raw header;
+/// one statement.
 async fn scrub(
     tx: &mut PgConnection,
     values: &[String],
     runs: &[i64],
     erasures: &[i64],
 ) -> Result<(), sqlx::Error> {
-    let values: Vec<&String> = values.iter().filter(|v| !v.is_empty()).collect();
+    let values: Vec<String> = values.iter().filter(|v| !v.is_empty()).cloned().collect();
     if values.is_empty() {
         return Ok(());
     }
@@ -383,74 +396,43 @@ async fn scrub(
             format!("%{escaped}%")
         })
         .collect();
-    let values: Vec<String> = values.into_iter().cloned().collect();
     // The ledger's trigger lets a scrub change its error text, and nothing else.
     sqlx::query_scalar!("SELECT set_config('courier.scrubbing', 'on', true)")
         .fetch_one(&mut *tx)
         .await?;
     sqlx::query!(
-        "UPDATE ledger SET error = courier_scrub(error, $1)
-         WHERE run_id = ANY($3) AND error ILIKE ANY($2)",
+        "WITH ledger_rows AS (
+             UPDATE ledger SET error = courier_scrub(error, $1)
+             WHERE run_id = ANY($3) AND error ILIKE ANY($2)),
+         delivery_rows AS (
+             UPDATE deliveries SET last_error = courier_scrub(last_error, $1)
+             WHERE id IN (SELECT l.delivery_id FROM ledger l WHERE l.run_id = ANY($3))
+               AND last_error ILIKE ANY($2)),
+         run_rows AS (
+             UPDATE runs SET error = courier_scrub(error, $1)
+             WHERE id = ANY($3) AND error ILIKE ANY($2)),
+         job_rows AS (
+             UPDATE target_jobs SET error = courier_scrub(error, $1),
+                    last_said = courier_scrub(last_said, $1)
+             WHERE run_id = ANY($3) AND (error ILIKE ANY($2) OR last_said ILIKE ANY($2))),
+         circuit_rows AS (
+             UPDATE circuits SET last_error = courier_scrub(last_error, $1),
+                    unusable_error = courier_scrub(unusable_error, $1)
+             WHERE last_error ILIKE ANY($2) OR unusable_error ILIKE ANY($2)),
+         part_rows AS (
+             UPDATE erasure_targets SET error = courier_scrub(error, $1),
+                    waiting_for = courier_scrub(waiting_for, $1)
+             WHERE erasure_id = ANY($4) AND (error ILIKE ANY($2) OR waiting_for ILIKE ANY($2))),
+         block_rows AS (
+             UPDATE connection_blocks SET retry_after_raw = courier_scrub(retry_after_raw, $1)
+             WHERE retry_after_raw ILIKE ANY($2))
+         SELECT 1 AS one",
         &values,
         &like,
-        runs
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE deliveries SET last_error = courier_scrub(last_error, $1)
-         WHERE id IN (SELECT l.delivery_id FROM ledger l WHERE l.run_id = ANY($3))
-           AND last_error ILIKE ANY($2)",
-        &values,
-        &like,
-        runs
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE runs SET error = courier_scrub(error, $1) WHERE id = ANY($3) AND error ILIKE ANY($2)",
-        &values,
-        &like,
-        runs
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE target_jobs SET error = courier_scrub(error, $1),
-                last_said = courier_scrub(last_said, $1)
-         WHERE run_id = ANY($3) AND (error ILIKE ANY($2) OR last_said ILIKE ANY($2))",
-        &values,
-        &like,
-        runs
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE circuits SET last_error = courier_scrub(last_error, $1),
-                unusable_error = courier_scrub(unusable_error, $1)
-         WHERE last_error ILIKE ANY($2) OR unusable_error ILIKE ANY($2)",
-        &values,
-        &like
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE erasure_targets SET error = courier_scrub(error, $1),
-                waiting_for = courier_scrub(waiting_for, $1)
-         WHERE erasure_id = ANY($3) AND (error ILIKE ANY($2) OR waiting_for ILIKE ANY($2))",
-        &values,
-        &like,
+        runs,
         erasures
     )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "UPDATE connection_blocks SET retry_after_raw = courier_scrub(retry_after_raw, $1)
-         WHERE retry_after_raw ILIKE ANY($2)",
-        &values,
-        &like
-    )
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
     Ok(())
 }

@@ -158,68 +158,21 @@ impl EraseShape {
             return Err(format!("content_type {t:?} is not a header value"));
         }
         let item = raw.item.map(Template::new);
-        let batch_size = match (&item, raw.batch_size) {
-            (None, None) => {
-                if let Some(body) = &body {
-                    body.check("erase body", Place::Item)?;
-                }
-                1
-            }
-            (Some(item), Some(size)) if (1..=1000).contains(&size) => {
-                item.check("erase item", Place::Item)?;
-                let records = match &body {
-                    Some(body) => body.check("erase body", Place::Body)?,
-                    None => 0,
-                };
-                if records != 1 {
-                    return Err("a batch's body holds {{records}} once (its people's items)".into());
-                }
-                if raw.lookup.is_some() || !template::path_slots(&raw.path)?.is_empty() {
-                    return Err(
-                        "a batch's path names nobody and it has no lookup (its people are in \
-                         its body)"
-                            .into(),
-                    );
-                }
-                size
-            }
-            _ => {
-                return Err(
-                    "item and batch_size go together: batch_size people per call (1..=1000), \
-                     each as item in the body's {{records}}"
-                        .into(),
-                );
-            }
-        };
+        let batch_size = batch_size(
+            &item,
+            raw.batch_size,
+            &body,
+            &raw.path,
+            raw.lookup.is_some(),
+        )?;
         if let Some(l) = &raw.lookup {
             check_path(&l.path, false).map_err(|e| format!("lookup: {e}"))?;
             if !l.found.is_empty() && !l.found.starts_with('/') {
                 return Err(format!("lookup: found {:?} is not a JSON pointer", l.found));
             }
         }
-        let limits = raw
-            .limits
-            .map(|l| {
-                let parsed = l
-                    .iter()
-                    .map(|s| {
-                        s.parse::<Limit>()
-                            .map_err(|e| format!("limits: {s:?}: {e}"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                limits::check(parsed).map_err(|e| format!("limits: {e}"))
-            })
-            .transpose()?;
-        let answers = raw
-            .answers
-            .into_iter()
-            .map(|(status, said)| match status.parse::<u16>() {
-                Ok(s) if (200..600).contains(&s) && s != 429 => Ok((s, said)),
-                _ => Err(format!(
-                    "answers: {status:?} is not an HTTP status courier reads (200..599 but 429)"
-                )),
-            })
-            .collect::<Result<_, _>>()?;
+        let limits = raw.limits.map(|l| read_limits(&l)).transpose()?;
+        let answers = read_answers(raw.answers)?;
         Ok(EraseShape {
             identity: raw.identity,
             method,
@@ -302,6 +255,73 @@ impl EraseShape {
             None => (200..300).contains(&status).then_some(Said::Erased),
         }
     }
+}
+
+/// People per call: 1, the body naming the person; or `size`, each person's `item` in the
+/// body's `{{records}}`, the path naming nobody, no lookup.
+fn batch_size(
+    item: &Option<Template>,
+    size: Option<usize>,
+    body: &Option<Template>,
+    path: &str,
+    lookup: bool,
+) -> Result<usize, String> {
+    match (item, size) {
+        (None, None) => {
+            if let Some(body) = body {
+                body.check("erase body", Place::Item)?;
+            }
+            Ok(1)
+        }
+        (Some(item), Some(size)) if (1..=1000).contains(&size) => {
+            item.check("erase item", Place::Item)?;
+            let records = match body {
+                Some(body) => body.check("erase body", Place::Body)?,
+                None => 0,
+            };
+            if records != 1 {
+                return Err("a batch's body holds {{records}} once (its people's items)".into());
+            }
+            if lookup || !template::path_slots(path)?.is_empty() {
+                return Err(
+                    "a batch's path names nobody and it has no lookup (its people are in its \
+                     body)"
+                        .into(),
+                );
+            }
+            Ok(size)
+        }
+        _ => Err(
+            "item and batch_size go together: batch_size people per call (1..=1000), each as \
+             item in the body's {{records}}"
+                .into(),
+        ),
+    }
+}
+
+/// The endpoint's own limits (`3/s`, `60/min`), checked as a connection's are.
+fn read_limits(stated: &[String]) -> Result<Vec<Limit>, String> {
+    let parsed = stated
+        .iter()
+        .map(|s| {
+            s.parse::<Limit>()
+                .map_err(|e| format!("limits: {s:?}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    limits::check(parsed).map_err(|e| format!("limits: {e}"))
+}
+
+/// What each stated status says (a 429 is never the operation's to read).
+fn read_answers(stated: BTreeMap<String, Said>) -> Result<BTreeMap<u16, Said>, String> {
+    stated
+        .into_iter()
+        .map(|(status, said)| match status.parse::<u16>() {
+            Ok(s) if (200..600).contains(&s) && s != 429 => Ok((s, said)),
+            _ => Err(format!(
+                "answers: {status:?} is not an HTTP status courier reads (200..599 but 429)"
+            )),
+        })
+        .collect()
 }
 
 /// The person as a template's record: its payload.

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::common::*;
-use courier::erasure::{self, ErasureKey, Person, eraser::Eraser};
+use courier::erasure::Person;
 use courier::{
     apply, catalog,
     enqueue::NewDelivery,
@@ -269,19 +269,8 @@ async fn every_presets_erase_forgets_a_delivered_customer_as_its_vendor_answers(
         let (mut outcomes, mut calls) = (Vec::new(), Vec::new());
         for person in [known, stranger] {
             let before = target.requests().len();
-            let id = erasure::request(&db.pool, &person, "a test").await.unwrap();
-            let eraser = Eraser::new(&engine);
-            for _ in 0..20 {
-                eraser.run_once().await.unwrap();
-                engine.clock.advance(chrono::Duration::seconds(6));
-            }
-            let (outcome, status): (String, Option<i16>) = sqlx::query_as(
-                "SELECT outcome, http_status FROM erasure_targets WHERE erasure_id = $1",
-            )
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+            let id = erase(&engine, &person).await;
+            let (outcome, status) = erased_part(&db.pool, id).await;
             outcomes.push(format!(
                 "{outcome} ({})",
                 status.map_or("-".into(), |s| s.to_string())
@@ -314,14 +303,6 @@ async fn every_presets_erase_forgets_a_delivered_customer_as_its_vendor_answers(
     }
     println!("{}", cells.join("\n"));
     assert_eq!(cells.len(), presets.len());
-}
-
-/// Test settings with an erasure key.
-fn erasing(url: &str) -> courier::config::Settings {
-    courier::config::Settings {
-        erasure_key: Some(ErasureKey::new("a-key-for-the-preset-tests-only-0123456789").unwrap()),
-        ..settings(url)
-    }
 }
 
 /// Brevo's update-only batch: a contact Brevo does not know fails the whole call (404

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::{TestDb, drive, engine, settings};
+use crate::common::{TestDb, drive, engine, erase, erased_part, erasing, settings};
 use courier::{
     apply,
     enqueue::{self, NewDelivery},
@@ -677,33 +677,15 @@ async fn an_erased_user_is_deleted_from_the_workspace() {
     enqueue::enqueue_many(&db.pool, "usercom-users", users.collect())
         .await
         .unwrap();
-    let settings = courier::config::Settings {
-        erasure_key: Some(
-            courier::erasure::ErasureKey::new("a-key-for-the-usercom-tests-0123456789").unwrap(),
-        ),
-        ..settings(&db.url)
-    };
-    let e = engine(&db.pool, settings);
+    let e = engine(&db.pool, erasing(&db.url));
     drive(&e).await;
     assert_eq!(t.counters().workspaces["shop"].stored["users"], 3);
     let person = courier::erasure::Person {
         external_id: Some("c1".into()),
         ..Default::default()
     };
-    let id = courier::erasure::request(&db.pool, &person, "a test")
-        .await
-        .unwrap();
-    let eraser = courier::erasure::eraser::Eraser::new(&e);
-    for _ in 0..5 {
-        eraser.run_once().await.unwrap();
-        e.clock.advance(chrono::Duration::seconds(2));
-    }
-    let (outcome, status): (String, Option<i16>) =
-        sqlx::query_as("SELECT outcome, http_status FROM erasure_targets WHERE erasure_id = $1")
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let id = erase(&e, &person).await;
+    let (outcome, status) = erased_part(&db.pool, id).await;
     assert_eq!((outcome.as_str(), status), ("erased", Some(204)));
     assert_eq!(t.counters().workspaces["shop"].stored["users"], 2);
     let left: Vec<String> = sqlx::query_scalar("SELECT record_key FROM deliveries ORDER BY id")

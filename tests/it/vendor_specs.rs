@@ -352,13 +352,7 @@ async fn the_klaviyo_presets_erase_passes_klaviyos_own_spec() {
     apply::apply_file(&db.pool, &file.to_string(), Default::default())
         .await
         .unwrap();
-    let settings = courier::config::Settings {
-        erasure_key: Some(
-            courier::erasure::ErasureKey::new("a-key-for-the-spec-tests-only-0123456789").unwrap(),
-        ),
-        ..settings(&db.url)
-    };
-    let engine = engine(&db.pool, settings);
+    let engine = engine(&db.pool, erasing(&db.url));
     let people = [
         (Some("ann@example.com"), None),
         (None, Some("+15005550006")),
@@ -370,21 +364,8 @@ async fn the_klaviyo_presets_erase_passes_klaviyos_own_spec() {
             phone: phone.map(str::to_owned),
             ..Default::default()
         };
-        let id = courier::erasure::request(&db.pool, &person, "a test")
-            .await
-            .unwrap();
-        let eraser = courier::erasure::eraser::Eraser::new(&engine);
-        for _ in 0..5 {
-            eraser.run_once().await.unwrap();
-            engine.clock.advance(chrono::Duration::seconds(2));
-        }
-        let got: (String, Option<i16>, Option<String>) = sqlx::query_as(
-            "SELECT outcome, http_status, error FROM erasure_targets WHERE erasure_id = $1",
-        )
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+        let id = erase(&engine, &person).await;
+        let got = erased_part(&db.pool, id).await;
         assert_eq!(
             (got.0.as_str(), got.1),
             ("queued", Some(202)),
@@ -425,31 +406,12 @@ async fn the_brevo_presets_erase_passes_brevos_own_spec() {
     apply::apply_file(&db.pool, &file.to_string(), Default::default())
         .await
         .unwrap();
-    let settings = courier::config::Settings {
-        erasure_key: Some(
-            courier::erasure::ErasureKey::new("a-key-for-the-spec-tests-only-0123456789").unwrap(),
-        ),
-        ..settings(&db.url)
-    };
-    let engine = engine(&db.pool, settings);
+    let engine = engine(&db.pool, erasing(&db.url));
     let person = courier::erasure::Person {
         email: Some("Ann@Example.com".into()),
         ..Default::default()
     };
-    let id = courier::erasure::request(&db.pool, &person, "a test")
-        .await
-        .unwrap();
-    let eraser = courier::erasure::eraser::Eraser::new(&engine);
-    for _ in 0..5 {
-        eraser.run_once().await.unwrap();
-        engine.clock.advance(chrono::Duration::seconds(2));
-    }
-    let got: (String, Option<i16>, Option<String>) = sqlx::query_as(
-        "SELECT outcome, http_status, error FROM erasure_targets WHERE erasure_id = $1",
-    )
-    .bind(id)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let id = erase(&engine, &person).await;
+    let got = erased_part(&db.pool, id).await;
     assert_eq!((got.0.as_str(), got.1), ("erased", Some(204)), "{got:?}");
 }

@@ -94,21 +94,7 @@ pub(super) async fn run(
     worker.stop()?;
     let c = target.counters();
     let left_at_targets: usize = TARGETS.iter().map(|(p, ..)| target.contacts(p).len()).sum();
-    let left_in_courier: i64 = sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM deliveries) + (SELECT count(*) FROM delivered_records)
-              + (SELECT count(*) FROM ledger WHERE error LIKE '%@example.com%')
-              + (SELECT count(*) FROM erasures WHERE identities IS NOT NULL)",
-    )
-    .fetch_one(pool)
-    .await?;
-    let outcomes: Vec<(String, String, i64, f64)> = sqlx::query_as(
-        "SELECT connection, outcome, count(*),
-                extract(epoch FROM max(t.answered_at) - min(e.asked_at))::float8
-         FROM erasure_targets t JOIN erasures e ON e.id = t.erasure_id
-         GROUP BY connection, outcome ORDER BY connection, outcome",
-    )
-    .fetch_all(pool)
-    .await?;
+    let (left_in_courier, outcomes) = what_is_left(pool).await?;
     report.figure("people", people as u64);
     report.figure("customers delivered first (s)", delivered_secs);
     report.figure("people at the targets before", at_targets as u64);
@@ -127,6 +113,27 @@ pub(super) async fn run(
     report.figure("rows of theirs left in courier", left_in_courier as u64);
     report.figure("worker CPU (s)", cpu);
     Ok(())
+}
+
+/// Rows of the erased people left in courier's tables, and each connection's parts by
+/// outcome with the time from the request to its last answer.
+async fn what_is_left(pool: &PgPool) -> anyhow::Result<(i64, Vec<(String, String, i64, f64)>)> {
+    let left_in_courier: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM deliveries) + (SELECT count(*) FROM delivered_records)
+              + (SELECT count(*) FROM ledger WHERE error LIKE '%@example.com%')
+              + (SELECT count(*) FROM erasures WHERE identities IS NOT NULL)",
+    )
+    .fetch_one(pool)
+    .await?;
+    let outcomes: Vec<(String, String, i64, f64)> = sqlx::query_as(
+        "SELECT connection, outcome, count(*),
+                extract(epoch FROM max(t.answered_at) - min(e.asked_at))::float8
+         FROM erasure_targets t JOIN erasures e ON e.id = t.erasure_id
+         GROUP BY connection, outcome ORDER BY connection, outcome",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok((left_in_courier, outcomes))
 }
 
 /// Preset `preset` with only `rule`, its connection on the target (the vendor's path

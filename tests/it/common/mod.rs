@@ -591,3 +591,45 @@ pub fn preset_rule(
     }
     file
 }
+
+/// Test settings with an erasure key (`COURIER_ERASURE_KEY`).
+pub fn erasing(url: &str) -> Settings {
+    Settings {
+        erasure_key: Some(
+            courier::erasure::ErasureKey::new("an-erasure-key-for-the-tests-only-0123456789")
+                .unwrap(),
+        ),
+        ..settings(url)
+    }
+}
+
+/// Asks to erase `person` and runs the eraser's passes, the clock 6 s on after each, until
+/// the erasure closes (at most 20 passes); returns its id.
+pub async fn erase(engine: &Arc<Engine>, person: &courier::erasure::Person) -> i64 {
+    let id = courier::erasure::request(&engine.pool, person, "a test")
+        .await
+        .unwrap();
+    let eraser = courier::erasure::eraser::Eraser::new(engine);
+    for _ in 0..20 {
+        eraser.run_once().await.unwrap();
+        let status: String = sqlx::query_scalar("SELECT status FROM erasures WHERE id = $1")
+            .bind(id)
+            .fetch_one(&engine.pool)
+            .await
+            .unwrap();
+        if status == "done" {
+            return id;
+        }
+        engine.clock.advance(chrono::Duration::seconds(6));
+    }
+    panic!("erasure {id} did not close");
+}
+
+/// Erasure `id`'s part at its one connection: `(outcome, the answer's status)`.
+pub async fn erased_part(pool: &PgPool, id: i64) -> (String, Option<i16>) {
+    sqlx::query_as("SELECT outcome, http_status FROM erasure_targets WHERE erasure_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
