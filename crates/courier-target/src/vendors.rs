@@ -212,32 +212,16 @@ pub fn batch_sink(
         None,
     );
     b.keys = keys;
-    // Each record's trace: its own objectWriteTraceId, else its delivery id.
-    b.trace = (0..items.len())
-        .map(|j| {
-            items[j]
-                .get("objectWriteTraceId")
-                .cloned()
-                .or_else(|| ids.get(j).map(|id| Value::from(*id)))
-                .unwrap_or_else(|| Value::from(j.to_string()))
+    b.trace = traces(items, &ids);
+    let forgotten: Vec<usize> = (0..items.len())
+        .filter(|&j| {
+            people.is_some_and(|c| {
+                c.forgotten.is_some() && person(j).is_some_and(|k| book.is_forgotten(&c.store, k))
+            })
         })
         .collect();
-    // A person the vendor erased for good: the call refused, or their record.
-    let forgotten: Vec<usize> = people
-        .filter(|c| c.forgotten.is_some())
-        .map(|c| {
-            (0..items.len())
-                .filter(|&j| person(j).is_some_and(|k| book.is_forgotten(&c.store, k)))
-                .collect()
-        })
-        .unwrap_or_default();
-    match (people.and_then(|c| c.forgotten.as_ref()), forgotten.first()) {
-        (Some(Forgotten::Call(a)), Some(&j)) => {
-            let body = a.body.as_ref().map_or(Value::Null, |t| b.fill(t, Some(j)));
-            return Some(BatchReply::refusal(a.status, body));
-        }
-        (Some(Forgotten::Record), _) => forgotten.iter().for_each(|&j| b.invalid[j] = true),
-        _ => {}
+    if let Some(refused) = refuse_forgotten(people, &forgotten, &mut b) {
+        return Some(refused);
     }
     if let Some(refused) = people.and_then(|c| refused_people(c, body, &b, &known)) {
         return Some(refused);
@@ -270,6 +254,39 @@ pub fn batch_sink(
             .collect(),
         stored,
     })
+}
+
+/// Each record's trace: its own objectWriteTraceId, else its delivery id, else its place.
+fn traces(items: &[Value], ids: &[&str]) -> Vec<Value> {
+    (0..items.len())
+        .map(|j| {
+            items[j]
+                .get("objectWriteTraceId")
+                .cloned()
+                .or_else(|| ids.get(j).map(|id| Value::from(*id)))
+                .unwrap_or_else(|| Value::from(j.to_string()))
+        })
+        .collect()
+}
+
+/// People the vendor erased for good among the call's records (`forgotten`, by place): the
+/// call refused as the vendor refuses it, or each of their records refused.
+fn refuse_forgotten(
+    people: Option<&Contacts>,
+    forgotten: &[usize],
+    b: &mut Batch,
+) -> Option<BatchReply> {
+    match (people.and_then(|c| c.forgotten.as_ref()), forgotten.first()) {
+        (Some(Forgotten::Call(a)), Some(&j)) => {
+            let body = a.body.as_ref().map_or(Value::Null, |t| b.fill(t, Some(j)));
+            Some(BatchReply::refusal(a.status, body))
+        }
+        (Some(Forgotten::Record), _) => {
+            forgotten.iter().for_each(|&j| b.invalid[j] = true);
+            None
+        }
+        _ => None,
+    }
 }
 
 /// The endpoint's refusal of a call it takes for malformed: a record whose field the
