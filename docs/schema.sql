@@ -740,6 +740,12 @@ CREATE TABLE public.erased_identities (
     CONSTRAINT erased_identities_hash_check CHECK ((hash ~ '^[0-9a-f]{64}$'::text))
 );
 
+CREATE TABLE public.erasure_gate (
+    one boolean DEFAULT true NOT NULL,
+    swept_to bigint NOT NULL,
+    CONSTRAINT erasure_gate_one_check CHECK (one)
+);
+
 CREATE TABLE public.erasure_targets (
     id bigint NOT NULL,
     erasure_id bigint NOT NULL,
@@ -994,6 +1000,9 @@ ALTER TABLE public.deliveries
 
 ALTER TABLE ONLY public.erased_identities
     ADD CONSTRAINT erased_identities_pkey PRIMARY KEY (hash);
+
+ALTER TABLE ONLY public.erasure_gate
+    ADD CONSTRAINT erasure_gate_pkey PRIMARY KEY (one);
 
 ALTER TABLE ONLY public.erasure_targets
     ADD CONSTRAINT erasure_targets_erasure_id_connection_id_key UNIQUE (erasure_id, connection_id);

@@ -31,9 +31,12 @@ impl<'a> Dispatcher<'a> {
         Self { engine }
     }
 
-    /// One pass; returns how many runs it started.
+    /// One pass: the erasure gate's look at the deliveries enqueued since its last (those
+    /// naming an erased person suppressed and emptied at once, whichever door they came
+    /// through), then the runs; returns how many runs it started.
     pub async fn run_once(&self) -> Result<usize, sqlx::Error> {
         let now = self.engine.clock.now();
+        crate::erasure::gate::sweep_new(self.engine, now).await?;
         Ok(self.start_closed(now).await? + self.start_probes(now).await?)
     }
 

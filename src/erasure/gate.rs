@@ -6,6 +6,11 @@
 //! per batch. An erasure asked but not yet hashed is hashed first, so a delivery enqueued a
 //! moment after the request is stopped too. A process without the key holds deliveries back
 //! once anyone is erased, rather than send what it cannot check.
+//!
+//! A delivery a run does not claim soon (its rule paused, its budget blocked, held) would
+//! keep an erased person's payload until then: [`sweep_new`], on every dispatcher pass (woken
+//! by each enqueue), checks the deliveries enqueued since its last look, by any door, and
+//! suppresses and empties those naming the erased at once.
 
 use std::collections::HashMap;
 
@@ -88,6 +93,52 @@ pub async fn check(
         .await?;
     }
     Ok(passages)
+}
+
+/// Deliveries checked at most per look.
+const NEW_PER_LOOK: i64 = 5_000;
+
+/// Checks the pending deliveries enqueued since the last look (`erasure_gate.swept_to`)
+/// against the erased by keyed hash, and suppresses and empties those naming one; one
+/// process looks at a time, and while nobody is erased a look only moves the mark. Returns
+/// how many it suppressed.
+pub async fn sweep_new(engine: &Engine, now: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+    let Some(key) = engine.settings.erasure_key.as_ref() else {
+        return Ok(0);
+    };
+    let pool = &engine.pool;
+    let mut tx = pool.begin().await?;
+    let Some(from) = store::gate_mark(&mut tx).await? else {
+        return Ok(0); // another process is looking
+    };
+    if !store::anyone(&mut *tx).await? {
+        store::gate_moved(&mut tx, None).await?;
+        tx.commit().await?;
+        return Ok(0);
+    }
+    let new = store::new_deliveries(&mut tx, from, NEW_PER_LOOK).await?;
+    let Some(last) = new.last().map(|(id, _)| *id) else {
+        tx.commit().await?;
+        return Ok(0);
+    };
+    let hashed: Vec<Vec<String>> = new
+        .iter()
+        .map(|(_, ids)| ids.iter().map(|i| key.hash(i)).collect())
+        .collect();
+    let all: Vec<String> = hashed.iter().flatten().cloned().collect();
+    let erased = lookup(pool, key, &all).await?;
+    let (ids, erasures): (Vec<i64>, Vec<i64>) = new
+        .iter()
+        .zip(&hashed)
+        .filter_map(|((id, _), hashes)| {
+            let erasure = hashes.iter().find_map(|h| erased.get(h).copied())?;
+            Some((*id, erasure))
+        })
+        .unzip();
+    let suppressed = store::suppress(&mut tx, &ids, &erasures, now).await?;
+    store::gate_moved(&mut tx, Some(last)).await?;
+    tx.commit().await?;
+    Ok(suppressed)
 }
 
 /// The erased among `hashes`, by the erasure that erased each; an erasure asked but not yet

@@ -129,6 +129,76 @@ pub async fn anyone(db: impl PgExecutor<'_>) -> Result<bool, sqlx::Error> {
     .await
 }
 
+/// The gate's mark (`erasure_gate.swept_to`), locked for this transaction; `None` while
+/// another process holds it.
+pub async fn gate_mark(tx: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!("SELECT swept_to FROM erasure_gate FOR UPDATE SKIP LOCKED")
+        .fetch_optional(tx)
+        .await
+}
+
+/// Moves the gate's mark to `to`, or past every delivery there is.
+pub async fn gate_moved(tx: &mut PgConnection, to: Option<i64>) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE erasure_gate SET swept_to = GREATEST(swept_to,
+             COALESCE($1, (SELECT COALESCE(max(id), 0) FROM deliveries)))",
+        to
+    )
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Up to `most` pending deliveries after id `after`, each with the identities it names
+/// (`kind:value`, as its rule says where they sit, and its record key).
+pub async fn new_deliveries(
+    tx: &mut PgConnection,
+    after: i64,
+    most: i64,
+) -> Result<Vec<(i64, Vec<String>)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT d.id,
+                  ARRAY(SELECT i.kind || ':' || i.value
+                        FROM courier_delivery_identities(r.identities, d.record_key, d.payload) i)
+                      AS "identities!"
+           FROM deliveries d JOIN rules r ON r.id = d.rule_id
+           WHERE d.id > $1 AND d.status = 'pending'
+           ORDER BY d.id LIMIT $2"#,
+        after,
+        most
+    )
+    .fetch_all(tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.identities)).collect())
+}
+
+/// Suppresses and empties pending deliveries `ids`, each its person's erasure's (`erasures`,
+/// in turn); returns how many.
+pub async fn suppress(
+    tx: &mut PgConnection,
+    ids: &[i64],
+    erasures: &[i64],
+    now: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query!(
+        "UPDATE deliveries d SET status = 'suppressed', payload = '{}'::jsonb,
+                erasure_id = x.erasure_id,
+                last_error = format('its person is erased (erasure %s)', x.erasure_id),
+                finished_at = $3, updated_at = $3
+         FROM unnest($1::bigint[], $2::bigint[]) AS x(id, erasure_id)
+         WHERE d.id = x.id AND d.status = 'pending'",
+        ids,
+        erasures,
+        now
+    )
+    .execute(tx)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// A connection's part of an erasure, leased to this process.
 #[derive(Debug)]
 pub struct Due {

@@ -275,7 +275,7 @@ async fn an_upsert_enqueued_after_the_erasure_is_suppressed_while_open_and_after
     assert_eq!(seen.len(), 1, "only Bob went out: {seen:?}");
     assert!(seen[0].contains("bob@shop.test"));
     let (status, payload, error): (String, serde_json::Value, Option<String>) = sqlx::query_as(
-        "SELECT d.status, d.payload, l.error FROM deliveries d JOIN ledger l ON l.delivery_id = d.id
+        "SELECT d.status, d.payload, d.last_error FROM deliveries d
          WHERE d.record_key LIKE 'customer:ann%'",
     )
     .fetch_one(pool)
@@ -617,4 +617,37 @@ async fn a_target_taking_several_people_a_call_gets_them_in_one() {
         body,
         json!({"emails": ["ann@shop.test", "bob@shop.test", "cy@shop.test"]})
     );
+}
+
+#[tokio::test]
+async fn a_plain_sql_enqueue_for_a_paused_rule_is_suppressed_and_emptied_at_once() {
+    let crm = Crm::start(|_| None).await;
+    let (db, engine) = shop(&crm).await;
+    let pool = &db.pool;
+    let id = erasure::request(pool, &ann(), "a test").await.unwrap();
+    erase_until_closed(&engine, id).await;
+    courier::ops::set_rule_paused(pool, "people", true)
+        .await
+        .unwrap();
+    // The shop's own sync, by plain SQL, for a rule no run will claim from for now.
+    sqlx::query(
+        "INSERT INTO deliveries (rule_id, record_key, payload)
+         SELECT id, 'customer:ann-again', $1 FROM rules",
+    )
+    .bind(json!({"email": ANN.to_lowercase(), "phone": "+48 600 100 200"}))
+    .execute(pool)
+    .await
+    .unwrap();
+    courier::dispatcher::Dispatcher::new(&engine)
+        .run_once()
+        .await
+        .unwrap();
+    let (status, payload): (String, serde_json::Value) = sqlx::query_as(
+        "SELECT status, payload FROM deliveries WHERE record_key = 'customer:ann-again'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((status.as_str(), payload), ("suppressed", json!({})));
+    assert_eq!(crm.seen().len(), 1, "only her delete: {:?}", crm.seen());
 }
