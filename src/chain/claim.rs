@@ -114,11 +114,20 @@ pub async fn read(
                   (d.depends_on IS NOT NULL AND NOT EXISTS (
                       SELECT 1 FROM delivered_records x
                       WHERE x.connection_id = $2 AND x.record_key = d.depends_on)) AS "dependency_pending!",
-                  -- The person's identities as the rule says where they sit, and the key.
-                  ARRAY(SELECT i.kind || ':' || i.value
-                        FROM courier_delivery_identities(ru.identities, d.record_key, d.payload) i)
-                      AS "identities!"
-           FROM deliveries d CROSS JOIN (SELECT identities FROM rules WHERE id = $1) ru
+                  -- The person's identities as the rule says where they sit, and the key
+                  -- (`courier_delivery_identities`' kinds, as plain expressions: a function
+                  -- over the rule's identities per row cost the claim 28 us a row).
+                  array_remove(ARRAY[
+                      'email:' || courier_identity('email', d.payload #>> ru.email),
+                      'phone:' || courier_identity('phone', d.payload #>> ru.phone),
+                      'external_id:' || (d.payload #>> ru.external_id),
+                      'key:' || d.record_key], NULL) AS "identities!"
+           FROM deliveries d CROSS JOIN (
+               SELECT CASE WHEN r.identities ? 'email' THEN courier_pointer(r.identities ->> 'email') END AS email,
+                      CASE WHEN r.identities ? 'phone' THEN courier_pointer(r.identities ->> 'phone') END AS phone,
+                      CASE WHEN r.identities ? 'external_id'
+                           THEN courier_pointer(r.identities ->> 'external_id') END AS external_id
+               FROM rules r WHERE r.id = $1) ru
            WHERE d.rule_id = $1 AND d.status = 'pending' AND d.id > $3 AND d.next_attempt_at <= $4
              -- A pause (the catalog's condition) stops a job between its batches, not
              -- only at its start.
