@@ -182,15 +182,7 @@ fn admitted(
             .map(|(n, period)| Limiter::new(n, period, Window::Fixed))
             .collect()
     });
-    // Every window must admit it; one that refuses counts nothing in the others.
-    let mut probe = limiters.clone();
-    match probe.iter_mut().filter_map(|l| l.check(now).err()).max() {
-        Some(wait) => Err(wait),
-        None => {
-            *limiters = probe;
-            Ok(())
-        }
-    }
+    limiter::admit_all(limiters, now)
 }
 
 /// The names an erasure holds, by the first of the call's ways it holds one.

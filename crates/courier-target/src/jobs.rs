@@ -161,15 +161,7 @@ fn admitted(jobs: &mut Jobs, endpoint: (usize, Role), now: Instant) -> Result<()
             .map(|(n, period)| Limiter::new(n, period, Window::Fixed))
             .collect()
     });
-    // Every window must admit it; one that refuses counts nothing in the others.
-    let mut probe = limiters.clone();
-    match probe.iter_mut().filter_map(|l| l.check(now).err()).max() {
-        Some(wait) => Err(wait),
-        None => {
-            *limiters = probe;
-            Ok(())
-        }
-    }
+    limiter::admit_all(limiters, now)
 }
 
 /// The job id in `path` if it matches `pattern` (`**` first: any prefix; `*` one segment;

@@ -569,6 +569,20 @@ impl PeakMeter {
     }
 }
 
+/// Whether every limiter of a call admits it at `now` (counted in each when all do); else
+/// the longest wait one asks for, and nothing is counted: a window that refuses leaves the
+/// others untouched.
+pub fn admit_all(limiters: &mut Vec<Limiter>, now: Instant) -> Result<(), Duration> {
+    let mut probe = limiters.clone();
+    match probe.iter_mut().filter_map(|l| l.check(now).err()).max() {
+        Some(wait) => Err(wait),
+        None => {
+            *limiters = probe;
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
